@@ -1,0 +1,30 @@
+// Element types of tensors, with the safetensors spelling ("F16", "BF16", ...) used on disk,
+// and exact conversions between fp32 and the two 16-bit float formats.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace ckpt {
+
+enum class DType : std::uint8_t { F16, BF16, F32, F64, I8, I16, I32, I64, U8, U16, U32, U64, BOOL };
+
+/// Bytes per element (BOOL is one byte).
+std::size_t dtype_size(DType t) noexcept;
+/// The safetensors name: "F16", "BF16", "F32", "F64", "I8", ..., "BOOL".
+std::string_view dtype_name(DType t) noexcept;
+/// Inverse of dtype_name; std::nullopt for an unknown name.
+std::optional<DType> parse_dtype(std::string_view name) noexcept;
+/// True for F16, BF16, F32, F64.
+bool dtype_is_float(DType t) noexcept;
+
+/// IEEE 754 binary16 <-> binary32, round to nearest even; NaN and infinities are kept.
+std::uint16_t f32_to_f16(float f) noexcept;
+float f16_to_f32(std::uint16_t h) noexcept;
+/// bfloat16 <-> binary32, round to nearest even; NaN stays NaN.
+std::uint16_t f32_to_bf16(float f) noexcept;
+float bf16_to_f32(std::uint16_t h) noexcept;
+
+}  // namespace ckpt

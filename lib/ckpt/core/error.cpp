@@ -1,0 +1,62 @@
+#include "ckpt/core/error.hpp"
+
+#include <cerrno>
+#include <cstring>
+
+namespace ckpt {
+
+std::string_view errc_name(Errc code) noexcept {
+  switch (code) {
+    case Errc::world_size_mismatch: return "world size mismatch";
+    case Errc::missing_shard: return "missing shard";
+    case Errc::size_mismatch: return "size mismatch";
+    case Errc::checksum_mismatch: return "checksum mismatch";
+    case Errc::malformed_manifest: return "malformed manifest";
+    case Errc::malformed_shard: return "malformed shard";
+    case Errc::unsupported_schema: return "unsupported schema";
+    case Errc::unsafe_path: return "unsafe path";
+    case Errc::io_error: return "I/O error";
+    case Errc::no_space: return "no space left";
+    case Errc::not_found: return "not found";
+    case Errc::invalid_argument: return "invalid argument";
+    case Errc::aborted: return "aborted";
+    case Errc::comm_error: return "communication error";
+  }
+  return "unknown error";
+}
+
+namespace {
+std::string compose(Errc code, const std::string& file, const std::string& detail,
+                    const std::string& expected, const std::string& actual) {
+  std::string m(errc_name(code));
+  if (!file.empty()) m += ": " + file;
+  if (!detail.empty()) m += ": " + detail;
+  if (!expected.empty() || !actual.empty()) {
+    m += ": expected " + (expected.empty() ? std::string("-") : expected);
+    m += ", actual " + (actual.empty() ? std::string("-") : actual);
+  }
+  return m;
+}
+}  // namespace
+
+Error::Error(Errc code, std::string file, std::string detail, std::string expected,
+             std::string actual, int sys_errno)
+    : std::runtime_error(compose(code, file, detail, expected, actual)),
+      code_(code),
+      file_(std::move(file)),
+      detail_(std::move(detail)),
+      expected_(std::move(expected)),
+      actual_(std::move(actual)),
+      errno_(sys_errno) {}
+
+void throw_errno(int err, std::string_view action, std::string_view file) {
+  const Errc code = (err == ENOSPC || err == EDQUOT) ? Errc::no_space : Errc::io_error;
+  throw Error(code, std::string(file), std::string(action) + " failed: " + std::strerror(err), {},
+              {}, err);
+}
+
+void throw_invalid(std::string_view what) {
+  throw Error(Errc::invalid_argument, {}, std::string(what));
+}
+
+}  // namespace ckpt

@@ -1,0 +1,62 @@
+// ckpt reports every failure as a ckpt::Error: a typed code plus the file involved and the
+// expected and actual values, so a message such as
+//   checksum mismatch: /ckpt/step-00000010/rank-00001.safetensors: chunk 3: expected xxh3 0f..., actual 9a...
+// tells the user what broke without a debugger. Errors raised on a background thread are
+// stored and rethrown where the caller waits; they are never swallowed.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace ckpt {
+
+/// What went wrong, for callers that branch on the kind of failure.
+enum class Errc {
+  world_size_mismatch,  ///< checkpoint written at another world size
+  missing_shard,        ///< a shard file the manifest lists does not exist
+  size_mismatch,        ///< a file's size differs from the recorded one
+  checksum_mismatch,    ///< XXH3 or SHA-256 of a file (or chunk) differs
+  malformed_manifest,   ///< manifest is not valid JSON or violates the schema
+  malformed_shard,      ///< shard header (safetensors layout) is invalid
+  unsupported_schema,   ///< manifest schema_version this build cannot read
+  unsafe_path,          ///< a path in a manifest escapes its directory or names a symlink
+  io_error,             ///< a system call failed (errno in sys_errno())
+  no_space,             ///< ENOSPC / EDQUOT while writing
+  not_found,            ///< no such checkpoint, tensor or directory
+  invalid_argument,     ///< the caller passed something unusable
+  aborted,              ///< the operation was cancelled (shutdown, a peer failed)
+  comm_error,           ///< a collective or the commit coordination failed
+};
+
+/// Stable lower-case name of a code ("checksum mismatch"), used in messages and --json output.
+std::string_view errc_name(Errc code) noexcept;
+
+/// The one error type of ckpt. what() is the full human-readable message.
+class Error : public std::runtime_error {
+ public:
+  /// `detail` is free text (e.g. "chunk 3"); `expected`/`actual` are printed when non-empty.
+  Error(Errc code, std::string file, std::string detail, std::string expected = {},
+        std::string actual = {}, int sys_errno = 0);
+
+  Errc code() const noexcept { return code_; }
+  const std::string& file() const noexcept { return file_; }
+  const std::string& detail() const noexcept { return detail_; }
+  const std::string& expected() const noexcept { return expected_; }
+  const std::string& actual() const noexcept { return actual_; }
+  int sys_errno() const noexcept { return errno_; }
+
+ private:
+  Errc code_;
+  std::string file_, detail_, expected_, actual_;
+  int errno_;
+};
+
+/// Throws Errc::io_error (or Errc::no_space for ENOSPC/EDQUOT) for a failed system call:
+/// "<action> failed: <file>: <strerror(err)>".
+[[noreturn]] void throw_errno(int err, std::string_view action, std::string_view file);
+
+/// Throws Errc::invalid_argument naming what was wrong.
+[[noreturn]] void throw_invalid(std::string_view what);
+
+}  // namespace ckpt

@@ -1,0 +1,36 @@
+// Helpers shared by the test executables.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace ckpt::test {
+
+/// A fresh directory under $TMPDIR (or /var/tmp, on the same disk as the build), removed
+/// with its contents when the object goes out of scope.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag = "ckpt-test");
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+/// Deterministic pseudo-random bytes (splitmix64), for test payloads.
+std::vector<std::uint8_t> random_bytes(std::size_t n, std::uint64_t seed);
+
+/// Whole file as bytes / write bytes to a file (plain, no durability).
+std::vector<std::uint8_t> read_all(const std::filesystem::path& p);
+void write_all(const std::filesystem::path& p, const std::vector<std::uint8_t>& bytes);
+
+/// Runs a shell command and returns its stdout; sets *status to the exit status.
+std::string run_command(const std::string& cmd, int* status = nullptr);
+
+}  // namespace ckpt::test
