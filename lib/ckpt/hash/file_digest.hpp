@@ -1,0 +1,46 @@
+// The checksums ckpt records for every shard file, computed in one streaming pass while the
+// bytes go to (or come from) the disk: XXH3 of the whole file, XXH3 of every fixed-size chunk
+// (so a corrupt byte is located and a partial read can be verified), and SHA-256 of the file.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ckpt/hash/sha256.hpp"
+#include "ckpt/hash/xxh3.hpp"
+
+namespace ckpt {
+
+struct FileDigest {
+  std::uint64_t size = 0;                 ///< bytes hashed
+  std::uint64_t chunk_size = 0;           ///< chunk length of chunk_xxh3 (last chunk may be shorter)
+  std::uint64_t xxh3 = 0;                 ///< XXH3-64 of the whole file
+  std::vector<std::uint64_t> chunk_xxh3;  ///< XXH3-64 of each chunk, ceil(size / chunk_size) entries
+  std::string sha256;                     ///< hex SHA-256 of the whole file (empty if not computed)
+};
+
+/// Number of chunks a file of `size` bytes has (0 for an empty file).
+constexpr std::uint64_t chunk_count(std::uint64_t size, std::uint64_t chunk_size) noexcept {
+  return chunk_size == 0 ? 0 : size / chunk_size + (size % chunk_size != 0);
+}
+
+/// Streams bytes in pieces of any length and produces a FileDigest. Not thread-safe.
+class FileHasher {
+ public:
+  /// chunk_size > 0 (invalid_argument otherwise). SHA-256 is skipped when with_sha256 is false.
+  explicit FileHasher(std::uint64_t chunk_size, bool with_sha256 = true);
+  void update(std::span<const std::byte> data);
+  FileDigest finish();
+
+ private:
+  std::uint64_t chunk_size_;
+  std::uint64_t size_ = 0;
+  Xxh3 whole_, chunk_;
+  std::optional<Sha256> sha_;
+  std::vector<std::uint64_t> chunks_;
+};
+
+}  // namespace ckpt
