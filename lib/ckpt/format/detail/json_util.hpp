@@ -1,0 +1,78 @@
+// Private: strict accessors for untrusted JSON, each throwing a ckpt::Error with the given
+// code that names the file, the field and what was expected.
+#pragma once
+
+#include <boost/json.hpp>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "ckpt/core/error.hpp"
+
+namespace ckpt::detail {
+
+struct JsonContext {
+  Errc code;
+  std::string_view file;
+  [[noreturn]] void fail(std::string_view field, std::string_view expected, std::string actual) const {
+    throw Error(code, std::string(file), std::string(field), std::string(expected), std::move(actual));
+  }
+};
+
+inline std::string json_kind(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return "boolean";
+    case boost::json::kind::int64: return "integer " + std::to_string(v.get_int64());
+    case boost::json::kind::uint64: return "integer " + std::to_string(v.get_uint64());
+    case boost::json::kind::double_: return "number " + boost::json::serialize(v);
+    case boost::json::kind::string: return "string";
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "?";
+}
+
+inline const boost::json::value& json_field(const JsonContext& c, const boost::json::object& o,
+                                            std::string_view key, std::string_view where) {
+  const auto* v = o.if_contains(key);
+  if (!v) c.fail(std::string(where) + std::string(key), "field present", "missing");
+  return *v;
+}
+
+inline std::uint64_t json_u64(const JsonContext& c, const boost::json::value& v, std::string_view field,
+                              std::uint64_t max = UINT64_MAX) {
+  std::uint64_t out;
+  if (v.is_uint64()) out = v.get_uint64();
+  else if (v.is_int64() && v.get_int64() >= 0) out = static_cast<std::uint64_t>(v.get_int64());
+  else c.fail(field, "unsigned integer", json_kind(v));
+  if (out > max) c.fail(field, "at most " + std::to_string(max), std::to_string(out));
+  return out;
+}
+
+inline const std::string_view json_str(const JsonContext& c, const boost::json::value& v, std::string_view field) {
+  if (!v.is_string()) c.fail(field, "string", json_kind(v));
+  return v.get_string();
+}
+
+inline const boost::json::object& json_obj(const JsonContext& c, const boost::json::value& v, std::string_view field) {
+  if (!v.is_object()) c.fail(field, "object", json_kind(v));
+  return v.get_object();
+}
+
+inline const boost::json::array& json_arr(const JsonContext& c, const boost::json::value& v, std::string_view field) {
+  if (!v.is_array()) c.fail(field, "array", json_kind(v));
+  return v.get_array();
+}
+
+/// Parses untrusted text with a depth limit; malformed JSON is reported with its position.
+inline boost::json::value json_parse(const JsonContext& c, std::string_view text, std::string_view what) {
+  boost::json::parse_options opt;
+  opt.max_depth = 32;
+  boost::system::error_code ec;
+  boost::json::value v = boost::json::parse(text, ec, {}, opt);
+  if (ec) c.fail(what, "valid JSON", ec.message());
+  return v;
+}
+
+}  // namespace ckpt::detail

@@ -1,0 +1,224 @@
+#include "ckpt/format/manifest.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <set>
+
+#include "ckpt/core/error.hpp"
+#include "ckpt/format/detail/json_util.hpp"
+#include "ckpt/hash/file_digest.hpp"
+#include "ckpt/hash/xxh3.hpp"
+
+namespace ckpt {
+
+namespace json = boost::json;
+
+namespace {
+constexpr int kMaxWorldSize = 1 << 20;
+constexpr std::uint64_t kMaxFileSize = 1ull << 50;  // 1 PiB per shard: beyond it, the number is hostile
+constexpr std::uint64_t kMinChunk = 4096, kMaxChunk = 1ull << 30;
+
+bool is_lower_hex(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+}  // namespace
+
+bool is_plain_file_name(std::string_view name) noexcept {
+  if (name.empty() || name.size() > 255 || name.front() == '.') return false;
+  return name.find('/') == std::string_view::npos && name.find('\0') == std::string_view::npos &&
+         name.find('\\') == std::string_view::npos;
+}
+
+const TensorRecord* Manifest::find_tensor(std::string_view name, int rank) const noexcept {
+  for (const auto& t : tensors)
+    if (t.rank == rank && t.name == name) return &t;
+  return nullptr;
+}
+
+std::string utc_now_rfc3339() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t secs = std::chrono::system_clock::to_time_t(now);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
+                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms));
+  return buf;
+}
+
+std::string encode_manifest(const Manifest& m) {
+  json::array shards;
+  for (const auto& s : m.shards) {
+    json::array chunks;
+    for (auto c : s.chunk_xxh3) chunks.emplace_back(xxh3_hex(c));
+    shards.emplace_back(json::object{{"rank", s.rank},
+                                     {"path", s.path},
+                                     {"size", s.size},
+                                     {"sha256", s.sha256},
+                                     {"xxh3", xxh3_hex(s.xxh3)},
+                                     {"chunk_xxh3", std::move(chunks)},
+                                     {"param_shard_offset", s.param_shard_offset},
+                                     {"param_shard_numel", s.param_shard_numel},
+                                     {"metadata", s.metadata}});
+  }
+  json::array tensors;
+  for (const auto& t : m.tensors) {
+    json::array shape;
+    for (auto d : t.shape) shape.emplace_back(d);
+    tensors.emplace_back(json::object{{"name", t.name},
+                                      {"rank", t.rank},
+                                      {"dtype", dtype_name(t.dtype)},
+                                      {"shape", std::move(shape)},
+                                      {"byte_range", json::array{t.begin, t.end}}});
+  }
+  json::object o{{"schema_version", m.schema_version},
+                 {"format", "ckpt"},
+                 {"world_size", m.world_size},
+                 {"step", m.step},
+                 {"wall_clock_seconds", m.wall_clock_seconds},
+                 {"created_at", m.created_at},
+                 {"chunk_size", m.chunk_size},
+                 {"param_numel", m.param_numel},
+                 {"shards", std::move(shards)},
+                 {"tensors", std::move(tensors)},
+                 {"training", m.training}};
+  // One shard or tensor per line keeps the file readable with cat and diff.
+  std::string out = "{";
+  bool first = true;
+  for (const auto& kv : o) {
+    out += first ? "\n  " : ",\n  ";
+    first = false;
+    out += json::serialize(json::string(kv.key())) + ": ";
+    if (kv.value().is_array() && !kv.value().get_array().empty()) {
+      out += "[";
+      bool f2 = true;
+      for (const auto& e : kv.value().get_array()) {
+        out += f2 ? "\n    " : ",\n    ";
+        f2 = false;
+        out += json::serialize(e);
+      }
+      out += "\n  ]";
+    } else {
+      out += json::serialize(kv.value());
+    }
+  }
+  out += "\n}\n";
+  return out;
+}
+
+Manifest decode_manifest(std::string_view text, std::string_view file) {
+  const detail::JsonContext c{Errc::malformed_manifest, file};
+  const json::value root = detail::json_parse(c, text, "manifest JSON");
+  const json::object& o = detail::json_obj(c, root, "manifest");
+  Manifest m;
+
+  const auto& sv = detail::json_field(c, o, "schema_version", "");
+  if (!sv.is_int64() && !sv.is_uint64()) c.fail("schema_version", "integer", detail::json_kind(sv));
+  if (!(sv.is_int64() && sv.get_int64() == kSchemaVersion))
+    throw Error(Errc::unsupported_schema, std::string(file), "schema_version", std::to_string(kSchemaVersion),
+                sv.is_int64() ? std::to_string(sv.get_int64()) : std::to_string(sv.get_uint64()));
+
+  m.world_size = static_cast<int>(detail::json_u64(c, detail::json_field(c, o, "world_size", ""), "world_size", kMaxWorldSize));
+  if (m.world_size < 1) c.fail("world_size", "at least 1", "0");
+  m.step = detail::json_u64(c, detail::json_field(c, o, "step", ""), "step");
+  const auto& wc = detail::json_field(c, o, "wall_clock_seconds", "");
+  if (!wc.is_number()) c.fail("wall_clock_seconds", "number", detail::json_kind(wc));
+  m.wall_clock_seconds = wc.to_number<double>();
+  if (!std::isfinite(m.wall_clock_seconds) || m.wall_clock_seconds < 0)
+    c.fail("wall_clock_seconds", "finite non-negative number", json::serialize(wc));
+  m.created_at = std::string(detail::json_str(c, detail::json_field(c, o, "created_at", ""), "created_at"));
+  m.chunk_size = detail::json_u64(c, detail::json_field(c, o, "chunk_size", ""), "chunk_size", kMaxChunk);
+  if (m.chunk_size < kMinChunk || (m.chunk_size & (m.chunk_size - 1)) != 0)
+    c.fail("chunk_size", "a power of two from 4096 to 2^30", std::to_string(m.chunk_size));
+  m.param_numel = detail::json_u64(c, detail::json_field(c, o, "param_numel", ""), "param_numel");
+  if (const auto* t = o.if_contains("training")) m.training = detail::json_obj(c, *t, "training");
+
+  const auto& shards = detail::json_arr(c, detail::json_field(c, o, "shards", ""), "shards");
+  if (shards.size() != static_cast<std::size_t>(m.world_size))
+    c.fail("shards", std::to_string(m.world_size) + " entries (world_size)", std::to_string(shards.size()));
+  m.shards.resize(shards.size());
+  std::vector<bool> seen(shards.size(), false);
+  std::set<std::string_view> paths;
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    const std::string where = "shards[" + std::to_string(i) + "]";
+    const json::object& so = detail::json_obj(c, shards[i], where);
+    const auto rank = detail::json_u64(c, detail::json_field(c, so, "rank", where + "."), where + ".rank",
+                                       static_cast<std::uint64_t>(m.world_size - 1));
+    if (seen[rank]) c.fail(where + ".rank", "each rank once", "rank " + std::to_string(rank) + " repeated");
+    seen[rank] = true;
+    ShardRecord& s = m.shards[rank];
+    s.rank = static_cast<int>(rank);
+    s.path = std::string(detail::json_str(c, detail::json_field(c, so, "path", where + "."), where + ".path"));
+    if (!is_plain_file_name(s.path))
+      throw Error(Errc::unsafe_path, std::string(file), where + ".path", "a plain file name inside the checkpoint directory",
+                  "'" + s.path + "'");
+    s.size = detail::json_u64(c, detail::json_field(c, so, "size", where + "."), where + ".size", kMaxFileSize);
+    s.sha256 = std::string(detail::json_str(c, detail::json_field(c, so, "sha256", where + "."), where + ".sha256"));
+    if (s.sha256.size() != 64 || !is_lower_hex(s.sha256)) c.fail(where + ".sha256", "64 lower-case hex digits", "'" + s.sha256 + "'");
+    const auto xx = detail::json_str(c, detail::json_field(c, so, "xxh3", where + "."), where + ".xxh3");
+    if (!parse_xxh3_hex(xx, s.xxh3)) c.fail(where + ".xxh3", "16 lower-case hex digits", "'" + std::string(xx) + "'");
+    const auto& chunks = detail::json_arr(c, detail::json_field(c, so, "chunk_xxh3", where + "."), where + ".chunk_xxh3");
+    const auto nchunks = chunk_count(s.size, m.chunk_size);
+    if (chunks.size() != nchunks)
+      c.fail(where + ".chunk_xxh3", std::to_string(nchunks) + " entries (size / chunk_size)", std::to_string(chunks.size()));
+    s.chunk_xxh3.resize(chunks.size());
+    for (std::size_t k = 0; k < chunks.size(); ++k) {
+      const auto h = detail::json_str(c, chunks[k], where + ".chunk_xxh3");
+      if (!parse_xxh3_hex(h, s.chunk_xxh3[k])) c.fail(where + ".chunk_xxh3[" + std::to_string(k) + "]", "16 lower-case hex digits", "'" + std::string(h) + "'");
+    }
+    s.param_shard_offset = detail::json_u64(c, detail::json_field(c, so, "param_shard_offset", where + "."), where + ".param_shard_offset");
+    s.param_shard_numel = detail::json_u64(c, detail::json_field(c, so, "param_shard_numel", where + "."), where + ".param_shard_numel");
+    std::uint64_t end;
+    if (__builtin_add_overflow(s.param_shard_offset, s.param_shard_numel, &end) || end > m.param_numel)
+      c.fail(where + ".param_shard_offset + param_shard_numel", "at most param_numel " + std::to_string(m.param_numel),
+             std::to_string(s.param_shard_offset) + " + " + std::to_string(s.param_shard_numel));
+    if (const auto* md = so.if_contains("metadata")) s.metadata = detail::json_obj(c, *md, where + ".metadata");
+  }
+  for (const auto& s : m.shards)
+    if (!paths.insert(s.path).second) c.fail("shards[rank " + std::to_string(s.rank) + "].path", "a path used once", "'" + s.path + "' repeated");
+
+  const auto& tensors = detail::json_arr(c, detail::json_field(c, o, "tensors", ""), "tensors");
+  m.tensors.reserve(tensors.size());
+  std::set<std::pair<int, std::string_view>> names;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const std::string where = "tensors[" + std::to_string(i) + "]";
+    const json::object& to = detail::json_obj(c, tensors[i], where);
+    TensorRecord t;
+    t.name = std::string(detail::json_str(c, detail::json_field(c, to, "name", where + "."), where + ".name"));
+    t.rank = static_cast<int>(detail::json_u64(c, detail::json_field(c, to, "rank", where + "."), where + ".rank",
+                                               static_cast<std::uint64_t>(m.world_size - 1)));
+    const auto dn = detail::json_str(c, detail::json_field(c, to, "dtype", where + "."), where + ".dtype");
+    const auto dt = parse_dtype(dn);
+    if (!dt) c.fail(where + ".dtype", "a safetensors dtype", std::string(dn));
+    t.dtype = *dt;
+    const auto& shape = detail::json_arr(c, detail::json_field(c, to, "shape", where + "."), where + ".shape");
+    if (shape.size() > 64) c.fail(where + ".shape", "at most 64 dimensions", std::to_string(shape.size()));
+    std::uint64_t numel = 1, bytes = 0;
+    for (const auto& d : shape) {
+      t.shape.push_back(detail::json_u64(c, d, where + ".shape"));
+      if (__builtin_mul_overflow(numel, t.shape.back(), &numel)) c.fail(where + ".shape", "element count within 64 bits", "overflow");
+    }
+    if (__builtin_mul_overflow(numel, dtype_size(t.dtype), &bytes)) c.fail(where + ".shape", "byte size within 64 bits", "overflow");
+    const auto& br = detail::json_arr(c, detail::json_field(c, to, "byte_range", where + "."), where + ".byte_range");
+    if (br.size() != 2) c.fail(where + ".byte_range", "2 entries", std::to_string(br.size()));
+    t.begin = detail::json_u64(c, br[0], where + ".byte_range[0]");
+    t.end = detail::json_u64(c, br[1], where + ".byte_range[1]");
+    const auto fsize = m.shards[static_cast<std::size_t>(t.rank)].size;
+    if (t.begin > t.end || t.end > fsize)
+      c.fail(where + ".byte_range", "begin <= end <= shard size " + std::to_string(fsize),
+             "[" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "]");
+    if (t.end - t.begin != bytes)
+      c.fail(where + ".byte_range", std::to_string(bytes) + " bytes (shape x dtype)", std::to_string(t.end - t.begin) + " bytes");
+    m.tensors.push_back(std::move(t));
+  }
+  for (const auto& t : m.tensors)
+    if (!names.insert({t.rank, t.name}).second)
+      c.fail("tensors", "unique names per rank", "'" + t.name + "' repeated on rank " + std::to_string(t.rank));
+  return m;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,77 @@
+// The manifest: one JSON file per checkpoint (manifest.json, written last) that says which rank
+// owns what. docs/format.md specifies every field. decode_manifest() trusts nothing: every
+// field is type-checked, every number checked for range and overflow, every path checked to be
+// a plain file name, and the shard table checked against world_size, before a caller sees it.
+#pragma once
+
+#include <boost/json/object.hpp>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckpt/core/dtype.hpp"
+
+namespace ckpt {
+
+inline constexpr int kSchemaVersion = 1;
+inline constexpr std::string_view kManifestName = "manifest.json";
+/// Default chunk length of the per-chunk XXH3 checksums.
+inline constexpr std::uint64_t kDefaultChunkSize = 4ull << 20;
+
+/// One rank's shard file.
+struct ShardRecord {
+  int rank = 0;
+  std::string path;  ///< plain file name inside the checkpoint directory
+  std::uint64_t size = 0;
+  std::string sha256;                     ///< 64 lower-case hex digits
+  std::uint64_t xxh3 = 0;                 ///< of the whole file
+  std::vector<std::uint64_t> chunk_xxh3;  ///< one per manifest chunk_size bytes
+  std::uint64_t param_shard_offset = 0;   ///< this rank's range of the flat parameter space
+  std::uint64_t param_shard_numel = 0;
+  boost::json::object metadata;  ///< per-rank training state (data position, RNG, ...)
+};
+
+/// Where one tensor lives: rank's shard file, absolute byte range [begin, end) in that file.
+struct TensorRecord {
+  std::string name;
+  int rank = 0;
+  DType dtype = DType::U8;
+  std::vector<std::uint64_t> shape;
+  std::uint64_t begin = 0, end = 0;
+};
+
+struct Manifest {
+  int schema_version = kSchemaVersion;
+  int world_size = 0;
+  std::uint64_t step = 0;
+  double wall_clock_seconds = 0;  ///< training time at the save, as the caller reports it
+  std::string created_at;         ///< UTC, RFC 3339 (e.g. 2026-11-29T10:00:00.123Z)
+  std::uint64_t chunk_size = kDefaultChunkSize;
+  std::uint64_t param_numel = 0;  ///< size of the flat parameter space (sum of shard numels)
+  std::vector<ShardRecord> shards;    ///< sorted by rank, exactly world_size entries
+  std::vector<TensorRecord> tensors;  ///< the tensor index
+  boost::json::object training;       ///< free-form: LR schedule, config, ...
+
+  const ShardRecord& shard(int rank) const { return shards.at(static_cast<std::size_t>(rank)); }
+  /// The index entry for (name, rank), or nullptr.
+  const TensorRecord* find_tensor(std::string_view name, int rank) const noexcept;
+};
+
+/// Serialises a manifest (pretty enough to read with cat, stable field order).
+std::string encode_manifest(const Manifest& m);
+
+/// Parses and validates manifest text read from `file`. Throws Errc::unsupported_schema for a
+/// schema_version other than 1, Errc::unsafe_path for a shard path that is not a plain file
+/// name, Errc::malformed_manifest for anything else, each naming the file, field, expected
+/// and actual value.
+Manifest decode_manifest(std::string_view text, std::string_view file);
+
+/// True if `name` is safe as a file name inside a checkpoint directory: non-empty, at most 255
+/// bytes, no '/', no NUL, not "." or "..", not starting with '.' (reserved for temporaries).
+bool is_plain_file_name(std::string_view name) noexcept;
+
+/// Current time as RFC 3339 UTC with milliseconds.
+std::string utc_now_rfc3339();
+
+}  // namespace ckpt

@@ -1,0 +1,79 @@
+// Shard files use the safetensors layout, so the ecosystem can read them:
+//
+//   [8 bytes: N, little-endian u64] [N bytes: JSON header, padded with spaces] [tensor data]
+//
+// The JSON header maps each tensor name to {"dtype", "shape", "data_offsets": [begin, end]}
+// (offsets relative to the start of the data section) plus an optional "__metadata__" map of
+// strings. ckpt pads the header so the data section starts at a multiple of 4096 bytes (the
+// whole file image can then be written with O_DIRECT from an aligned buffer), and orders
+// tensors by decreasing element size so every tensor is aligned to its element size.
+//
+// The parser trusts nothing: the header length is checked against the file size and a hard
+// cap before any allocation, every number for overflow, and the data offsets must tile the data
+// section exactly (no overlap, no hole, nothing past the end).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckpt/core/dtype.hpp"
+
+namespace ckpt {
+
+/// Alignment of the data section (and of ckpt's staging buffers and O_DIRECT writes).
+inline constexpr std::uint64_t kDataAlignment = 4096;
+/// Largest JSON header accepted (the limit the reference safetensors implementation uses).
+inline constexpr std::uint64_t kMaxHeaderBytes = 100ull << 20;
+
+/// A tensor to be written: name, type, shape, and its bytes (numel * dtype_size long).
+struct TensorView {
+  std::string name;
+  DType dtype = DType::U8;
+  std::vector<std::uint64_t> shape;
+  std::span<const std::byte> data;
+};
+
+/// One tensor of a shard header. begin/end are offsets into the data section.
+struct ShardTensor {
+  std::string name;
+  DType dtype = DType::U8;
+  std::vector<std::uint64_t> shape;
+  std::uint64_t begin = 0, end = 0;
+};
+
+/// A parsed or planned shard header.
+struct ShardHeader {
+  std::vector<ShardTensor> tensors;  ///< in data order (increasing begin)
+  std::map<std::string, std::string> metadata;
+  std::uint64_t data_start = 0;  ///< 8 + N: file offset of the data section
+  std::uint64_t data_size = 0;   ///< bytes of tensor data
+  std::uint64_t file_size() const noexcept { return data_start + data_size; }
+};
+
+/// Number of elements of a shape; throws invalid_argument on overflow.
+std::uint64_t shape_numel(std::span<const std::uint64_t> shape);
+
+/// Lays out a shard for the given tensors (validates names unique, non-empty, not
+/// "__metadata__"; data sizes equal numel * dtype size): returns the header with data offsets.
+ShardHeader plan_shard(std::span<const TensorView> tensors,
+                       std::map<std::string, std::string> metadata = {});
+
+/// The first data_start bytes of the file: length prefix plus space-padded JSON.
+std::string encode_shard_header(const ShardHeader& header);
+
+/// Reads the 8-byte length prefix of a file of `file_size` bytes and returns data_start
+/// (8 + N) after checking it against the file size and kMaxHeaderBytes. Throws
+/// Errc::malformed_shard naming `file` otherwise.
+std::uint64_t parse_shard_prefix(std::span<const std::byte> first8, std::uint64_t file_size,
+                                 std::string_view file);
+
+/// Parses and validates the JSON header (the N bytes after the prefix) of a file of
+/// `file_size` bytes. Throws Errc::malformed_shard naming `file` and the offending entry.
+ShardHeader parse_shard_header(std::string_view json, std::uint64_t file_size, std::string_view file);
+
+}  // namespace ckpt

@@ -1,0 +1,190 @@
+// Implements the commit protocol described step by step in commit.hpp and
+// docs/commit-protocol.md. The order of the calls below is the protocol; do not reorder.
+#include "ckpt/io/commit.hpp"
+
+#include <algorithm>
+
+#include "ckpt/core/error.hpp"
+#include "ckpt/hash/file_digest.hpp"
+#include "ckpt/io/layout.hpp"
+
+namespace ckpt {
+
+namespace {
+void write_small_file(FileSystem& fs, const std::string& path, std::string_view content) {
+  auto f = fs.create(path, {});
+  f->write_at(0, std::as_bytes(std::span(content.data(), content.size())));
+  f->sync();
+  f->close();
+}
+}  // namespace
+
+std::vector<std::string> prepare_root(FileSystem& fs, const std::string& root) {
+  fs.create_dirs(root);
+  std::vector<std::string> removed;
+  for (const auto& e : fs.list_dir(root)) {
+    if (!is_temporary_name(e.name)) continue;
+    fs.remove_all(join_path(root, e.name));
+    removed.push_back(e.name);
+  }
+  if (!removed.empty()) fs.sync_dir(root);
+  return removed;
+}
+
+std::string begin_checkpoint(FileSystem& fs, const std::string& root, std::uint64_t step) {
+  const std::string name = checkpoint_dir_name(step);
+  if (fs.stat(join_path(root, name)))
+    throw Error(Errc::invalid_argument, join_path(root, name), "checkpoint for step " + std::to_string(step) + " already exists");
+  const std::string temp = join_path(root, temporary_name(name));
+  fs.create_dir(temp);
+  return temp;
+}
+
+namespace {
+// Steps e-g. `replaced` turns true once `latest` names the new checkpoint (after f): from
+// then on a failure (of g) must not undo the checkpoint `latest` already points to.
+void replace_latest(FileSystem& fs, const std::string& root, const std::string& dir_name, bool& replaced) {
+  const std::string temp = join_path(root, temporary_name(kLatestName));
+  try {
+    write_small_file(fs, temp, dir_name + "\n");      // e
+    fs.rename(temp, join_path(root, kLatestName));    // f
+  } catch (...) {
+    try {
+      fs.remove_all(temp);
+    } catch (...) {
+    }
+    throw;
+  }
+  replaced = true;
+  fs.sync_dir(root);  // g
+}
+}  // namespace
+
+void write_latest(FileSystem& fs, const std::string& root, const std::string& dir_name) {
+  bool replaced = false;
+  replace_latest(fs, root, dir_name, replaced);
+}
+
+std::string commit_checkpoint(FileSystem& fs, const std::string& root, const std::string& temp_dir,
+                              const Manifest& manifest) {
+  const std::string name = checkpoint_dir_name(manifest.step);
+  const std::string final_dir = join_path(root, name);
+  const std::string text = encode_manifest(manifest);
+  // Never commit a manifest the loader would refuse: decode it with the loader's checks first.
+  decode_manifest(text, join_path(temp_dir, kManifestName));
+  write_small_file(fs, join_path(temp_dir, kManifestName), text);  // a
+  fs.sync_dir(temp_dir);                                                                // b
+  if (fs.stat(final_dir))
+    throw Error(Errc::invalid_argument, final_dir, "checkpoint for step " + std::to_string(manifest.step) + " already exists");
+  fs.rename(temp_dir, final_dir);  // c
+  bool replaced = false;
+  try {
+    fs.sync_dir(root);                        // d
+    replace_latest(fs, root, name, replaced);  // e, f, g
+  } catch (...) {
+    // A save that reports failure must not leave a complete-looking step-N behind that
+    // `latest` does not name: move it back to its temporary name for abort_checkpoint.
+    if (!replaced) {
+      try {
+        fs.rename(final_dir, temp_dir);
+      } catch (...) {
+      }
+    }
+    throw;
+  }
+  return final_dir;
+}
+
+void abort_checkpoint(FileSystem& fs, const std::string& root, const std::string& temp_dir) noexcept {
+  try {
+    fs.remove_all(temp_dir);
+    fs.sync_dir(root);
+  } catch (...) {
+    // The next prepare_root removes it; the failure that led here is what the caller reports.
+  }
+}
+
+std::vector<TensorRecord> tensor_records(const ShardHeader& header, int rank) {
+  std::vector<TensorRecord> out;
+  out.reserve(header.tensors.size());
+  for (const auto& t : header.tensors)
+    out.push_back({t.name, rank, t.dtype, t.shape, header.data_start + t.begin, header.data_start + t.end});
+  return out;
+}
+
+WrittenShard write_shard_file(FileSystem& fs, const std::string& dir, int rank, int world_size,
+                              std::span<const TensorView> tensors,
+                              const std::map<std::string, std::string>& header_metadata, std::uint64_t chunk_size) {
+  const ShardHeader header = plan_shard(tensors, header_metadata);
+  const std::string header_bytes = encode_shard_header(header);
+  WrittenShard out;
+  out.record.rank = rank;
+  out.record.path = shard_file_name(rank, world_size);
+  const std::string path = join_path(dir, out.record.path);
+  auto file = fs.create(path, {});
+  file->allocate(header.file_size());
+  FileHasher hasher(chunk_size);
+  std::uint64_t offset = 0;
+  auto put = [&](std::span<const std::byte> bytes) {
+    // Chunk-sized writes keep the hashing of one piece close (in cache) to its write.
+    while (!bytes.empty()) {
+      const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(bytes.size(), chunk_size));
+      hasher.update(bytes.first(n));
+      file->write_at(offset, bytes.first(n));
+      offset += n;
+      bytes = bytes.subspan(n);
+    }
+  };
+  put(std::as_bytes(std::span(header_bytes.data(), header_bytes.size())));
+  std::vector<const TensorView*> by_name;
+  for (const auto& t : tensors) by_name.push_back(&t);
+  for (const auto& planned : header.tensors) {
+    const auto it = std::find_if(by_name.begin(), by_name.end(), [&](const TensorView* t) { return t->name == planned.name; });
+    put((*it)->data);
+  }
+  file->sync();
+  file->close();
+  const FileDigest d = hasher.finish();
+  out.record.size = d.size;
+  out.record.sha256 = d.sha256;
+  out.record.xxh3 = d.xxh3;
+  out.record.chunk_xxh3 = d.chunk_xxh3;
+  out.tensors = tensor_records(header, rank);
+  return out;
+}
+
+Manifest save_checkpoint(FileSystem& fs, const std::string& root, const SaveRequest& req) {
+  if (req.ranks.empty()) throw_invalid("save_checkpoint: no ranks");
+  const int world = static_cast<int>(req.ranks.size());
+  Manifest m;
+  m.world_size = world;
+  m.step = req.step;
+  m.wall_clock_seconds = req.wall_clock_seconds;
+  m.chunk_size = req.chunk_size;
+  m.param_numel = req.param_numel;
+  m.training = req.training;
+  prepare_root(fs, root);
+  const std::string temp = begin_checkpoint(fs, root, req.step);
+  try {
+    for (int r = 0; r < world; ++r) {
+      const RankState& rs = req.ranks[static_cast<std::size_t>(r)];
+      const std::map<std::string, std::string> meta{{"ckpt.rank", std::to_string(r)},
+                                                    {"ckpt.world_size", std::to_string(world)},
+                                                    {"ckpt.step", std::to_string(req.step)}};
+      WrittenShard w = write_shard_file(fs, temp, r, world, rs.tensors, meta, req.chunk_size);
+      w.record.param_shard_offset = rs.param_shard_offset;
+      w.record.param_shard_numel = rs.param_shard_numel;
+      w.record.metadata = rs.metadata;
+      m.shards.push_back(std::move(w.record));
+      m.tensors.insert(m.tensors.end(), w.tensors.begin(), w.tensors.end());
+    }
+    m.created_at = utc_now_rfc3339();
+    commit_checkpoint(fs, root, temp, m);
+  } catch (...) {
+    abort_checkpoint(fs, root, temp);
+    throw;
+  }
+  return m;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,99 @@
+// The durable commit protocol (docs/commit-protocol.md is the same text, longer):
+//
+//   0. prepare_root: create ROOT if needed; remove leftover temporaries (".tmp-*",
+//      ".latest.tmp-*") from a crashed writer; fsync ROOT.
+//   1. begin_checkpoint: mkdir ROOT/.tmp-step-N-<pid>-<n>/.
+//   2. every rank writes its shard into the temporary directory (create, write, fsync, close);
+//      the checksums are computed while the bytes stream out, never by reading them back.
+//   3. commit_checkpoint, once every shard is durable:
+//      a. write manifest.json into the temporary directory (create, write, fsync, close);
+//      b. fsync the temporary directory (its entries: the shards and the manifest);
+//      c. rename .tmp-step-N-... -> step-N (atomic within one file system);
+//      d. fsync ROOT (the rename itself is now durable);
+//      e. write ROOT/.latest.tmp-<pid>-<n> containing "step-N\n", fsync it, close;
+//      f. rename it over ROOT/latest (atomic replacement);
+//      g. fsync ROOT.
+//   A crash before (c) leaves only a temporary directory: `latest` still names the previous
+//   checkpoint, which is intact, and the next prepare_root removes the temporary. A crash
+//   between (c) and (f) leaves a complete step-N that `latest` does not name yet: the loader
+//   still opens the previous one (and `ckpt ls` shows both). An error (not a crash) between
+//   (c) and (f) renames step-N back to its temporary name, which is then removed: a save that
+//   reports failure leaves nothing behind. After (f) the new checkpoint is live; an error in
+//   (g) is reported, but `latest` keeps naming the new checkpoint. Old checkpoints are removed
+//   (rotation) only after (g).
+//
+// A root has one writer at a time (one training job); readers may run concurrently.
+#pragma once
+
+#include <boost/json/object.hpp>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ckpt/format/manifest.hpp"
+#include "ckpt/format/safetensors.hpp"
+#include "ckpt/io/file_system.hpp"
+
+namespace ckpt {
+
+/// Step 0: creates `root` if needed and removes temporaries a crashed writer left behind.
+/// Returns the names removed.
+std::vector<std::string> prepare_root(FileSystem& fs, const std::string& root);
+
+/// Step 1: creates the temporary directory for `step` and returns its path. Throws
+/// invalid_argument if ROOT/step-N already exists (a step is committed once).
+std::string begin_checkpoint(FileSystem& fs, const std::string& root, std::uint64_t step);
+
+/// Step 3: the manifest, the renames and the fsyncs, in the order above.
+/// Returns the final checkpoint directory path.
+std::string commit_checkpoint(FileSystem& fs, const std::string& root, const std::string& temp_dir,
+                              const Manifest& manifest);
+
+/// Steps e-g alone: atomically points ROOT/latest at `dir_name`.
+void write_latest(FileSystem& fs, const std::string& root, const std::string& dir_name);
+
+/// Best effort removal of a failed checkpoint's temporary directory (never throws).
+void abort_checkpoint(FileSystem& fs, const std::string& root, const std::string& temp_dir) noexcept;
+
+/// What a shard writer reports for the manifest.
+struct WrittenShard {
+  ShardRecord record;                 ///< path, size and checksums filled in
+  std::vector<TensorRecord> tensors;  ///< absolute byte ranges in the file
+};
+
+/// Manifest tensor index entries for a planned shard of `rank`.
+std::vector<TensorRecord> tensor_records(const ShardHeader& header, int rank);
+
+/// Step 2, synchronous path: writes one shard file (safetensors layout) into `dir`, hashing
+/// while writing, then fsyncs and closes it. On failure the partial file stays in the
+/// temporary directory (removed by abort_checkpoint).
+WrittenShard write_shard_file(FileSystem& fs, const std::string& dir, int rank, int world_size,
+                              std::span<const TensorView> tensors,
+                              const std::map<std::string, std::string>& header_metadata,
+                              std::uint64_t chunk_size = kDefaultChunkSize);
+
+/// One rank's part of a checkpoint, for the synchronous whole-checkpoint save below.
+struct RankState {
+  std::vector<TensorView> tensors;
+  std::uint64_t param_shard_offset = 0;
+  std::uint64_t param_shard_numel = 0;
+  boost::json::object metadata;
+};
+
+struct SaveRequest {
+  std::uint64_t step = 0;
+  double wall_clock_seconds = 0;
+  std::uint64_t param_numel = 0;
+  boost::json::object training;
+  std::vector<RankState> ranks;  ///< world_size entries, rank order
+  std::uint64_t chunk_size = kDefaultChunkSize;
+};
+
+/// Steps 1-3 for all ranks in the calling thread: the simplest complete save. On any failure
+/// the temporary directory is removed, `latest` and earlier checkpoints are untouched, and
+/// the error is rethrown. Returns the committed manifest.
+Manifest save_checkpoint(FileSystem& fs, const std::string& root, const SaveRequest& request);
+
+}  // namespace ckpt

@@ -1,0 +1,69 @@
+// A FileSystem wrapper that injects faults into the one it wraps (RocksDB's
+// FaultInjectionFileSystem is the model): fail the n-th operation of a kind with an errno,
+// make the n-th write short (part of the data reaches the file, then the call fails), or
+// "crash" after the n-th mutating operation, after which nothing more reaches the disk, which
+// is what a killed process leaves behind. Tests use it to walk a save through every write and
+// every step of the commit sequence.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+
+#include "ckpt/io/file_system.hpp"
+
+namespace ckpt {
+
+class FaultInjectionFileSystem final : public FileSystem {
+ public:
+  enum class Op { create, write, allocate, truncate, sync, close, create_dir, sync_dir, rename, remove, kCount };
+
+  /// Wraps `base`, which must outlive this object. Thread-safe.
+  explicit FaultInjectionFileSystem(FileSystem& base) : base_(base) {}
+
+  /// The n-th (0-based, counted from this call) `op` fails with `err` (EIO, ENOSPC, ...).
+  void fail_nth(Op op, std::uint64_t n, int err);
+  /// The n-th write writes only its first half, then fails with EIO.
+  void short_write_nth(std::uint64_t n);
+  /// Mutating operations after the first n succeed never: each throws Errc::aborted
+  /// ("simulated crash") and changes nothing on disk.
+  void crash_after(std::uint64_t n_mutations);
+  /// Clears all armed faults and counters.
+  void reset();
+
+  /// Operations of a kind seen since the last reset (failed ones included).
+  std::uint64_t count(Op op) const;
+  /// Mutating operations (everything but reads and listing) seen since the last reset.
+  std::uint64_t mutations() const { return mutations_.load(); }
+  bool crashed() const { return crashed_.load(); }
+
+  std::unique_ptr<WritableFile> create(const std::string& path, const WriteOptions& opts) override;
+  std::unique_ptr<ReadableFile> open_read(const std::string& path) override { return base_.open_read(path); }
+  void create_dir(const std::string& path) override;
+  void create_dirs(const std::string& path) override;
+  void sync_dir(const std::string& path) override;
+  void rename(const std::string& from, const std::string& to) override;
+  void remove_all(const std::string& path) override;
+  std::vector<DirEntry> list_dir(const std::string& path) override { return base_.list_dir(path); }
+  std::optional<FileStat> stat(const std::string& path) override { return base_.stat(path); }
+
+  /// Called by the wrapped files: counts the op, throws if a fault is armed for it.
+  /// Returns true when the op is a write that must be shortened.
+  bool before(Op op, const std::string& path);
+
+ private:
+  FileSystem& base_;
+  mutable std::mutex mu_;
+  std::uint64_t counts_[static_cast<int>(Op::kCount)] = {};
+  struct Armed {
+    bool on = false;
+    std::uint64_t at = 0;
+    int err = 0;
+  } fail_[static_cast<int>(Op::kCount)];
+  Armed short_;
+  std::atomic<std::uint64_t> mutations_{0};
+  std::uint64_t crash_at_ = UINT64_MAX;
+  std::atomic<bool> crashed_{false};
+};
+
+}  // namespace ckpt

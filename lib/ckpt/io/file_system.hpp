@@ -1,0 +1,90 @@
+// The small file-system interface every ckpt write and read goes through, so that a
+// fault-injecting wrapper (fault_injection.hpp) can fail the n-th write, shorten a write, fail
+// an fsync or stop the commit sequence at any step, for both the synchronous and the
+// asynchronous writers. Every method states its contract; every failure is a ckpt::Error
+// (Errc::io_error or Errc::no_space with errno, naming the file).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace ckpt {
+
+/// A file open for writing. Not thread-safe unless stated; one writer per file.
+class WritableFile {
+ public:
+  virtual ~WritableFile() = default;
+  /// Writes all of `data` at `offset`, retrying short writes and EINTR. With O_DIRECT the
+  /// caller passes 4096-aligned offset, address and length. Thread-safe for disjoint ranges.
+  virtual void write_at(std::uint64_t offset, std::span<const std::byte> data) = 0;
+  /// Reserves `size` bytes on disk (fallocate), so later writes do not allocate blocks.
+  virtual void allocate(std::uint64_t size) = 0;
+  /// Sets the file length (used after an O_DIRECT write padded to the block size).
+  virtual void truncate(std::uint64_t size) = 0;
+  /// Makes all data written so far durable (fsync). Returns only once it is.
+  virtual void sync() = 0;
+  /// Closes the descriptor; errors of close are reported. Idempotent.
+  virtual void close() = 0;
+  /// The raw descriptor, for writers that drive it themselves (io_uring); -1 if none.
+  virtual int native_handle() const noexcept = 0;
+  virtual bool is_direct() const noexcept = 0;
+  virtual const std::string& path() const noexcept = 0;
+};
+
+/// A file open for reading, never through a symlink.
+class ReadableFile {
+ public:
+  virtual ~ReadableFile() = default;
+  virtual std::uint64_t size() const = 0;
+  /// Reads exactly data.size() bytes at `offset`; a short file is Errc::size_mismatch.
+  virtual void read_at(std::uint64_t offset, std::span<std::byte> data) const = 0;
+  virtual const std::string& path() const noexcept = 0;
+};
+
+enum class EntryType { file, directory, symlink, other };
+
+struct DirEntry {
+  std::string name;
+  EntryType type;
+};
+
+struct FileStat {
+  EntryType type;
+  std::uint64_t size;
+};
+
+struct WriteOptions {
+  bool direct = false;  ///< try O_DIRECT; falls back to buffered where the file system refuses
+};
+
+class FileSystem {
+ public:
+  virtual ~FileSystem() = default;
+  /// Creates a new file (fails if it exists: O_EXCL), mode 0644.
+  virtual std::unique_ptr<WritableFile> create(const std::string& path, const WriteOptions& opts) = 0;
+  /// Opens an existing regular file; a symlink is Errc::unsafe_path, absence Errc::not_found.
+  virtual std::unique_ptr<ReadableFile> open_read(const std::string& path) = 0;
+  /// Creates one directory (mode 0755); fails if it exists.
+  virtual void create_dir(const std::string& path) = 0;
+  /// Creates a directory and missing parents; no error if it exists.
+  virtual void create_dirs(const std::string& path) = 0;
+  /// fsync of a directory: makes the entries created, renamed or removed in it durable.
+  virtual void sync_dir(const std::string& path) = 0;
+  /// rename(2): atomic replacement within one file system.
+  virtual void rename(const std::string& from, const std::string& to) = 0;
+  /// Removes a file, or a directory with everything in it. No error if absent.
+  virtual void remove_all(const std::string& path) = 0;
+  /// Entries of a directory (not "." and ".."), sorted by name.
+  virtual std::vector<DirEntry> list_dir(const std::string& path) = 0;
+  /// lstat: nullopt when absent.
+  virtual std::optional<FileStat> stat(const std::string& path) = 0;
+};
+
+/// The real file system (POSIX calls). Thread-safe; the same object serves every caller.
+FileSystem& posix_file_system();
+
+}  // namespace ckpt

@@ -1,0 +1,285 @@
+#include "ckpt/io/reader.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "ckpt/core/error.hpp"
+#include "ckpt/hash/file_digest.hpp"
+#include "ckpt/io/layout.hpp"
+
+namespace ckpt {
+
+namespace {
+constexpr std::uint64_t kMaxManifestBytes = 256ull << 20;
+
+std::string read_small_file(FileSystem& fs, const std::string& path, std::uint64_t limit, Errc too_big) {
+  auto f = fs.open_read(path);
+  if (f->size() > limit)
+    throw Error(too_big, path, "file size", "at most " + std::to_string(limit) + " bytes", std::to_string(f->size()) + " bytes");
+  std::string text(static_cast<std::size_t>(f->size()), '\0');
+  f->read_at(0, std::as_writable_bytes(std::span(text.data(), text.size())));
+  return text;
+}
+
+std::string chunk_label(std::uint64_t k, std::uint64_t n, std::uint64_t begin, std::uint64_t end) {
+  return "chunk " + std::to_string(k) + " of " + std::to_string(n) + " (bytes " + std::to_string(begin) + "-" +
+         std::to_string(end) + ")";
+}
+}  // namespace
+
+std::optional<Verify> parse_verify(std::string_view s) noexcept {
+  if (s == "none") return Verify::none;
+  if (s == "fast") return Verify::fast;
+  if (s == "full") return Verify::full;
+  return std::nullopt;
+}
+
+const LoadedTensor& LoadedShard::tensor(std::string_view name) const {
+  for (const auto& t : tensors)
+    if (t.name == name) return t;
+  throw Error(Errc::not_found, path_, "no tensor named '" + std::string(name) + "'");
+}
+
+CheckpointReader CheckpointReader::open(FileSystem& fs, const std::string& dir, std::optional<int> expected_world_size) {
+  const std::string mpath = join_path(dir, kManifestName);
+  std::string text;
+  try {
+    text = read_small_file(fs, mpath, kMaxManifestBytes, Errc::malformed_manifest);
+  } catch (const Error& e) {
+    if (e.code() == Errc::not_found)
+      throw Error(Errc::not_found, mpath, "no manifest: not a complete checkpoint", "manifest.json present", "missing");
+    throw;
+  }
+  Manifest m = decode_manifest(text, mpath);
+  if (expected_world_size && *expected_world_size != m.world_size)
+    throw Error(Errc::world_size_mismatch, mpath,
+                "checkpoint written at world size " + std::to_string(m.world_size) + ", loading at world size " +
+                    std::to_string(*expected_world_size) + " (reshard to change the world size)",
+                std::to_string(*expected_world_size), std::to_string(m.world_size));
+  for (const auto& s : m.shards) {
+    const std::string path = join_path(dir, s.path);
+    const auto st = fs.stat(path);
+    if (!st)
+      throw Error(Errc::missing_shard, path, "shard of rank " + std::to_string(s.rank) + " listed in the manifest", "present",
+                  "missing");
+    if (st->type == EntryType::symlink) throw Error(Errc::unsafe_path, path, "shard is a symlink", "regular file", "symlink");
+    if (st->type != EntryType::file) throw Error(Errc::unsafe_path, path, "shard is not a regular file", "regular file", "other");
+    if (st->size != s.size)
+      throw Error(Errc::size_mismatch, path, "shard size", std::to_string(s.size) + " bytes", std::to_string(st->size) + " bytes");
+  }
+  return CheckpointReader(fs, dir, std::move(m));
+}
+
+std::string CheckpointReader::shard_path(int rank) const { return join_path(dir_, manifest_.shard(rank).path); }
+
+void CheckpointReader::read_verified(int rank, Verify mode, std::span<std::byte> out, const ProgressFn& progress,
+                                     std::uint64_t done_before, std::uint64_t total) const {
+  // `out` is either the whole file (load) or one chunk of scratch space (verify), reused.
+  const ShardRecord& rec = manifest_.shard(rank);
+  const std::string path = shard_path(rank);
+  auto f = fs_->open_read(path);
+  if (f->size() != rec.size)
+    throw Error(Errc::size_mismatch, path, "shard size", std::to_string(rec.size) + " bytes", std::to_string(f->size()) + " bytes");
+  const std::uint64_t cs = manifest_.chunk_size;
+  const std::uint64_t n = chunk_count(rec.size, cs);
+  const bool whole = out.size() >= rec.size;
+  std::optional<Sha256> sha;
+  Xxh3 all;
+  if (mode == Verify::full) sha.emplace();
+  for (std::uint64_t k = 0; k < n; ++k) {
+    const std::uint64_t begin = k * cs, len = std::min(cs, rec.size - begin);
+    std::span<std::byte> piece = whole ? out.subspan(begin, len) : out.first(len);
+    f->read_at(begin, piece);
+    if (mode != Verify::none) {
+      const std::uint64_t h = xxh3_64(piece.data(), piece.size());
+      if (h != rec.chunk_xxh3[k])
+        throw Error(Errc::checksum_mismatch, path, "xxh3 of " + chunk_label(k, n, begin, begin + len), xxh3_hex(rec.chunk_xxh3[k]),
+                    xxh3_hex(h));
+    }
+    if (sha) {
+      sha->update(piece);
+      all.update(piece);
+    }
+    if (progress) progress(done_before + begin + len, total);
+  }
+  if (sha) {
+    const std::string actual = to_hex(sha->finish());
+    if (actual != rec.sha256) throw Error(Errc::checksum_mismatch, path, "sha256 of the whole file", rec.sha256, actual);
+    if (all.digest() != rec.xxh3)
+      throw Error(Errc::checksum_mismatch, path, "xxh3 of the whole file", xxh3_hex(rec.xxh3), xxh3_hex(all.digest()));
+  }
+}
+
+void CheckpointReader::check_header(int rank, std::span<const std::byte> file, LoadedShard* out) const {
+  const std::string path = shard_path(rank);
+  const ShardRecord& rec = manifest_.shard(rank);
+  const std::uint64_t data_start = parse_shard_prefix(file.first(std::min<std::size_t>(8, file.size())), rec.size, path);
+  if (file.size() < data_start)
+    throw Error(Errc::malformed_shard, path, "header bytes available", std::to_string(data_start), std::to_string(file.size()));
+  const std::string_view json(reinterpret_cast<const char*>(file.data()) + 8, static_cast<std::size_t>(data_start - 8));
+  const ShardHeader h = parse_shard_header(json, rec.size, path);
+  std::size_t indexed = 0;
+  for (const auto& t : manifest_.tensors) indexed += (t.rank == rank);
+  if (indexed != h.tensors.size())
+    throw Error(Errc::malformed_shard, path, "tensor count against the manifest index", std::to_string(indexed),
+                std::to_string(h.tensors.size()));
+  for (const auto& t : h.tensors) {
+    const TensorRecord* r = manifest_.find_tensor(t.name, rank);
+    if (!r || r->dtype != t.dtype || r->shape != t.shape || r->begin != h.data_start + t.begin || r->end != h.data_start + t.end)
+      throw Error(Errc::malformed_shard, path, "tensor '" + t.name + "' disagrees with the manifest index",
+                  r ? std::string(dtype_name(r->dtype)) + " at " + std::to_string(r->begin) : "an index entry",
+                  std::string(dtype_name(t.dtype)) + " at " + std::to_string(h.data_start + t.begin));
+    if (out)
+      out->tensors.push_back({t.name, t.dtype, t.shape, file.subspan(h.data_start + t.begin, t.end - t.begin)});
+  }
+  if (out) out->header_metadata = h.metadata;
+}
+
+void CheckpointReader::verify(Verify mode, const ProgressFn& progress) const {
+  std::uint64_t total = 0, done = 0;
+  for (const auto& s : manifest_.shards) total += s.size;
+  AlignedBuffer scratch(static_cast<std::size_t>(manifest_.chunk_size));
+  for (const auto& s : manifest_.shards) {
+    if (mode != Verify::none) read_verified(s.rank, mode, scratch.span(static_cast<std::size_t>(manifest_.chunk_size)), progress, done, total);
+    // The header is checked from its own bytes (verified above when mode != none).
+    auto f = fs_->open_read(shard_path(s.rank));
+    std::byte prefix[8] = {};
+    if (s.size >= 8) f->read_at(0, prefix);
+    const std::uint64_t data_start = parse_shard_prefix(std::span(prefix, s.size >= 8 ? 8 : 0), s.size, shard_path(s.rank));
+    std::vector<std::byte> head(static_cast<std::size_t>(data_start));
+    f->read_at(0, head);
+    check_header(s.rank, head, nullptr);
+    done += s.size;
+  }
+}
+
+LoadedShard CheckpointReader::load_shard(int rank, Verify mode) const {
+  if (rank < 0 || rank >= manifest_.world_size)
+    throw Error(Errc::invalid_argument, dir_, "rank", "0.." + std::to_string(manifest_.world_size - 1), std::to_string(rank));
+  LoadedShard out;
+  out.rank = rank;
+  out.record = manifest_.shard(rank);
+  out.path_ = shard_path(rank);
+  out.size_ = out.record.size;
+  out.buffer_ = AlignedBuffer(static_cast<std::size_t>(out.size_));
+  read_verified(rank, mode, out.buffer_.span(static_cast<std::size_t>(out.size_)), {}, 0, out.size_);
+  check_header(rank, out.buffer_.span(static_cast<std::size_t>(out.size_)), &out);
+  return out;
+}
+
+std::vector<std::byte> CheckpointReader::read_tensor(std::string_view name, int rank, Verify mode) const {
+  const TensorRecord* t = manifest_.find_tensor(name, rank);
+  if (!t) throw Error(Errc::not_found, join_path(dir_, kManifestName), "no tensor '" + std::string(name) + "' on rank " + std::to_string(rank));
+  const ShardRecord& rec = manifest_.shard(rank);
+  const std::string path = shard_path(rank);
+  auto f = fs_->open_read(path);
+  if (f->size() != rec.size)
+    throw Error(Errc::size_mismatch, path, "shard size", std::to_string(rec.size) + " bytes", std::to_string(f->size()) + " bytes");
+  std::vector<std::byte> out(static_cast<std::size_t>(t->end - t->begin));
+  if (mode == Verify::none || out.empty()) {
+    f->read_at(t->begin, out);
+    return out;
+  }
+  const std::uint64_t cs = manifest_.chunk_size, n = chunk_count(rec.size, cs);
+  const std::uint64_t k0 = t->begin / cs, k1 = (t->end + cs - 1) / cs;
+  std::vector<std::byte> chunk(static_cast<std::size_t>(std::min(cs, rec.size)));
+  for (std::uint64_t k = k0; k < k1; ++k) {
+    const std::uint64_t begin = k * cs, len = std::min(cs, rec.size - begin);
+    std::span<std::byte> piece(chunk.data(), static_cast<std::size_t>(len));
+    f->read_at(begin, piece);
+    const std::uint64_t h = xxh3_64(piece.data(), piece.size());
+    if (h != rec.chunk_xxh3[k])
+      throw Error(Errc::checksum_mismatch, path, "xxh3 of " + chunk_label(k, n, begin, begin + len), xxh3_hex(rec.chunk_xxh3[k]), xxh3_hex(h));
+    const std::uint64_t from = std::max(begin, t->begin), to = std::min(begin + len, t->end);
+    std::memcpy(out.data() + (from - t->begin), piece.data() + (from - begin), static_cast<std::size_t>(to - from));
+  }
+  return out;
+}
+
+std::optional<std::string> read_latest(FileSystem& fs, const std::string& root) {
+  const std::string path = join_path(root, kLatestName);
+  if (!fs.stat(path)) return std::nullopt;
+  std::string text = read_small_file(fs, path, 4096, Errc::malformed_manifest);
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' ')) text.pop_back();
+  return text;
+}
+
+OpenedCheckpoint open_latest(FileSystem& fs, const std::string& root, const OpenLatestOptions& opt) {
+  if (!fs.stat(root)) throw Error(Errc::not_found, root, "no such checkpoint root");
+  std::string tried, note;
+  try {
+    const auto name = read_latest(fs, root);
+    if (!name) throw Error(Errc::not_found, join_path(root, kLatestName), "no latest pointer: nothing committed yet");
+    if (!parse_checkpoint_dir_name(*name))
+      throw Error(Errc::malformed_manifest, join_path(root, kLatestName), "content", "step-NNNNNNNNNN", "'" + name->substr(0, 64) + "'");
+    tried = *name;
+    auto reader = CheckpointReader::open(fs, join_path(root, *name), opt.expected_world_size);
+    if (opt.fallback) reader.verify(opt.verify);
+    return {std::move(reader), *name, false, {}};
+  } catch (const Error& e) {
+    if (!opt.fallback || e.code() == Errc::world_size_mismatch) throw;
+    note = e.what();
+  }
+  std::vector<std::string> names;
+  for (const auto& e : fs.list_dir(root))
+    if (e.type == EntryType::directory && parse_checkpoint_dir_name(e.name) && e.name != tried) names.push_back(e.name);
+  std::sort(names.rbegin(), names.rend());
+  for (const auto& name : names) {
+    try {
+      auto reader = CheckpointReader::open(fs, join_path(root, name), opt.expected_world_size);
+      reader.verify(opt.verify);
+      return {std::move(reader), name, true, note};
+    } catch (const Error& e) {
+      if (e.code() == Errc::world_size_mismatch) throw;
+    }
+  }
+  throw Error(Errc::not_found, root, "no checkpoint that opens and verifies", "a good checkpoint", note.empty() ? "none" : note);
+}
+
+CheckpointReader open_step(FileSystem& fs, const std::string& root, std::uint64_t step, std::optional<int> expected_world_size) {
+  return CheckpointReader::open(fs, join_path(root, checkpoint_dir_name(step)), expected_world_size);
+}
+
+std::string_view checkpoint_state_name(CheckpointState s) noexcept {
+  switch (s) {
+    case CheckpointState::complete: return "complete";
+    case CheckpointState::in_progress: return "in progress";
+    case CheckpointState::corrupt: return "corrupt";
+  }
+  return "?";
+}
+
+std::vector<CheckpointInfo> list_checkpoints(FileSystem& fs, const std::string& root, Verify verify) {
+  std::vector<CheckpointInfo> out;
+  const auto latest = read_latest(fs, root);
+  for (const auto& e : fs.list_dir(root)) {
+    if (e.type != EntryType::directory) continue;
+    const auto step = parse_checkpoint_dir_name(e.name);
+    const bool temp = is_temporary_name(e.name);
+    if (!step && !temp) continue;
+    CheckpointInfo info;
+    info.name = e.name;
+    info.step = step;
+    info.is_latest = latest && *latest == e.name;
+    const std::string dir = join_path(root, e.name);
+    if (temp) {
+      info.state = CheckpointState::in_progress;
+      for (const auto& f : fs.list_dir(dir))
+        if (auto st = fs.stat(join_path(dir, f.name)); st && st->type == EntryType::file) info.bytes += st->size;
+    } else {
+      try {
+        auto reader = CheckpointReader::open(fs, dir);
+        info.world_size = reader.manifest().world_size;
+        for (const auto& s : reader.manifest().shards) info.bytes += s.size;
+        if (verify != Verify::none) reader.verify(verify);
+      } catch (const Error& err) {
+        info.state = CheckpointState::corrupt;
+        info.error = err.what();
+      }
+    }
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+}  // namespace ckpt

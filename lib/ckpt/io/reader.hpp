@@ -1,0 +1,146 @@
+// Opening and loading checkpoints, refusing every bad one before a byte of it is used.
+//
+// CheckpointReader::open reads and validates the manifest (schema_version, world_size,
+// safe paths, sane numbers), then checks that every shard it lists exists, is a regular file
+// (not a symlink) and has the recorded size. Loading a shard reads it once, in chunks, and
+// checks each chunk's XXH3 as it arrives (Verify::fast, the default) or also the SHA-256 of
+// the whole file (Verify::full); it then checks the shard's own safetensors header against
+// the manifest's tensor index. Nothing is returned half-verified.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckpt/core/aligned_buffer.hpp"
+#include "ckpt/format/manifest.hpp"
+#include "ckpt/format/safetensors.hpp"
+#include "ckpt/io/file_system.hpp"
+
+namespace ckpt {
+
+enum class Verify {
+  none,  ///< sizes and headers only
+  fast,  ///< XXH3 of every chunk read (default)
+  full,  ///< fast, plus SHA-256 and XXH3 of the whole file
+};
+
+/// Parses "none" / "fast" / "full".
+std::optional<Verify> parse_verify(std::string_view s) noexcept;
+
+/// A tensor of a loaded shard; `data` points into the shard's buffer.
+struct LoadedTensor {
+  std::string name;
+  DType dtype = DType::U8;
+  std::vector<std::uint64_t> shape;
+  std::span<const std::byte> data;
+};
+
+/// One rank's shard, verified and parsed. Owns the bytes its tensors point to.
+class LoadedShard {
+ public:
+  int rank = 0;
+  ShardRecord record;                          ///< the manifest's entry (incl. metadata)
+  std::map<std::string, std::string> header_metadata;  ///< safetensors __metadata__
+  std::vector<LoadedTensor> tensors;           ///< in file order
+
+  /// The tensor called `name`; Errc::not_found (naming the shard file) if absent.
+  const LoadedTensor& tensor(std::string_view name) const;
+  std::span<const std::byte> file_bytes() const noexcept { return buffer_.span(size_); }
+
+ private:
+  friend class CheckpointReader;
+  AlignedBuffer buffer_;
+  std::uint64_t size_ = 0;
+  std::string path_;
+};
+
+/// Called with (bytes done, bytes total) while verifying; may be empty.
+using ProgressFn = std::function<void(std::uint64_t, std::uint64_t)>;
+
+class CheckpointReader {
+ public:
+  /// Opens the checkpoint in `dir` (a step-N directory). With `expected_world_size`, a
+  /// different world_size is Errc::world_size_mismatch naming both sizes. Throws
+  /// Errc::not_found (no manifest), the manifest's decode errors, Errc::missing_shard,
+  /// Errc::unsafe_path (a shard that is a symlink or not a regular file), Errc::size_mismatch.
+  static CheckpointReader open(FileSystem& fs, const std::string& dir, std::optional<int> expected_world_size = {});
+
+  const Manifest& manifest() const noexcept { return manifest_; }
+  const std::string& dir() const noexcept { return dir_; }
+  std::string shard_path(int rank) const;
+
+  /// Reads every shard and checks its checksums (none: sizes and headers only).
+  /// Throws Errc::checksum_mismatch naming the file, the chunk and both values.
+  void verify(Verify mode, const ProgressFn& progress = {}) const;
+
+  /// Reads, verifies and parses rank's shard.
+  LoadedShard load_shard(int rank, Verify mode = Verify::fast) const;
+
+  /// Reads one tensor without reading the rest of its shard: only the chunks covering its
+  /// byte range, each checked against its XXH3 unless mode is Verify::none (Verify::full
+  /// is treated as fast here: the SHA-256 covers whole files only).
+  std::vector<std::byte> read_tensor(std::string_view name, int rank, Verify mode = Verify::fast) const;
+
+ private:
+  CheckpointReader(FileSystem& fs, std::string dir, Manifest m) : fs_(&fs), dir_(std::move(dir)), manifest_(std::move(m)) {}
+  void read_verified(int rank, Verify mode, std::span<std::byte> out, const ProgressFn& progress,
+                     std::uint64_t done_before, std::uint64_t total) const;
+  void check_header(int rank, std::span<const std::byte> file, LoadedShard* out) const;
+
+  FileSystem* fs_;
+  std::string dir_;
+  Manifest manifest_;
+};
+
+/// Options for opening the live checkpoint of a root.
+struct OpenLatestOptions {
+  std::optional<int> expected_world_size;
+  /// If `latest` is missing, unreadable or names a checkpoint that fails to open or verify,
+  /// try the other complete checkpoints newest first instead of throwing.
+  bool fallback = false;
+  /// Verification applied while choosing (only with fallback; loads verify again).
+  Verify verify = Verify::fast;
+};
+
+struct OpenedCheckpoint {
+  CheckpointReader reader;
+  std::string name;        ///< e.g. "step-0000000010"
+  bool fell_back = false;  ///< true if `latest` was not used
+  std::string note;        ///< why it fell back (the error of the checkpoint `latest` named)
+};
+
+/// Opens the checkpoint ROOT/latest names. Throws Errc::not_found if there is none, or the
+/// typed error of the named checkpoint (unless options.fallback finds another good one).
+/// A world_size mismatch is never "fallen back" from: it is the caller's mistake.
+OpenedCheckpoint open_latest(FileSystem& fs, const std::string& root, const OpenLatestOptions& options = {});
+
+/// Opens ROOT/step-N.
+CheckpointReader open_step(FileSystem& fs, const std::string& root, std::uint64_t step,
+                           std::optional<int> expected_world_size = {});
+
+/// The name `latest` holds, or nullopt if there is no readable `latest`.
+std::optional<std::string> read_latest(FileSystem& fs, const std::string& root);
+
+enum class CheckpointState { complete, in_progress, corrupt };
+std::string_view checkpoint_state_name(CheckpointState s) noexcept;
+
+struct CheckpointInfo {
+  std::string name;
+  std::optional<std::uint64_t> step;
+  CheckpointState state = CheckpointState::complete;
+  std::uint64_t bytes = 0;  ///< sum of shard sizes (complete) or of files present
+  int world_size = 0;
+  bool is_latest = false;
+  std::string error;  ///< why it is corrupt
+};
+
+/// Every checkpoint directory and temporary under `root`, in name (= step) order. With a
+/// verify mode other than none, complete checkpoints are read and checked.
+std::vector<CheckpointInfo> list_checkpoints(FileSystem& fs, const std::string& root, Verify verify = Verify::none);
+
+}  // namespace ckpt

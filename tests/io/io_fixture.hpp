@@ -1,0 +1,54 @@
+// Shared by the io tests: a checkpoint with every dtype, empty and odd-sized tensors.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ckpt/io/commit.hpp"
+#include "support/test_support.hpp"
+
+namespace ckpt::test {
+
+struct RankPayload {
+  std::vector<std::vector<std::uint8_t>> blobs;
+};
+
+/// Tensors for `world` ranks at `step`; payload bytes depend on (rank, step).
+struct Fixture {
+  std::vector<RankPayload> payload;
+  SaveRequest request;
+
+  Fixture(int world, std::uint64_t step, std::uint64_t chunk = 4096) {
+    struct Spec {
+      const char* name;
+      DType t;
+      std::vector<std::uint64_t> shape;
+    };
+    const std::vector<Spec> specs = {{"f16", DType::F16, {3, 5}},     {"bf16", DType::BF16, {7}},   {"f32", DType::F32, {33, 31}},
+                                     {"f64", DType::F64, {5}},        {"i32", DType::I32, {1}},     {"i64", DType::I64, {2, 2}},
+                                     {"u8", DType::U8, {4097}},       {"empty", DType::F32, {0}},   {"scalar", DType::F32, {}}};
+    payload.resize(static_cast<std::size_t>(world));
+    request.step = step;
+    request.wall_clock_seconds = 12.5;
+    request.chunk_size = chunk;
+    request.param_numel = 1000u * static_cast<std::uint64_t>(world);
+    request.training["lr"] = 0.001;
+    for (int r = 0; r < world; ++r) {
+      RankState rs;
+      auto& p = payload[static_cast<std::size_t>(r)];
+      for (const auto& s : specs) {
+        std::uint64_t n = 1;
+        for (auto d : s.shape) n *= d;
+        p.blobs.push_back(random_bytes(n * dtype_size(s.t), step * 1000 + static_cast<std::uint64_t>(r) * 17 + p.blobs.size()));
+      }
+      for (std::size_t i = 0; i < specs.size(); ++i)
+        rs.tensors.push_back({specs[i].name, specs[i].t, specs[i].shape, std::as_bytes(std::span(p.blobs[i]))});
+      rs.param_shard_offset = 1000u * static_cast<std::uint64_t>(r);
+      rs.param_shard_numel = 1000;
+      rs.metadata["data_position"] = static_cast<std::int64_t>(step * 4 + static_cast<std::uint64_t>(r));
+      request.ranks.push_back(std::move(rs));
+    }
+  }
+};
+
+}  // namespace ckpt::test
