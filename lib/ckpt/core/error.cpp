@@ -3,6 +3,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include <boost/json.hpp>
+
 namespace ckpt {
 
 std::string_view errc_name(Errc code) noexcept {
@@ -57,6 +59,44 @@ void throw_errno(int err, std::string_view action, std::string_view file) {
 
 void throw_invalid(std::string_view what) {
   throw Error(Errc::invalid_argument, {}, std::string(what));
+}
+
+std::string error_to_json(const Error& e) {
+  return boost::json::serialize(boost::json::object{{"code", static_cast<int>(e.code())},
+                                                    {"file", e.file()},
+                                                    {"detail", e.detail()},
+                                                    {"expected", e.expected()},
+                                                    {"actual", e.actual()},
+                                                    {"errno", e.sys_errno()}});
+}
+
+Error error_from_json(std::string_view text) {
+  boost::system::error_code ec;
+  const auto v = boost::json::parse(text, ec);
+  const auto* o = ec ? nullptr : v.if_object();
+  if (!o || !o->contains("code")) return Error(Errc::comm_error, {}, "unreadable error report", "error JSON", std::string(text));
+  auto str = [&](const char* k) -> std::string {
+    const auto* f = o->if_contains(k);
+    return f && f->is_string() ? std::string(f->get_string()) : std::string();
+  };
+  const auto* code = o->if_contains("code");
+  const auto* err = o->if_contains("errno");
+  const int c = code && code->is_int64() ? static_cast<int>(code->get_int64()) : static_cast<int>(Errc::comm_error);
+  const Errc errc = c >= 0 && c <= static_cast<int>(Errc::comm_error) ? static_cast<Errc>(c) : Errc::comm_error;
+  return Error(errc, str("file"), str("detail"), str("expected"), str("actual"),
+               err && err->is_int64() ? static_cast<int>(err->get_int64()) : 0);
+}
+
+Error to_error(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& err) {
+    return err;
+  } catch (const std::exception& ex) {
+    return Error(Errc::io_error, {}, ex.what());
+  } catch (...) {
+    return Error(Errc::io_error, {}, "unknown exception");
+  }
 }
 
 }  // namespace ckpt

@@ -5,6 +5,7 @@
 // stored and rethrown where the caller waits; they are never swallowed.
 #pragma once
 
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -58,5 +59,13 @@ class Error : public std::runtime_error {
 
 /// Throws Errc::invalid_argument naming what was wrong.
 [[noreturn]] void throw_invalid(std::string_view what);
+
+/// An Error as one line of JSON ({"code", "file", "detail", "expected", "actual", "errno"}), so
+/// that it can cross a thread or process boundary and be rethrown there unchanged.
+std::string error_to_json(const Error& e);
+/// Inverse of error_to_json. Text that is not such JSON becomes Errc::comm_error quoting it.
+Error error_from_json(std::string_view text);
+/// The exception in `e` as a ckpt::Error (other exceptions become Errc::io_error with what()).
+Error to_error(std::exception_ptr e);
 
 }  // namespace ckpt

@@ -50,31 +50,35 @@ std::string utc_now_rfc3339() {
   return buf;
 }
 
+json::object shard_to_json(const ShardRecord& s) {
+  json::array chunks;
+  for (auto c : s.chunk_xxh3) chunks.emplace_back(xxh3_hex(c));
+  return json::object{{"rank", s.rank},
+                      {"path", s.path},
+                      {"size", s.size},
+                      {"sha256", s.sha256},
+                      {"xxh3", xxh3_hex(s.xxh3)},
+                      {"chunk_xxh3", std::move(chunks)},
+                      {"param_shard_offset", s.param_shard_offset},
+                      {"param_shard_numel", s.param_shard_numel},
+                      {"metadata", s.metadata}};
+}
+
+json::object tensor_to_json(const TensorRecord& t) {
+  json::array shape;
+  for (auto d : t.shape) shape.emplace_back(d);
+  return json::object{{"name", t.name},
+                      {"rank", t.rank},
+                      {"dtype", dtype_name(t.dtype)},
+                      {"shape", std::move(shape)},
+                      {"byte_range", json::array{t.begin, t.end}}};
+}
+
 std::string encode_manifest(const Manifest& m) {
   json::array shards;
-  for (const auto& s : m.shards) {
-    json::array chunks;
-    for (auto c : s.chunk_xxh3) chunks.emplace_back(xxh3_hex(c));
-    shards.emplace_back(json::object{{"rank", s.rank},
-                                     {"path", s.path},
-                                     {"size", s.size},
-                                     {"sha256", s.sha256},
-                                     {"xxh3", xxh3_hex(s.xxh3)},
-                                     {"chunk_xxh3", std::move(chunks)},
-                                     {"param_shard_offset", s.param_shard_offset},
-                                     {"param_shard_numel", s.param_shard_numel},
-                                     {"metadata", s.metadata}});
-  }
+  for (const auto& s : m.shards) shards.emplace_back(shard_to_json(s));
   json::array tensors;
-  for (const auto& t : m.tensors) {
-    json::array shape;
-    for (auto d : t.shape) shape.emplace_back(d);
-    tensors.emplace_back(json::object{{"name", t.name},
-                                      {"rank", t.rank},
-                                      {"dtype", dtype_name(t.dtype)},
-                                      {"shape", std::move(shape)},
-                                      {"byte_range", json::array{t.begin, t.end}}});
-  }
+  for (const auto& t : m.tensors) tensors.emplace_back(tensor_to_json(t));
   json::object o{{"schema_version", m.schema_version},
                  {"format", "ckpt"},
                  {"world_size", m.world_size},

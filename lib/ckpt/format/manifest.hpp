@@ -58,6 +58,10 @@ struct Manifest {
   const TensorRecord* find_tensor(std::string_view name, int rank) const noexcept;
 };
 
+/// The JSON objects encode_manifest writes for one shard entry and one tensor index entry.
+boost::json::object shard_to_json(const ShardRecord& s);
+boost::json::object tensor_to_json(const TensorRecord& t);
+
 /// Serialises a manifest (pretty enough to read with cat, stable field order).
 std::string encode_manifest(const Manifest& m);
 

@@ -44,6 +44,7 @@ class FaultyFile final : public WritableFile {
   }
   void sync() override {
     fs_.before(FaultInjectionFileSystem::Op::sync, f_->path());
+    fs_.wait_if_held();
     f_->sync();
   }
   void close() override {
@@ -75,6 +76,26 @@ void FaultInjectionFileSystem::short_write_nth(std::uint64_t n) {
 void FaultInjectionFileSystem::crash_after(std::uint64_t n) {
   std::lock_guard lk(mu_);
   crash_at_ = mutations_.load() + n;
+}
+
+void FaultInjectionFileSystem::hold_syncs(bool hold) {
+  {
+    std::lock_guard lk(mu_);
+    hold_ = hold;
+  }
+  hold_cv_.notify_all();
+}
+
+int FaultInjectionFileSystem::held_syncs() const {
+  std::lock_guard lk(mu_);
+  return held_;
+}
+
+void FaultInjectionFileSystem::wait_if_held() {
+  std::unique_lock lk(mu_);
+  ++held_;
+  hold_cv_.wait(lk, [&] { return !hold_; });
+  --held_;
 }
 
 void FaultInjectionFileSystem::reset() {

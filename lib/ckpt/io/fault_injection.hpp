@@ -7,6 +7,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <mutex>
 
@@ -28,6 +29,11 @@ class FaultInjectionFileSystem final : public FileSystem {
   /// Mutating operations after the first n succeed never: each throws Errc::aborted
   /// ("simulated crash") and changes nothing on disk.
   void crash_after(std::uint64_t n_mutations);
+  /// While held, every file fsync blocks (a slow disk, deterministic): tests use it to keep
+  /// a save in flight. Releasing wakes them.
+  void hold_syncs(bool hold);
+  /// fsyncs currently blocked by hold_syncs.
+  int held_syncs() const;
   /// Clears all armed faults and counters.
   void reset();
 
@@ -64,6 +70,12 @@ class FaultInjectionFileSystem final : public FileSystem {
   std::atomic<std::uint64_t> mutations_{0};
   std::uint64_t crash_at_ = UINT64_MAX;
   std::atomic<bool> crashed_{false};
+  bool hold_ = false;
+  int held_ = 0;
+  std::condition_variable hold_cv_;
+ public:
+  /// Used by the wrapped files: blocks while syncs are held.
+  void wait_if_held();
 };
 
 }  // namespace ckpt

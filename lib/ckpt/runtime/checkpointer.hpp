@@ -1,0 +1,194 @@
+// The asynchronous checkpointer: what a training loop links.
+//
+// Each rank thread calls save() with its shard state; save() copies the tensors into the
+// rank's staging buffer (pre-faulted, 4096-aligned, reused across saves) and returns a
+// SaveHandle at once. A writer thread then streams the shard to disk (io_uring through
+// Boost.Asio, or pwrite on a worker pool) while worker threads compute its XXH3 per chunk and
+// SHA-256 from the same staged bytes; when every rank's shard of the step is durable, one
+// commit runs the protocol of io/commit.hpp, then rotation keeps the last K checkpoints.
+//
+//   ckpt::Checkpointer ckpt({.root = "/ckpts/run1", .world_size = 4, .keep_last = 3});
+//   // in rank r's thread, every N steps:
+//   ckpt::SaveHandle h = ckpt.save(r, step, tensors, info);   // returns after staging
+//   ...train on; h.ready() polls, h.wait() blocks and rethrows a failed save's error...
+//
+// At most one checkpoint is in flight: a save for a new step that arrives while the previous
+// checkpoint is still persisting waits for it (the wait is reported as stall time), or, with
+// BusyPolicy::skip, is skipped. The destructor drains every started save; a checkpoint some
+// rank never saved is abandoned with Errc::aborted on the handles of the ranks that did, and
+// a log line says so.
+#pragma once
+
+#include <boost/asio/any_completion_handler.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/json/object.hpp>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ckpt/format/manifest.hpp"
+#include "ckpt/format/safetensors.hpp"
+#include "ckpt/io/file_system.hpp"
+#include "ckpt/runtime/coordinator.hpp"
+
+namespace ckpt {
+
+enum class WriterBackend {
+  automatic,  ///< io_uring where the kernel allows it, else posix (with one log line)
+  io_uring,   ///< io_uring through Boost.Asio's file support; Errc::io_error if unavailable
+  posix,      ///< pwrite on a worker pool
+};
+
+/// What save() does when the previous checkpoint is still persisting.
+enum class BusyPolicy {
+  wait,  ///< block until it is committed (back-pressure; measured as stall time)
+  skip,  ///< return a handle that reports skipped(); decided once per step for all ranks
+};
+
+struct CheckpointerOptions {
+  std::string root;                 ///< checkpoint root directory (created if missing)
+  int world_size = 1;               ///< ranks that save each checkpoint
+  int keep_last = 3;                ///< rotation: keep this many checkpoints (0: keep all)
+  WriterBackend backend = WriterBackend::automatic;  ///< overridden by env CKPT_WRITER=posix|io_uring
+  BusyPolicy when_busy = BusyPolicy::wait;
+  bool direct_io = true;            ///< O_DIRECT where the file system allows it
+  std::uint64_t chunk_size = kDefaultChunkSize;  ///< XXH3 chunk, also the size of one write
+  int queue_depth = 4;              ///< writes in flight per shard file
+  int hash_threads = 0;             ///< worker threads for hashing, fsync and commit (0: one per core, at least 2)
+  std::uint64_t staging_bytes_per_rank = 0;  ///< pre-allocate staging now (0: at the first save)
+  FileSystem* fs = nullptr;         ///< file system (default: posix); for fault injection
+  CommitCoordinator* coordinator = nullptr;  ///< default: in-process
+};
+
+/// Per-save information besides the tensors.
+struct SaveInfo {
+  std::uint64_t param_shard_offset = 0;  ///< this rank's range of the flat parameter space
+  std::uint64_t param_shard_numel = 0;
+  std::uint64_t param_numel = 0;         ///< size of the flat parameter space (rank 0's is recorded)
+  double wall_clock_seconds = 0;         ///< training time so far (rank 0's is recorded)
+  boost::json::object metadata;          ///< this rank's state: data position, RNG, ...
+  boost::json::object training;          ///< global training metadata (rank 0's is recorded)
+};
+
+/// What a completed save reports.
+struct SaveResult {
+  std::uint64_t step = 0;
+  std::string dir;             ///< the committed checkpoint directory
+  std::uint64_t bytes = 0;     ///< this rank's shard file size
+  std::string backend;         ///< "io_uring" or "posix"
+  using ns = std::chrono::nanoseconds;
+  ns stall{};   ///< time save() waited for the previous checkpoint (back-pressure)
+  ns stage{};   ///< time save() spent copying into staging
+  ns write{};   ///< writer: first write submitted to last write completed
+  ns hash{};    ///< hashing of this shard (overlaps write)
+  ns fsync{};   ///< fsync + close of this shard
+  ns commit{};  ///< manifest, renames, fsyncs, latest, rotation
+  ns total{};   ///< save() call to commit done
+  std::vector<std::string> rotated;  ///< checkpoint directories removed by rotation
+};
+
+namespace detail {
+struct SaveState;
+}
+
+/// Completion of one rank's save. Cheap to copy; all copies refer to the same save.
+/// Thread-safe.
+class SaveHandle {
+ public:
+  SaveHandle() = default;
+  explicit SaveHandle(std::shared_ptr<detail::SaveState> s) : state_(std::move(s)) {}
+
+  bool valid() const noexcept { return state_ != nullptr; }
+  /// True once the checkpoint is committed, has failed, or the save was skipped. Never blocks.
+  bool ready() const noexcept;
+  /// True if the save was skipped (BusyPolicy::skip); ready() is then true at once.
+  bool skipped() const noexcept;
+  std::uint64_t step() const noexcept;
+  /// Blocks until ready(); returns the result or rethrows the save's ckpt::Error.
+  const SaveResult& wait() const;
+
+  /// The same as an Asio asynchronous operation, completion signature
+  /// void(std::exception_ptr, SaveResult): `co_await h.async_wait(asio::use_awaitable)`
+  /// in a coroutine (throws the save's error), a callback, or asio::use_future. The handler
+  /// runs through its associated executor; one without (a plain callback) runs on the ckpt
+  /// worker thread that completed the save, so it must not block.
+  template <typename CompletionToken>
+  auto async_wait(CompletionToken&& token) {
+    return boost::asio::async_initiate<CompletionToken, void(std::exception_ptr, SaveResult)>(
+        [state = state_](auto handler) {
+          add_waiter(state, boost::asio::any_completion_handler<void(std::exception_ptr, SaveResult)>(std::move(handler)));
+        },
+        token);
+  }
+
+ private:
+  static void add_waiter(const std::shared_ptr<detail::SaveState>& s,
+                         boost::asio::any_completion_handler<void(std::exception_ptr, SaveResult)> h);
+  std::shared_ptr<detail::SaveState> state_;
+};
+
+/// Counters over the checkpointer's life.
+struct CheckpointerStats {
+  std::uint64_t saves_started = 0, saves_skipped = 0, commits = 0, failures = 0;
+  std::uint64_t staging_bytes = 0;        ///< staging memory held now (all ranks)
+  std::uint64_t staging_allocations = 0;  ///< times a staging buffer was (re)allocated
+  std::chrono::nanoseconds total_stall{};
+};
+
+class Checkpointer {
+ public:
+  /// Prepares the root (removes temporaries a crashed writer left) and starts the writer
+  /// threads. Throws Errc::invalid_argument for bad options, Errc::io_error if the root
+  /// cannot be created or an explicitly requested io_uring is unavailable.
+  explicit Checkpointer(CheckpointerOptions options);
+  /// Drains: waits for every staged shard, abandons checkpoints some rank never saved.
+  ~Checkpointer();
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  /// Called by rank `rank`'s thread. Blocks while a checkpoint of another step is in flight
+  /// (BusyPolicy::wait), then copies `tensors` into staging and returns; the caller may
+  /// modify its tensors as soon as this returns. Thread-safe across ranks; one call per
+  /// (rank, step). Throws Errc::invalid_argument (bad rank, step saved twice, bad tensors:
+  /// the checkpoint is then failed for every rank) or std::bad_alloc.
+  SaveHandle save(int rank, std::uint64_t step, std::span<const TensorView> tensors, const SaveInfo& info);
+
+  /// save() followed by wait(): the synchronous path through the same code.
+  SaveResult save_sync(int rank, std::uint64_t step, std::span<const TensorView> tensors, const SaveInfo& info);
+
+  /// Blocks until no checkpoint is in flight (every rank must have saved the step in
+  /// flight, or this waits for them). Does not rethrow save errors: the handles do.
+  void wait_all();
+
+  /// Name of the writer backend in use ("io_uring" or "posix").
+  std::string_view backend_name() const noexcept;
+  const CheckpointerOptions& options() const noexcept;
+  CheckpointerStats stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// When to save: every N steps, or every T seconds of wall clock (the production pattern).
+/// Ranks must agree on the decision: with a time cadence, let rank 0 decide and broadcast it.
+class SaveCadence {
+ public:
+  static SaveCadence every_steps(std::uint64_t n);
+  static SaveCadence every_seconds(double seconds);
+  /// every_steps: step % n == 0 (step 0 excluded). every_seconds: true when at least T
+  /// seconds passed since construction or since the last call that returned true.
+  bool due(std::uint64_t step, std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
+
+ private:
+  SaveCadence() = default;
+  std::uint64_t every_steps_ = 0;
+  std::chrono::nanoseconds every_{};
+  std::chrono::steady_clock::time_point last_{};
+};
+
+}  // namespace ckpt

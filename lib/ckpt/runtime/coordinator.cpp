@@ -1,0 +1,85 @@
+#include "ckpt/runtime/coordinator.hpp"
+
+#include <map>
+#include <mutex>
+#include <optional>
+
+#include "ckpt/core/error.hpp"
+
+namespace ckpt {
+
+namespace {
+
+class InProcessCoordinator final : public CommitCoordinator {
+ public:
+  explicit InProcessCoordinator(int world) : world_(world) {
+    if (world < 1) throw_invalid("coordinator world size must be >= 1");
+  }
+  int world_size() const noexcept override { return world_; }
+
+  void report(std::uint64_t step, int rank, std::string report, CommitFn commit, OutcomeFn on_outcome) override {
+    if (rank < 0 || rank >= world_)
+      throw Error(Errc::invalid_argument, {}, "report rank", "0.." + std::to_string(world_ - 1), std::to_string(rank));
+    std::unique_lock lk(mu_);
+    if (auto it = abandoned_.find(step); it != abandoned_.end()) {
+      const std::string outcome = it->second;
+      lk.unlock();
+      on_outcome(outcome);
+      return;
+    }
+    Step& s = steps_[step];
+    if (s.reports.empty()) s.reports.resize(static_cast<std::size_t>(world_)), s.outcome_fns.resize(static_cast<std::size_t>(world_));
+    if (s.outcome_fns[static_cast<std::size_t>(rank)])
+      throw Error(Errc::invalid_argument, {}, "rank " + std::to_string(rank) + " reported step " + std::to_string(step) + " twice");
+    s.reports[static_cast<std::size_t>(rank)] = std::move(report);
+    s.outcome_fns[static_cast<std::size_t>(rank)] = std::move(on_outcome);
+    if (++s.count < world_) return;
+    Step done = std::move(s);
+    steps_.erase(step);
+    lk.unlock();
+    // The last reporter commits; nobody else touches this step any more.
+    std::string outcome = commit(done.reports);
+    for (auto& fn : done.outcome_fns) fn(outcome);
+  }
+
+  void abandon(std::uint64_t step, const std::string& outcome) override {
+    std::unique_lock lk(mu_);
+    abandoned_[step] = outcome;
+    auto it = steps_.find(step);
+    if (it == steps_.end()) return;
+    Step s = std::move(it->second);
+    steps_.erase(it);
+    lk.unlock();
+    for (auto& fn : s.outcome_fns)
+      if (fn) fn(outcome);
+  }
+
+  std::vector<int> reported(std::uint64_t step) const override {
+    std::lock_guard lk(mu_);
+    std::vector<int> out;
+    auto it = steps_.find(step);
+    if (it == steps_.end()) return out;
+    for (int r = 0; r < world_; ++r)
+      if (it->second.outcome_fns[static_cast<std::size_t>(r)]) out.push_back(r);
+    return out;
+  }
+
+ private:
+  struct Step {
+    std::vector<std::string> reports;
+    std::vector<OutcomeFn> outcome_fns;
+    int count = 0;
+  };
+  int world_;
+  mutable std::mutex mu_;
+  std::map<std::uint64_t, Step> steps_;
+  std::map<std::uint64_t, std::string> abandoned_;
+};
+
+}  // namespace
+
+std::unique_ptr<CommitCoordinator> make_in_process_coordinator(int world_size) {
+  return std::make_unique<InProcessCoordinator>(world_size);
+}
+
+}  // namespace ckpt
