@@ -266,8 +266,10 @@ TEST_CASE("pre-allocated staging is used without reallocating") {
 TEST_CASE("async_wait works from a coroutine, with a future and with a callback") {
   test::TempDir dir;
   std::vector<test::RankState> states{test::RankState(0, kN)};
-  Checkpointer ckpt({.root = dir.path().string(), .world_size = 1});
+  // The io_context outlives the checkpointer, whose threads may still be inside a post to it
+  // when the coroutine has already finished.
   boost::asio::io_context io;
+  Checkpointer ckpt({.root = dir.path().string(), .world_size = 1});
   std::uint64_t got = 0;
   boost::asio::co_spawn(
       io,
@@ -292,9 +294,9 @@ TEST_CASE("a coroutine awaiting a failed save gets the typed error") {
   test::TempDir dir;
   FaultInjectionFileSystem faulty(posix_file_system());
   std::vector<test::RankState> states{test::RankState(0, kN)};
+  boost::asio::io_context io;  // outlives the checkpointer's threads
   Checkpointer ckpt({.root = dir.path().string(), .world_size = 1, .fs = &faulty});
   faulty.fail_nth(FaultInjectionFileSystem::Op::write, 0, ENOSPC);
-  boost::asio::io_context io;
   Errc code = Errc::aborted;
   boost::asio::co_spawn(
       io,

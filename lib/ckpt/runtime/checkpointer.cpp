@@ -50,15 +50,22 @@ struct SaveState {
   bool done = false;
   bool skipped = false;
   std::uint64_t step = 0;
-  std::exception_ptr error;
+  // The error is kept by value and thrown afresh in each waiting thread: sharing one
+  // exception object between threads through exception_ptr copies races in libstdc++'s
+  // uninstrumented reference count (ThreadSanitizer reports it).
+  std::optional<Error> error;
   SaveResult result;
   std::vector<Handler> waiters;
 
-  void complete(std::exception_ptr e, SaveResult r) {
+  // A copy with its own message buffer (std::runtime_error shares its message between copies
+  // through the same uninstrumented reference count).
+  static Error fresh(const Error& e) { return Error(e.code(), e.file(), e.detail(), e.expected(), e.actual(), e.sys_errno()); }
+
+  void complete(std::optional<Error> e, SaveResult r) {
     std::vector<Handler> to_call;
     {
       std::lock_guard lk(mu);
-      error = e;
+      error = std::move(e);
       result = std::move(r);
       done = true;
       to_call.swap(waiters);
@@ -70,8 +77,8 @@ struct SaveState {
   // Runs the handler through its associated executor. (Boost 1.81's any_completion_executor
   // cannot be required to be non-blocking, so this is dispatch, not post: a handler with no
   // executor of its own runs on the ckpt thread that completed the save.)
-  static void post_to(Handler h, std::exception_ptr e, SaveResult r) {
-    asio::dispatch(asio::append(std::move(h), e, std::move(r)));
+  static void post_to(Handler h, const std::optional<Error>& e, SaveResult r) {
+    asio::dispatch(asio::append(std::move(h), e ? std::make_exception_ptr(fresh(*e)) : std::exception_ptr(), std::move(r)));
   }
 };
 }  // namespace detail
@@ -92,13 +99,13 @@ const SaveResult& SaveHandle::wait() const {
   if (!state_) throw_invalid("wait() on an empty SaveHandle");
   std::unique_lock lk(state_->mu);
   state_->cv.wait(lk, [&] { return state_->done; });
-  if (state_->error) std::rethrow_exception(state_->error);
+  if (state_->error) throw detail::SaveState::fresh(*state_->error);
   return state_->result;
 }
 
 void SaveHandle::add_waiter(const std::shared_ptr<detail::SaveState>& s, Handler h) {
   if (!s) {
-    detail::SaveState::post_to(std::move(h), std::make_exception_ptr(Error(Errc::invalid_argument, {}, "async_wait on an empty SaveHandle")), {});
+    detail::SaveState::post_to(std::move(h), Error(Errc::invalid_argument, {}, "async_wait on an empty SaveHandle"), {});
     return;
   }
   std::unique_lock lk(s->mu);
@@ -149,7 +156,7 @@ struct Checkpointer::Impl {
     std::vector<std::shared_ptr<detail::SaveState>> handles;  // per rank, null until it saves
     int staged = 0, reported = 0, delivered = 0;
     bool abandoned = false;  // shutdown gave up on the ranks that never saved
-    std::vector<std::pair<std::exception_ptr, SaveResult>> outcomes;
+    std::vector<std::pair<std::optional<Error>, SaveResult>> outcomes;
   };
 
   CheckpointerOptions opt;
@@ -287,7 +294,7 @@ struct Checkpointer::Impl {
         while (skip_decisions.size() > 64) skip_decisions.erase(skip_decisions.begin());
         ++stats.saves_skipped;
         job->handle->skipped = true;
-        job->handle->complete(nullptr, job->result);
+        job->handle->complete(std::nullopt, job->result);
         return SaveHandle(job->handle);
       }
       cv.wait(lk, [&] { return !in_flight || in_flight->step == step; });
@@ -530,7 +537,7 @@ struct Checkpointer::Impl {
   // ---- outcome, on every rank --------------------------------------------------------
 
   void deliver(const std::shared_ptr<ShardJob>& job, const std::string& outcome_text) {
-    std::exception_ptr err;
+    std::optional<Error> err;
     SaveResult res = job->result;
     res.bytes = job->size;
     try {
@@ -540,10 +547,10 @@ struct Checkpointer::Impl {
       res.commit = std::chrono::nanoseconds(o.at("commit_ns").to_number<std::int64_t>());
       for (const auto& n : o.at("rotated").as_array()) res.rotated.emplace_back(n.as_string());
     } catch (...) {
-      err = std::current_exception();
+      err = to_error(std::current_exception());
     }
     res.total = Clock::now() - job->t_call;
-    std::vector<std::pair<std::shared_ptr<detail::SaveState>, std::pair<std::exception_ptr, SaveResult>>> complete;
+    std::vector<std::pair<std::shared_ptr<detail::SaveState>, std::pair<std::optional<Error>, SaveResult>>> complete;
     {
       std::lock_guard lk(mu);
       if (!in_flight || in_flight->step != job->step) return;
