@@ -1,0 +1,228 @@
+#include "ckpt/train/trainer.hpp"
+
+#include <boost/json.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <optional>
+
+#include "ckpt/core/error.hpp"
+
+namespace ckpt::train {
+
+namespace json = boost::json;
+
+json::object TrainConfig::to_json() const {
+  return {{"vocab", model.vocab},       {"seq", model.seq},
+          {"dim", model.dim},           {"heads", model.heads},
+          {"layers", model.layers},     {"batch", model.batch},
+          {"seed", seed},               {"corpus_tokens", corpus_tokens},
+          {"precision", precision == Precision::f16 ? "f16" : "bf16"},
+          {"lr", adam.lr},              {"beta1", adam.beta1},
+          {"beta2", adam.beta2},        {"eps", adam.eps},
+          {"weight_decay", adam.weight_decay}, {"grad_clip", adam.grad_clip},
+          {"warmup_steps", warmup_steps}, {"total_steps", total_steps},
+          {"token_noise", token_noise}, {"lr_multiplier", lr_multiplier}};
+}
+
+namespace {
+std::uint64_t splitmix(std::uint64_t& x) noexcept {
+  std::uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+std::uint64_t rotl(std::uint64_t x, int k) noexcept { return (x << k) | (x >> (64 - k)); }
+
+template <class T>
+std::vector<T> copy_tensor(const LoadedShard& shard, const char* name, std::size_t expect) {
+  const auto& t = shard.tensor(name);
+  if (t.data.size() != expect * sizeof(T))
+    throw Error(Errc::invalid_argument, {}, std::string("tensor ") + name + " bytes", std::to_string(expect * sizeof(T)),
+                std::to_string(t.data.size()));
+  std::vector<T> out(expect);
+  if (expect) std::memcpy(out.data(), t.data.data(), t.data.size());
+  return out;
+}
+}  // namespace
+
+Rng::Rng(std::uint64_t seed) noexcept {
+  for (auto& w : s_) w = splitmix(seed);
+}
+
+std::uint64_t Rng::next() noexcept {
+  const std::uint64_t result = rotl(s_[1] * 5, 7) * 9;
+  const std::uint64_t t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = rotl(s_[3], 45);
+  return result;
+}
+
+Trainer::Trainer(const TrainConfig& config, dist::Communicator& comm)
+    : cfg_(config),
+      comm_(comm),
+      corpus_((config.model.validate(), make_corpus(config.seed, config.corpus_tokens, config.model.vocab))),
+      loader_(corpus_, config.model.seq, config.model.batch, comm.rank(), comm.size()),
+      opt_(train::num_params(config.model), comm, config.precision, config.adam,
+           LrSchedule{config.adam.lr * config.lr_multiplier, config.warmup_steps, config.total_steps, 0.1f}),
+      ws_(config.model),
+      rng_(config.seed * 0x100000001b3ull + static_cast<std::uint64_t>(comm.rank()) + 1),
+      params32_(train::num_params(config.model)),
+      grads32_(params32_.size()),
+      tokens_(static_cast<std::size_t>(config.model.batch * config.model.seq)),
+      targets_(tokens_.size()),
+      layout_(param_layout(config.model)) {
+  if (comm.rank() == 0) init_params(cfg_.model, cfg_.seed, params32_);
+  opt_.init_from(params32_);  // DDP: rank 0's initial parameters, broadcast once
+  opt_.params_to_f32(params32_);
+}
+
+StepStats Trainer::step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  loader_.next_batch(tokens_, targets_);
+  if (cfg_.token_noise > 0)
+    for (auto& tok : tokens_)
+      if (rng_.uniform() < cfg_.token_noise) tok = static_cast<std::int32_t>(rng_.next() % static_cast<std::uint64_t>(cfg_.model.vocab));
+  float loss = gpt_forward(cfg_.model, params32_, tokens_, targets_, ws_);
+  std::fill(grads32_.begin(), grads32_.end(), 0.0f);
+  gpt_backward(cfg_.model, params32_, tokens_, targets_, ws_, grads32_, opt_.loss_scale());
+  const StepReport rep = opt_.step(grads32_);
+  opt_.params_to_f32(params32_);
+  comm_.all_reduce(std::span<float>(&loss, 1), dist::ReduceOp::mean);
+  double sq = 0;
+  for (float p : params32_) sq += static_cast<double>(p) * p;
+  ++step_;
+  StepStats s;
+  s.step = step_;
+  s.loss = loss;
+  s.grad_norm = rep.grad_norm;
+  s.param_norm = std::sqrt(sq);
+  s.lr = rep.lr;
+  s.loss_scale = rep.loss_scale;
+  s.skipped = rep.skipped;
+  s.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  wall_seconds_ += s.step_ms / 1000.0;
+  return s;
+}
+
+MemoryProfile Trainer::memory() const noexcept {
+  MemoryProfile m;
+  m.params = opt_.param_bytes();
+  m.grads = opt_.grad_bytes();
+  m.optimizer = opt_.optimizer_bytes();
+  m.activations = ws_.bytes();
+  m.expected_optimizer = 12 * opt_.padded_numel() / static_cast<std::uint64_t>(comm_.size());
+  return m;
+}
+
+std::vector<float> Trainer::parameters() const { return params32_; }
+
+std::vector<TensorView> Trainer::checkpoint_tensors() const {
+  const std::uint64_t n = opt_.shard().numel;
+  std::vector<TensorView> out{{"optim.master", DType::F32, {n}, std::as_bytes(opt_.master())},
+                              {"optim.m", DType::F32, {n}, std::as_bytes(opt_.adam_m())},
+                              {"optim.v", DType::F32, {n}, std::as_bytes(opt_.adam_v())}};
+  if (comm_.rank() == 0) {
+    const auto p16 = opt_.params16();
+    for (const auto& t : layout_) {
+      std::vector<std::uint64_t> shape(t.shape.begin(), t.shape.end());
+      out.push_back({"model." + t.name, opt_.dtype16(), std::move(shape), std::as_bytes(p16.subspan(t.offset, t.numel))});
+    }
+  }
+  return out;
+}
+
+SaveInfo Trainer::checkpoint_info() const {
+  SaveInfo info;
+  info.param_shard_offset = opt_.shard().offset;
+  info.param_shard_numel = opt_.shard().numel;
+  info.param_numel = opt_.padded_numel();
+  info.wall_clock_seconds = wall_seconds_;
+  const auto s = rng_.state();
+  info.metadata = {{"data_position", loader_.position()}, {"rng", json::array{s[0], s[1], s[2], s[3]}}};
+  const auto& sc = opt_.scaler();
+  info.training = {{"step", step_},
+                   {"adam_step", opt_.adam_step()},
+                   {"loss_scaler", {{"scale", sc.scale}, {"good_steps", sc.good_steps}, {"growth_interval", sc.growth_interval}}},
+                   {"lr_schedule",
+                    {{"kind", "warmup+cosine"},
+                     {"base_lr", opt_.schedule().base_lr},
+                     {"warmup_steps", opt_.schedule().warmup_steps},
+                     {"total_steps", opt_.schedule().total_steps},
+                     {"min_ratio", opt_.schedule().min_ratio}}},
+                   {"num_params", opt_.num_params()},
+                   {"config", cfg_.to_json()}};
+  return info;
+}
+
+void Trainer::restore(const LoadedShard& shard, const Manifest& manifest) {
+  const std::string where = "checkpoint of step " + std::to_string(manifest.step);
+  if (manifest.world_size != comm_.size())
+    throw Error(Errc::world_size_mismatch, where, "world size", std::to_string(comm_.size()), std::to_string(manifest.world_size));
+  const auto* cfg = manifest.training.if_contains("config");
+  const json::value mine = cfg_.to_json();
+  if (!cfg || *cfg != mine)
+    throw Error(Errc::invalid_argument, where, "training configuration differs", json::serialize(mine),
+                cfg ? json::serialize(*cfg) : "none");
+  if (shard.record.param_shard_offset != opt_.shard().offset || shard.record.param_shard_numel != opt_.shard().numel)
+    throw Error(Errc::invalid_argument, where, "rank " + std::to_string(comm_.rank()) + " shard range",
+                std::to_string(opt_.shard().offset) + "+" + std::to_string(opt_.shard().numel),
+                std::to_string(shard.record.param_shard_offset) + "+" + std::to_string(shard.record.param_shard_numel));
+  const std::size_t n = opt_.shard().numel;
+  const auto master = copy_tensor<float>(shard, "optim.master", n);
+  const auto m = copy_tensor<float>(shard, "optim.m", n);
+  const auto v = copy_tensor<float>(shard, "optim.v", n);
+  const json::object& tr = manifest.training;
+  const json::object& sc = tr.at("loss_scaler").as_object();
+  LossScaler scaler;
+  scaler.scale = static_cast<float>(sc.at("scale").to_number<double>());
+  scaler.good_steps = json::value_to<std::uint32_t>(sc.at("good_steps"));
+  scaler.growth_interval = json::value_to<std::uint32_t>(sc.at("growth_interval"));
+  opt_.restore(master, m, v, json::value_to<std::uint64_t>(tr.at("adam_step")), scaler);
+  opt_.params_to_f32(params32_);
+  step_ = json::value_to<std::uint64_t>(tr.at("step"));
+  loader_.set_position(json::value_to<std::uint64_t>(shard.record.metadata.at("data_position")));
+  const auto& r = shard.record.metadata.at("rng").as_array();
+  rng_.set_state({json::value_to<std::uint64_t>(r.at(0)), json::value_to<std::uint64_t>(r.at(1)),
+                  json::value_to<std::uint64_t>(r.at(2)), json::value_to<std::uint64_t>(r.at(3))});
+  wall_seconds_ = manifest.wall_clock_seconds;
+}
+
+SaveHandle save_checkpoint(Checkpointer& checkpointer, const Trainer& trainer) {
+  const auto tensors = trainer.checkpoint_tensors();
+  return checkpointer.save(trainer.rank(), trainer.step_count(), tensors, trainer.checkpoint_info());
+}
+
+std::uint64_t Trainer::resume_latest(const std::string& root, Verify verify) {
+  // Every rank loads its own shard; they then agree that all of them succeeded, on the same
+  // checkpoint, before any rank enters the collective restore (else one failing rank would
+  // leave the others blocked in the all-gather).
+  std::optional<OpenedCheckpoint> opened;
+  std::optional<LoadedShard> shard;
+  std::optional<Error> error;
+  std::string mine;
+  try {
+    opened.emplace(open_latest(posix_file_system(), root, {.expected_world_size = comm_.size()}));
+    shard.emplace(opened->reader.load_shard(comm_.rank(), verify));
+    mine = "ok " + opened->name;
+  } catch (const Error& e) {
+    error = e;
+    mine = "fail";
+  }
+  const auto all = comm_.all_gather_bytes(std::as_bytes(std::span(mine.data(), mine.size())));
+  for (int r = 0; r < comm_.size(); ++r) {
+    const std::string theirs(reinterpret_cast<const char*>(all[static_cast<std::size_t>(r)].data()), all[static_cast<std::size_t>(r)].size());
+    if (theirs == mine) continue;
+    if (error) throw *error;
+    throw Error(Errc::aborted, root, "rank " + std::to_string(r) + " could not load the same checkpoint", mine, theirs);
+  }
+  if (error) throw *error;
+  restore(*shard, opened->reader.manifest());
+  return opened->reader.manifest().step;
+}
+
+}  // namespace ckpt::train

@@ -1,0 +1,88 @@
+// ckpt-demo, run as a user would.
+#include <doctest/doctest.h>
+
+#include <boost/json.hpp>
+#include <map>
+#include <sstream>
+
+#include "support/test_support.hpp"
+
+namespace {
+const std::string kBin = std::string(CKPT_TEST_BINARY_DIR) + "/bin/";
+
+std::string run(const std::string& cmd, int& status) { return ckpt::test::run_command(cmd + " 2>&1", &status); }
+
+// step -> loss_hex from a --metrics file.
+std::map<std::int64_t, std::string> losses(const std::string& path) {
+  std::map<std::int64_t, std::string> out;
+  std::istringstream in([&] {
+    const auto b = ckpt::test::read_all(path);
+    return std::string(b.begin(), b.end());
+  }());
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto v = boost::json::parse(line).as_object();
+    out[v.at("step").as_int64()] = std::string(v.at("loss_hex").as_string());
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("the default demo passes every check and verifies its resume") {
+  int status = 0;
+  const auto out = run(kBin + "ckpt-demo", status);
+  CHECK(status == 0);
+  CHECK(out.find("resume verified") != std::string::npos);
+  for (const char* check : {"(a) loss falls", "(b) same parameter norm", "(c) optimizer bytes", "(d) checkpoint reloads", "(e) bit-exact resume"}) {
+    const auto at = out.find(check);
+    REQUIRE(at != std::string::npos);
+    CHECK(out.substr(at, out.find('\n', at) - at).find("PASS") != std::string::npos);
+  }
+  CHECK(out.find("world size mismatch") != std::string::npos);
+  CHECK(out.find("missing shard") != std::string::npos);
+  CHECK(out.find("size mismatch") != std::string::npos);
+}
+
+TEST_CASE("a run interrupted at step 10 and resumed reproduces the uninterrupted losses bit for bit") {
+  ckpt::test::TempDir dir;
+  const std::string a = (dir / "a").string(), b = (dir / "b").string();
+  int status = 0;
+  run(kBin + "ckpt-demo --steps 20 --save-every 10 --dir " + b + " --metrics " + (dir / "full.jsonl").string(), status);
+  REQUIRE(status == 0);
+  run(kBin + "ckpt-demo --steps 10 --save-every 10 --dir " + a, status);
+  REQUIRE(status == 0);
+  const auto out = run(kBin + "ckpt-demo --steps 20 --resume --dir " + a + " --metrics " + (dir / "resumed.jsonl").string(), status);
+  CHECK(status == 0);
+  CHECK(out.find("resumed from step 10") != std::string::npos);
+  const auto full = losses((dir / "full.jsonl").string()), resumed = losses((dir / "resumed.jsonl").string());
+  REQUIRE(resumed.size() == 10);
+  for (const auto& [step, hex] : resumed) CHECK(full.at(step) == hex);
+  // The demo's checkpoints pass the tool's full verification.
+  for (const char* d : {"/step-0000000010", "/step-0000000020"}) {
+    run(kBin + "ckpt verify --full " + a + d, status);
+    CHECK(status == 0);
+  }
+}
+
+TEST_CASE("resuming the 4-rank checkpoint at 8 ranks fails with the world-size error") {
+  ckpt::test::TempDir dir;
+  int status = 0;
+  run(kBin + "ckpt-demo --steps 10 --dir " + dir.path().string(), status);
+  REQUIRE(status == 0);
+  const auto out = run(kBin + "ckpt-demo --world-size 8 --steps 20 --resume --dir " + dir.path().string(), status);
+  CHECK(status == 1);
+  CHECK(out.find("world size mismatch") != std::string::npos);
+  CHECK(out.find("expected 8, actual 4") != std::string::npos);
+}
+
+TEST_CASE("ckpt-demo refuses bad usage with exit 2") {
+  int status = 0;
+  run(kBin + "ckpt-demo --steps", status);
+  CHECK(status == 2);
+  run(kBin + "ckpt-demo --world-size 0", status);
+  CHECK(status == 2);
+  run(kBin + "ckpt-demo --resume", status);
+  CHECK(status == 2);
+  run(kBin + "ckpt-demo --heads 5", status);
+  CHECK(status == 2);
+}
