@@ -8,6 +8,8 @@
 #include <iterator>
 #include <stdexcept>
 
+#include "ckpt/core/random.hpp"
+
 namespace ckpt::test {
 
 TempDir::TempDir(const std::string& tag) {
@@ -28,10 +30,7 @@ std::vector<std::uint8_t> random_bytes(std::size_t n, std::uint64_t seed) {
   std::vector<std::uint8_t> out(n);
   std::uint64_t s = seed;
   for (std::size_t i = 0; i < n; i += 8) {
-    std::uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
+    const std::uint64_t z = splitmix64(s);
     for (std::size_t j = 0; j < 8 && i + j < n; ++j) out[i + j] = static_cast<std::uint8_t>(z >> (8 * j));
   }
   return out;

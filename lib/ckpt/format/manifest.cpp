@@ -195,18 +195,10 @@ Manifest decode_manifest(std::string_view text, std::string_view file) {
     t.name = std::string(detail::json_str(c, detail::json_field(c, to, "name", where + "."), where + ".name"));
     t.rank = static_cast<int>(detail::json_u64(c, detail::json_field(c, to, "rank", where + "."), where + ".rank",
                                                static_cast<std::uint64_t>(m.world_size - 1)));
-    const auto dn = detail::json_str(c, detail::json_field(c, to, "dtype", where + "."), where + ".dtype");
-    const auto dt = parse_dtype(dn);
-    if (!dt) c.fail(where + ".dtype", "a safetensors dtype", std::string(dn));
-    t.dtype = *dt;
-    const auto& shape = detail::json_arr(c, detail::json_field(c, to, "shape", where + "."), where + ".shape");
-    if (shape.size() > 64) c.fail(where + ".shape", "at most 64 dimensions", std::to_string(shape.size()));
-    std::uint64_t numel = 1, bytes = 0;
-    for (const auto& d : shape) {
-      t.shape.push_back(detail::json_u64(c, d, where + ".shape"));
-      if (__builtin_mul_overflow(numel, t.shape.back(), &numel)) c.fail(where + ".shape", "element count within 64 bits", "overflow");
-    }
-    if (__builtin_mul_overflow(numel, dtype_size(t.dtype), &bytes)) c.fail(where + ".shape", "byte size within 64 bits", "overflow");
+    auto type = detail::json_tensor_type(c, to, where);
+    t.dtype = type.dtype;
+    t.shape = std::move(type.shape);
+    const std::uint64_t bytes = type.bytes;
     const auto& br = detail::json_arr(c, detail::json_field(c, to, "byte_range", where + "."), where + ".byte_range");
     if (br.size() != 2) c.fail(where + ".byte_range", "2 entries", std::to_string(br.size()));
     t.begin = detail::json_u64(c, br[0], where + ".byte_range[0]");

@@ -123,24 +123,16 @@ ShardHeader parse_shard_header(std::string_view text, std::uint64_t file_size, s
         c.fail(where, "fields dtype, shape, data_offsets", "unexpected field '" + std::string(f.key()) + "'");
     ShardTensor st;
     st.name = std::string(key);
-    const auto dname = detail::json_str(c, detail::json_field(c, t, "dtype", where + "."), where + ".dtype");
-    const auto dt = parse_dtype(dname);
-    if (!dt) c.fail(where + ".dtype", "a safetensors dtype (F16, BF16, F32, F64, I8..I64, U8..U64, BOOL)", std::string(dname));
-    st.dtype = *dt;
-    const auto& shape = detail::json_arr(c, detail::json_field(c, t, "shape", where + "."), where + ".shape");
-    if (shape.size() > 64) c.fail(where + ".shape", "at most 64 dimensions", std::to_string(shape.size()));
-    for (const auto& d : shape) st.shape.push_back(detail::json_u64(c, d, where + ".shape"));
+    auto type = detail::json_tensor_type(c, t, where);
+    st.dtype = type.dtype;
+    st.shape = std::move(type.shape);
     const auto& offs = detail::json_arr(c, detail::json_field(c, t, "data_offsets", where + "."), where + ".data_offsets");
     if (offs.size() != 2) c.fail(where + ".data_offsets", "2 entries", std::to_string(offs.size()));
     st.begin = detail::json_u64(c, offs[0], where + ".data_offsets[0]");
     st.end = detail::json_u64(c, offs[1], where + ".data_offsets[1]");
     if (st.end < st.begin)
       c.fail(where + ".data_offsets", "begin <= end", std::to_string(st.begin) + " > " + std::to_string(st.end));
-    std::uint64_t numel = 1, bytes = 0;
-    for (auto d : st.shape)
-      if (__builtin_mul_overflow(numel, d, &numel)) c.fail(where + ".shape", "element count within 64 bits", "overflow");
-    if (__builtin_mul_overflow(numel, dtype_size(st.dtype), &bytes))
-      c.fail(where + ".shape", "byte size within 64 bits", "overflow");
+    const std::uint64_t bytes = type.bytes;
     if (st.end - st.begin != bytes)
       c.fail(where + ".data_offsets", std::to_string(bytes) + " bytes (shape x dtype)", std::to_string(st.end - st.begin) + " bytes");
     h.tensors.push_back(std::move(st));

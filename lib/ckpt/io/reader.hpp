@@ -33,12 +33,7 @@ enum class Verify {
 std::optional<Verify> parse_verify(std::string_view s) noexcept;
 
 /// A tensor of a loaded shard; `data` points into the shard's buffer.
-struct LoadedTensor {
-  std::string name;
-  DType dtype = DType::U8;
-  std::vector<std::uint64_t> shape;
-  std::span<const std::byte> data;
-};
+using LoadedTensor = TensorView;
 
 /// One rank's shard, verified and parsed. Owns the bytes its tensors point to.
 class LoadedShard {

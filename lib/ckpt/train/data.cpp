@@ -6,16 +6,12 @@
 
 #include "ckpt/core/error.hpp"
 
+#include "ckpt/core/random.hpp"
+
 namespace ckpt::train {
 
 namespace {
 
-std::uint64_t splitmix64(std::uint64_t& state) {
-  std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 // Uniform in [0, n) by rejection, so the corpus has no modulo bias and depends on nothing but
 // the splitmix64 stream.

@@ -8,6 +8,8 @@
 
 #include "ckpt/core/error.hpp"
 
+#include "ckpt/core/random.hpp"
+
 namespace ckpt::train {
 
 namespace {
@@ -461,13 +463,6 @@ void check_workspace(const GptConfig& cfg, const GptConfig& ws_cfg) {
   if (!(cfg == ws_cfg)) throw_invalid("gpt: workspace was built for another GptConfig");
 }
 
-// splitmix64: tiny, statistically good enough for initialization, and fully specified.
-std::uint64_t splitmix64(std::uint64_t& state) {
-  std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 // Uniform in (0, 1]: 53 random bits, never 0, so log() below is finite.
 double uniform_open0(std::uint64_t& state) {

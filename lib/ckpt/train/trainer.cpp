@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "ckpt/core/error.hpp"
+#include "ckpt/core/random.hpp"
 
 namespace ckpt::train {
 
@@ -26,12 +27,6 @@ json::object TrainConfig::to_json() const {
 }
 
 namespace {
-std::uint64_t splitmix(std::uint64_t& x) noexcept {
-  std::uint64_t z = (x += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 std::uint64_t rotl(std::uint64_t x, int k) noexcept { return (x << k) | (x >> (64 - k)); }
 
 template <class T>
@@ -47,7 +42,7 @@ std::vector<T> copy_tensor(const LoadedShard& shard, const char* name, std::size
 }  // namespace
 
 Rng::Rng(std::uint64_t seed) noexcept {
-  for (auto& w : s_) w = splitmix(seed);
+  for (auto& w : s_) w = splitmix64(seed);
 }
 
 std::uint64_t Rng::next() noexcept {

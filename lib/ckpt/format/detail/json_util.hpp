@@ -7,6 +7,9 @@
 #include <string>
 #include <string_view>
 
+#include <vector>
+
+#include "ckpt/core/dtype.hpp"
 #include "ckpt/core/error.hpp"
 
 namespace ckpt::detail {
@@ -63,6 +66,30 @@ inline const boost::json::object& json_obj(const JsonContext& c, const boost::js
 inline const boost::json::array& json_arr(const JsonContext& c, const boost::json::value& v, std::string_view field) {
   if (!v.is_array()) c.fail(field, "array", json_kind(v));
   return v.get_array();
+}
+
+/// A tensor's "dtype" and "shape" fields, validated: a known dtype, at most 64 dimensions of
+/// unsigned integers, element and byte counts within 64 bits.
+struct JsonTensorType {
+  DType dtype;
+  std::vector<std::uint64_t> shape;
+  std::uint64_t bytes;
+};
+inline JsonTensorType json_tensor_type(const JsonContext& c, const boost::json::object& o, const std::string& where) {
+  JsonTensorType out{};
+  const auto name = json_str(c, json_field(c, o, "dtype", where + "."), where + ".dtype");
+  const auto dt = parse_dtype(name);
+  if (!dt) c.fail(where + ".dtype", "a safetensors dtype (F16, BF16, F32, F64, I8..I64, U8..U64, BOOL)", std::string(name));
+  out.dtype = *dt;
+  const auto& shape = json_arr(c, json_field(c, o, "shape", where + "."), where + ".shape");
+  if (shape.size() > 64) c.fail(where + ".shape", "at most 64 dimensions", std::to_string(shape.size()));
+  std::uint64_t numel = 1;
+  for (const auto& d : shape) {
+    out.shape.push_back(json_u64(c, d, where + ".shape"));
+    if (__builtin_mul_overflow(numel, out.shape.back(), &numel)) c.fail(where + ".shape", "element count within 64 bits", "overflow");
+  }
+  if (__builtin_mul_overflow(numel, dtype_size(out.dtype), &out.bytes)) c.fail(where + ".shape", "byte size within 64 bits", "overflow");
+  return out;
 }
 
 /// Parses untrusted text with a depth limit; malformed JSON is reported with its position.
