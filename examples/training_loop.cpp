@@ -21,7 +21,7 @@ int main(int argc, char** argv) {
   const std::size_t n = 1 << 18;  // floats per rank
   std::vector<std::vector<float>> final_state(world);
   std::vector<int> commits(world, 0), failures(world, 0);
-  double stall_ms = 0;
+  std::vector<double> stall_ms(world, 0.0);
 
   // --- the README's example starts here ---
   ckpt::Checkpointer checkpointer({.root = root, .world_size = world, .keep_last = 3});
@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
     }
     for (auto& h : pending) {  // every save reports its commit, or rethrows its error
       try {
-        stall_ms += h.wait().stall.count() / 1e6 / world;
+        stall_ms[rank] += h.wait().stall.count() / 1e6;
         ++commits[rank];
       } catch (const ckpt::Error& e) {
         std::fprintf(stderr, "rank %d: step %llu failed: %s\n", rank, (unsigned long long)h.step(), e.what());
@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
   const bool exact = std::memcmp(resumed.data(), final_state[0].data(), n * sizeof(float)) == 0 || steps % every != 0;
   std::printf("%s: %d ranks, %llu steps, saved every %llu: %d commits per rank, %d failures, mean stall %.3f ms per save\n",
               checkpointer.backend_name().data(), world, (unsigned long long)steps, (unsigned long long)every, commits[0],
-              failures[0], stall_ms / std::max(1, commits[0]));
+              failures[0], stall_ms[0] / std::max(1, commits[0]));
   std::printf("latest: %s; resumed weights %s the final state\n", latest.name.c_str(), exact ? "equal" : "DIFFER from");
   const bool ok = failures[0] == 0 && commits[0] == static_cast<int>(steps / every) && exact;
   if (argc <= 1) std::filesystem::remove_all(root);
