@@ -1,5 +1,7 @@
 #include "ckpt/io/fault_injection.hpp"
 
+#include <unistd.h>
+
 #include <cerrno>
 
 #include "ckpt/core/error.hpp"
@@ -24,9 +26,14 @@ const char* op_name(FaultInjectionFileSystem::Op op) {
   }
 }
 
+std::string parent_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  return slash == std::string::npos ? std::string(".") : slash == 0 ? std::string("/") : path.substr(0, slash);
+}
+
 class FaultyFile final : public WritableFile {
  public:
-  FaultyFile(FaultInjectionFileSystem& fs, std::unique_ptr<WritableFile> f) : fs_(fs), f_(std::move(f)) {}
+  FaultyFile(FaultInjectionFileSystem& fs, std::unique_ptr<WritableFile> f, std::uint64_t id) : fs_(fs), f_(std::move(f)), id_(id) {}
   void write_at(std::uint64_t offset, std::span<const std::byte> data) override {
     if (fs_.before(FaultInjectionFileSystem::Op::write, f_->path())) {
       f_->write_at(offset, data.first(data.size() / 2));
@@ -46,6 +53,7 @@ class FaultyFile final : public WritableFile {
     fs_.before(FaultInjectionFileSystem::Op::sync, f_->path());
     fs_.wait_if_held();
     f_->sync();
+    fs_.note_synced(id_);
   }
   void close() override {
     fs_.before(FaultInjectionFileSystem::Op::close, f_->path());
@@ -60,6 +68,7 @@ class FaultyFile final : public WritableFile {
  private:
   FaultInjectionFileSystem& fs_;
   std::unique_ptr<WritableFile> f_;
+  std::uint64_t id_;
 };
 }  // namespace
 
@@ -102,6 +111,8 @@ void FaultInjectionFileSystem::reset() {
   std::lock_guard lk(mu_);
   for (auto& c : counts_) c = 0;
   for (auto& f : fail_) f = {};
+  files_.clear();
+  dir_changes_.clear();
   short_ = {};
   mutations_ = 0;
   crash_at_ = UINT64_MAX;
@@ -133,25 +144,104 @@ bool FaultInjectionFileSystem::before(Op op, const std::string& path) {
   return false;
 }
 
+void FaultInjectionFileSystem::log_created(const std::string& path) {
+  std::lock_guard lk(mu_);
+  dir_changes_.push_back({DirChange::created, parent_of(path), path, {}, std::nullopt});
+}
+
 std::unique_ptr<WritableFile> FaultInjectionFileSystem::create(const std::string& path, const WriteOptions& opts) {
   before(Op::create, path);
-  return std::make_unique<FaultyFile>(*this, base_.create(path, opts));
+  auto f = base_.create(path, opts);
+  std::uint64_t id;
+  {
+    std::lock_guard lk(mu_);
+    id = files_.size();
+    files_.push_back({path, 0});
+  }
+  log_created(path);
+  return std::make_unique<FaultyFile>(*this, std::move(f), id);
 }
 void FaultInjectionFileSystem::create_dir(const std::string& path) {
   before(Op::create_dir, path);
   base_.create_dir(path);
+  log_created(path);
 }
 void FaultInjectionFileSystem::create_dirs(const std::string& path) {
   before(Op::create_dir, path);
+  const bool existed = base_.stat(path).has_value();
   base_.create_dirs(path);
+  if (!existed) log_created(path);  // (missing parents are not tracked: tests create roots themselves)
 }
 void FaultInjectionFileSystem::sync_dir(const std::string& path) {
   before(Op::sync_dir, path);
   base_.sync_dir(path);
+  std::lock_guard lk(mu_);
+  std::erase_if(dir_changes_, [&](const DirChange& c) { return c.parent == path; });
 }
 void FaultInjectionFileSystem::rename(const std::string& from, const std::string& to) {
   before(Op::rename, from);
+  // A rename over a file replaces it; until the directory is synced, a power cut brings the
+  // old file back, so keep its bytes (only small files such as `latest` are replaced).
+  std::optional<std::string> replaced;
+  if (auto st = base_.stat(to); st && st->type == EntryType::file && st->size <= (1u << 20)) {
+    auto f = base_.open_read(to);
+    replaced.emplace(static_cast<std::size_t>(f->size()), '\0');
+    f->read_at(0, std::as_writable_bytes(std::span(replaced->data(), replaced->size())));
+  }
   base_.rename(from, to);
+  std::lock_guard lk(mu_);
+  for (auto& f : files_) {
+    if (f.path == from) f.path = to;
+    else if (f.path.starts_with(from + "/")) f.path = to + f.path.substr(from.size());
+  }
+  // Earlier changes keep the paths they were made under: the undo runs in reverse order, so
+  // by the time it reaches them, this rename has been undone and those paths are right again.
+  dir_changes_.push_back({DirChange::renamed, parent_of(to), to, from, std::move(replaced)});
+}
+
+void FaultInjectionFileSystem::note_synced(std::uint64_t id) {
+  std::lock_guard lk(mu_);
+  auto& f = files_.at(id);
+  if (auto st = base_.stat(f.path)) f.synced_size = st->size;
+}
+
+std::vector<std::string> FaultInjectionFileSystem::simulate_power_loss() {
+  std::vector<std::string> undone;
+  std::lock_guard lk(mu_);
+  crash_at_ = 0;  // nothing after the cut reaches the disk
+  crashed_ = true;
+  for (auto it = dir_changes_.rbegin(); it != dir_changes_.rend(); ++it) {
+    try {
+      if (it->kind == DirChange::renamed) {
+        if (!base_.stat(it->path)) continue;
+        base_.rename(it->path, it->from);
+        for (auto& f : files_) {
+          if (f.path == it->path) f.path = it->from;
+          else if (f.path.starts_with(it->path + "/")) f.path = it->from + f.path.substr(it->path.size());
+        }
+        if (it->replaced) {
+          auto f = base_.create(it->path, {});
+          f->write_at(0, std::as_bytes(std::span(it->replaced->data(), it->replaced->size())));
+          f->sync();
+          f->close();
+        }
+        undone.push_back("rename undone: " + it->path + " -> " + it->from + (it->replaced ? " (old file restored)" : ""));
+      } else if (base_.stat(it->path)) {
+        base_.remove_all(it->path);
+        undone.push_back("entry lost: " + it->path);
+      }
+    } catch (const Error& e) {
+      undone.push_back(std::string("could not undo: ") + e.what());
+    }
+  }
+  dir_changes_.clear();
+  for (const auto& f : files_) {
+    const auto st = base_.stat(f.path);
+    if (!st || st->type != EntryType::file || st->size <= f.synced_size) continue;
+    if (::truncate(f.path.c_str(), static_cast<off_t>(f.synced_size)) == 0)
+      undone.push_back("unsynced data lost: " + f.path + " cut to " + std::to_string(f.synced_size) + " bytes");
+  }
+  return undone;
 }
 void FaultInjectionFileSystem::remove_all(const std::string& path) {
   before(Op::remove, path);

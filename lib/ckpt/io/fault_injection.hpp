@@ -4,12 +4,22 @@
 // "crash" after the n-th mutating operation, after which nothing more reaches the disk, which
 // is what a killed process leaves behind. Tests use it to walk a save through every write and
 // every step of the commit sequence.
+//
+// It also simulates a power loss: it remembers what has not been made durable (file data
+// written since the file's last fsync, directory entries created or renamed since their
+// parent directory's last fsync) and simulate_power_loss() takes exactly that away on the
+// disk underneath, in reverse order: unsynced renames are undone, unsynced new entries are
+// removed, and files are cut back to the size they had at their last fsync. Removals are
+// treated as durable at once (the simulation does not resurrect deleted entries).
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "ckpt/io/file_system.hpp"
 
@@ -34,6 +44,9 @@ class FaultInjectionFileSystem final : public FileSystem {
   void hold_syncs(bool hold);
   /// fsyncs currently blocked by hold_syncs.
   int held_syncs() const;
+  /// Stops every further operation (as crash_after) and rolls the disk back to what had been
+  /// made durable, as a power cut would. Returns a line per undone change, for test logs.
+  std::vector<std::string> simulate_power_loss();
   /// Clears all armed faults and counters.
   void reset();
 
@@ -56,6 +69,8 @@ class FaultInjectionFileSystem final : public FileSystem {
   /// Called by the wrapped files: counts the op, throws if a fault is armed for it.
   /// Returns true when the op is a write that must be shortened.
   bool before(Op op, const std::string& path);
+  /// Called by a wrapped file after a successful fsync: its current size is durable.
+  void note_synced(std::uint64_t file_id);
 
  private:
   FileSystem& base_;
@@ -70,6 +85,20 @@ class FaultInjectionFileSystem final : public FileSystem {
   std::atomic<std::uint64_t> mutations_{0};
   std::uint64_t crash_at_ = UINT64_MAX;
   std::atomic<bool> crashed_{false};
+  // Durability tracking, for simulate_power_loss.
+  struct TrackedFile {
+    std::string path;  // current path (follows renames of the file and of its directories)
+    std::uint64_t synced_size = 0;
+  };
+  struct DirChange {
+    enum Kind { created, renamed } kind;
+    std::string parent;  // directory whose fsync makes the change durable
+    std::string path, from;
+    std::optional<std::string> replaced;  // bytes of the file a rename replaced (e.g. `latest`)
+  };
+  std::vector<TrackedFile> files_;
+  std::vector<DirChange> dir_changes_;
+  void log_created(const std::string& path);
   bool hold_ = false;
   int held_ = 0;
   std::condition_variable hold_cv_;
