@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "ckpt/core/error.hpp"
+#include "ckpt/core/log.hpp"
 #include "ckpt/io/commit.hpp"
 #include "ckpt/io/fault_injection.hpp"
 #include "ckpt/io/layout.hpp"
@@ -221,4 +222,24 @@ TEST_CASE("layout names sort by step and reject what they did not make") {
   CHECK(shard_file_name(1, 4) == "rank-00001-of-00004.safetensors");
   CHECK(is_temporary_name(temporary_name("step-0000000001")));
   CHECK(is_temporary_name(temporary_name("latest")));
+}
+
+TEST_CASE("a step newer than latest that was never committed is replaced when saved again") {
+  test::TempDir dir;
+  const std::string root = dir.path().string();
+  test::Fixture first(1, 1), orphan(1, 2), again(1, 2);
+  again.payload[0].blobs[2][0] ^= 0xff;  // different bytes for the same step
+  save_checkpoint(posix_file_system(), root, first.request);
+  save_checkpoint(posix_file_system(), root, orphan.request);
+  // A crash between the rename of step 2 and the `latest` update leaves this state:
+  write_latest(posix_file_system(), root, "step-0000000001");
+  std::vector<std::string> logged;
+  auto previous = set_log_sink([&](std::string_view l) { logged.emplace_back(l); });
+  save_checkpoint(posix_file_system(), root, again.request);
+  set_log_sink(previous);
+  REQUIRE(logged.size() == 1);
+  CHECK(logged[0].find("never committed") != std::string::npos);
+  check_equal(open_latest(posix_file_system(), root).reader, again);
+  // A committed step is still never overwritten.
+  CHECK_THROWS_AS(save_checkpoint(posix_file_system(), root, first.request), Error);
 }

@@ -5,8 +5,11 @@
 #include <algorithm>
 
 #include "ckpt/core/error.hpp"
+#include "ckpt/core/log.hpp"
 #include "ckpt/hash/file_digest.hpp"
 #include "ckpt/io/layout.hpp"
+#include "ckpt/io/reader.hpp"
+#include "ckpt/io/shard_stream.hpp"
 
 namespace ckpt {
 
@@ -33,8 +36,21 @@ std::vector<std::string> prepare_root(FileSystem& fs, const std::string& root) {
 
 std::string begin_checkpoint(FileSystem& fs, const std::string& root, std::uint64_t step) {
   const std::string name = checkpoint_dir_name(step);
-  if (fs.stat(join_path(root, name)))
-    throw Error(Errc::invalid_argument, join_path(root, name), "checkpoint for step " + std::to_string(step) + " already exists");
+  if (fs.stat(join_path(root, name))) {
+    // A step-N newer than what `latest` names was never committed: a crash hit between its
+    // rename and the `latest` update, and the run resumed from the older checkpoint. The
+    // resumed run saves step N again, so the leftover is replaced. A committed step (at or
+    // below the one `latest` names) is never overwritten.
+    const auto latest = read_latest(fs, root);
+    const auto live = latest ? parse_checkpoint_dir_name(*latest) : std::nullopt;
+    if (live && step <= *live)
+      throw Error(Errc::invalid_argument, join_path(root, name), "checkpoint for step " + std::to_string(step) + " already exists");
+    log_line("replacing " + join_path(root, name) + ": never committed (newer than what latest names)");
+    const std::string doomed = join_path(root, temporary_name(name));
+    fs.rename(join_path(root, name), doomed);
+    fs.sync_dir(root);
+    fs.remove_all(doomed);
+  }
   const std::string temp = join_path(root, temporary_name(name));
   fs.create_dir(temp);
   return temp;
@@ -104,6 +120,20 @@ void abort_checkpoint(FileSystem& fs, const std::string& root, const std::string
   }
 }
 
+void remove_checkpoint(FileSystem& fs, const std::string& root, const std::string& dir_name) {
+  const std::string dir = join_path(root, dir_name);
+  if (!parse_checkpoint_dir_name(dir_name)) throw Error(Errc::invalid_argument, dir, "not a checkpoint directory name", "step-NNNNNNNNNN", dir_name);
+  const auto st = fs.stat(dir);
+  if (!st || st->type != EntryType::directory) throw Error(Errc::not_found, dir, "no such checkpoint");
+  if (read_latest(fs, root) == dir_name)
+    throw Error(Errc::invalid_argument, dir, "refusing to remove the checkpoint `latest` names");
+  const std::string temp = join_path(root, temporary_name(dir_name));
+  fs.rename(dir, temp);
+  fs.sync_dir(root);
+  fs.remove_all(temp);
+  fs.sync_dir(root);
+}
+
 std::vector<TensorRecord> tensor_records(const ShardHeader& header, int rank) {
   std::vector<TensorRecord> out;
   out.reserve(header.tensors.size());
@@ -115,42 +145,18 @@ std::vector<TensorRecord> tensor_records(const ShardHeader& header, int rank) {
 WrittenShard write_shard_file(FileSystem& fs, const std::string& dir, int rank, int world_size,
                               std::span<const TensorView> tensors,
                               const std::map<std::string, std::string>& header_metadata, std::uint64_t chunk_size) {
-  const ShardHeader header = plan_shard(tensors, header_metadata);
-  const std::string header_bytes = encode_shard_header(header);
-  WrittenShard out;
-  out.record.rank = rank;
-  out.record.path = shard_file_name(rank, world_size);
-  const std::string path = join_path(dir, out.record.path);
-  auto file = fs.create(path, {});
-  file->allocate(header.file_size());
-  FileHasher hasher(chunk_size);
-  std::uint64_t offset = 0;
-  auto put = [&](std::span<const std::byte> bytes) {
-    // Chunk-sized writes keep the hashing of one piece close (in cache) to its write.
-    while (!bytes.empty()) {
-      const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(bytes.size(), chunk_size));
-      hasher.update(bytes.first(n));
-      file->write_at(offset, bytes.first(n));
-      offset += n;
-      bytes = bytes.subspan(n);
-    }
-  };
-  put(std::as_bytes(std::span(header_bytes.data(), header_bytes.size())));
-  std::vector<const TensorView*> by_name;
-  for (const auto& t : tensors) by_name.push_back(&t);
-  for (const auto& planned : header.tensors) {
-    const auto it = std::find_if(by_name.begin(), by_name.end(), [&](const TensorView* t) { return t->name == planned.name; });
-    put((*it)->data);
+  // One shard writer for every path: the in-memory tensors stream through the same code
+  // that reshard streams pieces through. plan_shard validates the sizes of the views.
+  const ShardHeader planned = plan_shard(tensors, header_metadata);
+  std::vector<TensorSpec> specs;
+  specs.reserve(tensors.size());
+  for (const auto& t : tensors) specs.push_back({t.name, t.dtype, t.shape});
+  ShardStreamWriter writer(fs, dir, shard_file_name(rank, world_size), specs, header_metadata, chunk_size);
+  for (const auto& p : planned.tensors) {
+    const auto it = std::find_if(tensors.begin(), tensors.end(), [&](const TensorView& t) { return t.name == p.name; });
+    writer.write(it->data);
   }
-  file->sync();
-  file->close();
-  const FileDigest d = hasher.finish();
-  out.record.size = d.size;
-  out.record.sha256 = d.sha256;
-  out.record.xxh3 = d.xxh3;
-  out.record.chunk_xxh3 = d.chunk_xxh3;
-  out.tensors = tensor_records(header, rank);
-  return out;
+  return writer.finish(rank);
 }
 
 Manifest save_checkpoint(FileSystem& fs, const std::string& root, const SaveRequest& req) {

@@ -43,7 +43,9 @@ namespace ckpt {
 std::vector<std::string> prepare_root(FileSystem& fs, const std::string& root);
 
 /// Step 1: creates the temporary directory for `step` and returns its path. Throws
-/// invalid_argument if ROOT/step-N already exists (a step is committed once).
+/// invalid_argument if ROOT/step-N exists and is committed (N at or below the step `latest`
+/// names); a step-N newer than `latest` was never committed (a crash between its rename and
+/// the `latest` update) and is replaced, with a log line.
 std::string begin_checkpoint(FileSystem& fs, const std::string& root, std::uint64_t step);
 
 /// Step 3: the manifest, the renames and the fsyncs, in the order above.
@@ -56,6 +58,14 @@ void write_latest(FileSystem& fs, const std::string& root, const std::string& di
 
 /// Best effort removal of a failed checkpoint's temporary directory (never throws).
 void abort_checkpoint(FileSystem& fs, const std::string& root, const std::string& temp_dir) noexcept;
+
+/// Durably removes the committed checkpoint ROOT/`dir_name` (e.g. "step-0000000010"): renames
+/// it to a temporary name first and fsyncs ROOT, so a crash mid-removal leaves a temporary
+/// (removed by the next prepare_root, listed as "in progress") and never a half-deleted
+/// directory under a checkpoint's name; then removes the temporary and fsyncs ROOT again.
+/// Refuses (invalid_argument) the checkpoint `latest` names and names that are not
+/// checkpoint directories; Errc::not_found if it does not exist. Blocks on the file system.
+void remove_checkpoint(FileSystem& fs, const std::string& root, const std::string& dir_name);
 
 /// What a shard writer reports for the manifest.
 struct WrittenShard {

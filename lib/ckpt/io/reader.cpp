@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <unordered_map>
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/hash/file_digest.hpp"
 #include "ckpt/io/layout.hpp"
+#include "ckpt/io/shard_stream.hpp"
 
 namespace ckpt {
 
@@ -13,6 +15,12 @@ namespace {
 constexpr std::uint64_t kMaxManifestBytes = 256ull << 20;
 
 std::string read_small_file(FileSystem& fs, const std::string& path, std::uint64_t limit, Errc too_big) {
+  // Only a regular file is opened: open(2) of a FIFO named manifest.json or latest blocks
+  // until a writer appears, i.e. forever.
+  if (const auto st = fs.stat(path); st && st->type != EntryType::file) {
+    const bool link = st->type == EntryType::symlink;
+    throw Error(Errc::unsafe_path, path, link ? "is a symlink" : "not a regular file", "regular file", link ? "symlink" : "other file type");
+  }
   auto f = fs.open_read(path);
   if (f->size() > limit)
     throw Error(too_big, path, "file size", "at most " + std::to_string(limit) + " bytes", std::to_string(f->size()) + " bytes");
@@ -51,6 +59,13 @@ CheckpointReader CheckpointReader::open(FileSystem& fs, const std::string& dir, 
     throw;
   }
   Manifest m = decode_manifest(text, mpath);
+  // The directory name is the step the commit gave it (docs/format.md): a manifest that says
+  // otherwise was moved, copied or edited, and must not pass for this step.
+  std::string_view base = dir;
+  while (base.size() > 1 && base.back() == '/') base.remove_suffix(1);
+  if (const auto slash = base.rfind('/'); slash != std::string_view::npos) base.remove_prefix(slash + 1);
+  if (const auto dir_step = parse_checkpoint_dir_name(base); dir_step && *dir_step != m.step)
+    throw Error(Errc::malformed_manifest, mpath, "step", std::to_string(*dir_step) + " (the directory's)", std::to_string(m.step));
   if (expected_world_size && *expected_world_size != m.world_size)
     throw Error(Errc::world_size_mismatch, mpath,
                 "checkpoint written at world size " + std::to_string(m.world_size) + ", loading at world size " +
@@ -118,13 +133,18 @@ void CheckpointReader::check_header(int rank, std::span<const std::byte> file, L
     throw Error(Errc::malformed_shard, path, "header bytes available", std::to_string(data_start), std::to_string(file.size()));
   const std::string_view json(reinterpret_cast<const char*>(file.data()) + 8, static_cast<std::size_t>(data_start - 8));
   const ShardHeader h = parse_shard_header(json, rec.size, path);
-  std::size_t indexed = 0;
-  for (const auto& t : manifest_.tensors) indexed += (t.rank == rank);
+  // One lookup per header entry: a linear find_tensor per entry is quadratic, minutes for a
+  // 100k-tensor shard. Names are unique per rank (decode_manifest checks).
+  std::unordered_map<std::string_view, const TensorRecord*> index;
+  for (const auto& t : manifest_.tensors)
+    if (t.rank == rank) index.emplace(t.name, &t);
+  const std::size_t indexed = index.size();
   if (indexed != h.tensors.size())
     throw Error(Errc::malformed_shard, path, "tensor count against the manifest index", std::to_string(indexed),
                 std::to_string(h.tensors.size()));
   for (const auto& t : h.tensors) {
-    const TensorRecord* r = manifest_.find_tensor(t.name, rank);
+    const auto found = index.find(t.name);
+    const TensorRecord* r = found == index.end() ? nullptr : found->second;
     if (!r || r->dtype != t.dtype || r->shape != t.shape || r->begin != h.data_start + t.begin || r->end != h.data_start + t.end)
       throw Error(Errc::malformed_shard, path, "tensor '" + t.name + "' disagrees with the manifest index",
                   r ? std::string(dtype_name(r->dtype)) + " at " + std::to_string(r->begin) : "an index entry",
@@ -138,19 +158,36 @@ void CheckpointReader::check_header(int rank, std::span<const std::byte> file, L
 void CheckpointReader::verify(Verify mode, const ProgressFn& progress) const {
   std::uint64_t total = 0, done = 0;
   for (const auto& s : manifest_.shards) total += s.size;
-  AlignedBuffer scratch(static_cast<std::size_t>(manifest_.chunk_size));
+  // One chunk of scratch, but never more than the largest shard: a manifest may declare 1 GiB
+  // chunks for files of a few kilobytes.
+  std::uint64_t largest = 0;
+  for (const auto& s : manifest_.shards) largest = std::max(largest, s.size);
+  AlignedBuffer scratch(static_cast<std::size_t>(std::min(manifest_.chunk_size, largest)));
   for (const auto& s : manifest_.shards) {
-    if (mode != Verify::none) read_verified(s.rank, mode, scratch.span(static_cast<std::size_t>(manifest_.chunk_size)), progress, done, total);
-    // The header is checked from its own bytes (verified above when mode != none).
-    auto f = fs_->open_read(shard_path(s.rank));
-    std::byte prefix[8] = {};
-    if (s.size >= 8) f->read_at(0, prefix);
-    const std::uint64_t data_start = parse_shard_prefix(std::span(prefix, s.size >= 8 ? 8 : 0), s.size, shard_path(s.rank));
-    std::vector<std::byte> head(static_cast<std::size_t>(data_start));
-    f->read_at(0, head);
-    check_header(s.rank, head, nullptr);
+    verify_one(s.rank, mode, scratch, progress, done, total);
     done += s.size;
   }
+}
+
+void CheckpointReader::verify_shard(int rank, Verify mode, const ProgressFn& progress) const {
+  if (rank < 0 || rank >= manifest_.world_size)
+    throw Error(Errc::invalid_argument, dir_, "rank", "0.." + std::to_string(manifest_.world_size - 1), std::to_string(rank));
+  AlignedBuffer scratch(mode == Verify::none ? 0 : static_cast<std::size_t>(std::min(manifest_.chunk_size, manifest_.shard(rank).size)));
+  verify_one(rank, mode, scratch, progress, 0, manifest_.shard(rank).size);
+}
+
+void CheckpointReader::verify_one(int rank, Verify mode, AlignedBuffer& scratch, const ProgressFn& progress, std::uint64_t done,
+                                  std::uint64_t total) const {
+  const ShardRecord& s = manifest_.shard(rank);
+  if (mode != Verify::none) read_verified(s.rank, mode, scratch.span(scratch.capacity()), progress, done, total);
+  // The header is checked from its own bytes (verified above when mode != none).
+  auto f = fs_->open_read(shard_path(s.rank));
+  std::byte prefix[8] = {};
+  if (s.size >= 8) f->read_at(0, prefix);
+  const std::uint64_t data_start = parse_shard_prefix(std::span(prefix, s.size >= 8 ? 8 : 0), s.size, shard_path(s.rank));
+  std::vector<std::byte> head(static_cast<std::size_t>(data_start));
+  f->read_at(0, head);
+  check_header(s.rank, head, nullptr);
 }
 
 LoadedShard CheckpointReader::load_shard(int rank, Verify mode) const {
@@ -193,6 +230,19 @@ std::vector<std::byte> CheckpointReader::read_tensor(std::string_view name, int 
     const std::uint64_t from = std::max(begin, t->begin), to = std::min(begin + len, t->end);
     std::memcpy(out.data() + (from - t->begin), piece.data() + (from - begin), static_cast<std::size_t>(to - from));
   }
+  return out;
+}
+
+std::vector<std::byte> CheckpointReader::read_tensor_range(std::string_view name, int rank, std::uint64_t first, std::uint64_t count,
+                                                          Verify mode) const {
+  const TensorRecord* t = manifest_.find_tensor(name, rank);
+  if (!t) throw Error(Errc::not_found, join_path(dir_, kManifestName), "no tensor '" + std::string(name) + "' on rank " + std::to_string(rank));
+  const std::uint64_t esize = dtype_size(t->dtype), numel = (t->end - t->begin) / esize;
+  if (first > numel || count > numel - first)
+    throw Error(Errc::invalid_argument, shard_path(rank), "element range of tensor '" + std::string(name) + "'",
+                "within " + std::to_string(numel) + " elements", std::to_string(first) + "+" + std::to_string(count));
+  std::vector<std::byte> out(static_cast<std::size_t>(count * esize));
+  ShardRangeReader(*this, rank, mode).read(t->begin + first * esize, out);
   return out;
 }
 

@@ -81,11 +81,27 @@ class CheckpointReader {
   /// is treated as fast here: the SHA-256 covers whole files only).
   std::vector<std::byte> read_tensor(std::string_view name, int rank, Verify mode = Verify::fast) const;
 
+  /// Elements [first, first + count) of one tensor, reading only the chunks that cover them,
+  /// each checked as read_tensor does. A range past the tensor's end is invalid_argument;
+  /// an unknown tensor Errc::not_found. (ShardRangeReader, shard_stream.hpp, reads many
+  /// ranges of one shard into the caller's buffers.)
+  std::vector<std::byte> read_tensor_range(std::string_view name, int rank, std::uint64_t first, std::uint64_t count,
+                                           Verify mode = Verify::fast) const;
+
+  /// Checks one shard as verify() checks them all: its checksums (per mode) and its header
+  /// against the manifest index. With Verify::none only the header bytes are read.
+  void verify_shard(int rank, Verify mode, const ProgressFn& progress = {}) const;
+
+  /// The file system the checkpoint is read through.
+  FileSystem& file_system() const noexcept { return *fs_; }
+
  private:
   CheckpointReader(FileSystem& fs, std::string dir, Manifest m) : fs_(&fs), dir_(std::move(dir)), manifest_(std::move(m)) {}
   void read_verified(int rank, Verify mode, std::span<std::byte> out, const ProgressFn& progress,
                      std::uint64_t done_before, std::uint64_t total) const;
   void check_header(int rank, std::span<const std::byte> file, LoadedShard* out) const;
+  void verify_one(int rank, Verify mode, AlignedBuffer& scratch, const ProgressFn& progress, std::uint64_t done,
+                  std::uint64_t total) const;
 
   FileSystem* fs_;
   std::string dir_;

@@ -524,10 +524,9 @@ struct Checkpointer::Impl {
           others.push_back(e.name);
       std::sort(others.rbegin(), others.rend());
       for (std::size_t i = static_cast<std::size_t>(opt.keep_last - 1); i < others.size(); ++i) {
-        fs.remove_all(join_path(opt.root, others[i]));
+        remove_checkpoint(fs, opt.root, others[i]);
         removed.push_back(others[i]);
       }
-      if (!removed.empty()) fs.sync_dir(opt.root);
     } catch (const Error& e) {
       log_line(std::string("rotation failed (the new checkpoint is committed): ") + e.what());
     }

@@ -1,0 +1,246 @@
+// ckpt-torture: kills a process that saves every step with SIGKILL at random instants and
+// checks, after every kill, what a user would find: `latest` names the newest committed
+// checkpoint, it passes full verification, its contents are exactly the state of its step,
+// no temporary is ever loaded, and the next run resumes from it and cleans up.
+//
+//   ckpt-torture run --dir D [--kills N] [--seed S] [--writer posix|io_uring] [--max-ms M]
+//   ckpt-torture victim --dir D [--writer W]        (started by `run`)
+//
+// Exit: 0 if no bad outcome, 1 otherwise, 2 on a usage error.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ckpt/core/error.hpp"
+#include "ckpt/core/random.hpp"
+#include "ckpt/io/layout.hpp"
+#include "ckpt/io/reader.hpp"
+#include "ckpt/runtime/checkpointer.hpp"
+
+namespace fs = std::filesystem;
+using namespace ckpt;
+
+namespace {
+
+constexpr int kWorld = 2;
+constexpr int kKeep = 3;
+constexpr std::size_t kWords = (6u << 20) / 4;  // 6 MiB of state per rank
+
+// The state of `rank` at `step`: every checkpoint's content is predictable, so a loaded
+// checkpoint is checked for being the right data, not only for matching its own checksums.
+std::uint32_t word(int rank, std::uint64_t step, std::size_t i) {
+  return static_cast<std::uint32_t>(step * 2654435761u) ^ static_cast<std::uint32_t>(i * 40503u) ^ static_cast<std::uint32_t>(rank << 28);
+}
+
+// Empty if the checkpoint holds exactly the state of its step, else what is wrong.
+std::string check_contents(const CheckpointReader& reader) {
+  const auto step = reader.manifest().step;
+  for (int r = 0; r < kWorld; ++r) {
+    const auto shard = reader.load_shard(r, Verify::full);
+    const auto& t = shard.tensor("state");
+    if (t.data.size() != kWords * 4) return "rank " + std::to_string(r) + ": wrong state size";
+    const auto* w = reinterpret_cast<const std::uint32_t*>(t.data.data());
+    for (std::size_t i = 0; i < kWords; ++i)
+      if (w[i] != word(r, step, i)) return "rank " + std::to_string(r) + ": word " + std::to_string(i) + " is not the state of step " + std::to_string(step);
+  }
+  return {};
+}
+
+WriterBackend parse_writer(const std::string& w) {
+  if (w == "posix") return WriterBackend::posix;
+  if (w == "io_uring") return WriterBackend::io_uring;
+  std::fprintf(stderr, "ckpt-torture: --writer must be posix or io_uring\n");
+  std::exit(2);
+}
+
+int victim(const std::string& root, WriterBackend writer) {
+  std::uint64_t start = 0;
+  if (fs::exists(fs::path(root) / "latest")) {
+    try {
+      auto opened = open_latest(posix_file_system(), root, {.expected_world_size = kWorld});
+      const std::string bad = check_contents(opened.reader);
+      if (!bad.empty()) {
+        std::printf("BAD %s\n", bad.c_str());
+        return 3;
+      }
+      start = opened.reader.manifest().step;
+    } catch (const Error& e) {
+      std::printf("BAD cannot resume: %s\n", e.what());
+      return 3;
+    }
+  }
+  Checkpointer ckpt({.root = root, .world_size = kWorld, .keep_last = kKeep, .backend = writer});
+  for (const auto& e : fs::directory_iterator(root))
+    if (is_temporary_name(e.path().filename().string())) {
+      std::printf("BAD temporary left after open: %s\n", e.path().c_str());
+      return 3;
+    }
+  std::printf("resumed %llu\n", static_cast<unsigned long long>(start));
+  std::fflush(stdout);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kWorld; ++r)
+    ranks.emplace_back([&, r] {
+      std::vector<std::uint32_t> state(kWords);
+      for (std::uint64_t step = start + 1;; ++step) {
+        for (std::size_t i = 0; i < kWords; ++i) state[i] = word(r, step, i);  // the "training"
+        std::vector<TensorView> t{{"state", DType::U32, {kWords}, std::as_bytes(std::span(state))}};
+        SaveInfo info;
+        info.param_shard_offset = static_cast<std::uint64_t>(r) * kWords;
+        info.param_shard_numel = kWords;
+        info.param_numel = kWorld * kWords;
+        ckpt.save(r, step, t, info);
+      }
+    });
+  for (auto& t : ranks) t.join();  // never: the process is killed
+  return 0;
+}
+
+// What was going on at the instant of the kill, read from what it left on disk.
+std::string phase_of(const fs::path& root) {
+  std::vector<std::string> temps, steps;
+  bool latest_tmp = false;
+  for (const auto& e : fs::directory_iterator(root)) {
+    const std::string n = e.path().filename().string();
+    if (n.starts_with(".latest.tmp-")) latest_tmp = true;
+    else if (is_temporary_name(n)) temps.push_back(n);
+    else if (parse_checkpoint_dir_name(n)) steps.push_back(n);
+  }
+  std::sort(steps.begin(), steps.end());
+  const auto latest = read_latest(posix_file_system(), root.string());
+  if (latest_tmp) return "latest update";
+  if (!temps.empty()) {
+    const fs::path t = root / temps.front();
+    if (fs::exists(t / "manifest.json")) return "commit: manifest written, before rename";
+    std::size_t shards = 0;
+    for (const auto& e : fs::directory_iterator(t)) shards += e.path().extension() == ".safetensors";
+    return shards < kWorld ? "writing shards (some not created yet)" : "writing, hashing or fsync of shards";
+  }
+  if (!steps.empty() && (!latest || steps.back() != *latest)) return "renamed, latest not yet updated";
+  if (steps.size() > static_cast<std::size_t>(kKeep)) return "rotation";
+  return "staging or training (no save on disk in flight)";
+}
+
+struct Child {
+  pid_t pid;
+  int out;
+};
+
+Child spawn_victim(const std::string& self, const std::string& root, const std::string& writer) {
+  int p[2];
+  if (pipe(p) != 0) std::exit(2);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(p[1], STDOUT_FILENO);
+    close(p[0]);
+    close(p[1]);
+    execl(self.c_str(), self.c_str(), "victim", "--dir", root.c_str(), "--writer", writer.c_str(), nullptr);
+    _exit(127);
+  }
+  close(p[1]);
+  return {pid, p[0]};
+}
+
+// The victim's first line, or empty after 30 s.
+std::string first_line(int fd) {
+  std::string line;
+  char c;
+  pollfd pfd{fd, POLLIN, 0};
+  while (poll(&pfd, 1, 30000) > 0 && read(fd, &c, 1) == 1 && c != '\n') line += c;
+  return line;
+}
+
+int run(const std::string& self, const std::string& root, int kills, std::uint64_t seed, const std::string& writer, int max_ms) {
+  fs::create_directories(root);
+  std::map<std::string, int> phases;
+  int bad = 0;
+  std::optional<std::uint64_t> expected_resume;  // what the next victim must resume from
+  std::uint64_t rng = seed;
+  for (int k = 1; k <= kills; ++k) {
+    Child c = spawn_victim(self, root, writer);
+    const std::string hello = first_line(c.out);
+    const std::string want = "resumed " + std::to_string(expected_resume.value_or(0));
+    if (hello != want) {
+      ++bad;
+      std::printf("kill %d: BAD start: expected '%s', got '%s'\n", k, want.c_str(), hello.c_str());
+    }
+    const int delay_us = static_cast<int>(splitmix64(rng) % static_cast<std::uint64_t>(max_ms * 1000 + 1));
+    std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+    kill(c.pid, SIGKILL);
+    int status = 0;
+    waitpid(c.pid, &status, 0);
+    close(c.out);
+    ++phases[phase_of(root)];
+    // Open the root as a user would after the crash.
+    try {
+      auto opened = open_latest(posix_file_system(), root, {.expected_world_size = kWorld});
+      if (!parse_checkpoint_dir_name(opened.name)) throw Error(Errc::malformed_manifest, root, "latest names a temporary", "step-N", opened.name);
+      opened.reader.verify(Verify::full);
+      const std::string wrong = check_contents(opened.reader);
+      if (!wrong.empty()) throw Error(Errc::checksum_mismatch, opened.reader.dir(), wrong);
+      // The newest complete checkpoint is the one `latest` names, or one step newer (killed
+      // between the rename and the `latest` update); anything else means `latest` lags.
+      for (const auto& info : list_checkpoints(posix_file_system(), root, Verify::none))
+        if (info.state == CheckpointState::corrupt) throw Error(Errc::malformed_manifest, info.name, "a complete-named checkpoint is corrupt: " + info.error);
+      expected_resume = opened.reader.manifest().step;
+    } catch (const Error& e) {
+      // Before the first commit there is no `latest` (a complete step-N may exist if the kill
+      // hit between its rename and the first `latest`): nothing is committed, nothing to load.
+      if (!(e.code() == Errc::not_found && !fs::exists(fs::path(root) / "latest") && !expected_resume)) {
+        ++bad;
+        std::printf("kill %d: BAD after kill: %s\n", k, e.what());
+      }
+    }
+  }
+  std::printf("ckpt-torture (%s writer, seed %llu): %d kills, %d bad outcomes; latest resumed step %llu\n", writer.c_str(),
+              static_cast<unsigned long long>(seed), kills, bad, static_cast<unsigned long long>(expected_resume.value_or(0)));
+  std::printf("phases hit (inferred from what each kill left on disk):\n");
+  for (const auto& [p, n] : phases) std::printf("  %5d  %s\n", n, p.c_str());
+  return bad == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: ckpt-torture run|victim --dir D [--kills N] [--seed S] [--writer posix|io_uring] [--max-ms M]\n");
+    return 2;
+  }
+  const std::string mode = argv[1];
+  std::string dir, writer = "io_uring";
+  int kills = 200, max_ms = 400;
+  std::uint64_t seed = 1;
+  for (int i = 2; i + 1 < argc; i += 2) {
+    const std::string a = argv[i], v = argv[i + 1];
+    if (a == "--dir") dir = v;
+    else if (a == "--writer") writer = v;
+    else if (a == "--kills") kills = std::stoi(v);
+    else if (a == "--seed") seed = std::stoull(v);
+    else if (a == "--max-ms") max_ms = std::stoi(v);
+    else {
+      std::fprintf(stderr, "ckpt-torture: unknown option %s\n", a.c_str());
+      return 2;
+    }
+  }
+  if (dir.empty()) {
+    std::fprintf(stderr, "ckpt-torture: --dir is required\n");
+    return 2;
+  }
+  parse_writer(writer);
+  if (mode == "victim") return victim(dir, parse_writer(writer));
+  if (mode == "run") return run(fs::read_symlink("/proc/self/exe").string(), dir, kills, seed, writer, max_ms);
+  std::fprintf(stderr, "ckpt-torture: mode must be run or victim\n");
+  return 2;
+}
