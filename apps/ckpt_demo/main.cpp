@@ -40,9 +40,13 @@ usage: ckpt-demo [options]
 
   --dir DIR            checkpoint root (default: a fresh temporary directory, removed at the end)
   --world-size N       ranks, run as threads (default 4)
-  --steps N            train up to step N (default 20)
+  --steps N            train up to step N (default 20; with --resume, 10 steps past the
+                       checkpoint)
   --save-every N       save asynchronously every N steps (default 10)
   --resume             continue from the checkpoint DIR/latest names, up to --steps
+  --reshard            with --resume: accept a checkpoint written at another world size and
+                       re-slice its optimizer state for --world-size (without it such a
+                       resume fails with the world-size error)
   --metrics FILE       write one JSON line per step (rank 0): step, loss (9 significant digits
                        and exact hex), grad norm, parameter norm, step time, save stall
   --keep K             keep the last K checkpoints (default 3)
@@ -65,6 +69,8 @@ Checks (exit 1 if any fails; exit 2 on a usage error):
   (e) fresh runs only, if a save happened before the last step: a run resumed from that
       checkpoint (in a scratch directory) reproduces the later losses and the final
       parameters bit for bit ("resume verified")
+  (f) resharded resumes only: the optimizer state every rank restored, concatenated, equals
+      the source checkpoint's flat state (fp32 master, Adam m and v), the padding zero
 A fresh run also shows, on scratch copies, the loader refusing a resume at twice the world
 size, a missing shard and a truncated shard.
 )";
@@ -72,8 +78,9 @@ size, a missing shard and a truncated shard.
 struct Options {
   std::optional<std::string> dir;
   int world = 4;
-  std::uint64_t steps = 20, save_every = 10;
-  bool resume = false;
+  std::optional<std::uint64_t> steps;  // default: 20, or 10 past the checkpoint resumed from
+  std::uint64_t save_every = 10;
+  bool resume = false, reshard = false;
   std::optional<std::string> metrics;
   int keep = 3;
   WriterBackend writer = WriterBackend::automatic;
@@ -113,6 +120,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--steps") o.steps = static_cast<std::uint64_t>(num(i));
     else if (a == "--save-every") o.save_every = static_cast<std::uint64_t>(num(i));
     else if (a == "--resume") o.resume = true;
+    else if (a == "--reshard") o.reshard = true;
     else if (a == "--metrics") o.metrics = need(i);
     else if (a == "--keep") o.keep = static_cast<int>(num(i));
     else if (a == "--writer") {
@@ -145,6 +153,7 @@ Options parse(int argc, char** argv) {
   }
   if (o.world < 1 || o.world > 1024) usage("--world-size must be 1..1024");
   if (o.save_every == 0) usage("--save-every must be >= 1");
+  if (o.reshard && !o.resume) usage("--reshard needs --resume");
   try {
     o.train.model.validate();
   } catch (const Error& e) {
@@ -164,7 +173,8 @@ struct RunRecord {
   std::vector<std::vector<std::pair<std::string, std::vector<std::byte>>>> snapshot;  // per rank
   std::vector<json::object> snapshot_meta;                        // per rank
   std::vector<std::string> save_errors;
-  std::uint64_t resumed_from = 0;
+  std::uint64_t resumed_from = 0, last_step = 0;
+  std::vector<std::map<std::string, std::vector<std::byte>>> restored;  // per rank, optim.* right after the resume
   std::size_t num_params = 0;
   std::string backend;
 };
@@ -176,6 +186,7 @@ RunRecord run(const Options& o, const std::string& root, bool resume, bool saves
   rec.memory.resize(static_cast<std::size_t>(o.world));
   rec.snapshot.resize(static_cast<std::size_t>(o.world));
   rec.snapshot_meta.resize(static_cast<std::size_t>(o.world));
+  rec.restored.resize(static_cast<std::size_t>(o.world));
   std::mutex mu;
   std::optional<Checkpointer> ckpt;
   if (saves) ckpt.emplace(CheckpointerOptions{.root = root, .world_size = o.world, .keep_last = o.keep, .backend = o.writer});
@@ -184,9 +195,16 @@ RunRecord run(const Options& o, const std::string& root, bool resume, bool saves
     const int rank = comm.rank();
     Trainer trainer(o.train, comm);
     std::uint64_t start = 0;
-    if (resume) start = trainer.resume_latest(root, Verify::full);
+    if (resume) start = trainer.resume_latest(root, Verify::full, o.reshard ? Reshard::allow : Reshard::no);
+    if (resume && o.reshard) {
+      std::lock_guard lk(mu);
+      for (const auto& t : trainer.checkpoint_tensors())
+        if (t.name.starts_with("optim."))
+          rec.restored[static_cast<std::size_t>(rank)][t.name] = std::vector<std::byte>(t.data.begin(), t.data.end());
+    }
+    const std::uint64_t last = o.steps.value_or(resume ? start + 10 : 20);
     std::vector<SaveHandle> handles;
-    for (std::uint64_t step = start + 1; step <= o.steps; ++step) {
+    for (std::uint64_t step = start + 1; step <= last; ++step) {
       const StepStats s = trainer.step();
       double stall = 0;
       if (ckpt && step % o.save_every == 0) {
@@ -223,7 +241,7 @@ RunRecord run(const Options& o, const std::string& root, bool resume, bool saves
     rec.final_params[static_cast<std::size_t>(rank)].assign(p.begin(), p.end());
     rec.memory[static_cast<std::size_t>(rank)] = trainer.memory();
     rec.num_params = trainer.num_params();
-    if (rank == 0) rec.resumed_from = start;
+    if (rank == 0) rec.resumed_from = start, rec.last_step = last;
   });
   return rec;
 }
@@ -260,10 +278,27 @@ int main(int argc, char** argv) {
     const auto& m = o.train.model;
     std::printf("ckpt-demo: mini GPT, %zu parameters (%d layers, dim %d, %d heads, vocab %d, seq %d, batch %d per rank)\n",
                 num_params(m), m.layers, m.dim, m.heads, m.vocab, m.seq, m.batch);
+    // The checkpoint a resume starts from, read before this run's saves can rotate it away.
+    std::optional<std::string> source_dir;
+    int source_world = o.world;
+    if (o.resume) {
+      if (const auto name = read_latest(posix_file_system(), root)) {
+        source_dir = join_path(root, *name);
+        try {
+          source_world = CheckpointReader::open(posix_file_system(), *source_dir).manifest().world_size;
+        } catch (const Error&) {
+          // The resume itself reports what is wrong with it.
+        }
+      }
+    }
     RunRecord rec = run(o, root, o.resume, true);
     std::printf("%d ranks as threads, DDP + ZeRO-1, %s parameters, writer %s, checkpoints in %s\n", o.world,
                 o.train.precision == Precision::f16 ? "fp16" : "bf16", rec.backend.c_str(), root.c_str());
-    if (o.resume) std::printf("resumed from step %llu\n", static_cast<unsigned long long>(rec.resumed_from));
+    if (o.resume)
+      std::printf("resumed from step %llu%s\n", static_cast<unsigned long long>(rec.resumed_from),
+                  source_world != o.world
+                      ? (" (resharded from world size " + std::to_string(source_world) + " to " + std::to_string(o.world) + ")").c_str()
+                      : "");
 
     // ---- the loss table ----
     std::printf("\n%5s %10s %10s %11s %9s %9s %13s\n", "step", "loss", "grad norm", "param norm", "lr", "step ms", "save stall ms");
@@ -354,7 +389,29 @@ int main(int argc, char** argv) {
       }
       checks['d'] = {equal, std::to_string(tensors) + " tensors of " + checkpoint_dir_name(*rec.snapshot_step) + ", SHA-256 verified"};
     }
-    if (!o.resume && rec.snapshot_step && *rec.snapshot_step < o.steps && rec.save_errors.empty()) {
+    if (o.reshard && source_dir) {
+      // (f): the flat state the ranks restored, in rank order, against the source's.
+      const auto src = CheckpointReader::open(posix_file_system(), *source_dir);
+      bool equal = true;
+      const std::uint64_t real = rec.num_params * sizeof(float);
+      for (const char* name : {"optim.master", "optim.m", "optim.v"}) {
+        std::vector<std::byte> from, to;
+        for (int r = 0; r < src.manifest().world_size; ++r) {
+          const auto b = src.read_tensor(name, r, Verify::full);
+          from.insert(from.end(), b.begin(), b.end());
+        }
+        for (const auto& per_rank : rec.restored) {
+          const auto& b = per_rank.at(name);
+          to.insert(to.end(), b.begin(), b.end());
+        }
+        equal &= from.size() >= real && to.size() >= real && std::equal(from.begin(), from.begin() + static_cast<std::ptrdiff_t>(real), to.begin());
+        equal &= std::all_of(to.begin() + static_cast<std::ptrdiff_t>(std::min<std::size_t>(real, to.size())), to.end(),
+                             [](std::byte b) { return b == std::byte{0}; });
+      }
+      checks['f'] = {equal, "optim.master, optim.m, optim.v of " + std::to_string(o.world) + " ranks = the " +
+                                std::to_string(src.manifest().world_size) + "-rank flat state of " + *source_dir + ", bitwise"};
+    }
+    if (!o.resume && rec.snapshot_step && *rec.snapshot_step < rec.last_step && rec.save_errors.empty()) {
       const std::string name = checkpoint_dir_name(*rec.snapshot_step);
       copy_checkpoint(root, name, scratch / "resume");
       RunRecord again = run(o, (scratch / "resume").string(), true, false);
@@ -365,9 +422,9 @@ int main(int argc, char** argv) {
         same &= std::memcmp(&s.loss, &orig.loss, sizeof s.loss) == 0 && std::memcmp(&s.grad_norm, &orig.grad_norm, sizeof s.grad_norm) == 0;
         ++compared;
       }
-      checks['e'] = {same && compared == o.steps - *rec.snapshot_step,
+      checks['e'] = {same && compared == rec.last_step - *rec.snapshot_step,
                      "resumed from " + name + ": losses of steps " + std::to_string(*rec.snapshot_step + 1) + ".." +
-                         std::to_string(o.steps) + " and final parameters of every rank, bitwise"};
+                         std::to_string(rec.last_step) + " and final parameters of every rank, bitwise"};
 
       // The loader's defences, on scratch copies so DIR holds only this run's checkpoints.
       std::printf("\nthe loader refuses bad resumes (scratch copies of %s):\n", name.c_str());
@@ -399,9 +456,11 @@ int main(int argc, char** argv) {
                                              {'b', "same parameter norm on every rank"},
                                              {'c', "optimizer bytes = 12 P / N"},
                                              {'d', "checkpoint reloads byte-equal"},
-                                             {'e', "bit-exact resume"}};
+                                             {'e', "bit-exact resume"},
+                                             {'f', "resharded state = source state"}};
   for (const auto& [c, name] : names) {
     const auto it = checks.find(c);
+    if (it == checks.end() && c == 'f' && !o.reshard) continue;  // only a resharded resume has it
     if (it == checks.end()) {
       std::printf("  (%c) %-34s skipped (see --help)\n", c, name);
       continue;

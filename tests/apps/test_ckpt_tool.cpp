@@ -1,12 +1,24 @@
 // The ckpt command-line tool, run as a user would run it.
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <boost/json.hpp>
+#include <cstring>
 #include <filesystem>
+#include <map>
 
 #include "../io/io_fixture.hpp"
+#include "../io/test_reshard_safetensors.hpp"
+#include "ckpt/dist/communicator.hpp"
 #include "ckpt/io/commit.hpp"
 #include "ckpt/io/layout.hpp"
+#include "ckpt/io/reader.hpp"
+#include "ckpt/io/shard_stream.hpp"
 
 using namespace ckpt;
 namespace fs = std::filesystem;
@@ -116,4 +128,318 @@ TEST_CASE("ckpt usage errors exit 2 and help exits 0") {
   const auto r = ckpt_run("--help");
   CHECK(r.status == 0);
   CHECK(r.out.find("exit codes") != std::string::npos);
+}
+
+// ---- reshard, consolidate, prune, diff ------------------------------------------------
+
+namespace {
+const std::string kDemo = std::string(CKPT_TEST_BINARY_DIR) + "/bin/ckpt-demo";
+
+// A root holding the 4-rank demo's checkpoints of steps 10 and 20 (latest).
+struct DemoRun {
+  test::TempDir dir;
+  std::string root = (dir / "run").string();
+  DemoRun() {
+    int status = 0;
+    test::run_command(kDemo + " --dir " + root + " > /dev/null 2>&1", &status);
+    REQUIRE(status == 0);
+  }
+  std::string step(std::uint64_t s) const { return root + "/" + checkpoint_dir_name(s); }
+};
+
+boost::json::object json_of(const std::string& out) {
+  return boost::json::parse(out.substr(0, out.find('\n'))).as_object();
+}
+
+std::vector<std::string> shard_hashes(const std::string& dir) {
+  std::vector<std::string> out;
+  const auto reader = CheckpointReader::open(posix_file_system(), dir);
+  for (const auto& s : reader.manifest().shards) out.push_back(s.sha256);
+  return out;
+}
+
+std::vector<std::string> entries(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+}  // namespace
+
+TEST_CASE("ckpt reshard takes the demo checkpoint from 4 ranks to 8, to 3 and back to 4 byte for byte") {
+  DemoRun demo;
+  const std::string r8 = (demo.dir / "r8").string(), r3 = (demo.dir / "r3").string(), r4 = (demo.dir / "r4").string();
+  auto r = ckpt_run("reshard " + demo.root + " " + r8 + " --world-size 8");
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("from world size 4 to 8") != std::string::npos);
+  r = ckpt_run("reshard " + r8 + " " + r3 + " --world-size 3 --buffer-mb 1");
+  REQUIRE(r.status == 0);
+  r = ckpt_run("reshard " + r3 + " " + r4 + " --world-size=4 --verify full --json");
+  REQUIRE(r.status == 0);
+  const auto v = json_of(r.out);
+  CHECK(v.at("ok").as_bool());
+  CHECK(v.at("from_world_size").as_int64() == 3);
+  CHECK(v.at("world_size").as_int64() == 4);
+  CHECK(v.at("shards").as_array().size() == 4);
+  for (const auto& root : {r8, r3, r4}) {
+    CAPTURE(root);
+    CHECK(ckpt_run("verify --full " + root).status == 0);
+  }
+  CHECK(shard_hashes(demo.root + "/step-0000000020") == shard_hashes(r4 + "/step-0000000020"));
+}
+
+TEST_CASE("ckpt consolidate writes the demo model as safetensors with a weight-map index") {
+  DemoRun demo;
+  const std::string out = (demo.dir / "model").string();
+  const auto r = ckpt_run("consolidate " + demo.root + " " + out + " --max-file-size 40K --json");
+  REQUIRE(r.status == 0);
+  const auto v = json_of(r.out);
+  CHECK(v.at("index").as_string() == "model.safetensors.index.json");
+  CHECK(v.at("dtype").as_string() == "F32");
+  const auto index = boost::json::parse([&] {
+                       const auto b = test::read_all(fs::path(out) / "model.safetensors.index.json");
+                       return std::string(b.begin(), b.end());
+                     }()).as_object();
+  const auto reader = CheckpointReader::open(posix_file_system(), demo.step(20));
+  const auto& layout = reader.manifest().training.at("param_layout").as_array();
+  const auto& wm = index.at("weight_map").as_object();
+  CHECK(wm.size() == layout.size());
+  // Each tensor equals its range of the concatenated master shards.
+  std::vector<std::byte> master;
+  for (int rank = 0; rank < 4; ++rank) {
+    const auto b = reader.read_tensor("optim.master", rank);
+    master.insert(master.end(), b.begin(), b.end());
+  }
+  std::map<std::string, test::StFile> files;
+  for (const auto& p : layout) {
+    const std::string name(p.at("name").as_string());
+    CAPTURE(name);
+    const std::string file(wm.at(name).as_string());
+    if (!files.count(file)) files[file] = test::parse_safetensors_independently(test::read_all(fs::path(out) / file));
+    const auto& t = files[file].tensors.at(name);
+    const auto off = p.at("offset").to_number<std::uint64_t>(), n = p.at("numel").to_number<std::uint64_t>();
+    REQUIRE(t.bytes.size() == n * 4);
+    CHECK(std::memcmp(t.bytes.data(), master.data() + off * 4, n * 4) == 0);
+  }
+  CHECK(files.size() > 1);
+  CHECK(ckpt_run("consolidate " + demo.step(10) + " " + (demo.dir / "bf16").string() + " --dtype bf16").status == 0);
+  CHECK(fs::exists(demo.dir / "bf16" / "model.safetensors"));
+}
+
+TEST_CASE("ckpt reshard and consolidate of a corrupt source fail with the typed error and leave no output") {
+  DemoRun demo;
+  const auto m = CheckpointReader::open(posix_file_system(), demo.step(20)).manifest();
+  const fs::path shard = fs::path(demo.step(20)) / m.shards[3].path;
+  flip(shard, m.find_tensor("optim.v", 3)->begin + 17);
+  const auto before = entries(demo.dir.path());
+  for (const std::string& cmd : {"reshard " + demo.root + " " + (demo.dir / "r8").string() + " --world-size 8 --json",
+                                "consolidate " + demo.root + " " + (demo.dir / "model").string() + " --json"}) {
+    CAPTURE(cmd);
+    const auto r = ckpt_run(cmd);
+    CHECK(r.status == 1);
+    const auto v = json_of(r.out);
+    CHECK(v.at("ok").as_bool() == false);
+    CHECK(v.at("error").at("code").as_string() == "checksum mismatch");
+    CHECK(v.at("error").at("file").as_string() == shard.string());
+    CHECK(entries(demo.dir.path()) == before);  // no output, no temporary
+  }
+}
+
+namespace {
+// A 2-rank checkpoint of 3 x 16 Mi fp32 values (192 MiB), written through the streaming
+// writer so that the test itself stays small.
+constexpr std::uint64_t kBigParams = 16ull << 20;
+void write_big_checkpoint(const std::string& root) {
+  FileSystem& fs = posix_file_system();
+  prepare_root(fs, root);
+  const std::string temp = begin_checkpoint(fs, root, 1);
+  Manifest m;
+  m.world_size = 2;
+  m.step = 1;
+  m.param_numel = kBigParams;
+  m.training = {{"flat_tensors", boost::json::array{"optim.master", "optim.m", "optim.v"}}, {"num_params", kBigParams}};
+  std::vector<float> piece(1 << 18);
+  for (int r = 0; r < 2; ++r) {
+    const auto range = dist::shard_range(kBigParams, 2, r);
+    std::vector<TensorSpec> specs;
+    for (const char* n : {"optim.master", "optim.m", "optim.v"}) specs.push_back({n, DType::F32, {range.numel}});
+    ShardStreamWriter w(fs, temp, shard_file_name(r, 2), specs, {});
+    for (std::size_t k = 0; k < specs.size(); ++k)
+      for (std::uint64_t done = 0; done < range.numel; done += piece.size()) {
+        for (std::size_t i = 0; i < piece.size(); ++i) piece[i] = static_cast<float>((range.offset + done + i) % 4099) + static_cast<float>(k);
+        w.write(std::as_bytes(std::span(piece)));
+      }
+    WrittenShard ws = w.finish(r);
+    ws.record.param_shard_offset = range.offset;
+    ws.record.param_shard_numel = range.numel;
+    m.shards.push_back(ws.record);
+    m.tensors.insert(m.tensors.end(), ws.tensors.begin(), ws.tensors.end());
+  }
+  m.created_at = utc_now_rfc3339();
+  commit_checkpoint(fs, root, temp, m);
+}
+
+// Peak resident memory of `ckpt args...` in KiB, from the kernel (wait4's rusage).
+std::uint64_t peak_rss_kib(std::vector<std::string> args) {
+  args.insert(args.begin(), kTool);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 1);
+    ::dup2(null, 2);
+    ::execv(kTool.c_str(), argv.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  rusage ru{};
+  REQUIRE(::wait4(pid, &status, 0, &ru) == pid);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  return static_cast<std::uint64_t>(ru.ru_maxrss);
+}
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
+// The cap for a 16 MiB buffer: the buffer, two 4 MiB verification chunks, 8 MiB of slack,
+// above what the tool takes to start (measured, not assumed).
+void check_under_cap(const std::string& what, std::uint64_t peak, std::uint64_t base) {
+  const std::uint64_t checkpoint_kib = 3 * kBigParams * 4 / 1024;
+  MESSAGE(what << ": checkpoint " << checkpoint_kib / 1024 << " MiB, peak RSS " << peak / 1024 << " MiB (the tool alone "
+               << base / 1024 << " MiB)");
+  // Shadow memory and the quarantine of freed blocks make a sanitized binary's RSS say
+  // nothing about the code's own use: the bound is checked in plain builds only.
+  if (kSanitized) return;
+  CHECK(peak < base + (16 + 8 + 8) * 1024);
+  CHECK(peak * 4 < checkpoint_kib);
+}
+}  // namespace
+
+TEST_CASE("ckpt reshard of a checkpoint larger than its buffer stays under the memory cap") {
+  test::TempDir dir;
+  const std::string src = (dir / "src").string();
+  write_big_checkpoint(src);
+  const std::uint64_t base = peak_rss_kib({"inspect", src});
+  const std::uint64_t peak = peak_rss_kib({"reshard", src, (dir / "dst").string(), "--world-size", "3", "--buffer-mb", "16"});
+  check_under_cap("reshard 2 -> 3", peak, base);
+  CHECK(ckpt_run("verify " + (dir / "dst").string()).status == 0);
+}
+
+TEST_CASE("ckpt consolidate of a checkpoint larger than its buffer stays under the memory cap") {
+  test::TempDir dir;
+  const std::string src = (dir / "src").string();
+  write_big_checkpoint(src);
+  const std::uint64_t base = peak_rss_kib({"inspect", src});
+  // No param_layout recorded: the master weights come out as one 64 MiB tensor, cast to bf16.
+  const std::uint64_t peak = peak_rss_kib({"consolidate", src, (dir / "model").string(), "--dtype", "bf16", "--buffer-mb", "16"});
+  check_under_cap("consolidate", peak, base);
+  const auto st = test::parse_safetensors_independently(test::read_all(dir / "model" / "model.safetensors"));
+  CHECK(st.tensors.at("optim.master").shape == std::vector<std::uint64_t>{kBigParams});
+}
+
+TEST_CASE("ckpt prune keeps the newest K checkpoints and the one latest names") {
+  test::TempDir dir;
+  const std::string root = dir.path().string();
+  for (std::uint64_t step : {1, 2, 3, 4, 5}) {
+    test::Fixture fx(1, step);
+    save_checkpoint(posix_file_system(), root, fx.request);
+  }
+  write_latest(posix_file_system(), root, checkpoint_dir_name(1));  // latest may be an old one
+  fs::create_directory(dir / ".tmp-step-0000000006-1-0");           // a save in progress: untouched
+  auto r = ckpt_run("prune " + root + " --keep 2 --dry-run");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("would remove step-0000000002") != std::string::npos);
+  CHECK(entries(dir.path()).size() == 7);
+  r = ckpt_run("prune " + root + " --keep 2 --json");
+  REQUIRE(r.status == 0);
+  const auto v = json_of(r.out);
+  CHECK(v.at("removed").as_array().size() == 2);
+  CHECK(entries(dir.path()) == std::vector<std::string>{".tmp-step-0000000006-1-0", "latest", "step-0000000001", "step-0000000004",
+                                                        "step-0000000005"});
+  CHECK(ckpt_run("prune " + root + " --keep 0").status == 2);
+  CHECK(ckpt_run("prune " + root).status == 2);
+}
+
+TEST_CASE("ckpt diff reports equal tensors, the largest difference, and mismatches") {
+  DemoRun demo;
+  const std::string r8 = (demo.dir / "r8").string();
+  REQUIRE(ckpt_run("reshard " + demo.root + " " + r8 + " --world-size 8").status == 0);
+  // A checkpoint and its reshard are equal, flat tensors compared across world sizes.
+  auto r = ckpt_run("diff " + demo.root + " " + r8);
+  CHECK(r.status == 0);
+  CHECK(r.out.find("the checkpoints are equal") != std::string::npos);
+  // Two steps of training differ; the JSON gives the largest absolute difference.
+  r = ckpt_run("diff " + demo.step(10) + " " + demo.step(20) + " --json");
+  CHECK(r.status == 3);
+  const auto v = json_of(r.out);
+  CHECK(v.at("equal").as_bool() == false);
+  const auto& first = v.at("tensors").as_array()[0].as_object();
+  CHECK(first.at("name").as_string() == "optim.master");
+  CHECK(first.at("flat").as_bool());
+  CHECK(first.at("status").as_string() == "differs");
+  CHECK(first.at("max_abs_diff").as_double() > 0);
+  // Shape and dtype mismatches and one-sided tensors are named.
+  test::TempDir other;
+  std::vector<float> x4(4, 1.0f), x5(5, 1.0f);
+  std::vector<std::uint16_t> y(4);
+  for (int k = 0; k < 2; ++k) {
+    SaveRequest req;
+    req.step = 1;
+    RankState rs;
+    rs.tensors = {{"x", DType::F32, {k ? 5u : 4u}, std::as_bytes(std::span(k ? x5 : x4))},
+                  {k ? "only_b" : "y", k ? DType::F16 : DType::F32, {k ? 4u : 2u}, std::as_bytes(std::span(y))}};
+    req.ranks.push_back(rs);
+    save_checkpoint(posix_file_system(), (other / (k ? "b" : "a")).string(), req);
+  }
+  r = ckpt_run("diff " + (other / "a").string() + " " + (other / "b").string());
+  CHECK(r.status == 3);
+  CHECK(r.out.find("shape mismatch") != std::string::npos);
+  CHECK(r.out.find("[4] vs [5]") != std::string::npos);
+  CHECK(r.out.find("only in A") != std::string::npos);
+  CHECK(r.out.find("only in B") != std::string::npos);
+}
+
+TEST_CASE("every ckpt command answers --json with one JSON object") {
+  DemoRun demo;
+  const std::vector<std::string> cmds = {"ls " + demo.root,
+                                         "inspect " + demo.root,
+                                         "verify " + demo.root,
+                                         "reshard " + demo.root + " " + (demo.dir / "r2").string() + " --world-size 2",
+                                         "consolidate " + demo.root + " " + (demo.dir / "m").string(),
+                                         "diff " + demo.root + " " + (demo.dir / "r2").string(),
+                                         "prune " + demo.root + " --keep 1"};
+  for (const auto& c : cmds) {
+    CAPTURE(c);
+    const auto r = ckpt_run(c + " --json");
+    CHECK(r.status == 0);
+    CHECK(r.out.find('\n') == r.out.size() - 1);  // one line, nothing else (no progress bar in a pipe)
+    CHECK(json_of(r.out).at("ok").as_bool());
+  }
+}
+
+TEST_CASE("ckpt --help documents every command and exit code, and each command has its own help") {
+  const auto top = ckpt_run("--help");
+  CHECK(top.status == 0);
+  for (const char* cmd : {"ls", "inspect", "verify", "reshard", "consolidate", "prune", "diff"}) {
+    CAPTURE(cmd);
+    CHECK(top.out.find(std::string("  ") + cmd + " ") != std::string::npos);
+    for (const std::string& form : {std::string(cmd) + " --help", std::string("help ") + cmd}) {
+      const auto r = ckpt_run(form);
+      CHECK(r.status == 0);
+      CHECK(r.out.find(std::string("usage: ckpt ") + cmd) == 0);
+      CHECK(r.out.find("example:") != std::string::npos);
+    }
+  }
+  for (const char* code : {"  0  ", "  1  ", "  2  ", "  3  "}) CHECK(top.out.find(code) != std::string::npos);
+  CHECK(ckpt_run("reshard a b").status == 2);                     // --world-size missing
+  CHECK(ckpt_run("reshard a b --world-size 0").status == 2);
+  CHECK(ckpt_run("consolidate a b --dtype f64").status == 2);
+  CHECK(ckpt_run("consolidate a b --max-file-size 5Q").status == 2);
+  CHECK(ckpt_run("diff a b --full").status == 2);                  // an option of another command
 }

@@ -86,3 +86,41 @@ TEST_CASE("ckpt-demo refuses bad usage with exit 2") {
   run(kBin + "ckpt-demo --heads 5", status);
   CHECK(status == 2);
 }
+
+TEST_CASE("ckpt-demo --world-size 8 --resume --reshard continues the 4-rank checkpoint and the loss keeps falling") {
+  ckpt::test::TempDir dir;
+  const std::string root = dir.path().string();
+  int status = 0;
+  run(kBin + "ckpt-demo --steps 10 --dir " + root + " --metrics " + (dir / "four.jsonl").string(), status);
+  REQUIRE(status == 0);
+  const auto out = run(kBin + "ckpt-demo --world-size 8 --resume --reshard --dir " + root + " --metrics " + (dir / "eight.jsonl").string(), status);
+  CHECK(status == 0);
+  CHECK(out.find("resumed from step 10 (resharded from world size 4 to 8)") != std::string::npos);
+  for (const char* check : {"(a) loss falls", "(b) same parameter norm", "(c) optimizer bytes", "(d) checkpoint reloads", "(f) resharded state"}) {
+    const auto at = out.find(check);
+    REQUIRE(at != std::string::npos);
+    CHECK(out.substr(at, out.find('\n', at) - at).find("PASS") != std::string::npos);
+  }
+  // Steps 11..20 ran at 8 ranks, and the loss at step 20 is below the loss at the resume point.
+  auto loss_of = [&](const std::string& file) {
+    std::map<std::int64_t, double> m;
+    std::istringstream in([&] {
+      const auto b = ckpt::test::read_all(file);
+      return std::string(b.begin(), b.end());
+    }());
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto v = boost::json::parse(line).as_object();
+      m[v.at("step").as_int64()] = v.at("loss").to_number<double>();
+    }
+    return m;
+  };
+  const auto four = loss_of((dir / "four.jsonl").string()), eight = loss_of((dir / "eight.jsonl").string());
+  REQUIRE(eight.size() == 10);
+  CHECK(eight.begin()->first == 11);
+  CHECK(eight.at(20) < four.at(10));
+  // The step-20 checkpoint it wrote is an 8-rank checkpoint that verifies.
+  const auto verify = run(kBin + "ckpt verify --full --json " + root, status);
+  CHECK(status == 0);
+  CHECK(boost::json::parse(verify).at("shards").as_int64() == 8);
+}

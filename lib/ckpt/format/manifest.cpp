@@ -21,6 +21,17 @@ constexpr int kMaxWorldSize = 1 << 20;
 constexpr std::uint64_t kMaxFileSize = 1ull << 50;  // 1 PiB per shard: beyond it, the number is hostile
 constexpr std::uint64_t kMinChunk = 4096, kMaxChunk = 1ull << 30;
 
+// Boost.JSON reads a literal beyond the double range (1e400) as infinity, which JSON cannot
+// spell: encode_manifest would write it back as "Infinity", a manifest nothing can read. The
+// free-form objects are checked for it (recursion is bounded by the parser's depth limit).
+bool all_finite(const json::value& v) {
+  if (v.is_double()) return std::isfinite(v.get_double());
+  if (const auto* a = v.if_array()) return std::all_of(a->begin(), a->end(), [](const json::value& e) { return all_finite(e); });
+  if (const auto* o = v.if_object())
+    return std::all_of(o->begin(), o->end(), [](const json::key_value_pair& kv) { return all_finite(kv.value()); });
+  return true;
+}
+
 bool is_lower_hex(std::string_view s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
@@ -140,6 +151,7 @@ Manifest decode_manifest(std::string_view text, std::string_view file) {
     c.fail("chunk_size", "a power of two from 4096 to 2^30", std::to_string(m.chunk_size));
   m.param_numel = detail::json_u64(c, detail::json_field(c, o, "param_numel", ""), "param_numel");
   if (const auto* t = o.if_contains("training")) m.training = detail::json_obj(c, *t, "training");
+  if (!all_finite(m.training)) c.fail("training", "finite numbers", "a number beyond the double range");
 
   const auto& shards = detail::json_arr(c, detail::json_field(c, o, "shards", ""), "shards");
   if (shards.size() != static_cast<std::size_t>(m.world_size))
@@ -181,6 +193,7 @@ Manifest decode_manifest(std::string_view text, std::string_view file) {
       c.fail(where + ".param_shard_offset + param_shard_numel", "at most param_numel " + std::to_string(m.param_numel),
              std::to_string(s.param_shard_offset) + " + " + std::to_string(s.param_shard_numel));
     if (const auto* md = so.if_contains("metadata")) s.metadata = detail::json_obj(c, *md, where + ".metadata");
+    if (!all_finite(s.metadata)) c.fail(where + ".metadata", "finite numbers", "a number beyond the double range");
   }
   for (const auto& s : m.shards)
     if (!paths.insert(s.path).second) c.fail("shards[rank " + std::to_string(s.rank) + "].path", "a path used once", "'" + s.path + "' repeated");

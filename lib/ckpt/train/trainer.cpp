@@ -8,6 +8,7 @@
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/random.hpp"
+#include "ckpt/io/reshard.hpp"
 
 namespace ckpt::train {
 
@@ -151,58 +152,152 @@ SaveInfo Trainer::checkpoint_info() const {
                      {"min_ratio", opt_.schedule().min_ratio}}},
                    {"num_params", opt_.num_params()},
                    {"config", cfg_.to_json()}};
+  // What resharding and consolidation need to read the checkpoint without this code: which
+  // tensors slice the flat space, where each model tensor lives in it, and which per-rank
+  // metadata means something only for its rank.
+  json::array layout;
+  for (const auto& t : layout_) {
+    json::array shape;
+    for (auto d : t.shape) shape.emplace_back(d);
+    layout.push_back(json::object{{"name", t.name}, {"shape", std::move(shape)}, {"offset", t.offset}, {"numel", t.numel}});
+  }
+  info.training["flat_tensors"] = json::array{"optim.master", "optim.m", "optim.v"};
+  info.training["param_layout"] = std::move(layout);
+  info.training["rank_local_metadata"] = json::array{"rng"};
   return info;
 }
 
-void Trainer::restore(const LoadedShard& shard, const Manifest& manifest) {
+struct Trainer::LoadedState {
+  std::vector<float> master, m, v;
+  std::uint64_t step = 0, adam_step = 0, data_position = 0;
+  LossScaler scaler;
+  std::array<std::uint64_t, 4> rng{};
+  double wall_seconds = 0;
+};
+
+namespace {
+// The global state every rank takes from the manifest, whatever the world size.
+void load_global_state(const Manifest& manifest, const json::object& rank_metadata, std::uint64_t seed, int rank,
+                       std::uint64_t& step, std::uint64_t& adam_step, LossScaler& scaler, std::uint64_t& data_position,
+                       std::array<std::uint64_t, 4>& rng) {
+  const json::object& tr = manifest.training;
+  const json::object& sc = tr.at("loss_scaler").as_object();
+  scaler.scale = static_cast<float>(sc.at("scale").to_number<double>());
+  scaler.good_steps = json::value_to<std::uint32_t>(sc.at("good_steps"));
+  scaler.growth_interval = json::value_to<std::uint32_t>(sc.at("growth_interval"));
+  adam_step = json::value_to<std::uint64_t>(tr.at("adam_step"));
+  step = json::value_to<std::uint64_t>(tr.at("step"));
+  data_position = json::value_to<std::uint64_t>(rank_metadata.at("data_position"));
+  if (const auto* r = rank_metadata.if_contains("rng")) {
+    const auto& a = r->as_array();
+    rng = {json::value_to<std::uint64_t>(a.at(0)), json::value_to<std::uint64_t>(a.at(1)), json::value_to<std::uint64_t>(a.at(2)),
+           json::value_to<std::uint64_t>(a.at(3))};
+  } else {
+    // A rank the checkpoint has no stream for (it was resharded to more ranks).
+    rng = Rng(rank_rng_seed(seed, rank, step)).state();
+  }
+}
+}  // namespace
+
+std::uint64_t rank_rng_seed(std::uint64_t seed, int rank, std::uint64_t step) noexcept {
+  std::uint64_t x = seed ^ 0x5265736861726421ull;  // "Reshard!": apart from the initial streams' seeds
+  x = splitmix64(x) ^ static_cast<std::uint64_t>(rank);
+  x = splitmix64(x) ^ step;
+  return splitmix64(x);
+}
+
+void Trainer::check_config(const Manifest& manifest) const {
   const std::string where = "checkpoint of step " + std::to_string(manifest.step);
-  if (manifest.world_size != comm_.size())
-    throw Error(Errc::world_size_mismatch, where, "world size", std::to_string(comm_.size()), std::to_string(manifest.world_size));
   const auto* cfg = manifest.training.if_contains("config");
   const json::value mine = cfg_.to_json();
   if (!cfg || *cfg != mine)
     throw Error(Errc::invalid_argument, where, "training configuration differs", json::serialize(mine),
                 cfg ? json::serialize(*cfg) : "none");
+}
+
+Trainer::LoadedState Trainer::load_state(const LoadedShard& shard, const Manifest& manifest) const {
+  const std::string where = "checkpoint of step " + std::to_string(manifest.step);
+  if (manifest.world_size != comm_.size())
+    throw Error(Errc::world_size_mismatch, where, "world size", std::to_string(comm_.size()), std::to_string(manifest.world_size));
+  check_config(manifest);
   if (shard.record.param_shard_offset != opt_.shard().offset || shard.record.param_shard_numel != opt_.shard().numel)
     throw Error(Errc::invalid_argument, where, "rank " + std::to_string(comm_.rank()) + " shard range",
                 std::to_string(opt_.shard().offset) + "+" + std::to_string(opt_.shard().numel),
                 std::to_string(shard.record.param_shard_offset) + "+" + std::to_string(shard.record.param_shard_numel));
+  LoadedState st;
   const std::size_t n = opt_.shard().numel;
-  const auto master = copy_tensor<float>(shard, "optim.master", n);
-  const auto m = copy_tensor<float>(shard, "optim.m", n);
-  const auto v = copy_tensor<float>(shard, "optim.v", n);
-  const json::object& tr = manifest.training;
-  const json::object& sc = tr.at("loss_scaler").as_object();
-  LossScaler scaler;
-  scaler.scale = static_cast<float>(sc.at("scale").to_number<double>());
-  scaler.good_steps = json::value_to<std::uint32_t>(sc.at("good_steps"));
-  scaler.growth_interval = json::value_to<std::uint32_t>(sc.at("growth_interval"));
-  opt_.restore(master, m, v, json::value_to<std::uint64_t>(tr.at("adam_step")), scaler);
-  opt_.params_to_f32(params32_);
-  step_ = json::value_to<std::uint64_t>(tr.at("step"));
-  loader_.set_position(json::value_to<std::uint64_t>(shard.record.metadata.at("data_position")));
-  const auto& r = shard.record.metadata.at("rng").as_array();
-  rng_.set_state({json::value_to<std::uint64_t>(r.at(0)), json::value_to<std::uint64_t>(r.at(1)),
-                  json::value_to<std::uint64_t>(r.at(2)), json::value_to<std::uint64_t>(r.at(3))});
-  wall_seconds_ = manifest.wall_clock_seconds;
+  st.master = copy_tensor<float>(shard, "optim.master", n);
+  st.m = copy_tensor<float>(shard, "optim.m", n);
+  st.v = copy_tensor<float>(shard, "optim.v", n);
+  load_global_state(manifest, shard.record.metadata, cfg_.seed, comm_.rank(), st.step, st.adam_step, st.scaler, st.data_position,
+                    st.rng);
+  st.wall_seconds = manifest.wall_clock_seconds;
+  return st;
 }
+
+Trainer::LoadedState Trainer::load_state_resharded(const CheckpointReader& checkpoint, Verify verify) const {
+  const Manifest& manifest = checkpoint.manifest();
+  check_config(manifest);
+  const int world = comm_.size(), rank = comm_.rank();
+  // The ranks share the whole-file checks: rank r checks source shards r, r + M, ...; the
+  // agreement before restoring makes one rank's failure every rank's.
+  verify_headers(checkpoint, verify, rank, world);
+  FlatReader flat(checkpoint, FlatLayout{{"optim.master", "optim.m", "optim.v"}, opt_.num_params()}, verify);
+  const dist::ShardRange slice = opt_.shard();
+  if (slice != flat_slice(opt_.num_params(), world, rank))
+    throw Error(Errc::invalid_argument, checkpoint.dir(), "ZeRO shard of rank " + std::to_string(rank) + " against the reshard rule",
+                std::to_string(flat_slice(opt_.num_params(), world, rank).offset), std::to_string(slice.offset));
+  for (const char* name : {"optim.master", "optim.m", "optim.v"})
+    if (flat.dtype(name) != DType::F32)
+      throw Error(Errc::invalid_argument, checkpoint.dir(), std::string("dtype of ") + name, "F32", std::string(dtype_name(flat.dtype(name))));
+  LoadedState st;
+  for (auto [name, vec] : {std::pair{"optim.master", &st.master}, std::pair{"optim.m", &st.m}, std::pair{"optim.v", &st.v}}) {
+    vec->resize(slice.numel);
+    flat.read(name, slice.offset, std::as_writable_bytes(std::span(*vec)));
+  }
+  // Rank-local metadata (the RNG) continues source rank r's if it exists; the data position
+  // is global, the same on every source rank.
+  json::object meta = manifest.shard(0).metadata;
+  meta.erase("rng");
+  if (rank < manifest.world_size)
+    if (const auto* r = manifest.shard(rank).metadata.if_contains("rng")) meta["rng"] = *r;
+  load_global_state(manifest, meta, cfg_.seed, rank, st.step, st.adam_step, st.scaler, st.data_position, st.rng);
+  st.wall_seconds = manifest.wall_clock_seconds;
+  return st;
+}
+
+void Trainer::apply_state(const LoadedState& st) {
+  opt_.restore(st.master, st.m, st.v, st.adam_step, st.scaler);
+  opt_.params_to_f32(params32_);
+  step_ = st.step;
+  loader_.set_position(st.data_position);
+  rng_.set_state(st.rng);
+  wall_seconds_ = st.wall_seconds;
+}
+
+void Trainer::restore(const LoadedShard& shard, const Manifest& manifest) { apply_state(load_state(shard, manifest)); }
 
 SaveHandle save_checkpoint(Checkpointer& checkpointer, const Trainer& trainer) {
   const auto tensors = trainer.checkpoint_tensors();
   return checkpointer.save(trainer.rank(), trainer.step_count(), tensors, trainer.checkpoint_info());
 }
 
-std::uint64_t Trainer::resume_latest(const std::string& root, Verify verify) {
-  // Every rank loads its own shard; they then agree that all of them succeeded, on the same
+std::uint64_t Trainer::resume_latest(const std::string& root, Verify verify, Reshard reshard) {
+  // Every rank loads its own part; they then agree that all of them succeeded, on the same
   // checkpoint, before any rank enters the collective restore (else one failing rank would
   // leave the others blocked in the all-gather).
   std::optional<OpenedCheckpoint> opened;
-  std::optional<LoadedShard> shard;
+  std::optional<LoadedState> state;
   std::optional<Error> error;
   std::string mine;
   try {
-    opened.emplace(open_latest(posix_file_system(), root, {.expected_world_size = comm_.size()}));
-    shard.emplace(opened->reader.load_shard(comm_.rank(), verify));
+    const std::optional<int> expect = reshard == Reshard::allow ? std::nullopt : std::optional<int>(comm_.size());
+    opened.emplace(open_latest(posix_file_system(), root, {.expected_world_size = expect}));
+    const Manifest& m = opened->reader.manifest();
+    if (m.world_size == comm_.size())
+      state.emplace(load_state(opened->reader.load_shard(comm_.rank(), verify), m));
+    else
+      state.emplace(load_state_resharded(opened->reader, verify));
     mine = "ok " + opened->name;
   } catch (const Error& e) {
     error = e;
@@ -216,7 +311,7 @@ std::uint64_t Trainer::resume_latest(const std::string& root, Verify verify) {
     throw Error(Errc::aborted, root, "rank " + std::to_string(r) + " could not load the same checkpoint", mine, theirs);
   }
   if (error) throw *error;
-  restore(*shard, opened->reader.manifest());
+  apply_state(*state);
   return opened->reader.manifest().step;
 }
 

@@ -48,6 +48,12 @@ class Rng {
   std::array<std::uint64_t, 4> s_{};
 };
 
+/// Whether a resume may change the world size (see docs/resharding.md).
+enum class Reshard {
+  no,     ///< a checkpoint written at another world size is Errc::world_size_mismatch
+  allow,  ///< re-slice the flat optimizer state for this world size while loading
+};
+
 struct StepStats {
   std::uint64_t step = 0;   ///< the step just completed (1-based)
   float loss = 0;           ///< mean over ranks (identical on every rank)
@@ -90,15 +96,25 @@ class Trainer {
   /// name (model.<name>), so the checkpoint is readable tensor by tensor.
   std::vector<TensorView> checkpoint_tensors() const;
   /// Offsets of the shard, per-rank state (data position, RNG) and the global training state
-  /// (step, Adam step, loss scaler, LR schedule, configuration).
+  /// (step, Adam step, loss scaler, LR schedule, configuration), plus what makes the
+  /// checkpoint reshardable and exportable: flat_tensors (optim.master, optim.m, optim.v),
+  /// num_params, param_layout ([{name, shape, offset, numel}] in the flat space) and
+  /// rank_local_metadata (["rng"]).
   SaveInfo checkpoint_info() const;
   /// Restores from this rank's loaded shard of a checkpoint written at the same world size
   /// and configuration (Errc::invalid_argument naming the difference otherwise). Collective.
   void restore(const LoadedShard& shard, const Manifest& manifest);
-  /// Restores from the checkpoint ROOT/latest names (verified, world size checked): every
-  /// rank loads its own shard, and all ranks agree they loaded the same checkpoint before
-  /// restoring. Returns the step resumed from. Collective.
-  std::uint64_t resume_latest(const std::string& root, Verify verify = Verify::fast);
+  /// Restores from the checkpoint ROOT/latest names (verified): every rank loads its part,
+  /// and all ranks agree they loaded the same checkpoint before restoring (a rank that
+  /// failed throws its error, the others Errc::aborted naming it). With Reshard::no a
+  /// checkpoint of another world size is Errc::world_size_mismatch naming both sizes; with
+  /// Reshard::allow each rank reads its slice of the flat optimizer state from the byte
+  /// ranges of the source shards that overlap it (each chunk XXH3-checked; Verify::full
+  /// also checks every source file's SHA-256, the ranks sharing the files), and per-rank
+  /// state is remapped as docs/resharding.md says: the data position is global, rank r
+  /// continues source rank r's RNG stream if there was one, else starts the stream
+  /// rank_rng_seed(seed, r, step) names. Returns the step resumed from. Collective.
+  std::uint64_t resume_latest(const std::string& root, Verify verify = Verify::fast, Reshard reshard = Reshard::no);
 
  private:
   TrainConfig cfg_;
@@ -113,7 +129,18 @@ class Trainer {
   std::vector<ParamTensor> layout_;
   std::uint64_t step_ = 0;
   double wall_seconds_ = 0;
+
+  struct LoadedState;
+  void check_config(const Manifest& manifest) const;
+  LoadedState load_state(const LoadedShard& shard, const Manifest& manifest) const;
+  LoadedState load_state_resharded(const CheckpointReader& checkpoint, Verify verify) const;
+  void apply_state(const LoadedState& state);  // collective
 };
+
+/// The seed of the RNG stream of a rank that a resharded checkpoint has no stream for (rank r
+/// >= the source world size): splitmix64 folded over (seed, rank, step), so it is the same
+/// in every run and for every way of resharding (load time or `ckpt reshard`).
+std::uint64_t rank_rng_seed(std::uint64_t seed, int rank, std::uint64_t step) noexcept;
 
 /// Saves the trainer's state through the checkpointer (returns once staged). The loop's only
 /// checkpoint call.

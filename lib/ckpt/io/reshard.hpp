@@ -1,0 +1,202 @@
+// Changing a checkpoint's world size, and exporting its model: docs/resharding.md has the
+// rules in full.
+//
+// A ZeRO checkpoint partitions one flat space of P parameters (padded to Pp, a multiple of
+// the world size N) across its ranks: rank r's shard holds, for each *flat tensor* (the fp32
+// master weights, Adam m and v), the slice [param_shard_offset, param_shard_offset +
+// param_shard_numel). Everything else in rank 0's shard (the 16-bit parameters) is
+// replicated state, the same for every world size. The manifest says which tensors are flat
+// (training.flat_tensors) and how many of the flat elements are real (training.num_params);
+// Trainer::checkpoint_info records both, and the model's param_layout.
+//
+// At world size M, rank m owns dist::shard_range(Pm, M, m) of the same space, with Pm = P
+// rounded up to a multiple of M (ZeRO's padding rule); elements at or past P are padding and
+// always zero. Reading a slice reads only the byte ranges of the source shards that overlap
+// it, each chunk checked against its XXH3: a rank of a resharded load reads about 1/M of the
+// checkpoint, and nothing is loaded unverified.
+//
+// reshard_checkpoint and consolidate_checkpoint stream: they hold one buffer of
+// buffer_bytes plus one verification chunk (the manifest's chunk_size, 4 MiB by default)
+// whatever the checkpoint's size, and they publish their output atomically (a temporary name
+// in the destination's parent, fsynced, renamed at the end), removing it on any failure.
+#pragma once
+
+#include <boost/json/object.hpp>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckpt/core/dtype.hpp"
+#include "ckpt/dist/communicator.hpp"
+#include "ckpt/format/manifest.hpp"
+#include "ckpt/io/file_system.hpp"
+#include "ckpt/io/reader.hpp"
+#include "ckpt/io/shard_stream.hpp"
+
+namespace ckpt {
+
+/// Default memory budget of reshard and consolidate (their --buffer-mb).
+inline constexpr std::uint64_t kDefaultReshardBuffer = 256ull << 20;
+/// Smallest buffer accepted: below it the per-piece overhead dominates.
+inline constexpr std::uint64_t kMinReshardBuffer = 64ull << 10;
+
+/// Checks the shard headers of ranks first_rank, first_rank + rank_stride, ... against the
+/// manifest index (Errc::malformed_shard on disagreement), reading only the headers: with
+/// Verify::fast through XXH3-checked chunks (a damaged header is Errc::checksum_mismatch),
+/// with Verify::none as they are; Verify::full checks each whole file's SHA-256 instead.
+/// What a FlatReader then reads is checked chunk by chunk, so together nothing used is
+/// unverified. The stride lets M ranks share the work. Blocks on the file system.
+void verify_headers(const CheckpointReader& checkpoint, Verify mode, int first_rank = 0, int rank_stride = 1);
+
+/// What part of a checkpoint is partitioned across ranks.
+struct FlatLayout {
+  std::vector<std::string> tensors;  ///< flat tensors, sliced by param_shard_offset/numel
+  std::uint64_t num_params = 0;      ///< real elements; [num_params, padded) is zero padding
+};
+
+/// The layout a checkpoint records: training.flat_tensors (an array of names) and
+/// training.num_params (default: param_numel). Errc::invalid_argument if the checkpoint does
+/// not record its flat tensors (it cannot be resharded without being told them);
+/// Errc::malformed_manifest if the fields have the wrong types or num_params > param_numel.
+/// Errors name `file` (the manifest's path).
+FlatLayout flat_layout(const Manifest& manifest, std::string_view file = kManifestName);
+
+/// `num_params` rounded up to a multiple of `world` (ZeRO's padding). invalid_argument for
+/// world < 1 or an overflow.
+std::uint64_t padded_numel(std::uint64_t num_params, int world);
+
+/// Rank's slice of the flat space at world size `world`:
+/// dist::shard_range(padded_numel(num_params, world), world, rank).
+dist::ShardRange flat_slice(std::uint64_t num_params, int world, int rank);
+
+/// One model tensor's place in the flat space (training.param_layout).
+struct ParamSlice {
+  std::string name;
+  std::vector<std::uint64_t> shape;
+  std::uint64_t offset = 0, numel = 0;
+};
+
+/// training.param_layout, validated (names unique and usable as safetensors names, numel =
+/// product(shape), offset + numel <= layout.num_params): Errc::malformed_manifest otherwise.
+/// A checkpoint without one yields a single 1-D tensor named `fallback_name` covering
+/// [0, num_params).
+std::vector<ParamSlice> param_layout(const Manifest& manifest, const FlatLayout& layout, std::string_view fallback_name,
+                                    std::string_view file = kManifestName);
+
+/// Reads any element range of a checkpoint's flat tensors, whatever world size wrote it.
+/// Blocks on the file system; not thread-safe (one per thread); the CheckpointReader must
+/// outlive it. Memory: one chunk of the checkpoint (see ShardRangeReader).
+class FlatReader {
+ public:
+  /// Checks the layout against the manifest, throwing Errc::malformed_manifest (naming the
+  /// manifest, the field, expected and actual) unless: the shards' ranges tile
+  /// [0, param_numel) without gap or overlap; num_params <= param_numel; every flat tensor
+  /// is on every rank, 1-D with param_shard_numel elements, of one dtype on every rank.
+  FlatReader(const CheckpointReader& checkpoint, FlatLayout layout, Verify mode = Verify::fast);
+
+  const FlatLayout& layout() const noexcept { return layout_; }
+  const CheckpointReader& checkpoint() const noexcept { return *checkpoint_; }
+  /// The dtype of flat tensor `name` (Errc::not_found if it is not one).
+  DType dtype(std::string_view name) const;
+
+  /// Fills `out` with elements [first, first + out.size() / element size) of flat tensor
+  /// `name`, reading only the byte ranges of the shards that hold them (verified per chunk);
+  /// elements at or past num_params are zero. `out.size()` must be a multiple of the element
+  /// size (invalid_argument); the range may extend past the source's padded size (zeros).
+  /// Throws the reader's errors (Errc::checksum_mismatch, Errc::size_mismatch, ...).
+  void read(std::string_view name, std::uint64_t first, std::span<std::byte> out);
+
+  /// Bytes read from shard files so far.
+  std::uint64_t bytes_read() const noexcept;
+
+ private:
+  ShardRangeReader& shard(int rank);
+
+  const CheckpointReader* checkpoint_;
+  FlatLayout layout_;
+  Verify mode_;
+  std::vector<int> by_offset_;  ///< source ranks in order of param_shard_offset
+  std::vector<DType> dtypes_;   ///< per layout_.tensors
+  std::optional<ShardRangeReader> current_;
+  std::uint64_t closed_bytes_ = 0;
+};
+
+/// The per-rank metadata (manifest shards[].metadata) for `world` ranks of a resharded
+/// checkpoint. A key is rank-local if training.rank_local_metadata lists it or its value
+/// differs between the source ranks; other keys (data_position: global samples consumed) are
+/// copied to every rank. A rank-local key of target rank r is source rank r's value for
+/// r < N, and absent for r >= N: the consumer derives it (Trainer: a fresh RNG stream from
+/// seed, rank and step), so a load-time reshard and an offline one agree.
+std::vector<boost::json::object> remap_rank_metadata(const Manifest& source, int world);
+
+struct ReshardOptions {
+  int world_size = 0;                                ///< M >= 1
+  std::uint64_t buffer_bytes = kDefaultReshardBuffer;  ///< >= kMinReshardBuffer
+  Verify verify = Verify::fast;  ///< of the source; full also checks every file's SHA-256 first
+  std::optional<FlatLayout> layout;  ///< default: flat_layout(source manifest)
+  ProgressFn progress;               ///< (bytes written, bytes to write), may be empty
+};
+
+struct ReshardResult {
+  Manifest manifest;  ///< the committed manifest
+  std::string dir;    ///< DST/step-N
+  std::uint64_t bytes_read = 0, bytes_written = 0;
+};
+
+/// Writes `source` at world size options.world_size as a new checkpoint (same step) under
+/// the root `dst_root`, through the commit protocol of commit.hpp: shards into a temporary
+/// directory, each hashed while written and fsynced, the manifest last, the rename, and
+/// `latest` moved to it. Flat tensors are re-sliced (flat_slice), rank 0's other tensors
+/// copied to the new rank 0, per-rank metadata remapped (remap_rank_metadata), training
+/// metadata copied with flat_tensors, num_params and resharded_from {world_size} recorded.
+/// Tensors of ranks other than 0 that are not flat cannot be placed: invalid_argument.
+/// `dst_root` is created if absent (its parent must exist: Errc::not_found); it must not be
+/// a root a running job writes to, must not already hold the step as a committed checkpoint,
+/// and its `latest` must not name a newer step (invalid_argument: moving `latest` back would
+/// demote the newer checkpoint).
+/// On any failure (a corrupt source: Errc::checksum_mismatch naming the file and chunk) the
+/// temporary is removed, and `dst_root` too if this call created it: no partial output.
+/// Blocks; uses buffer_bytes plus one chunk of memory.
+ReshardResult reshard_checkpoint(FileSystem& fs, const CheckpointReader& source, const std::string& dst_root,
+                                 const ReshardOptions& options);
+
+struct ConsolidateOptions {
+  std::string tensor = "optim.master";  ///< the flat tensor to export (fp32 master weights)
+  std::optional<DType> dtype;           ///< F32, F16 or BF16 (cast through fp32); default: the tensor's
+  std::uint64_t max_file_size = 0;      ///< tensor bytes per file; 0: one file
+  std::uint64_t buffer_bytes = kDefaultReshardBuffer;
+  Verify verify = Verify::fast;
+  ProgressFn progress;
+};
+
+struct ConsolidatedFile {
+  std::string name;  ///< "model.safetensors" or "model-00001-of-00003.safetensors"
+  std::uint64_t size = 0;
+  std::vector<std::string> tensors;
+};
+
+struct ConsolidateResult {
+  std::string dir;
+  DType dtype = DType::F32;
+  std::vector<ConsolidatedFile> files;
+  std::optional<std::string> index;  ///< "model.safetensors.index.json" when several files
+  std::uint64_t total_size = 0;      ///< tensor bytes (the index's metadata.total_size)
+  std::uint64_t bytes_read = 0;
+};
+
+/// Writes the full model in the Hugging Face layout to the new directory `out_dir`: every
+/// param_layout tensor of the flat tensor options.tensor, reassembled from the shards and
+/// cast to options.dtype, into `model.safetensors`, or (when the tensors exceed
+/// max_file_size) `model-0000k-of-0000n.safetensors` files filled in layout order plus
+/// `model.safetensors.index.json` ({"metadata": {"total_size"}, "weight_map"}). Headers carry
+/// {"format": "pt"}. `out_dir` must not exist (invalid_argument) and its parent must
+/// (Errc::not_found); everything is written under a temporary name in that parent, fsynced,
+/// and renamed at the end; on any failure the temporary is removed. Blocks; uses
+/// buffer_bytes plus one chunk of memory.
+ConsolidateResult consolidate_checkpoint(FileSystem& fs, const CheckpointReader& source, const std::string& out_dir,
+                                         const ConsolidateOptions& options);
+
+}  // namespace ckpt
