@@ -1,0 +1,150 @@
+// ckpt-bench --quick, run as a user would: it must produce every figure (not particular
+// values: this machine is shared and noisy) in its JSON, its table, its SVG and its markdown.
+#include <doctest/doctest.h>
+#include <liburing.h>
+
+#include <boost/json.hpp>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "support/test_support.hpp"
+
+namespace json = boost::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kBench = std::string(CKPT_TEST_BINARY_DIR) + "/bin/ckpt-bench";
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool io_uring_here() {
+  io_uring ring;
+  if (io_uring_queue_init(4, &ring, 0) < 0) return false;
+  io_uring_queue_exit(&ring);
+  return true;
+}
+
+// The value at a "/"-separated path, or nullptr.
+const json::value* find(const json::value& root, const std::string& path) {
+  const json::value* cur = &root;
+  std::stringstream ss(path);
+  for (std::string key; std::getline(ss, key, '/');) {
+    if (!cur->is_object()) return nullptr;
+    cur = cur->as_object().if_contains(key);
+    if (!cur) return nullptr;
+  }
+  return cur;
+}
+
+struct QuickRun {
+  ckpt::test::TempDir dir{"ckpt-bench-smoke"};
+  int status = -1;
+  std::string out;
+  json::value doc;
+  QuickRun() {
+    const std::string d = dir.path().string();
+    out = ckpt::test::run_command(kBench + " --quick --dir " + d + "/run --json " + d + "/b.json --plot " + d + "/b.svg --markdown " + d +
+                                      "/b.md --layout " + d + "/layout.json 2>&1",
+                                  &status);
+    if (status == 0) doc = json::parse(slurp(dir / "b.json"));
+  }
+};
+
+QuickRun& quick_run() {
+  static QuickRun run;  // one run serves every case
+  return run;
+}
+
+}  // namespace
+
+TEST_CASE("ckpt-bench --quick exits 0 and prints the table with its targets") {
+  REQUIRE_MESSAGE(fs::exists(kBench), "build the ckpt_bench target first: " << kBench);
+  auto& r = quick_run();
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("references, same run") != std::string::npos);
+  CHECK(r.out.find("targets (exit code unaffected)") != std::string::npos);
+  CHECK((r.out.find("PASS") != std::string::npos || r.out.find("FAIL") != std::string::npos));
+}
+
+TEST_CASE("ckpt-bench --json holds every figure of every mode") {
+  REQUIRE(fs::exists(kBench));
+  auto& r = quick_run();
+  REQUIRE(r.status == 0);
+  std::vector<std::string> modes = {"none", "sync", "async_posix"};
+  if (io_uring_here()) modes.push_back("async_io_uring");
+  std::vector<std::string> numbers = {
+      "config/ranks", "config/state_bytes", "config/checkpoint_bytes", "config/compute_passes", "machine/nproc",
+      "references/raw_write_gbps/median", "references/raw_read_gbps/median", "references/memcpy_rank_alone_ms/median",
+      "references/memcpy_rank_all_ranks_ms/median", "references/memcpy_first_touch_gbps", "references/xxh3_gbps",
+      "references/sha256_gbps", "cold_pool/first_stall_ms", "cold_pool/second_stall_ms", "load/none/gbps/median",
+      "load/fast/gbps/median", "load/full/gbps/median", "load/full_bound_gbps", "soak/peak_extra_ratio", "soak/growth_bytes",
+      "ratios/sync_over_async_stall", "ratios/load_fast_over_raw_read", "ratios/load_full_over_bound"};
+  for (const auto& m : modes) {
+    numbers.push_back("modes/" + m + "/step_ms");
+    numbers.push_back("modes/" + m + "/writer_cpu_s");
+    if (m == "none") continue;
+    for (const char* k : {"stall_ms/min", "stall_ms/median", "stall_ms/p99", "steady_stall_ms/median", "first_save_stall_ms", "overhead",
+                          "durable_ms/median", "persist_gbps/median", "peak_extra_bytes", "peak_extra_ratio", "writer_cpu_s_per_save",
+                          "phases_median_ms/stage", "phases_median_ms/write", "phases_median_ms/hash", "phases_median_ms/fsync",
+                          "phases_median_ms/commit", "commit_breakdown_median_ms/sync_dir"})
+      numbers.push_back("modes/" + m + "/" + k);
+    if (m != "sync") {
+      numbers.push_back("ratios/stall_over_memcpy_all_ranks_" + m);
+      numbers.push_back("ratios/persist_over_raw_write_" + m);
+    }
+  }
+  for (const auto& p : numbers) {
+    const json::value* v = find(r.doc, p);
+    CHECK_MESSAGE(v, "missing: " << p);
+    if (v) CHECK_MESSAGE(v->is_number(), "not a number: " << p << " = " << json::serialize(*v));
+  }
+  const json::value* targets = find(r.doc, "targets");
+  REQUIRE(targets);
+  REQUIRE(targets->is_array());
+  std::set<std::string> ids;
+  for (const auto& t : targets->as_array()) {
+    ids.insert(std::string(t.at("id").as_string()));
+    CHECK(t.at("pass").is_bool());
+  }
+  for (const char* id : {"async_stall_posix", "async_overhead_posix", "persist_bandwidth_posix", "load_fast", "load_full", "memory_peak",
+                         "memory_flat"})
+    CHECK_MESSAGE(ids.count(id), "target missing: " << id);
+  if (io_uring_here())
+    for (const char* id : {"async_stall", "async_overhead", "persist_bandwidth", "sync_over_async_stall"})
+      CHECK_MESSAGE(ids.count(id), "target missing: " << id);
+  CHECK(find(r.doc, "timeline/sync/steps"));
+  CHECK(find(r.doc, "layout"));
+}
+
+TEST_CASE("ckpt-bench writes an SVG timeline, markdown tables and the tensor layout") {
+  REQUIRE(fs::exists(kBench));
+  auto& r = quick_run();
+  REQUIRE(r.status == 0);
+  const std::string svg = slurp(r.dir / "b.svg");
+  CHECK(svg.rfind("<svg", 0) == 0);
+  CHECK(svg.find("</svg>") != std::string::npos);
+  CHECK(svg.find("synchronous save") != std::string::npos);
+  CHECK(svg.find("asynchronous save") != std::string::npos);
+  const std::string md = slurp(r.dir / "b.md");
+  CHECK(md.find("| mode |") != std::string::npos);
+  CHECK(md.find("| target |") != std::string::npos);
+  const json::value layout = json::parse(slurp(r.dir / "layout.json"));
+  REQUIRE(layout.is_array());
+  CHECK(layout.as_array().size() == 4);
+  // A saved JSON renders again without running.
+  int status = -1;
+  const std::string again = ckpt::test::run_command(kBench + " --render " + (r.dir / "b.json").string() + " 2>&1", &status);
+  CHECK(status == 0);
+  CHECK(again.find("targets (exit code unaffected)") != std::string::npos);
+  // The run cleaned up its checkpoints.
+  CHECK_FALSE(fs::exists(r.dir / "run" / "sync"));
+}
