@@ -1,0 +1,147 @@
+// A whole checkpoint built from the fuzz input in a MemoryFileSystem, then opened, verified
+// and loaded the way a user would. Input layout (what tests/fuzz/tools/make_seeds.cpp writes):
+//
+//   byte 0            flags: bit 0 reseal (rewrite every shard's size and checksums in the
+//                     manifest to match its file, so the fuzzer gets past the checksums to
+//                     the header and index checks); the others choose the calls, so that
+//                     one run stays short: bit 1 verify(none), bit 2 verify(full) (else
+//                     fast), bit 3 load_shard(full) too, bit 4 open_latest with fallback and
+//                     list_checkpoints. open, load_shard(fast) and read_tensor always run.
+//   bytes 1..         the text of manifest.json, up to the first separator
+//   "\n@@file@@ NAME\n" then the bytes of file NAME in the checkpoint directory, repeated;
+//                     "NAME -> TARGET" makes NAME a symlink instead
+//
+// The directory is /fz/root/step-0000000020 and /fz/root/latest names it. Every call may
+// refuse with a ckpt::Error naming a file; nothing else may escape, and what loads must be
+// self-consistent: a tensor read alone equals the same tensor of the loaded shard.
+#include <boost/json.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ckpt/hash/file_digest.hpp"
+#include "ckpt/io/layout.hpp"
+#include "ckpt/io/memory_file_system.hpp"
+#include "ckpt/io/reader.hpp"
+#include "fuzz_common.hpp"
+
+using namespace ckpt;
+using fuzz::require;
+
+namespace {
+constexpr std::string_view kSeparator = "\n@@file@@ ";
+const std::string kRoot = "/fz/root";
+const std::string kDir = kRoot + "/step-0000000020";
+
+void reseal(MemoryFileSystem& fs, std::string& manifest) {
+  boost::system::error_code ec;
+  boost::json::parse_options opt;
+  opt.max_depth = 32;
+  boost::json::value v = boost::json::parse(manifest, ec, {}, opt);
+  if (ec || !v.is_object()) return;
+  auto& o = v.as_object();
+  const auto* cs = o.if_contains("chunk_size");
+  if (!cs || !cs->is_int64()) return;
+  const std::int64_t chunk = cs->get_int64();
+  if (chunk < 4096 || chunk > (1 << 30) || (chunk & (chunk - 1)) != 0) return;
+  auto* shards = o.if_contains("shards");
+  if (!shards || !shards->is_array()) return;
+  for (auto& s : shards->as_array()) {
+    if (!s.is_object() || !s.as_object().contains("path") || !s.as_object()["path"].is_string()) continue;
+    auto& so = s.as_object();
+    const std::string name(so["path"].as_string());
+    if (name.empty() || name.find('/') != std::string::npos) continue;
+    const auto bytes = fs.file_bytes(join_path(kDir, name));
+    if (!bytes) continue;
+    FileHasher h(static_cast<std::uint64_t>(chunk));
+    h.update(*bytes);
+    const FileDigest d = h.finish();
+    so["size"] = d.size;
+    so["sha256"] = d.sha256;
+    so["xxh3"] = xxh3_hex(d.xxh3);
+    boost::json::array chunks;
+    for (auto c : d.chunk_xxh3) chunks.emplace_back(xxh3_hex(c));
+    so["chunk_xxh3"] = std::move(chunks);
+  }
+  manifest = boost::json::serialize(v);
+}
+
+MemoryFileSystem build(std::string_view in, bool reseal_manifest) {
+  MemoryFileSystem fs;
+  fs.create_dirs(kDir);
+  fs.put_file(join_path(kRoot, "latest"), std::string_view("step-0000000020\n"));
+  std::size_t pos = in.find(kSeparator);
+  std::string manifest(in.substr(0, pos));
+  while (pos != std::string_view::npos) {
+    const std::size_t name_begin = pos + kSeparator.size();
+    const std::size_t name_end = in.find('\n', name_begin);
+    if (name_end == std::string_view::npos) break;
+    const std::string_view name = in.substr(name_begin, name_end - name_begin);
+    pos = in.find(kSeparator, name_end + 1);
+    const std::string_view body = in.substr(name_end + 1, pos == std::string_view::npos ? std::string_view::npos : pos - name_end - 1);
+    if (name.empty() || name.size() > 255) continue;
+    try {
+      if (const auto arrow = name.find(" -> "); arrow != std::string_view::npos)
+        fs.put_symlink(join_path(kDir, name.substr(0, arrow)), std::string(name.substr(arrow + 4)));
+      else
+        fs.put_file(join_path(kDir, name), body);
+    } catch (const Error&) {
+      // A name that cannot be placed ("a/b" under a file "a"): the checkpoint just lacks it.
+    }
+  }
+  if (reseal_manifest) reseal(fs, manifest);
+  fs.put_file(join_path(kDir, kManifestName), manifest);
+  return fs;
+}
+
+template <class F>
+void refusable(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    require(!e.file().empty() && e.file().starts_with("/fz/"), std::string("error does not name a file: ") + e.what());
+  }
+}
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  if (size == 0) return 0;
+  const unsigned flags = data[0];
+  MemoryFileSystem fs = build(std::string_view(reinterpret_cast<const char*>(data) + 1, size - 1), flags & 1);
+  refusable([&] {
+    const CheckpointReader reader = CheckpointReader::open(fs, kDir);
+    const Manifest& m = reader.manifest();
+    if (flags & 2) refusable([&] { reader.verify(Verify::none); });
+    refusable([&] { reader.verify(flags & 4 ? Verify::full : Verify::fast); });
+    for (int r = 0; r < m.world_size && r < 8; ++r) {
+      std::optional<LoadedShard> shard;
+      refusable([&] { shard.emplace(reader.load_shard(r, Verify::fast)); });
+      if (flags & 8) refusable([&] { reader.load_shard(r, Verify::full); });
+      if (!shard) continue;
+      require(shard->file_bytes().size() == m.shard(r).size, "loaded shard size");
+      int reads = 0;
+      for (const auto& t : shard->tensors) {
+        const auto* rec = m.find_tensor(t.name, r);
+        require(rec != nullptr, "a loaded tensor is in the index");
+        require(t.data.data() >= shard->file_bytes().data() && t.data.data() + t.data.size() <= shard->file_bytes().data() + shard->file_bytes().size(),
+                "tensor bytes inside the shard");
+        if (++reads > 16) continue;
+        for (Verify v : {Verify::none, Verify::fast}) {
+          std::vector<std::byte> alone;
+          bool read = false;
+          refusable([&] {
+            alone = reader.read_tensor(t.name, r, v);
+            read = true;
+          });
+          require(!read || std::equal(alone.begin(), alone.end(), t.data.begin(), t.data.end()),
+                  "read_tensor differs from the loaded shard: " + t.name);
+        }
+      }
+    }
+  });
+  if (flags & 16) {
+    refusable([&] { open_latest(fs, kRoot, {.fallback = true}); });
+    refusable([&] { list_checkpoints(fs, kRoot, Verify::fast); });
+  }
+  return 0;
+}
