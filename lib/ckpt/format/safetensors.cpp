@@ -67,9 +67,12 @@ ShardHeader plan_shard(std::span<const TensorView> tensors, std::map<std::string
     offset += bytes;
   }
   h.data_size = offset;
-  const std::size_t json_len = json::serialize(header_json(h)).size();
-  h.data_start = round_up(8 + json_len, kDataAlignment);
+  h.data_start = planned_data_start(h);
   return h;
+}
+
+std::uint64_t planned_data_start(const ShardHeader& h) {
+  return round_up(8 + json::serialize(header_json(h)).size(), kDataAlignment);
 }
 
 std::string encode_shard_header(const ShardHeader& h) {

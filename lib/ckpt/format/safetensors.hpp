@@ -63,6 +63,10 @@ std::uint64_t shape_numel(std::span<const std::uint64_t> shape);
 ShardHeader plan_shard(std::span<const TensorView> tensors,
                        std::map<std::string, std::string> metadata = {});
 
+/// Where the data section of a planned header starts: 8 + the JSON header's length, rounded
+/// up to kDataAlignment (h.tensors and h.metadata must be final).
+std::uint64_t planned_data_start(const ShardHeader& h);
+
 /// The first data_start bytes of the file: length prefix plus space-padded JSON.
 std::string encode_shard_header(const ShardHeader& header);
 

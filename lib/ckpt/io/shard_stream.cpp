@@ -36,19 +36,7 @@ ShardHeader plan_shard_specs(std::span<const TensorSpec> tensors, std::map<std::
     offset = end;
   }
   h.data_size = offset;
-  json::object o;
-  if (!h.metadata.empty()) {
-    json::object meta;
-    for (const auto& [k, v] : h.metadata) meta[k] = v;
-    o["__metadata__"] = std::move(meta);
-  }
-  for (const auto& t : h.tensors) {
-    json::array shape;
-    for (auto d : t.shape) shape.emplace_back(d);
-    o[t.name] = json::object{{"dtype", dtype_name(t.dtype)}, {"shape", std::move(shape)}, {"data_offsets", json::array{t.begin, t.end}}};
-  }
-  const std::uint64_t json_len = json::serialize(o).size();
-  h.data_start = (8 + json_len + kDataAlignment - 1) / kDataAlignment * kDataAlignment;
+  h.data_start = planned_data_start(h);
   return h;
 }
 
