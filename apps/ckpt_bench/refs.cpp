@@ -2,6 +2,8 @@
 // between (an own io_uring loop, O_DIRECT, like fio's sequential job) and what one core hashes.
 #include <fcntl.h>
 #include <liburing.h>
+
+#include "ckpt/runtime/detail/write_backend.hpp"
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -96,16 +98,8 @@ void pio_loop(int fd, bool write, std::uint64_t bytes, std::uint64_t piece, std:
 
 }  // namespace
 
-bool io_uring_works(std::string* why) {
-  io_uring ring;
-  const int rc = io_uring_queue_init(4, &ring, 0);
-  if (rc < 0) {
-    if (why) *why = std::strerror(-rc);
-    return false;
-  }
-  io_uring_queue_exit(&ring);
-  return true;
-}
+// The same probe the checkpointer uses to choose its writer.
+bool io_uring_works(std::string* why) { return ckpt::detail::io_uring_available(why); }
 
 RawDisk raw_disk(const std::string& dir, std::uint64_t bytes, std::uint64_t piece, int qd, std::byte* buf) {
   RawDisk r;

@@ -41,33 +41,44 @@ std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / 
 
 }  // namespace
 
-ShardHeader plan_shard(std::span<const TensorView> tensors, std::map<std::string, std::string> metadata) {
+ShardHeader plan_shard_specs(std::span<const TensorSpec> tensors, std::map<std::string, std::string> metadata) {
+  // The same rules as plan_shard (format/safetensors.cpp): larger elements first, stable, and
+  // the header JSON built field by field in the same order, so that both plans agree byte
+  // for byte (a test holds them to it).
   std::vector<std::size_t> order(tensors.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  // Larger elements first: with a 4096-aligned data start every tensor is then aligned to
-  // its own element size, which mmap readers rely on.
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return dtype_size(tensors[a].dtype) > dtype_size(tensors[b].dtype);
-  });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return dtype_size(tensors[a].dtype) > dtype_size(tensors[b].dtype); });
   ShardHeader h;
   h.metadata = std::move(metadata);
   std::set<std::string_view> names;
   std::uint64_t offset = 0;
   for (std::size_t i : order) {
-    const TensorView& t = tensors[i];
+    const TensorSpec& t = tensors[i];
     if (t.name.empty() || t.name == "__metadata__") throw_invalid("tensor name '" + t.name + "' is reserved or empty");
     if (!names.insert(t.name).second) throw_invalid("duplicate tensor name '" + t.name + "'");
-    std::uint64_t bytes;
-    if (__builtin_mul_overflow(shape_numel(t.shape), dtype_size(t.dtype), &bytes))
+    std::uint64_t bytes, end;
+    if (__builtin_mul_overflow(shape_numel(t.shape), dtype_size(t.dtype), &bytes) || __builtin_add_overflow(offset, bytes, &end))
       throw_invalid("tensor '" + t.name + "' is too large");
-    if (bytes != t.data.size())
-      throw Error(Errc::invalid_argument, {}, "tensor '" + t.name + "' data size", std::to_string(bytes),
-                  std::to_string(t.data.size()));
-    h.tensors.push_back({t.name, t.dtype, t.shape, offset, offset + bytes});
-    offset += bytes;
+    h.tensors.push_back({t.name, t.dtype, t.shape, offset, end});
+    offset = end;
   }
   h.data_size = offset;
   h.data_start = planned_data_start(h);
+  return h;
+}
+
+ShardHeader plan_shard(std::span<const TensorView> tensors, std::map<std::string, std::string> metadata) {
+  std::vector<TensorSpec> specs;
+  specs.reserve(tensors.size());
+  for (const auto& t : tensors) specs.push_back({t.name, t.dtype, t.shape});
+  ShardHeader h = plan_shard_specs(specs, std::move(metadata));
+  // The layout needs only the specs; the bytes must then fit it exactly.
+  for (const auto& t : tensors) {
+    const std::uint64_t bytes = shape_numel(t.shape) * dtype_size(t.dtype);
+    if (bytes != t.data.size())
+      throw Error(Errc::invalid_argument, {}, "tensor '" + t.name + "' data size", std::to_string(bytes), std::to_string(t.data.size()));
+  }
   return h;
 }
 

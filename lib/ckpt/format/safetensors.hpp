@@ -58,6 +58,18 @@ struct ShardHeader {
 /// Number of elements of a shape; throws invalid_argument on overflow.
 std::uint64_t shape_numel(std::span<const std::uint64_t> shape);
 
+/// A tensor to be written whose bytes are not in memory yet: name, type and shape.
+struct TensorSpec {
+  std::string name;
+  DType dtype = DType::U8;
+  std::vector<std::uint64_t> shape;
+};
+
+/// The header plan_shard() would produce for tensors with these specs (same order, same
+/// offsets, same data_start), without needing their bytes. Throws invalid_argument as
+/// plan_shard does (empty, reserved or duplicate names, sizes that overflow).
+ShardHeader plan_shard_specs(std::span<const TensorSpec> tensors, std::map<std::string, std::string> metadata = {});
+
 /// Lays out a shard for the given tensors (validates names unique, non-empty, not
 /// "__metadata__"; data sizes equal numel * dtype size): returns the header with data offsets.
 ShardHeader plan_shard(std::span<const TensorView> tensors,

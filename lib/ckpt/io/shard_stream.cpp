@@ -13,32 +13,6 @@ namespace ckpt {
 
 namespace json = boost::json;
 
-ShardHeader plan_shard_specs(std::span<const TensorSpec> tensors, std::map<std::string, std::string> metadata) {
-  // The same rules as plan_shard (format/safetensors.cpp): larger elements first, stable, and
-  // the header JSON built field by field in the same order, so that both plans agree byte
-  // for byte (a test holds them to it).
-  std::vector<std::size_t> order(tensors.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::size_t a, std::size_t b) { return dtype_size(tensors[a].dtype) > dtype_size(tensors[b].dtype); });
-  ShardHeader h;
-  h.metadata = std::move(metadata);
-  std::set<std::string_view> names;
-  std::uint64_t offset = 0;
-  for (std::size_t i : order) {
-    const TensorSpec& t = tensors[i];
-    if (t.name.empty() || t.name == "__metadata__") throw_invalid("tensor name '" + t.name + "' is reserved or empty");
-    if (!names.insert(t.name).second) throw_invalid("duplicate tensor name '" + t.name + "'");
-    std::uint64_t bytes, end;
-    if (__builtin_mul_overflow(shape_numel(t.shape), dtype_size(t.dtype), &bytes) || __builtin_add_overflow(offset, bytes, &end))
-      throw_invalid("tensor '" + t.name + "' is too large");
-    h.tensors.push_back({t.name, t.dtype, t.shape, offset, end});
-    offset = end;
-  }
-  h.data_size = offset;
-  h.data_start = planned_data_start(h);
-  return h;
-}
 
 // ---- ShardStreamWriter ----------------------------------------------------------------
 

@@ -31,17 +31,8 @@
 
 namespace ckpt {
 
-/// A tensor to be written whose bytes are not in memory yet: name, type and shape.
-struct TensorSpec {
-  std::string name;
-  DType dtype = DType::U8;
-  std::vector<std::uint64_t> shape;
-};
-
-/// The header plan_shard() would produce for tensors with these specs (same order, same
-/// offsets, same data_start), without needing their bytes. Throws invalid_argument as
-/// plan_shard does (empty, reserved or duplicate names, sizes that overflow).
-ShardHeader plan_shard_specs(std::span<const TensorSpec> tensors, std::map<std::string, std::string> metadata = {});
+// TensorSpec and plan_shard_specs (the header plan without the bytes) are in
+// ckpt/format/safetensors.hpp.
 
 /// Writes one shard file whose data arrives in pieces. Not thread-safe: one writer per file.
 ///
