@@ -22,15 +22,20 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/dist/thread_comm.hpp"
 #include "ckpt/io/commit.hpp"
+#include "ckpt/io/fault_injection.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
 #include "ckpt/train/trainer.hpp"
+#include "record.hpp"
 
 namespace fs = std::filesystem;
 namespace json = boost::json;
 using namespace ckpt;
 using namespace ckpt::train;
+using ckpt::demo::RankRecord;
+using ckpt::demo::SaveFailure;
+using ckpt::demo::StepRow;
 
 namespace {
 
@@ -50,6 +55,9 @@ usage: ckpt-demo [options]
   --metrics FILE       write one JSON line per step (rank 0): step, loss (9 significant digits
                        and exact hex), grad norm, parameter norm, step time, save stall
   --keep K             keep the last K checkpoints (default 3)
+  --fail-save STEP     make the disk fail during the save at STEP (a multiple of --save-every):
+                       its first write gets EIO, the save fails with its typed error, training
+                       goes on and the next interval saves again (check (g))
   --writer W           auto, io_uring or posix (default auto)
   --precision P        f16 (with dynamic loss scaling) or bf16 (default f16)
   --layers N --dim N --heads N --seq N --batch N --vocab N
@@ -71,6 +79,9 @@ Checks (exit 1 if any fails; exit 2 on a usage error):
       parameters bit for bit ("resume verified")
   (f) resharded resumes only: the optimizer state every rank restored, concatenated, equals
       the source checkpoint's flat state (fp32 master, Adam m and v), the padding zero
+  (g) with --fail-save: that save failed with the I/O error on every rank, training reached
+      its last step, the next save committed, no temporary is left and every remaining
+      checkpoint verifies (full SHA-256)
 A fresh run also shows, on scratch copies, the loader refusing a resume at twice the world
 size, a missing shard and a truncated shard.
 )";
@@ -83,6 +94,7 @@ struct Options {
   bool resume = false, reshard = false;
   std::optional<std::string> metrics;
   int keep = 3;
+  std::optional<std::uint64_t> fail_save;
   WriterBackend writer = WriterBackend::automatic;
   TrainConfig train;
 };
@@ -123,6 +135,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--reshard") o.reshard = true;
     else if (a == "--metrics") o.metrics = need(i);
     else if (a == "--keep") o.keep = static_cast<int>(num(i));
+    else if (a == "--fail-save") o.fail_save = static_cast<std::uint64_t>(num(i));
     else if (a == "--writer") {
       const std::string w = need(i);
       if (w == "auto") o.writer = WriterBackend::automatic;
@@ -154,6 +167,8 @@ Options parse(int argc, char** argv) {
   if (o.world < 1 || o.world > 1024) usage("--world-size must be 1..1024");
   if (o.save_every == 0) usage("--save-every must be >= 1");
   if (o.reshard && !o.resume) usage("--reshard needs --resume");
+  if (o.fail_save && (*o.fail_save == 0 || *o.fail_save % o.save_every != 0))
+    usage("--fail-save must be a step at which the demo saves (a positive multiple of --save-every)");
   try {
     o.train.model.validate();
   } catch (const Error& e) {
@@ -162,86 +177,111 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// What one run produced, per step (rank 0's view, plus every rank's parameter norm).
+// One rank's part of a run: train, save every --save-every steps (async), notice failed saves
+// while training goes on, and record what the checks need. Identical for every backend.
+RankRecord train_rank(const Options& o, dist::Communicator& comm, const std::string& root, bool resume, Checkpointer* ckpt,
+                      FaultInjectionFileSystem* faults) {
+  RankRecord rec;
+  rec.rank = comm.rank();
+  Trainer trainer(o.train, comm);
+  std::uint64_t start = 0;
+  if (resume) start = trainer.resume_latest(root, Verify::full, o.reshard ? Reshard::allow : Reshard::no);
+  if (resume && o.reshard)
+    for (const auto& t : trainer.checkpoint_tensors())
+      if (t.name.starts_with("optim.")) rec.restored[t.name] = std::vector<std::byte>(t.data.begin(), t.data.end());
+  const std::uint64_t last = o.steps.value_or(resume ? start + 10 : 20);
+  // Saves not known to be finished. A failed one is reported at the step that notices it; the
+  // run goes on and the next interval saves again.
+  std::vector<SaveHandle> pending;
+  auto collect = [&](bool block, StepRow* row) {
+    for (auto it = pending.begin(); it != pending.end();) {
+      if (!block && !it->ready()) {
+        ++it;
+        continue;
+      }
+      try {
+        it->wait();
+      } catch (const Error& e) {
+        rec.save_errors.push_back({it->step(), std::string(errc_name(e.code())), e.what()});
+        if (row) {
+          const std::uint64_t next = (row->stats.step / o.save_every + 1) * o.save_every;
+          row->event = "save of step " + std::to_string(it->step()) + " failed (" + std::string(errc_name(e.code())) +
+                       "): training goes on" + (next <= last ? ", next save at step " + std::to_string(next) : "");
+        }
+      }
+      it = pending.erase(it);
+    }
+  };
+  for (std::uint64_t step = start + 1; step <= last; ++step) {
+    StepRow row;
+    row.stats = trainer.step();
+    if (ckpt && step % o.save_every == 0) {
+      if (faults && o.fail_save == step) {
+        // Arm the fault between checkpoints: the previous one is committed, none of this
+        // step's writes has started.
+        comm.barrier();
+        if (comm.rank() == 0) {
+          ckpt->wait_all();
+          faults->fail_nth(FaultInjectionFileSystem::Op::write, 0, EIO);
+        }
+        comm.barrier();
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      pending.push_back(save_checkpoint(*ckpt, trainer));  // returns once staged; training goes on
+      row.stall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (!rec.snapshot_step && o.fail_save != step) {
+        rec.snapshot_step = step;
+        for (const auto& t : trainer.checkpoint_tensors()) rec.snapshot.push_back({t.name, std::vector<std::byte>(t.data.begin(), t.data.end())});
+        rec.snapshot_meta = trainer.checkpoint_info().metadata;
+      }
+    }
+    collect(false, &row);
+    rec.rows.push_back(std::move(row));
+  }
+  collect(true, nullptr);
+  const auto p = trainer.optimizer().params16();
+  rec.final_params.assign(p.begin(), p.end());
+  rec.memory = trainer.memory();
+  rec.num_params = trainer.num_params();
+  rec.resumed_from = start;
+  rec.last_step = last;
+  return rec;
+}
+
+// The whole run, as every rank's record (rank order), the same on every rank.
 struct RunRecord {
-  std::map<std::uint64_t, StepStats> stats;                       // rank 0
-  std::map<std::uint64_t, std::vector<double>> norms;             // per rank
-  std::map<std::uint64_t, double> stall_ms;                       // rank 0
-  std::vector<std::vector<std::uint16_t>> final_params;           // per rank
-  std::vector<MemoryProfile> memory;                              // per rank
-  std::optional<std::uint64_t> snapshot_step;                     // first save of the run
-  std::vector<std::vector<std::pair<std::string, std::vector<std::byte>>>> snapshot;  // per rank
-  std::vector<json::object> snapshot_meta;                        // per rank
-  std::vector<std::string> save_errors;
-  std::uint64_t resumed_from = 0, last_step = 0;
-  std::vector<std::map<std::string, std::vector<std::byte>>> restored;  // per rank, optim.* right after the resume
-  std::size_t num_params = 0;
+  std::vector<RankRecord> ranks;
   std::string backend;
+  const RankRecord& first() const { return ranks.at(0); }
+  /// Rank 0's rows by step; a step trained twice (replayed after a rollback) keeps its last row.
+  std::map<std::uint64_t, StepStats> final_trajectory() const {
+    std::map<std::uint64_t, StepStats> out;
+    for (const auto& row : first().rows) out[row.stats.step] = row.stats;
+    return out;
+  }
+  std::vector<SaveFailure> save_errors() const {
+    std::vector<SaveFailure> out;
+    for (const auto& r : ranks) out.insert(out.end(), r.save_errors.begin(), r.save_errors.end());
+    return out;
+  }
 };
 
 RunRecord run(const Options& o, const std::string& root, bool resume, bool saves) {
   RunRecord rec;
-  rec.norms.clear();
-  rec.final_params.resize(static_cast<std::size_t>(o.world));
-  rec.memory.resize(static_cast<std::size_t>(o.world));
-  rec.snapshot.resize(static_cast<std::size_t>(o.world));
-  rec.snapshot_meta.resize(static_cast<std::size_t>(o.world));
-  rec.restored.resize(static_cast<std::size_t>(o.world));
-  std::mutex mu;
+  FaultInjectionFileSystem faults(posix_file_system());
   std::optional<Checkpointer> ckpt;
-  if (saves) ckpt.emplace(CheckpointerOptions{.root = root, .world_size = o.world, .keep_last = o.keep, .backend = o.writer});
+  if (saves)
+    ckpt.emplace(CheckpointerOptions{.root = root, .world_size = o.world, .keep_last = o.keep, .backend = o.writer,
+                                     .fs = o.fail_save ? &faults : nullptr});
   rec.backend = ckpt ? std::string(ckpt->backend_name()) : "none";
+  std::mutex mu;
   dist::run_ranks(o.world, [&](dist::Communicator& comm) {
-    const int rank = comm.rank();
-    Trainer trainer(o.train, comm);
-    std::uint64_t start = 0;
-    if (resume) start = trainer.resume_latest(root, Verify::full, o.reshard ? Reshard::allow : Reshard::no);
-    if (resume && o.reshard) {
-      std::lock_guard lk(mu);
-      for (const auto& t : trainer.checkpoint_tensors())
-        if (t.name.starts_with("optim."))
-          rec.restored[static_cast<std::size_t>(rank)][t.name] = std::vector<std::byte>(t.data.begin(), t.data.end());
-    }
-    const std::uint64_t last = o.steps.value_or(resume ? start + 10 : 20);
-    std::vector<SaveHandle> handles;
-    for (std::uint64_t step = start + 1; step <= last; ++step) {
-      const StepStats s = trainer.step();
-      double stall = 0;
-      if (ckpt && step % o.save_every == 0) {
-        const auto t0 = std::chrono::steady_clock::now();
-        handles.push_back(save_checkpoint(*ckpt, trainer));  // returns once staged; training goes on
-        stall = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-        std::lock_guard lk(mu);
-        if (!rec.snapshot_step || *rec.snapshot_step == step) {
-          rec.snapshot_step = step;
-          for (const auto& t : trainer.checkpoint_tensors())
-            rec.snapshot[static_cast<std::size_t>(rank)].push_back({t.name, std::vector<std::byte>(t.data.begin(), t.data.end())});
-          rec.snapshot_meta[static_cast<std::size_t>(rank)] = trainer.checkpoint_info().metadata;
-        }
-      }
-      std::lock_guard lk(mu);
-      auto& norms = rec.norms[step];
-      norms.resize(static_cast<std::size_t>(o.world));
-      norms[static_cast<std::size_t>(rank)] = s.param_norm;
-      if (rank == 0) {
-        rec.stats[step] = s;
-        rec.stall_ms[step] = stall;
-      }
-    }
-    for (auto& h : handles) {
-      try {
-        h.wait();
-      } catch (const Error& e) {
-        std::lock_guard lk(mu);
-        rec.save_errors.push_back("rank " + std::to_string(rank) + ": " + e.what());
-      }
-    }
+    const RankRecord mine = train_rank(o, comm, root, resume, ckpt ? &*ckpt : nullptr, o.fail_save ? &faults : nullptr);
+    // Every rank's record reaches every rank, as it would across processes.
+    const auto blobs = comm.all_gather_bytes(demo::encode(mine));
+    if (comm.rank() != 0) return;
     std::lock_guard lk(mu);
-    const auto p = trainer.optimizer().params16();
-    rec.final_params[static_cast<std::size_t>(rank)].assign(p.begin(), p.end());
-    rec.memory[static_cast<std::size_t>(rank)] = trainer.memory();
-    rec.num_params = trainer.num_params();
-    if (rank == 0) rec.resumed_from = start, rec.last_step = last;
+    for (const auto& b : blobs) rec.ranks.push_back(demo::decode(b));
   });
   return rec;
 }
@@ -291,11 +331,12 @@ int main(int argc, char** argv) {
         }
       }
     }
-    RunRecord rec = run(o, root, o.resume, true);
+    const RunRecord rec = run(o, root, o.resume, true);
+    const RankRecord& r0 = rec.first();
     std::printf("%d ranks as threads, DDP + ZeRO-1, %s parameters, writer %s, checkpoints in %s\n", o.world,
                 o.train.precision == Precision::f16 ? "fp16" : "bf16", rec.backend.c_str(), root.c_str());
     if (o.resume)
-      std::printf("resumed from step %llu%s\n", static_cast<unsigned long long>(rec.resumed_from),
+      std::printf("resumed from step %llu%s\n", static_cast<unsigned long long>(r0.resumed_from),
                   source_world != o.world
                       ? (" (resharded from world size " + std::to_string(source_world) + " to " + std::to_string(o.world) + ")").c_str()
                       : "");
@@ -307,18 +348,18 @@ int main(int argc, char** argv) {
       metrics.open(*o.metrics, std::ios::trunc);
       if (!metrics) throw Error(Errc::io_error, *o.metrics, "cannot open metrics file");
     }
-    for (const auto& [step, s] : rec.stats) {
-      const double stall = rec.stall_ms[step];
-      std::printf("%5llu %10.6f %10.5f %11.5f %9.6f %9.3f %13s%s\n", static_cast<unsigned long long>(step), s.loss, s.grad_norm,
-                  s.param_norm, s.lr, s.step_ms, stall > 0 ? std::to_string(stall).substr(0, 6).c_str() : "",
-                  s.skipped ? "  (overflow: skipped, loss scale halved)" : "");
+    for (const auto& row : r0.rows) {
+      const StepStats& s = row.stats;
+      std::printf("%5llu %10.6f %10.5f %11.5f %9.6f %9.3f %13s%s%s%s\n", static_cast<unsigned long long>(s.step), s.loss, s.grad_norm,
+                  s.param_norm, s.lr, s.step_ms, row.stall_ms > 0 ? std::to_string(row.stall_ms).substr(0, 6).c_str() : "",
+                  s.skipped ? "  (overflow: skipped, loss scale halved)" : "", row.event.empty() ? "" : "  ", row.event.c_str());
       if (metrics) {
         char line[512];
         std::snprintf(line, sizeof line,
                       "{\"step\":%llu,\"loss\":%.9g,\"loss_hex\":\"%a\",\"grad_norm\":%.17g,\"param_norm\":%.17g,\"step_ms\":%.3f,"
                       "\"save_stall_ms\":%.3f,\"skipped\":%s}\n",
-                      static_cast<unsigned long long>(step), static_cast<double>(s.loss), static_cast<double>(s.loss), s.grad_norm,
-                      s.param_norm, s.step_ms, stall, s.skipped ? "true" : "false");
+                      static_cast<unsigned long long>(s.step), static_cast<double>(s.loss), static_cast<double>(s.loss), s.grad_norm,
+                      s.param_norm, s.step_ms, row.stall_ms, s.skipped ? "true" : "false");
         metrics << line;
       }
     }
@@ -327,9 +368,9 @@ int main(int argc, char** argv) {
     std::printf("\nmemory per rank (bytes)\n%6s %14s %13s %18s %12s %13s\n", "rank", "params (16b)", "grads (16b)", "optimizer (fp32x3)",
                 "12 P / N", "activations");
     MemoryProfile mx{}, sum{};
-    for (int r = 0; r < o.world; ++r) {
-      const auto& mp = rec.memory[static_cast<std::size_t>(r)];
-      std::printf("%6d %14s %13s %18s %12s %13s\n", r, fmt_bytes(mp.params).c_str(), fmt_bytes(mp.grads).c_str(),
+    for (const auto& rr : rec.ranks) {
+      const auto& mp = rr.memory;
+      std::printf("%6d %14s %13s %18s %12s %13s\n", rr.rank, fmt_bytes(mp.params).c_str(), fmt_bytes(mp.grads).c_str(),
                   fmt_bytes(mp.optimizer).c_str(), fmt_bytes(mp.expected_optimizer).c_str(), fmt_bytes(mp.activations).c_str());
       mx.params = std::max(mx.params, mp.params), sum.params += mp.params;
       mx.grads = std::max(mx.grads, mp.grads), sum.grads += mp.grads;
@@ -343,65 +384,76 @@ int main(int argc, char** argv) {
                 fmt_bytes(sum.activations / w).c_str());
 
     // ---- the manifest of the first checkpoint of this run ----
-    for (const auto& e : rec.save_errors) std::printf("save failed: %s\n", e.c_str());
+    const auto save_errors = rec.save_errors();
+    {
+      std::map<std::pair<std::uint64_t, std::string>, int> seen;  // a failed checkpoint fails every rank's save
+      for (const auto& e : save_errors) ++seen[{e.step, e.message}];
+      for (const auto& [key, ranks] : seen)
+        std::printf("save of step %llu failed on %d rank(s): %s\n", static_cast<unsigned long long>(key.first), ranks, key.second.c_str());
+    }
+    // Failures other than the one --fail-save asked for make checks (d) and (e) meaningless.
+    const bool unexpected_failures =
+        std::any_of(save_errors.begin(), save_errors.end(), [&](const SaveFailure& e) { return o.fail_save != e.step; });
     std::string snap_dir;
-    if (rec.snapshot_step) {
-      snap_dir = join_path(root, checkpoint_dir_name(*rec.snapshot_step));
+    if (r0.snapshot_step) {
+      snap_dir = join_path(root, checkpoint_dir_name(*r0.snapshot_step));
       std::ifstream in(join_path(snap_dir, kManifestName));
       std::printf("\nmanifest of %s\n%s", snap_dir.c_str(), std::string(std::istreambuf_iterator<char>(in), {}).c_str());
     }
 
     // ---- checks ----
-    if (rec.stats.size() >= 10) {
+    const auto trajectory = rec.final_trajectory();
+    if (r0.rows.size() >= 10) {
       double first = 0, last = 0;
-      auto it = rec.stats.begin();
-      for (int i = 0; i < 5; ++i, ++it) first += it->second.loss / 5;
-      auto rit = rec.stats.rbegin();
-      for (int i = 0; i < 5; ++i, ++rit) last += rit->second.loss / 5;
+      for (std::size_t i = 0; i < 5; ++i) first += r0.rows[i].stats.loss / 5;
+      for (std::size_t i = r0.rows.size() - 5; i < r0.rows.size(); ++i) last += r0.rows[i].stats.loss / 5;
       char buf[128];
       std::snprintf(buf, sizeof buf, "mean loss of the first 5 steps %.4f, of the last 5 %.4f", first, last);
       checks['a'] = {last < first - 1e-3, buf};
     }
     {
       bool same = true;
-      for (const auto& [step, norms] : rec.norms)
-        for (double n : norms) same &= std::memcmp(&n, &norms[0], sizeof n) == 0;
-      checks['b'] = {same, std::to_string(rec.norms.size()) + " steps x " + std::to_string(o.world) + " ranks, bitwise"};
+      for (const auto& rr : rec.ranks) {
+        same &= rr.rows.size() == r0.rows.size();
+        for (std::size_t i = 0; same && i < rr.rows.size(); ++i)
+          same &= std::memcmp(&rr.rows[i].stats.param_norm, &r0.rows[i].stats.param_norm, sizeof(double)) == 0;
+      }
+      checks['b'] = {same, std::to_string(r0.rows.size()) + " steps x " + std::to_string(o.world) + " ranks, bitwise"};
     }
     {
       bool ok = true;
-      for (const auto& mp : rec.memory) ok &= mp.optimizer == mp.expected_optimizer;
-      checks['c'] = {ok, fmt_bytes(rec.memory[0].optimizer) + " bytes per rank = 12 x " + std::to_string(rec.num_params) +
+      for (const auto& rr : rec.ranks) ok &= rr.memory.optimizer == rr.memory.expected_optimizer;
+      checks['c'] = {ok, fmt_bytes(r0.memory.optimizer) + " bytes per rank = 12 x " + std::to_string(r0.num_params) +
                              " (padded to a multiple of " + std::to_string(o.world) + ") / " + std::to_string(o.world)};
     }
-    if (rec.snapshot_step && rec.save_errors.empty()) {
+    if (r0.snapshot_step && !unexpected_failures) {
       bool equal = true;
       std::size_t tensors = 0;
       const auto reader = CheckpointReader::open(posix_file_system(), snap_dir, o.world);
-      for (int r = 0; r < o.world; ++r) {
-        const auto shard = reader.load_shard(r, Verify::full);
-        for (const auto& [name, bytes] : rec.snapshot[static_cast<std::size_t>(r)]) {
+      for (const auto& rr : rec.ranks) {
+        const auto shard = reader.load_shard(rr.rank, Verify::full);
+        for (const auto& [name, bytes] : rr.snapshot) {
           const auto& t = shard.tensor(name);
           equal &= t.data.size() == bytes.size() && std::equal(bytes.begin(), bytes.end(), t.data.begin());
           ++tensors;
         }
-        equal &= shard.record.metadata == rec.snapshot_meta[static_cast<std::size_t>(r)];
+        equal &= shard.record.metadata == rr.snapshot_meta;
       }
-      checks['d'] = {equal, std::to_string(tensors) + " tensors of " + checkpoint_dir_name(*rec.snapshot_step) + ", SHA-256 verified"};
+      checks['d'] = {equal, std::to_string(tensors) + " tensors of " + checkpoint_dir_name(*r0.snapshot_step) + ", SHA-256 verified"};
     }
     if (o.reshard && source_dir) {
       // (f): the flat state the ranks restored, in rank order, against the source's.
       const auto src = CheckpointReader::open(posix_file_system(), *source_dir);
       bool equal = true;
-      const std::uint64_t real = rec.num_params * sizeof(float);
+      const std::uint64_t real = r0.num_params * sizeof(float);
       for (const char* name : {"optim.master", "optim.m", "optim.v"}) {
         std::vector<std::byte> from, to;
         for (int r = 0; r < src.manifest().world_size; ++r) {
           const auto b = src.read_tensor(name, r, Verify::full);
           from.insert(from.end(), b.begin(), b.end());
         }
-        for (const auto& per_rank : rec.restored) {
-          const auto& b = per_rank.at(name);
+        for (const auto& rr : rec.ranks) {
+          const auto& b = rr.restored.at(name);
           to.insert(to.end(), b.begin(), b.end());
         }
         equal &= from.size() >= real && to.size() >= real && std::equal(from.begin(), from.begin() + static_cast<std::ptrdiff_t>(real), to.begin());
@@ -411,20 +463,48 @@ int main(int argc, char** argv) {
       checks['f'] = {equal, "optim.master, optim.m, optim.v of " + std::to_string(o.world) + " ranks = the " +
                                 std::to_string(src.manifest().world_size) + "-rank flat state of " + *source_dir + ", bitwise"};
     }
-    if (!o.resume && rec.snapshot_step && *rec.snapshot_step < rec.last_step && rec.save_errors.empty()) {
-      const std::string name = checkpoint_dir_name(*rec.snapshot_step);
+    if (o.fail_save) {
+      // (g): the failing disk failed one save, not the run.
+      const std::uint64_t at = *o.fail_save;
+      std::size_t ranks_failed = 0;
+      for (const auto& e : save_errors) ranks_failed += e.step == at && e.code == errc_name(Errc::io_error);
+      bool ok = ranks_failed == static_cast<std::size_t>(o.world) && !unexpected_failures && r0.rows.back().stats.step == r0.last_step;
+      bool temporaries = false;
+      for (const auto& e : fs::directory_iterator(root)) temporaries |= is_temporary_name(e.path().filename().string());
+      ok &= !temporaries && !fs::exists(join_path(root, checkpoint_dir_name(at)));
+      std::size_t verified = 0;
+      for (const auto& c : list_checkpoints(posix_file_system(), root)) {
+        if (!c.step) continue;  // a temporary: counted above
+        CheckpointReader::open(posix_file_system(), join_path(root, c.name)).verify(Verify::full);
+        ++verified;
+      }
+      // `latest` names the last save of the run, or the one before it if that was the failed one.
+      std::uint64_t expect = r0.last_step / o.save_every * o.save_every;
+      if (expect == at) expect -= o.save_every;
+      const auto latest = read_latest(posix_file_system(), root);
+      ok &= expect == 0 ? !latest.has_value() : latest == checkpoint_dir_name(expect);
+      checks['g'] = {ok, "save of step " + std::to_string(at) + " failed with \"" + std::string(errc_name(Errc::io_error)) + "\" on " +
+                             std::to_string(ranks_failed) + " of " + std::to_string(o.world) + " ranks; trained to step " +
+                             std::to_string(r0.rows.back().stats.step) + "; latest " + latest.value_or("none") + "; " +
+                             std::to_string(verified) + " checkpoints verify full; " + (temporaries ? "temporaries LEFT" : "no temporaries")};
+    }
+    if (!o.resume && r0.snapshot_step && *r0.snapshot_step < r0.last_step && !unexpected_failures) {
+      const std::string name = checkpoint_dir_name(*r0.snapshot_step);
       copy_checkpoint(root, name, scratch / "resume");
-      RunRecord again = run(o, (scratch / "resume").string(), true, false);
-      bool same = again.final_params == rec.final_params;
+      Options again_opts = o;
+      again_opts.fail_save.reset();
+      const RunRecord again = run(again_opts, (scratch / "resume").string(), true, false);
+      bool same = true;
+      for (std::size_t r = 0; r < rec.ranks.size(); ++r) same &= again.ranks.at(r).final_params == rec.ranks[r].final_params;
       std::size_t compared = 0;
-      for (const auto& [step, s] : again.stats) {
-        const auto& orig = rec.stats.at(step);
+      for (const auto& [step, s] : again.final_trajectory()) {
+        const auto& orig = trajectory.at(step);
         same &= std::memcmp(&s.loss, &orig.loss, sizeof s.loss) == 0 && std::memcmp(&s.grad_norm, &orig.grad_norm, sizeof s.grad_norm) == 0;
         ++compared;
       }
-      checks['e'] = {same && compared == rec.last_step - *rec.snapshot_step,
-                     "resumed from " + name + ": losses of steps " + std::to_string(*rec.snapshot_step + 1) + ".." +
-                         std::to_string(rec.last_step) + " and final parameters of every rank, bitwise"};
+      checks['e'] = {same && compared == r0.last_step - *r0.snapshot_step,
+                     "resumed from " + name + ": losses of steps " + std::to_string(*r0.snapshot_step + 1) + ".." +
+                         std::to_string(r0.last_step) + " and final parameters of every rank, bitwise"};
 
       // The loader's defences, on scratch copies so DIR holds only this run's checkpoints.
       std::printf("\nthe loader refuses bad resumes (scratch copies of %s):\n", name.c_str());
@@ -457,15 +537,16 @@ int main(int argc, char** argv) {
                                              {'c', "optimizer bytes = 12 P / N"},
                                              {'d', "checkpoint reloads byte-equal"},
                                              {'e', "bit-exact resume"},
-                                             {'f', "resharded state = source state"}};
+                                             {'f', "resharded state = source state"},
+                                             {'g', "a failed save does not stop training"}};
   for (const auto& [c, name] : names) {
     const auto it = checks.find(c);
-    if (it == checks.end() && c == 'f' && !o.reshard) continue;  // only a resharded resume has it
+    if (it == checks.end() && ((c == 'f' && !o.reshard) || (c == 'g' && !o.fail_save))) continue;  // only runs that ask have them
     if (it == checks.end()) {
-      std::printf("  (%c) %-34s skipped (see --help)\n", c, name);
+      std::printf("  (%c) %-36s skipped (see --help)\n", c, name);
       continue;
     }
-    std::printf("  (%c) %-34s %s: %s\n", c, name, it->second.first ? "PASS" : "FAIL", it->second.second.c_str());
+    std::printf("  (%c) %-36s %s: %s\n", c, name, it->second.first ? "PASS" : "FAIL", it->second.second.c_str());
     if (!it->second.first) exit_code = 1;
   }
   if (checks.count('e') && checks['e'].first) std::printf("resume verified\n");

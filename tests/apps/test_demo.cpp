@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <boost/json.hpp>
+#include <filesystem>
 #include <map>
 #include <sstream>
 
@@ -123,4 +124,26 @@ TEST_CASE("ckpt-demo --world-size 8 --resume --reshard continues the 4-rank chec
   const auto verify = run(kBin + "ckpt verify --full --json " + root, status);
   CHECK(status == 0);
   CHECK(boost::json::parse(verify).at("shards").as_int64() == 8);
+}
+
+TEST_CASE("ckpt-demo --fail-save: the failed save is reported, training goes on and the next interval saves again") {
+  ckpt::test::TempDir dir;
+  const std::string root = (dir / "run").string();
+  int status = 0;
+  const auto out = run(kBin + "ckpt-demo --steps 30 --save-every 10 --fail-save 20 --dir " + root, status);
+  CHECK(status == 0);
+  CHECK(out.find("save of step 20 failed (I/O error): training goes on, next save at step 30") != std::string::npos);
+  CHECK(out.find("save of step 20 failed on 4 rank(s): I/O error: ") != std::string::npos);
+  const auto g = out.find("(g) a failed save does not stop training");
+  REQUIRE(g != std::string::npos);
+  CHECK(out.substr(g, out.find('\n', g) - g).find("PASS: save of step 20 failed with \"I/O error\" on 4 of 4 ranks; trained to step 30; latest step-0000000030") != std::string::npos);
+  CHECK(out.find("resume verified") != std::string::npos);
+  // Nothing was lost: the checkpoints before and after the failure verify, the failed one is not there.
+  CHECK(!std::filesystem::exists(root + "/step-0000000020"));
+  for (const char* d : {"/step-0000000010", "/step-0000000030"}) {
+    run(kBin + "ckpt verify --full " + root + d, status);
+    CHECK(status == 0);
+  }
+  run(kBin + "ckpt-demo --fail-save 15", status);
+  CHECK(status == 2);
 }
