@@ -53,7 +53,9 @@ usage: ckpt-demo [options]
                        re-slice its optimizer state for --world-size (without it such a
                        resume fails with the world-size error)
   --metrics FILE       write one JSON line per step (rank 0): step, loss (9 significant digits
-                       and exact hex), grad norm, parameter norm, step time, save stall
+                       and exact hex), grad norm, parameter norm, step time, save stall, memory
+                       (bytes per category: per rank, and max and mean over ranks) and the
+                       step's event (a failed save noticed, a rollback) if any
   --keep K             keep the last K checkpoints (default 3)
   --fail-save STEP     make the disk fail during the save at STEP (a multiple of --save-every):
                        its first write gets EIO, the save fails with its typed error, training
@@ -215,6 +217,7 @@ RankRecord train_rank(const Options& o, dist::Communicator& comm, const std::str
   for (std::uint64_t step = start + 1; step <= last; ++step) {
     StepRow row;
     row.stats = trainer.step();
+    row.memory = trainer.memory();
     if (ckpt && step % o.save_every == 0) {
       if (faults && o.fail_save == step) {
         // Arm the fault between checkpoints: the previous one is committed, none of this
@@ -284,6 +287,32 @@ RunRecord run(const Options& o, const std::string& root, bool resume, bool saves
     for (const auto& b : blobs) rec.ranks.push_back(demo::decode(b));
   });
   return rec;
+}
+
+json::object memory_json(const MemoryProfile& m) {
+  return {{"params", m.params}, {"grads", m.grads}, {"optimizer", m.optimizer}, {"activations", m.activations}};
+}
+
+// Memory after row i of the run: per rank, and max and mean over ranks of each category.
+json::object memory_json(const RunRecord& rec, std::size_t i) {
+  json::array per_rank;
+  MemoryProfile mx{}, sum{};
+  for (const auto& rr : rec.ranks) {
+    const MemoryProfile& m = rr.rows.at(i).memory;
+    per_rank.push_back(memory_json(m));
+    mx.params = std::max(mx.params, m.params), sum.params += m.params;
+    mx.grads = std::max(mx.grads, m.grads), sum.grads += m.grads;
+    mx.optimizer = std::max(mx.optimizer, m.optimizer), sum.optimizer += m.optimizer;
+    mx.activations = std::max(mx.activations, m.activations), sum.activations += m.activations;
+  }
+  const double n = static_cast<double>(rec.ranks.size());
+  return {{"max", memory_json(mx)},
+          {"mean",
+           {{"params", static_cast<double>(sum.params) / n},
+            {"grads", static_cast<double>(sum.grads) / n},
+            {"optimizer", static_cast<double>(sum.optimizer) / n},
+            {"activations", static_cast<double>(sum.activations) / n}}},
+          {"per_rank", std::move(per_rank)}};
 }
 
 std::string fmt_bytes(std::uint64_t b) {
@@ -357,10 +386,12 @@ int main(int argc, char** argv) {
         char line[512];
         std::snprintf(line, sizeof line,
                       "{\"step\":%llu,\"loss\":%.9g,\"loss_hex\":\"%a\",\"grad_norm\":%.17g,\"param_norm\":%.17g,\"step_ms\":%.3f,"
-                      "\"save_stall_ms\":%.3f,\"skipped\":%s}\n",
+                      "\"save_stall_ms\":%.3f,\"skipped\":%s,",
                       static_cast<unsigned long long>(s.step), static_cast<double>(s.loss), static_cast<double>(s.loss), s.grad_norm,
                       s.param_norm, s.step_ms, row.stall_ms, s.skipped ? "true" : "false");
-        metrics << line;
+        metrics << line << "\"memory\":" << json::serialize(memory_json(rec, static_cast<std::size_t>(&row - r0.rows.data())));
+        if (!row.event.empty()) metrics << ",\"event\":" << json::serialize(json::value(row.event));
+        metrics << "}\n";
       }
     }
 

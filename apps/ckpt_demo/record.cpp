@@ -71,6 +71,7 @@ std::vector<std::byte> encode(const RankRecord& r) {
   for (const auto& row : r.rows) {
     w.pod(row.stats);  // StepStats is plain numbers: bit-exact
     w.pod(row.stall_ms);
+    w.pod(row.memory);
     w.str(row.event);
   }
   w.bytes(std::as_bytes(std::span(r.final_params)));
@@ -115,6 +116,7 @@ RankRecord decode(std::span<const std::byte> blob) {
   for (auto& row : r.rows) {
     row.stats = rd.pod<train::StepStats>();
     row.stall_ms = rd.pod<double>();
+    row.memory = rd.pod<train::MemoryProfile>();
     row.event = rd.str();
   }
   const auto p = rd.bytes();

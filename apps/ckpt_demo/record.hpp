@@ -21,6 +21,7 @@ namespace ckpt::demo {
 struct StepRow {
   train::StepStats stats;
   double stall_ms = 0;   ///< time save() blocked at this step (0 if no save)
+  train::MemoryProfile memory;  ///< this rank's memory after the step
   std::string event;     ///< what else happened at this step (a failed save noticed, a rollback), or empty
 };
 

@@ -55,6 +55,16 @@ TEST_CASE("a run interrupted at step 10 and resumed reproduces the uninterrupted
   const auto out = run(kBin + "ckpt-demo --steps 20 --resume --dir " + a + " --metrics " + (dir / "resumed.jsonl").string(), status);
   CHECK(status == 0);
   CHECK(out.find("resumed from step 10") != std::string::npos);
+  // Every metrics line carries the memory profile: per rank, and max and mean over ranks.
+  {
+    const auto b = ckpt::test::read_all((dir / "full.jsonl").string());
+    const std::string text(b.begin(), b.end());
+    const auto mem = boost::json::parse(text.substr(0, text.find('\n'))).at("memory").as_object();
+    REQUIRE(mem.at("per_rank").as_array().size() == 4);
+    CHECK(mem.at("max").at("optimizer").as_int64() == 90240);  // 12 x 30080 / 4
+    CHECK(mem.at("mean").at("optimizer").to_number<double>() == 90240.0);
+    CHECK(mem.at("per_rank").at(3).at("params").as_int64() == 2 * 30080);
+  }
   const auto full = losses((dir / "full.jsonl").string()), resumed = losses((dir / "resumed.jsonl").string());
   REQUIRE(resumed.size() == 10);
   for (const auto& [step, hex] : resumed) CHECK(full.at(step) == hex);
@@ -130,8 +140,10 @@ TEST_CASE("ckpt-demo --fail-save: the failed save is reported, training goes on 
   ckpt::test::TempDir dir;
   const std::string root = (dir / "run").string();
   int status = 0;
-  const auto out = run(kBin + "ckpt-demo --steps 30 --save-every 10 --fail-save 20 --dir " + root, status);
+  const auto out = run(kBin + "ckpt-demo --steps 30 --save-every 10 --fail-save 20 --dir " + root + " --metrics " + (dir / "m.jsonl").string(), status);
   CHECK(status == 0);
+  const auto b = ckpt::test::read_all((dir / "m.jsonl").string());
+  CHECK(std::string(b.begin(), b.end()).find("\"event\":\"save of step 20 failed (I/O error): training goes on, next save at step 30\"") != std::string::npos);
   CHECK(out.find("save of step 20 failed (I/O error): training goes on, next save at step 30") != std::string::npos);
   CHECK(out.find("save of step 20 failed on 4 rank(s): I/O error: ") != std::string::npos);
   const auto g = out.find("(g) a failed save does not stop training");
