@@ -83,6 +83,18 @@ Outcome run_training(const TrainConfig& cfg, int world, std::uint64_t steps, con
   return out;
 }
 
+// A resume of the checkpoint under `root` (written at 2 ranks) with `cfg` is refused as a
+// configuration difference.
+void check_resume_refused_for_config(const TrainConfig& cfg, const std::string& root) {
+  try {
+    run_training(cfg, 2, 4, root, 0, true);
+    FAIL("no throw");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::invalid_argument);
+    CHECK(e.detail() == "training configuration differs");
+  }
+}
+
 // What every rank holds right after a resume: its optimizer tensors and per-rank metadata.
 struct Restored {
   std::vector<std::map<std::string, std::vector<std::byte>>> tensors;
@@ -198,13 +210,7 @@ TEST_CASE("a resume with another configuration is refused naming the difference"
   auto cfg = small_config(2);
   run_training(cfg, 2, 2, dir.path().string(), 2);
   cfg.adam.lr = 0.5f;
-  try {
-    run_training(cfg, 2, 4, dir.path().string(), 0, true);
-    FAIL("no throw");
-  } catch (const Error& e) {
-    CHECK(e.code() == Errc::invalid_argument);
-    CHECK(e.detail() == "training configuration differs");
-  }
+  check_resume_refused_for_config(cfg, dir.path().string());
 }
 
 TEST_CASE("a resume at another world size fails on every rank with the world-size error, without hanging") {
@@ -374,13 +380,7 @@ TEST_CASE("a checkpoint without the accumulate key resumes as k = 1 and is refus
   CHECK(bits(resumed.losses[1]) == bits(full.losses[3]));
   CHECK(resumed.p16 == full.p16);
   cfg.accumulate = 2;
-  try {
-    run_training(cfg, 2, 4, dir.path().string(), 0, true);
-    FAIL("no throw");
-  } catch (const Error& e) {
-    CHECK(e.code() == Errc::invalid_argument);
-    CHECK(e.detail() == "training configuration differs");
-  }
+  check_resume_refused_for_config(cfg, dir.path().string());
 }
 
 TEST_CASE("accumulate below 1 is refused naming the field") {
