@@ -591,3 +591,46 @@ TEST_CASE("forward and backward do not allocate once the workspace exists") {
   const std::size_t allocations = g_allocations.load() - before;
   CHECK(allocations == 0);
 }
+
+TEST_CASE("the accumulated gradient of k micro-batches equals the gradient of one batch of k times the size") {
+  // Not bitwise: the big batch sums each parameter's gradient over all k*b*seq positions in
+  // one fp32 running sum and scales dlogits by 1/(k*b*seq), while accumulation sums each
+  // micro-batch on its own, scales by (1/k) * 1/(b*seq) and adds the k partial sums: the
+  // same real number, other fp32 roundings. The difference is a few ulps of the largest terms
+  // summed, hence the tolerance: 1e-5 relative to the element plus 1e-6 of the tensor-wide
+  // scale (fp32 epsilon is 1.2e-7).
+  const int k = 4, b = 2;
+  GptConfig micro = small_config();
+  micro.batch = b;
+  GptConfig big = micro;
+  big.batch = k * b;
+  const auto params = random_params(big, 11);
+  const Batch whole = random_batch(big, 12);
+  GptWorkspace ws_big(big);
+  std::vector<float> g_big(params.size(), 0.0f);
+  const float loss_big = gpt_forward(big, params, whole.tokens, whole.targets, ws_big);
+  gpt_backward(big, params, whole.tokens, whole.targets, ws_big, g_big);
+
+  GptWorkspace ws(micro);
+  std::vector<float> g_acc(params.size(), 0.0f);
+  const std::size_t rows = static_cast<std::size_t>(b * micro.seq);
+  float loss_acc = 0.0f;
+  for (int i = 0; i < k; ++i) {
+    const std::span<const std::int32_t> tok(whole.tokens.data() + i * rows, rows), tgt(whole.targets.data() + i * rows, rows);
+    loss_acc += gpt_forward(micro, params, tok, tgt, ws);
+    gpt_backward(micro, params, tok, tgt, ws, g_acc, 1.0f / k);
+  }
+  loss_acc /= k;
+  CHECK(std::abs(loss_acc - loss_big) <= 1e-6f * loss_big);
+  float scale = 0.0f;
+  for (float g : g_big) scale = std::max(scale, std::abs(g));
+  double worst = 0;
+  std::size_t differing = 0;
+  for (std::size_t i = 0; i < g_big.size(); ++i) {
+    const float err = std::abs(g_acc[i] - g_big[i]);
+    differing += err != 0.0f;
+    worst = std::max(worst, static_cast<double>(err) / (std::abs(g_big[i]) + scale));
+    REQUIRE(err <= 1e-5f * std::abs(g_big[i]) + 1e-6f * scale);
+  }
+  MESSAGE("accumulated vs big batch: " << differing << " of " << g_big.size() << " elements differ, worst relative " << worst);
+}

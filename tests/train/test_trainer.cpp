@@ -6,8 +6,11 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
+#include <sstream>
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/dist/thread_comm.hpp"
@@ -21,6 +24,23 @@ using namespace ckpt;
 using namespace ckpt::train;
 
 namespace {
+
+std::uint32_t bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+std::string read_text(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write_text(const std::filesystem::path& p, const std::string& text) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << text;
+}
 
 TrainConfig small_config(int batch_per_rank) {
   TrainConfig c;
@@ -61,6 +81,18 @@ Outcome run_training(const TrainConfig& cfg, int world, std::uint64_t steps, con
     out.p16[static_cast<std::size_t>(comm.rank())].assign(p.begin(), p.end());
   });
   return out;
+}
+
+// A resume of the checkpoint under `root` (written at 2 ranks) with `cfg` is refused as a
+// configuration difference.
+void check_resume_refused_for_config(const TrainConfig& cfg, const std::string& root) {
+  try {
+    run_training(cfg, 2, 4, root, 0, true);
+    FAIL("no throw");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::invalid_argument);
+    CHECK(e.detail() == "training configuration differs");
+  }
 }
 
 // What every rank holds right after a resume: its optimizer tensors and per-rank metadata.
@@ -178,13 +210,7 @@ TEST_CASE("a resume with another configuration is refused naming the difference"
   auto cfg = small_config(2);
   run_training(cfg, 2, 2, dir.path().string(), 2);
   cfg.adam.lr = 0.5f;
-  try {
-    run_training(cfg, 2, 4, dir.path().string(), 0, true);
-    FAIL("no throw");
-  } catch (const Error& e) {
-    CHECK(e.code() == Errc::invalid_argument);
-    CHECK(e.detail() == "training configuration differs");
-  }
+  check_resume_refused_for_config(cfg, dir.path().string());
 }
 
 TEST_CASE("a resume at another world size fails on every rank with the world-size error, without hanging") {
@@ -274,4 +300,339 @@ TEST_CASE("a load-time reshard and an offline reshard followed by a plain resume
   REQUIRE(a.losses.size() == 5);
   for (std::size_t i = 0; i < 5; ++i) CHECK(std::memcmp(&a.losses[i], &b.losses[i], sizeof(float)) == 0);
   CHECK(a.p16 == b.p16);
+}
+
+// ---- gradient accumulation ------------------------------------------------------------------
+
+TEST_CASE("a Trainer accumulating k micro-batches matches one batch of k times the size, within float noise") {
+  // Same sequences in the same order: micro-batch i of rank r holds the rows i*b.. of the big
+  // batch (the loader's global order), and the token noise draws in the same order too. Not
+  // bitwise, for the summation-order reason of the gpt-level test; the tolerances: gradient
+  // 1e-5 relative plus 1e-6 of the largest element, loss 1e-6 relative, and gradient norm
+  // 1e-3 relative (the optimizer rounds the summed gradient to fp16, where one ulp is 1e-3).
+  auto acc_cfg = small_config(1);
+  acc_cfg.accumulate = 4;
+  acc_cfg.token_noise = 0.05f;
+  auto big_cfg = small_config(4);
+  big_cfg.token_noise = 0.05f;
+  const int world = 2;
+  struct Got {
+    std::vector<std::vector<float>> grads = std::vector<std::vector<float>>(world);
+    float loss = 0;
+    double grad_norm = 0;
+    boost::json::value position;
+  };
+  auto one_step = [&](const TrainConfig& cfg) {
+    Got got;
+    std::mutex mu;
+    dist::run_ranks(world, [&](dist::Communicator& comm) {
+      Trainer t(cfg, comm);
+      const auto s = t.step();
+      std::lock_guard lk(mu);
+      auto& g = got.grads[static_cast<std::size_t>(comm.rank())];
+      for (float x : t.local_gradient()) g.push_back(x / s.loss_scale);
+      if (comm.rank() == 0) got.loss = s.loss, got.grad_norm = s.grad_norm, got.position = t.checkpoint_info().metadata.at("data_position");
+    });
+    return got;
+  };
+  const Got acc = one_step(acc_cfg), big = one_step(big_cfg);
+  CHECK(acc.position == big.position);
+  CHECK(std::abs(acc.loss - big.loss) <= 1e-6f * big.loss);
+  CHECK(std::abs(acc.grad_norm - big.grad_norm) <= 1e-3 * big.grad_norm);
+  for (int r = 0; r < world; ++r) {
+    const auto& a = acc.grads[static_cast<std::size_t>(r)];
+    const auto& b = big.grads[static_cast<std::size_t>(r)];
+    REQUIRE(a.size() == b.size());
+    float scale = 0.0f;
+    for (float x : b) scale = std::max(scale, std::abs(x));
+    REQUIRE(scale > 0.0f);
+    for (std::size_t i = 0; i < a.size(); ++i) REQUIRE(std::abs(a[i] - b[i]) <= 1e-5f * std::abs(b[i]) + 1e-6f * scale);
+  }
+}
+
+TEST_CASE("a run accumulating 4 micro-batches, saved at step 5 and resumed, matches the uninterrupted run bit for bit") {
+  auto cfg = small_config(1);
+  cfg.accumulate = 4;
+  cfg.token_noise = 0.05f;
+  test::TempDir dir;
+  const auto full = run_training(cfg, 2, 10, dir.path().string(), /*save_at=*/5);
+  const auto resumed = run_training(cfg, 2, 10, dir.path().string(), 0, /*resume=*/true);
+  REQUIRE(resumed.losses.size() == 5);
+  for (std::size_t i = 0; i < 5; ++i) {
+    CAPTURE(i);
+    CHECK(bits(resumed.losses[i]) == bits(full.losses[5 + i]));
+  }
+  CHECK(resumed.p16 == full.p16);
+  CHECK(full.losses.back() < full.losses.front());
+}
+
+TEST_CASE("a checkpoint without the accumulate key resumes as k = 1 and is refused for k = 2") {
+  auto cfg = small_config(2);
+  test::TempDir dir;
+  const auto full = run_training(cfg, 2, 4, dir.path().string(), /*save_at=*/2);
+  // Make it a checkpoint of before the key existed.
+  const auto manifest = dir.path() / checkpoint_dir_name(2) / kManifestName;
+  auto m = boost::json::parse(read_text(manifest)).as_object();
+  REQUIRE(m.at("training").at("config").as_object().erase("accumulate") == 1);
+  write_text(manifest, boost::json::serialize(m));
+  const auto resumed = run_training(cfg, 2, 4, dir.path().string(), 0, /*resume=*/true);
+  REQUIRE(resumed.losses.size() == 2);
+  CHECK(bits(resumed.losses[1]) == bits(full.losses[3]));
+  CHECK(resumed.p16 == full.p16);
+  cfg.accumulate = 2;
+  check_resume_refused_for_config(cfg, dir.path().string());
+}
+
+TEST_CASE("accumulate below 1 is refused naming the field") {
+  auto cfg = small_config(2);
+  cfg.accumulate = 0;
+  try {
+    dist::run_ranks(1, [&](dist::Communicator& comm) { Trainer t(cfg, comm); });
+    FAIL("no throw");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::invalid_argument);
+    CHECK(e.expected() == ">= 1");
+    CHECK(e.actual() == "0");
+  }
+}
+
+// ---- NaN guard and loss-spike rollback ------------------------------------------------------
+
+namespace {
+
+StepStats stats_of(std::uint64_t step, float loss, double grad_norm = 1.0, bool skipped = false, float scale = 1024.0f) {
+  StepStats s;
+  s.step = step;
+  s.loss = loss;
+  s.grad_norm = grad_norm;
+  s.skipped = skipped;
+  s.loss_scale = scale;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("the spike guard trips on a loss above factor x the recent mean, only after min_history good steps") {
+  SpikeGuard g({.factor = 2.0, .window = 3, .min_history = 2});
+  CHECK(g.check(stats_of(1, 10.0f)) == Trip::none);
+  CHECK(g.check(stats_of(2, 100.0f)) == Trip::none);  // one good step: no verdict yet
+  CHECK(g.recent_mean() == doctest::Approx(55.0));
+  CHECK(g.check(stats_of(3, 4.0f)) == Trip::none);
+  CHECK(g.check(stats_of(4, 4.0f)) == Trip::none);   // window {100, 4, 4}: mean 36
+  CHECK(g.check(stats_of(5, 4.0f)) == Trip::none);   // window {4, 4, 4}: mean 4
+  CHECK(g.check(stats_of(6, 8.0f)) == Trip::none);   // exactly factor x mean is not above it
+  CHECK(g.check(stats_of(7, 11.0f)) == Trip::loss_spike);  // {4, 4, 8}: mean 5.33, 11 > 10.67
+  CHECK(g.history_size() == 6);                      // the tripped step is not history
+}
+
+TEST_CASE("the spike guard trips on a non-finite loss or gradient, but not on an fp16 overflow the scaler absorbs") {
+  SpikeGuard g;
+  CHECK(g.check(stats_of(1, std::numeric_limits<float>::quiet_NaN())) == Trip::non_finite_loss);
+  CHECK(g.check(stats_of(1, std::numeric_limits<float>::infinity())) == Trip::non_finite_loss);
+  const double inf = std::numeric_limits<double>::infinity();
+  CHECK(g.check(stats_of(1, 3.0f, inf, /*skipped=*/true, /*scale=*/1024.0f)) == Trip::none);
+  CHECK(g.check(stats_of(2, 3.0f, inf, /*skipped=*/true, /*scale=*/1.0f)) == Trip::non_finite_grad);
+  CHECK(g.check(stats_of(2, 3.0f, std::numeric_limits<double>::quiet_NaN(), false)) == Trip::non_finite_grad);
+  CHECK(std::string(trip_name(Trip::loss_spike)) == "loss spike");
+}
+
+TEST_CASE("rewinding the spike guard forgets the steps after the rollback point") {
+  SpikeGuard g({.factor = 2.0, .window = 2, .min_history = 1});
+  for (std::uint64_t s = 1; s <= 4; ++s) REQUIRE(g.check(stats_of(s, static_cast<float>(s))) == Trip::none);
+  CHECK(g.recent_mean() == doctest::Approx(3.5));
+  g.rewind_to(2);
+  CHECK(g.history_size() == 2);
+  CHECK(g.recent_mean() == doctest::Approx(1.5));
+  CHECK(g.check(stats_of(3, 3.5f)) == Trip::loss_spike);  // judged against {1, 2}, not {3, 4}
+}
+
+TEST_CASE("a spike guard configuration out of range is refused naming the field") {
+  const std::vector<std::pair<SpikeGuardConfig, std::string>> bad{{{.factor = 1.0}, "SpikeGuardConfig.factor"},
+                                                                  {{.window = 0, .min_history = 0}, "SpikeGuardConfig.window"},
+                                                                  {{.window = 2, .min_history = 3}, "SpikeGuardConfig.min_history"}};
+  for (const auto& [c, field] : bad) {
+    CAPTURE(field);
+    try {
+      SpikeGuard g(c);
+      FAIL("no throw");
+    } catch (const Error& e) {
+      CHECK(e.code() == Errc::invalid_argument);
+      CHECK(e.detail() == field);
+    }
+  }
+}
+
+namespace {
+
+struct GuardPlan {
+  std::uint64_t spike_at = 0;  // set_lr_multiplier_once(spike_at, spike_x)
+  float spike_x = 1000.0f;
+  std::uint64_t skip_at = 0;   // skip_batch_of_step(skip_at) from the start (the no-spike twin)
+  RollbackFrom from = RollbackFrom::memory_or_disk;
+};
+
+struct GuardOutcome {
+  std::map<std::uint64_t, float> losses;                              // rank 0; a replayed step's last loss
+  std::vector<std::vector<std::pair<std::uint64_t, Trip>>> trips;     // per rank
+  std::vector<std::vector<RollbackResult>> rollbacks;                 // per rank
+  std::vector<std::vector<std::uint16_t>> p16;                        // per rank, at the end
+  std::vector<std::uint64_t> committed;                               // rank 0's committed saves
+};
+
+// The guarded loop of docs/training.md: step, ask the guard, roll back on a trip, else save
+// every 5 steps; up to step 20 at 2 ranks.
+GuardOutcome guarded_run(const TrainConfig& cfg, const std::string& root, const GuardPlan& plan) {
+  const int world = 2;
+  GuardOutcome out;
+  out.trips.resize(world);
+  out.rollbacks.resize(world);
+  out.p16.resize(world);
+  std::mutex mu;
+  Checkpointer ckpt({.root = root, .world_size = world});
+  dist::run_ranks(world, [&](dist::Communicator& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    Trainer t(cfg, comm);
+    SpikeGuard guard;
+    if (plan.spike_at) t.set_lr_multiplier_once(plan.spike_at, plan.spike_x);
+    if (plan.skip_at) t.skip_batch_of_step(plan.skip_at);
+    std::vector<SaveHandle> handles;
+    while (t.step_count() < 20) {
+      const StepStats s = t.step();
+      if (const Trip trip = guard.check(s); trip != Trip::none) {
+        if (out.trips[r].size() >= 3) throw std::runtime_error("the guard keeps tripping");
+        const RollbackResult back = t.rollback(ckpt, s.step, Verify::full, plan.from);
+        guard.rewind_to(back.step);
+        std::lock_guard lk(mu);
+        out.trips[r].emplace_back(s.step, trip);
+        out.rollbacks[r].push_back(back);
+        continue;
+      }
+      if (comm.rank() == 0) {
+        std::lock_guard lk(mu);
+        out.losses[s.step] = s.loss;
+      }
+      if (s.step % 5 == 0) handles.push_back(save_checkpoint(ckpt, t));
+    }
+    for (auto& h : handles) {
+      const auto& res = h.wait();
+      if (comm.rank() == 0) {
+        std::lock_guard lk(mu);
+        out.committed.push_back(res.step);
+      }
+    }
+    std::lock_guard lk(mu);
+    const auto p = t.optimizer().params16();
+    out.p16[r].assign(p.begin(), p.end());
+  });
+  return out;
+}
+
+TrainConfig guard_config() {
+  auto cfg = small_config(2);
+  cfg.total_steps = 20;
+  cfg.token_noise = 0.05f;  // the replay must restore the RNG too
+  return cfg;
+}
+
+// Run A (after its rollback) and run B (no spike, same batch skipped) agree bit for bit.
+void check_same_run(const GuardOutcome& a, const GuardOutcome& b) {
+  REQUIRE(a.losses.size() == 20);
+  REQUIRE(b.losses.size() == 20);
+  for (std::uint64_t s = 1; s <= 20; ++s) {
+    CAPTURE(s);
+    CHECK(bits(a.losses.at(s)) == bits(b.losses.at(s)));
+  }
+  CHECK(a.p16 == b.p16);
+  CHECK(a.p16[0] == a.p16[1]);
+}
+
+}  // namespace
+
+TEST_CASE("a forced loss spike rolls every rank back in memory, and the run then matches one that skipped the batch, bit for bit") {
+  const auto cfg = guard_config();
+  test::TempDir da, db;
+  const auto a = guarded_run(cfg, da.path().string(), {.spike_at = 12});
+  // The spike: every rank's guard tripped at the same step, without a collective of its own.
+  REQUIRE(a.trips[0].size() == 1);
+  CHECK(a.trips[0] == a.trips[1]);
+  const std::uint64_t tripped = a.trips[0][0].first;
+  MESSAGE("LR x1000 at step 12 tripped the guard at step " << tripped << " (" << std::string(trip_name(a.trips[0][0].second)) << ")");
+  CHECK((tripped == 12 || tripped == 13));
+  for (const auto& rb : a.rollbacks) {
+    REQUIRE(rb.size() == 1);
+    CHECK(rb[0].step == 10);
+    CHECK(rb[0].from_memory);
+    CHECK(rb[0].skipped_step == tripped);
+  }
+  // Replayed steps 11.. saved again where due: 15 and 20 commit (10 was the rollback point).
+  CHECK(a.committed == std::vector<std::uint64_t>{5, 10, 15, 20});
+  const auto b = guarded_run(cfg, db.path().string(), {.skip_at = tripped});
+  CHECK(b.trips[0].empty());
+  check_same_run(a, b);
+  CHECK(a.losses.at(20) < a.losses.at(1));
+}
+
+TEST_CASE("a rollback read back from disk gives the same run as the in-memory one") {
+  const auto cfg = guard_config();
+  test::TempDir dm, dd;
+  const auto mem = guarded_run(cfg, dm.path().string(), {.spike_at = 12});
+  const auto disk = guarded_run(cfg, dd.path().string(), {.spike_at = 12, .from = RollbackFrom::disk});
+  REQUIRE(disk.rollbacks[0].size() == 1);
+  CHECK(disk.rollbacks[0][0].step == 10);
+  CHECK_FALSE(disk.rollbacks[0][0].from_memory);
+  CHECK_FALSE(disk.rollbacks[1][0].from_memory);
+  check_same_run(mem, disk);
+}
+
+TEST_CASE("a NaN loss trips the guard and the rollback recovers the run") {
+  const auto cfg = guard_config();
+  test::TempDir da, db;
+  // A NaN learning rate at step 12 makes every weight NaN: the loss of step 13 is NaN.
+  const auto a = guarded_run(cfg, da.path().string(), {.spike_at = 12, .spike_x = std::numeric_limits<float>::quiet_NaN()});
+  REQUIRE(a.trips[0].size() == 1);
+  CHECK(a.trips[0][0] == std::pair<std::uint64_t, Trip>{13, Trip::non_finite_loss});
+  CHECK(a.trips[0] == a.trips[1]);
+  CHECK(a.rollbacks[0][0].step == 10);
+  const auto b = guarded_run(cfg, db.path().string(), {.skip_at = 13});
+  check_same_run(a, b);
+}
+
+TEST_CASE("a skipped batch is recorded in the checkpoint, so a resume skips it too") {
+  auto cfg = guard_config();
+  test::TempDir dir;
+  const auto full = [&] {
+    GuardOutcome o;
+    std::mutex mu;
+    Checkpointer ckpt({.root = dir.path().string(), .world_size = 2});
+    dist::run_ranks(2, [&](dist::Communicator& comm) {
+      Trainer t(cfg, comm);
+      t.skip_batch_of_step(8);
+      while (t.step_count() < 10) {
+        const auto s = t.step();
+        if (comm.rank() == 0) {
+          std::lock_guard lk(mu);
+          o.losses[s.step] = s.loss;
+        }
+        if (s.step == 5) save_checkpoint(ckpt, t).wait();
+      }
+    });
+    return o;
+  }();
+  const auto resumed = run_training(cfg, 2, 10, dir.path().string(), 0, /*resume=*/true);
+  REQUIRE(resumed.losses.size() == 5);
+  for (std::size_t i = 0; i < 5; ++i) CHECK(bits(resumed.losses[i]) == bits(full.losses.at(6 + i)));
+  const auto plain = run_training(cfg, 2, 10);
+  CHECK(bits(plain.losses[7]) != bits(full.losses.at(8)));  // the skip changed step 8's batch
+}
+
+TEST_CASE("a rollback before any checkpoint fails on every rank with the loader's error, without hanging") {
+  const auto cfg = guard_config();
+  test::TempDir dir;
+  try {
+    guarded_run(cfg, dir.path().string(), {.spike_at = 2, .spike_x = std::numeric_limits<float>::quiet_NaN()});
+    FAIL("no throw");
+  } catch (const Error& e) {
+    MESSAGE(std::string(e.what()));
+    CHECK(e.code() == Errc::not_found);
+  }
 }

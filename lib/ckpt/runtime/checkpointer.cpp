@@ -172,6 +172,15 @@ struct Checkpointer::Impl {
   std::thread io_thread;
 
   std::vector<AlignedBuffer> staging;  // per rank, reused across saves
+  // Per rank: what its staging buffer holds, from the end of staging until its next save
+  // starts staging (under mu); committed once the checkpoint of that step is.
+  struct StagedRecord {
+    std::uint64_t step = 0;
+    ShardHeader header;
+    SaveInfo info;
+    bool committed = false;
+  };
+  std::vector<std::optional<StagedRecord>> staged_records;
 
   mutable std::mutex mu;
   std::condition_variable cv;
@@ -206,6 +215,7 @@ struct Checkpointer::Impl {
     choose_backend();
     prepare_root(fs, opt.root);
     staging.resize(static_cast<std::size_t>(opt.world_size));
+    staged_records.resize(static_cast<std::size_t>(opt.world_size));
     if (opt.staging_bytes_per_rank)
       for (auto& b : staging) {
         b = AlignedBuffer(static_cast<std::size_t>(opt.staging_bytes_per_rank), /*prefault=*/true);
@@ -309,6 +319,7 @@ struct Checkpointer::Impl {
       if (slot) throw Error(Errc::invalid_argument, {}, "rank " + std::to_string(rank) + " saved step " + std::to_string(step) + " twice");
       slot = job->handle;
       ++in_flight->staged;
+      staged_records[static_cast<std::size_t>(rank)].reset();  // the buffer is about to be overwritten
       job->result.stall = Clock::now() - t_call;
       stats.total_stall += job->result.stall;
     }
@@ -322,6 +333,10 @@ struct Checkpointer::Impl {
       throw;
     }
     job->result.stage = Clock::now() - t_stage;
+    {
+      std::lock_guard lk(mu);
+      staged_records[static_cast<std::size_t>(rank)] = StagedRecord{step, job->header, job->info, false};
+    }
     asio::post(ctx, [this, job] { start_shard(job); });
     return SaveHandle(job->handle);
   }
@@ -559,6 +574,9 @@ struct Checkpointer::Impl {
       if (++in_flight->delivered < (in_flight->abandoned ? in_flight->staged : opt.world_size)) return;
       if (err) ++stats.failures;
       else ++stats.commits;
+      if (!err)
+        for (auto& rec : staged_records)
+          if (rec && rec->step == job->step) rec->committed = true;
       for (int r = 0; r < opt.world_size; ++r)
         if (auto& h = in_flight->handles[static_cast<std::size_t>(r)]) complete.push_back({h, in_flight->outcomes[static_cast<std::size_t>(r)]});
       in_flight.reset();
@@ -583,6 +601,19 @@ SaveResult Checkpointer::save_sync(int rank, std::uint64_t step, std::span<const
 void Checkpointer::wait_all() {
   std::unique_lock lk(impl_->mu);
   impl_->cv.wait(lk, [&] { return !impl_->in_flight; });
+}
+
+std::optional<StagedSnapshot> Checkpointer::staged(int rank) const {
+  if (rank < 0 || rank >= impl_->opt.world_size)
+    throw Error(Errc::invalid_argument, {}, "staged rank", "0.." + std::to_string(impl_->opt.world_size - 1), std::to_string(rank));
+  std::lock_guard lk(impl_->mu);
+  const auto& rec = impl_->staged_records[static_cast<std::size_t>(rank)];
+  if (!rec || !rec->committed) return std::nullopt;
+  const std::byte* data = impl_->staging[static_cast<std::size_t>(rank)].data() + rec->header.data_start;
+  StagedSnapshot snap{rec->step, {}, rec->info};
+  for (const auto& t : rec->header.tensors)
+    snap.tensors.push_back({t.name, t.dtype, t.shape, std::span(data + t.begin, static_cast<std::size_t>(t.end - t.begin))});
+  return snap;
 }
 
 std::string_view Checkpointer::backend_name() const noexcept { return impl_->backend->name(); }

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -89,6 +90,14 @@ struct SaveResult {
   ns commit{};  ///< manifest, renames, fsyncs, latest, rotation
   ns total{};   ///< save() call to commit done
   std::vector<std::string> rotated;  ///< checkpoint directories removed by rotation
+};
+
+/// A rank's last committed save, read back from its staging buffer (Checkpointer::staged):
+/// what an in-memory rollback restores without touching the disk.
+struct StagedSnapshot {
+  std::uint64_t step = 0;           ///< the committed step
+  std::vector<TensorView> tensors;  ///< views into the staging buffer, in the shard's data order
+  SaveInfo info;                    ///< what save() was given with them
 };
 
 namespace detail {
@@ -163,6 +172,14 @@ class Checkpointer {
   /// Blocks until no checkpoint is in flight (every rank must have saved the step in
   /// flight, or this waits for them). Does not rethrow save errors: the handles do.
   void wait_all();
+
+  /// Rank `rank`'s last save, if it is committed and its staging buffer still holds it: the
+  /// buffer is reused, so the snapshot lasts until this rank's next save() starts staging
+  /// (a save in flight, failed or abandoned gives nullopt; so does a rank that never saved).
+  /// The views stay valid until that next save() or the Checkpointer's destruction: call
+  /// this from the thread that saves for `rank` and use the views before its next save().
+  /// Other ranks may call it and save() concurrently. Errc::invalid_argument for a bad rank.
+  std::optional<StagedSnapshot> staged(int rank) const;
 
   /// Name of the writer backend in use ("io_uring" or "posix").
   std::string_view backend_name() const noexcept;

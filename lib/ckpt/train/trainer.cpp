@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <optional>
 
 #include "ckpt/core/error.hpp"
@@ -24,15 +25,15 @@ json::object TrainConfig::to_json() const {
           {"beta2", adam.beta2},        {"eps", adam.eps},
           {"weight_decay", adam.weight_decay}, {"grad_clip", adam.grad_clip},
           {"warmup_steps", warmup_steps}, {"total_steps", total_steps},
-          {"token_noise", token_noise}, {"lr_multiplier", lr_multiplier}};
+          {"token_noise", token_noise}, {"lr_multiplier", lr_multiplier},
+          {"accumulate", accumulate}};
 }
 
 namespace {
 std::uint64_t rotl(std::uint64_t x, int k) noexcept { return (x << k) | (x >> (64 - k)); }
 
 template <class T>
-std::vector<T> copy_tensor(const LoadedShard& shard, const char* name, std::size_t expect) {
-  const auto& t = shard.tensor(name);
+std::vector<T> copy_tensor(const TensorView& t, const char* name, std::size_t expect) {
   if (t.data.size() != expect * sizeof(T))
     throw Error(Errc::invalid_argument, {}, std::string("tensor ") + name + " bytes", std::to_string(expect * sizeof(T)),
                 std::to_string(t.data.size()));
@@ -72,21 +73,44 @@ Trainer::Trainer(const TrainConfig& config, dist::Communicator& comm)
       tokens_(static_cast<std::size_t>(config.model.batch * config.model.seq)),
       targets_(tokens_.size()),
       layout_(param_layout(config.model)) {
+  if (cfg_.accumulate < 1)
+    throw Error(Errc::invalid_argument, {}, "TrainConfig.accumulate (micro-batches per step)", ">= 1", std::to_string(cfg_.accumulate));
   if (comm.rank() == 0) init_params(cfg_.model, cfg_.seed, params32_);
   opt_.init_from(params32_);  // DDP: rank 0's initial parameters, broadcast once
   opt_.params_to_f32(params32_);
 }
 
-StepStats Trainer::step() {
-  const auto t0 = std::chrono::steady_clock::now();
+void Trainer::next_input() {
   loader_.next_batch(tokens_, targets_);
   if (cfg_.token_noise > 0)
     for (auto& tok : tokens_)
       if (rng_.uniform() < cfg_.token_noise) tok = static_cast<std::int32_t>(rng_.next() % static_cast<std::uint64_t>(cfg_.model.vocab));
-  float loss = gpt_forward(cfg_.model, params32_, tokens_, targets_, ws_);
+}
+
+StepStats Trainer::step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (skip_steps_.contains(step_ + 1))
+    for (int i = 0; i < cfg_.accumulate; ++i) next_input();  // the skipped batch: consumed, not trained on
+  // The mean over k micro-batches: 1/k is folded into the loss scale, so the gradients are
+  // scaled once, inside backward, and the sum over micro-batches is the mean gradient. With
+  // k a power of two (and the power-of-two loss scale) the folded scale is exact; otherwise
+  // it carries one rounding, the same for every element.
+  const int k = cfg_.accumulate;
+  const float scale = opt_.loss_scale() / static_cast<float>(k);
   std::fill(grads32_.begin(), grads32_.end(), 0.0f);
-  gpt_backward(cfg_.model, params32_, tokens_, targets_, ws_, grads32_, opt_.loss_scale());
-  const StepReport rep = opt_.step(grads32_);
+  float loss = 0.0f;
+  for (int i = 0; i < k; ++i) {
+    next_input();
+    loss += gpt_forward(cfg_.model, params32_, tokens_, targets_, ws_);
+    gpt_backward(cfg_.model, params32_, tokens_, targets_, ws_, grads32_, scale);
+  }
+  loss /= static_cast<float>(k);  // k = 1: exact, the loss of the one batch
+  float lr_multiplier = 1.0f;
+  if (lr_once_ && lr_once_->first == step_ + 1) {
+    lr_multiplier = lr_once_->second;
+    lr_once_.reset();
+  }
+  const StepReport rep = opt_.step(grads32_, lr_multiplier);
   opt_.params_to_f32(params32_);
   comm_.all_reduce(std::span<float>(&loss, 1), dist::ReduceOp::mean);
   double sq = 0;
@@ -103,6 +127,13 @@ StepStats Trainer::step() {
   s.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   wall_seconds_ += s.step_ms / 1000.0;
   return s;
+}
+
+void Trainer::set_lr_multiplier_once(std::uint64_t step, float x) { lr_once_ = std::pair{step, x}; }
+
+void Trainer::skip_batch_of_step(std::uint64_t step) {
+  if (step == 0) throw Error(Errc::invalid_argument, {}, "skip_batch_of_step: step (1-based)", ">= 1", "0");
+  skip_steps_.insert(step);
 }
 
 MemoryProfile Trainer::memory() const noexcept {
@@ -152,6 +183,9 @@ SaveInfo Trainer::checkpoint_info() const {
                      {"min_ratio", opt_.schedule().min_ratio}}},
                    {"num_params", opt_.num_params()},
                    {"config", cfg_.to_json()}};
+  json::array skips;
+  for (auto st : skip_steps_) skips.emplace_back(st);
+  info.training["skip_batches"] = std::move(skips);
   // What resharding and consolidation need to read the checkpoint without this code: which
   // tensors slice the flat space, where each model tensor lives in it, and which per-rank
   // metadata means something only for its rank.
@@ -173,14 +207,15 @@ struct Trainer::LoadedState {
   LossScaler scaler;
   std::array<std::uint64_t, 4> rng{};
   double wall_seconds = 0;
+  std::set<std::uint64_t> skip_steps;
 };
 
 namespace {
-// The global state every rank takes from the manifest, whatever the world size.
-void load_global_state(const Manifest& manifest, const json::object& rank_metadata, std::uint64_t seed, int rank,
+// The global state every rank takes from the manifest's training object, whatever the world
+// size.
+void load_global_state(const json::object& tr, const json::object& rank_metadata, std::uint64_t seed, int rank,
                        std::uint64_t& step, std::uint64_t& adam_step, LossScaler& scaler, std::uint64_t& data_position,
-                       std::array<std::uint64_t, 4>& rng) {
-  const json::object& tr = manifest.training;
+                       std::array<std::uint64_t, 4>& rng, std::set<std::uint64_t>& skip_steps) {
   const json::object& sc = tr.at("loss_scaler").as_object();
   scaler.scale = static_cast<float>(sc.at("scale").to_number<double>());
   scaler.good_steps = json::value_to<std::uint32_t>(sc.at("good_steps"));
@@ -188,6 +223,9 @@ void load_global_state(const Manifest& manifest, const json::object& rank_metada
   adam_step = json::value_to<std::uint64_t>(tr.at("adam_step"));
   step = json::value_to<std::uint64_t>(tr.at("step"));
   data_position = json::value_to<std::uint64_t>(rank_metadata.at("data_position"));
+  skip_steps.clear();
+  if (const auto* sk = tr.if_contains("skip_batches"))  // absent in checkpoints older than the key
+    for (const auto& v : sk->as_array()) skip_steps.insert(json::value_to<std::uint64_t>(v));
   if (const auto* r = rank_metadata.if_contains("rng")) {
     const auto& a = r->as_array();
     rng = {json::value_to<std::uint64_t>(a.at(0)), json::value_to<std::uint64_t>(a.at(1)), json::value_to<std::uint64_t>(a.at(2)),
@@ -206,38 +244,45 @@ std::uint64_t rank_rng_seed(std::uint64_t seed, int rank, std::uint64_t step) no
   return splitmix64(x);
 }
 
-void Trainer::check_config(const Manifest& manifest) const {
-  const std::string where = "checkpoint of step " + std::to_string(manifest.step);
-  const auto* cfg = manifest.training.if_contains("config");
+void Trainer::check_config(const json::object& training, std::uint64_t step) const {
+  const std::string where = "checkpoint of step " + std::to_string(step);
+  const auto* cfg = training.if_contains("config");
   const json::value mine = cfg_.to_json();
-  if (!cfg || *cfg != mine)
+  json::value theirs = cfg ? *cfg : json::value();
+  // Checkpoints written before gradient accumulation existed trained one batch per step.
+  if (theirs.is_object() && !theirs.as_object().contains("accumulate")) theirs.as_object()["accumulate"] = 1;
+  if (!cfg || theirs != mine)
     throw Error(Errc::invalid_argument, where, "training configuration differs", json::serialize(mine),
                 cfg ? json::serialize(*cfg) : "none");
+}
+
+void Trainer::check_shard_range(const std::string& where, std::uint64_t offset, std::uint64_t numel) const {
+  if (offset != opt_.shard().offset || numel != opt_.shard().numel)
+    throw Error(Errc::invalid_argument, where, "rank " + std::to_string(comm_.rank()) + " shard range",
+                std::to_string(opt_.shard().offset) + "+" + std::to_string(opt_.shard().numel),
+                std::to_string(offset) + "+" + std::to_string(numel));
 }
 
 Trainer::LoadedState Trainer::load_state(const LoadedShard& shard, const Manifest& manifest) const {
   const std::string where = "checkpoint of step " + std::to_string(manifest.step);
   if (manifest.world_size != comm_.size())
     throw Error(Errc::world_size_mismatch, where, "world size", std::to_string(comm_.size()), std::to_string(manifest.world_size));
-  check_config(manifest);
-  if (shard.record.param_shard_offset != opt_.shard().offset || shard.record.param_shard_numel != opt_.shard().numel)
-    throw Error(Errc::invalid_argument, where, "rank " + std::to_string(comm_.rank()) + " shard range",
-                std::to_string(opt_.shard().offset) + "+" + std::to_string(opt_.shard().numel),
-                std::to_string(shard.record.param_shard_offset) + "+" + std::to_string(shard.record.param_shard_numel));
+  check_config(manifest.training, manifest.step);
+  check_shard_range(where, shard.record.param_shard_offset, shard.record.param_shard_numel);
   LoadedState st;
   const std::size_t n = opt_.shard().numel;
-  st.master = copy_tensor<float>(shard, "optim.master", n);
-  st.m = copy_tensor<float>(shard, "optim.m", n);
-  st.v = copy_tensor<float>(shard, "optim.v", n);
-  load_global_state(manifest, shard.record.metadata, cfg_.seed, comm_.rank(), st.step, st.adam_step, st.scaler, st.data_position,
-                    st.rng);
+  st.master = copy_tensor<float>(shard.tensor("optim.master"), "optim.master", n);
+  st.m = copy_tensor<float>(shard.tensor("optim.m"), "optim.m", n);
+  st.v = copy_tensor<float>(shard.tensor("optim.v"), "optim.v", n);
+  load_global_state(manifest.training, shard.record.metadata, cfg_.seed, comm_.rank(), st.step, st.adam_step, st.scaler,
+                    st.data_position, st.rng, st.skip_steps);
   st.wall_seconds = manifest.wall_clock_seconds;
   return st;
 }
 
 Trainer::LoadedState Trainer::load_state_resharded(const CheckpointReader& checkpoint, Verify verify) const {
   const Manifest& manifest = checkpoint.manifest();
-  check_config(manifest);
+  check_config(manifest.training, manifest.step);
   const int world = comm_.size(), rank = comm_.rank();
   // The ranks share the whole-file checks: rank r checks source shards r, r + M, ...; the
   // agreement before restoring makes one rank's failure every rank's.
@@ -261,7 +306,8 @@ Trainer::LoadedState Trainer::load_state_resharded(const CheckpointReader& check
   meta.erase("rng");
   if (rank < manifest.world_size)
     if (const auto* r = manifest.shard(rank).metadata.if_contains("rng")) meta["rng"] = *r;
-  load_global_state(manifest, meta, cfg_.seed, rank, st.step, st.adam_step, st.scaler, st.data_position, st.rng);
+  load_global_state(manifest.training, meta, cfg_.seed, rank, st.step, st.adam_step, st.scaler, st.data_position, st.rng,
+                    st.skip_steps);
   st.wall_seconds = manifest.wall_clock_seconds;
   return st;
 }
@@ -273,9 +319,103 @@ void Trainer::apply_state(const LoadedState& st) {
   loader_.set_position(st.data_position);
   rng_.set_state(st.rng);
   wall_seconds_ = st.wall_seconds;
+  skip_steps_ = st.skip_steps;
 }
 
 void Trainer::restore(const LoadedShard& shard, const Manifest& manifest) { apply_state(load_state(shard, manifest)); }
+
+Trainer::LoadedState Trainer::load_state(const StagedSnapshot& snapshot) const {
+  const std::string where = "staged snapshot of step " + std::to_string(snapshot.step);
+  check_config(snapshot.info.training, snapshot.step);
+  check_shard_range(where, snapshot.info.param_shard_offset, snapshot.info.param_shard_numel);
+  const auto tensor = [&](const char* name) -> const TensorView& {
+    for (const auto& t : snapshot.tensors)
+      if (t.name == name) return t;
+    throw Error(Errc::invalid_argument, where, std::string("tensor ") + name, "present", "missing");
+  };
+  LoadedState st;
+  const std::size_t n = opt_.shard().numel;
+  st.master = copy_tensor<float>(tensor("optim.master"), "optim.master", n);
+  st.m = copy_tensor<float>(tensor("optim.m"), "optim.m", n);
+  st.v = copy_tensor<float>(tensor("optim.v"), "optim.v", n);
+  load_global_state(snapshot.info.training, snapshot.info.metadata, cfg_.seed, comm_.rank(), st.step, st.adam_step, st.scaler,
+                    st.data_position, st.rng, st.skip_steps);
+  st.wall_seconds = snapshot.info.wall_clock_seconds;
+  return st;
+}
+
+void Trainer::restore(const StagedSnapshot& snapshot) { apply_state(load_state(snapshot)); }
+
+RollbackResult Trainer::rollback(Checkpointer& checkpointer, std::uint64_t tripped_step, Verify verify, RollbackFrom from) {
+  // A save in flight commits (or fails) first: if it commits, it is the last good checkpoint.
+  // Every rank saved it already (the steps since were collective), so this cannot wait forever.
+  checkpointer.wait_all();
+  std::optional<StagedSnapshot> snapshot;
+  if (from == RollbackFrom::memory_or_disk) snapshot = checkpointer.staged(comm_.rank());
+  // Memory only if every rank holds the same committed step; else every rank reads the disk.
+  const std::uint64_t mine = snapshot ? snapshot->step + 1 : 0;  // 0: no snapshot
+  bool same = mine != 0;
+  for (const auto& theirs : comm_.all_gather_bytes(std::as_bytes(std::span(&mine, 1))))
+    same = same && theirs.size() == sizeof mine && std::memcmp(theirs.data(), &mine, sizeof mine) == 0;
+  const auto marks = skip_steps_;  // decisions of earlier rollbacks outlive the restore
+  RollbackResult result;
+  if (same) {
+    restore(*snapshot);
+    result.step = snapshot->step;
+    result.from_memory = true;
+  } else {
+    result.step = resume_latest(checkpointer.options().root, verify);
+  }
+  skip_steps_.insert(marks.begin(), marks.end());
+  if (tripped_step <= result.step)
+    throw Error(Errc::invalid_argument, checkpointer.options().root,
+                "rollback: the last checkpoint is not older than the tripped step (save only after the guard's verdict)",
+                "< " + std::to_string(tripped_step), std::to_string(result.step));
+  skip_steps_.insert(tripped_step);
+  result.skipped_step = tripped_step;
+  return result;
+}
+
+// ---- SpikeGuard ---------------------------------------------------------------------------
+
+const char* trip_name(Trip t) noexcept {
+  switch (t) {
+    case Trip::none: return "none";
+    case Trip::non_finite_loss: return "non-finite loss";
+    case Trip::non_finite_grad: return "non-finite gradient";
+    case Trip::loss_spike: return "loss spike";
+  }
+  return "?";
+}
+
+SpikeGuard::SpikeGuard(SpikeGuardConfig config) : cfg_(config) {
+  if (!(cfg_.factor > 1.0)) throw Error(Errc::invalid_argument, {}, "SpikeGuardConfig.factor", "> 1", std::to_string(cfg_.factor));
+  if (cfg_.window < 1) throw Error(Errc::invalid_argument, {}, "SpikeGuardConfig.window", ">= 1", "0");
+  if (cfg_.min_history < 1 || cfg_.min_history > cfg_.window)
+    throw Error(Errc::invalid_argument, {}, "SpikeGuardConfig.min_history", "1.." + std::to_string(cfg_.window),
+                std::to_string(cfg_.min_history));
+}
+
+double SpikeGuard::recent_mean() const noexcept {
+  const std::size_t n = std::min(cfg_.window, history_.size());
+  if (n == 0) return std::numeric_limits<double>::quiet_NaN();
+  double sum = 0;
+  for (std::size_t i = history_.size() - n; i < history_.size(); ++i) sum += history_[i].second;
+  return sum / static_cast<double>(n);
+}
+
+Trip SpikeGuard::check(const StepStats& s) {
+  if (!std::isfinite(s.loss)) return Trip::non_finite_loss;
+  if (!std::isfinite(s.grad_norm) && !(s.skipped && s.loss_scale > 1.0f)) return Trip::non_finite_grad;
+  if (history_.size() >= cfg_.min_history && static_cast<double>(s.loss) > cfg_.factor * recent_mean()) return Trip::loss_spike;
+  history_.emplace_back(s.step, s.loss);
+  while (history_.size() > cfg_.window + kRewindSlack) history_.pop_front();
+  return Trip::none;
+}
+
+void SpikeGuard::rewind_to(std::uint64_t step) {
+  while (!history_.empty() && history_.back().first > step) history_.pop_back();
+}
 
 SaveHandle save_checkpoint(Checkpointer& checkpointer, const Trainer& trainer) {
   const auto tensors = trainer.checkpoint_tensors();

@@ -6,6 +6,9 @@
 #include <boost/json/object.hpp>
 #include <array>
 #include <cstdint>
+#include <deque>
+#include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -30,6 +33,9 @@ struct TrainConfig {
   std::uint64_t total_steps = 20;        ///< of the LR schedule
   float token_noise = 0.02f;             ///< probability an input token is replaced (per-rank RNG)
   float lr_multiplier = 1.0f;            ///< scales the schedule (exposed for experiments)
+  /// Gradient accumulation: one step() trains on this many micro-batches of model.batch
+  /// sequences per rank (k >= 1). A checkpoint without the key was written with k = 1.
+  int accumulate = 1;
   /// The configuration as JSON (recorded in the checkpoint; a resume must match it).
   boost::json::object to_json() const;
 };
@@ -65,6 +71,67 @@ struct StepStats {
   double step_ms = 0;       ///< forward, backward and optimizer step on this rank
 };
 
+/// Why SpikeGuard::check tripped.
+enum class Trip {
+  none,             ///< a good step
+  non_finite_loss,  ///< the loss is NaN or infinite
+  non_finite_grad,  ///< a non-finite gradient norm the loss scaler cannot absorb (see check())
+  loss_spike,       ///< loss > factor x the mean of the recent good steps
+};
+/// "none", "non-finite loss", "non-finite gradient" or "loss spike".
+const char* trip_name(Trip t) noexcept;
+
+struct SpikeGuardConfig {
+  double factor = 2.0;          ///< a loss above factor x the recent mean trips (> 1)
+  std::size_t window = 5;       ///< the recent mean is over the last `window` good steps (>= 1)
+  std::size_t min_history = 3;  ///< no spike verdict before this many good steps (1..window)
+};
+
+/// The NaN guard and loss-spike detector of the training loop. It decides from StepStats
+/// alone, and every rank sees identical StepStats (the loss is all-reduced, the gradient norm
+/// is computed from an all-reduce), so a guard on every rank reaches the same verdict at the
+/// same step without a collective of its own.
+class SpikeGuard {
+ public:
+  /// Errc::invalid_argument naming the field unless factor > 1, window >= 1 and
+  /// 1 <= min_history <= window.
+  explicit SpikeGuard(SpikeGuardConfig config = {});
+
+  /// The verdict on a completed step; a good step joins the history. Trips, in this order:
+  /// a non-finite loss; a non-finite gradient norm, unless the step was an fp16 overflow the
+  /// loss scaler absorbs (skipped with a loss scale above 1: the update was not applied and
+  /// the scale halves, the scaler's ordinary business); a loss above factor x the mean of the
+  /// last `window` good losses, once min_history good steps are recorded.
+  Trip check(const StepStats& stats);
+  /// Forgets the good steps after `step` (after a rollback to `step`, so the replayed steps
+  /// are judged against the history they had the first time).
+  void rewind_to(std::uint64_t step);
+  /// Mean loss of the last `window` good steps (NaN with none).
+  double recent_mean() const noexcept;
+  std::size_t history_size() const noexcept { return history_.size(); }
+  const SpikeGuardConfig& config() const noexcept { return cfg_; }
+
+ private:
+  SpikeGuardConfig cfg_;
+  // (step, loss) of the good steps, oldest first; window + kRewindSlack are kept so that a
+  // rewind by up to kRewindSlack steps still leaves a full window.
+  static constexpr std::size_t kRewindSlack = 256;
+  std::deque<std::pair<std::uint64_t, float>> history_;
+};
+
+/// Where Trainer::rollback may restore from.
+enum class RollbackFrom {
+  memory_or_disk,  ///< the checkpointer's staged snapshot when every rank still holds it, else disk
+  disk,            ///< always the checkpoint ROOT/latest names
+};
+
+/// Where a rollback went.
+struct RollbackResult {
+  std::uint64_t step = 0;    ///< the step restored (the last committed checkpoint)
+  bool from_memory = false;  ///< restored from the staged snapshot (else read back from disk)
+  std::uint64_t skipped_step = 0;  ///< the step whose batch will be skipped (the tripped step)
+};
+
 struct MemoryProfile {
   std::uint64_t params = 0, grads = 0, optimizer = 0, activations = 0;
   std::uint64_t expected_optimizer = 0;  ///< 12 * padded P / N
@@ -76,9 +143,40 @@ class Trainer {
   /// parameters (collective: every rank constructs its Trainer at the same time).
   Trainer(const TrainConfig& config, dist::Communicator& comm);
 
-  /// One training step: forward/backward on this rank's batch, then the ZeRO-1 step.
-  /// Collective.
+  /// One training step: forward/backward on config().accumulate micro-batches of this rank,
+  /// their gradients summed and averaged, then one ZeRO-1 step. Collective. The loss is the
+  /// mean over micro-batches and ranks. Before training, a step marked by
+  /// skip_batch_of_step() first consumes its batch without training (see there).
   StepStats step();
+
+  // ---- the loop's tools for a guarded run (docs/training.md, "Rollback") ----
+  /// Multiplies the learning rate of step `step` (1-based, as StepStats::step) by `x`, once:
+  /// the multiplier is consumed when that step runs and is not re-applied when a rollback
+  /// replays the step. It is not part of a checkpoint. Used to force a loss spike. Every rank
+  /// must set the same.
+  void set_lr_multiplier_once(std::uint64_t step, float x);
+  /// Marks the batch of step `step` as skipped: when step() runs step `step`, it first
+  /// consumes that step's input (data position and noise RNG advance as if it had trained)
+  /// without training or counting a step, then trains step `step` on the batch that follows.
+  /// Step numbers, the LR schedule and save steps are unchanged. The marks are recorded in
+  /// checkpoints (training.skip_batches), so a resume skips the same batches. Every rank
+  /// must mark the same steps.
+  void skip_batch_of_step(std::uint64_t step);
+  /// Steps whose batch is (or was) skipped.
+  const std::set<std::uint64_t>& skipped_batches() const noexcept { return skip_steps_; }
+  /// Rolls every rank back to the last committed checkpoint of `checkpointer` after the guard
+  /// tripped at step `tripped_step`, and marks that step's batch skipped (the rule: replay
+  /// steps s+1 .. t-1 on their own batches, skip the batch of t). First waits for the save in
+  /// flight, so a checkpoint that commits counts as the last one. From memory when every rank's
+  /// Checkpointer::staged() holds the same committed step (and `from` allows it), else
+  /// resume_latest(checkpointer.options().root, verify). Skip marks made earlier are kept.
+  /// Throws what resume_latest throws (e.g. no checkpoint yet). Collective.
+  RollbackResult rollback(Checkpointer& checkpointer, std::uint64_t tripped_step, Verify verify = Verify::fast,
+                          RollbackFrom from = RollbackFrom::memory_or_disk);
+  /// This rank's gradient as handed to the optimizer by the last step(): the sum over the
+  /// micro-batches of d(loss x loss_scale / accumulate)/d(params), num_params floats, before
+  /// the reduction across ranks. For tests and diagnostics.
+  std::span<const float> local_gradient() const noexcept { return grads32_; }
 
   std::uint64_t step_count() const noexcept { return step_; }
   const TrainConfig& config() const noexcept { return cfg_; }
@@ -104,6 +202,9 @@ class Trainer {
   /// Restores from this rank's loaded shard of a checkpoint written at the same world size
   /// and configuration (Errc::invalid_argument naming the difference otherwise). Collective.
   void restore(const LoadedShard& shard, const Manifest& manifest);
+  /// Restores from a snapshot still staged in the checkpointer (Checkpointer::staged), with
+  /// the checks restore() makes. Collective.
+  void restore(const StagedSnapshot& snapshot);
   /// Restores from the checkpoint ROOT/latest names (verified): every rank loads its part,
   /// and all ranks agree they loaded the same checkpoint before restoring (a rank that
   /// failed throws its error, the others Errc::aborted naming it). With Reshard::no a
@@ -129,10 +230,15 @@ class Trainer {
   std::vector<ParamTensor> layout_;
   std::uint64_t step_ = 0;
   double wall_seconds_ = 0;
+  std::optional<std::pair<std::uint64_t, float>> lr_once_;  // (step, multiplier)
+  std::set<std::uint64_t> skip_steps_;
 
   struct LoadedState;
-  void check_config(const Manifest& manifest) const;
+  void next_input();  // one micro-batch of this rank, with token noise
+  void check_config(const boost::json::object& training, std::uint64_t step) const;
+  void check_shard_range(const std::string& where, std::uint64_t offset, std::uint64_t numel) const;
   LoadedState load_state(const LoadedShard& shard, const Manifest& manifest) const;
+  LoadedState load_state(const StagedSnapshot& snapshot) const;
   LoadedState load_state_resharded(const CheckpointReader& checkpoint, Verify verify) const;
   void apply_state(const LoadedState& state);  // collective
 };

@@ -67,7 +67,7 @@ void Zero1Optimizer::init_from(std::span<const float> initial) {
   for (std::uint64_t i = 0; i < padded_; ++i) params16_[i] = to16(full[i]);
 }
 
-StepReport Zero1Optimizer::step(std::span<const float> grads) {
+StepReport Zero1Optimizer::step(std::span<const float> grads, float lr_multiplier) {
   if (grads.size() != num_params_) throw_invalid("Zero1Optimizer::step: expected num_params gradients");
   StepReport rep;
   rep.loss_scale = scaler_.scale;
@@ -96,7 +96,7 @@ StepReport Zero1Optimizer::step(std::span<const float> grads) {
                          ? static_cast<float>(adam_.grad_clip / (rep.grad_norm + 1e-6))
                          : 1.0f;
   const std::uint64_t t = ++adam_step_;
-  const float lr = schedule_.at(t);
+  const float lr = schedule_.at(t) * lr_multiplier;  // x 1.0f is exact: the default changes nothing
   rep.lr = lr;
   const float bc1 = 1.0f - std::pow(adam_.beta1, static_cast<float>(t));
   const float bc2 = 1.0f - std::pow(adam_.beta2, static_cast<float>(t));

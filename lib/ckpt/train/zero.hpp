@@ -70,8 +70,9 @@ class Zero1Optimizer {
   void init_from(std::span<const float> initial);
 
   /// One optimizer step from this rank's gradients (fp32, num_params values, multiplied by
-  /// loss_scale()). Collective. Returns what happened.
-  StepReport step(std::span<const float> local_grads_scaled);
+  /// loss_scale()). `lr_multiplier` scales this step's learning rate only (the schedule is
+  /// untouched; the same on every rank). Collective. Returns what happened.
+  StepReport step(std::span<const float> local_grads_scaled, float lr_multiplier = 1.0f);
 
   /// The replicated 16-bit parameters (padded_numel() values; the padding stays 0).
   std::span<const std::uint16_t> params16() const noexcept { return params16_; }
