@@ -57,6 +57,16 @@ usage: ckpt-demo [options]
                        (bytes per category: per rank, and max and mean over ranks) and the
                        step's event (a failed save noticed, a rollback) if any
   --keep K             keep the last K checkpoints (default 3)
+  --inject-spike STEP  multiply the learning rate of step STEP by 1000 (once): the loss spikes,
+                       the guard (non-finite loss or gradient norm, or a loss above 2x the mean of
+                       the last 5 good steps) trips, every rank rolls back to the last committed
+                       checkpoint (from memory while its staged snapshot is intact, else from
+                       disk) and training replays from there, skipping the batch of the step that
+                       tripped; check (e) then compares with a run that never saw the spike and
+                       skipped the same batch. STEP must come after the first save.
+  --accumulate K       gradient accumulation: each step sums the gradients of K micro-batches of
+                       --batch sequences (the same as one batch of K x --batch) before the
+                       optimizer step (default 1)
   --fail-save STEP     make the disk fail during the save at STEP (a multiple of --save-every):
                        its first write gets EIO, the save fails with its typed error, training
                        goes on and the next interval saves again (check (g))
@@ -78,7 +88,8 @@ Checks (exit 1 if any fails; exit 2 on a usage error):
       that step (every tensor of every rank, full SHA-256 verification)
   (e) fresh runs only, if a save happened before the last step: a run resumed from that
       checkpoint (in a scratch directory) reproduces the later losses and the final
-      parameters bit for bit ("resume verified")
+      parameters bit for bit ("resume verified"); after a rollback, the resumed run has no
+      spike and skips the batches the rollback skipped
   (f) resharded resumes only: the optimizer state every rank restored, concatenated, equals
       the source checkpoint's flat state (fp32 master, Adam m and v), the padding zero
   (g) with --fail-save: that save failed with the I/O error on every rank, training reached
@@ -97,6 +108,8 @@ struct Options {
   std::optional<std::string> metrics;
   int keep = 3;
   std::optional<std::uint64_t> fail_save;
+  std::optional<std::uint64_t> inject_spike;
+  std::vector<std::uint64_t> skip_batches;  // internal: check (e)'s run skips what a rollback skipped
   WriterBackend writer = WriterBackend::automatic;
   TrainConfig train;
 };
@@ -138,6 +151,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--metrics") o.metrics = need(i);
     else if (a == "--keep") o.keep = static_cast<int>(num(i));
     else if (a == "--fail-save") o.fail_save = static_cast<std::uint64_t>(num(i));
+    else if (a == "--inject-spike") o.inject_spike = static_cast<std::uint64_t>(num(i));
+    else if (a == "--accumulate") o.train.accumulate = static_cast<int>(num(i));
     else if (a == "--writer") {
       const std::string w = need(i);
       if (w == "auto") o.writer = WriterBackend::automatic;
@@ -169,6 +184,9 @@ Options parse(int argc, char** argv) {
   if (o.world < 1 || o.world > 1024) usage("--world-size must be 1..1024");
   if (o.save_every == 0) usage("--save-every must be >= 1");
   if (o.reshard && !o.resume) usage("--reshard needs --resume");
+  if (o.inject_spike && *o.inject_spike <= o.save_every)
+    usage("--inject-spike must come after the first save (step > --save-every), so there is a checkpoint to roll back to");
+  if (o.train.accumulate < 1 || o.train.accumulate > 4096) usage("--accumulate must be 1..4096");
   if (o.fail_save && (*o.fail_save == 0 || *o.fail_save % o.save_every != 0))
     usage("--fail-save must be a step at which the demo saves (a positive multiple of --save-every)");
   try {
@@ -214,10 +232,39 @@ RankRecord train_rank(const Options& o, dist::Communicator& comm, const std::str
       it = pending.erase(it);
     }
   };
-  for (std::uint64_t step = start + 1; step <= last; ++step) {
+  for (std::uint64_t s : o.skip_batches) trainer.skip_batch_of_step(s);
+  // The NaN guard and loss-spike detector: every rank sees the same StepStats, so every rank
+  // trips at the same step and rolls back together.
+  SpikeGuard guard;
+  if (o.inject_spike && ckpt) trainer.set_lr_multiplier_once(*o.inject_spike, 1000.0f);
+  int rollbacks_in_a_row = 0;
+  std::uint64_t last_trip = 0;
+  while (trainer.step_count() < last) {
     StepRow row;
     row.stats = trainer.step();
     row.memory = trainer.memory();
+    const std::uint64_t step = row.stats.step;
+    if (ckpt) {
+      const double mean = guard.recent_mean();
+      if (const Trip trip = guard.check(row.stats); trip != Trip::none) {
+        // A spike the last checkpoint already carries would trip again after every rollback.
+        if (++rollbacks_in_a_row > 3)
+          throw Error(Errc::aborted, root, "the loss guard tripped 4 times in a row; the last checkpoint is not good", "a good step",
+                      trip_name(trip));
+        collect(true, &row);
+        const RollbackResult back = trainer.rollback(*ckpt, step);
+        guard.rewind_to(back.step);
+        char buf[256];
+        std::snprintf(buf, sizeof buf, "%s (loss %.4f, recent mean %.4f): rolled back to step %llu from %s, batch of step %llu skipped",
+                      trip_name(trip), static_cast<double>(row.stats.loss), mean, static_cast<unsigned long long>(back.step),
+                      back.from_memory ? "memory" : "disk", static_cast<unsigned long long>(back.skipped_step));
+        row.event = buf;
+        last_trip = step;
+        rec.rows.push_back(std::move(row));
+        continue;
+      }
+      if (step > last_trip) rollbacks_in_a_row = 0;
+    }
     if (ckpt && step % o.save_every == 0) {
       if (faults && o.fail_save == step) {
         // Arm the fault between checkpoints: the previous one is committed, none of this
@@ -244,6 +291,7 @@ RankRecord train_rank(const Options& o, dist::Communicator& comm, const std::str
   collect(true, nullptr);
   const auto p = trainer.optimizer().params16();
   rec.final_params.assign(p.begin(), p.end());
+  rec.skipped_batches.assign(trainer.skipped_batches().begin(), trainer.skipped_batches().end());
   rec.memory = trainer.memory();
   rec.num_params = trainer.num_params();
   rec.resumed_from = start;
@@ -524,6 +572,8 @@ int main(int argc, char** argv) {
       copy_checkpoint(root, name, scratch / "resume");
       Options again_opts = o;
       again_opts.fail_save.reset();
+      again_opts.inject_spike.reset();
+      again_opts.skip_batches = r0.skipped_batches;
       const RunRecord again = run(again_opts, (scratch / "resume").string(), true, false);
       bool same = true;
       for (std::size_t r = 0; r < rec.ranks.size(); ++r) same &= again.ranks.at(r).final_params == rec.ranks[r].final_params;

@@ -98,6 +98,7 @@ std::vector<std::byte> encode(const RankRecord& r) {
   w.pod(r.resumed_from);
   w.pod(r.last_step);
   w.pod<std::uint64_t>(r.num_params);
+  w.bytes(std::as_bytes(std::span(r.skipped_batches)));
   w.str(r.resume_tier);
   return w.take();
 }
@@ -145,6 +146,9 @@ RankRecord decode(std::span<const std::byte> blob) {
   r.resumed_from = rd.pod<std::uint64_t>();
   r.last_step = rd.pod<std::uint64_t>();
   r.num_params = static_cast<std::size_t>(rd.pod<std::uint64_t>());
+  const auto skipped = rd.bytes();
+  r.skipped_batches.resize(skipped.size() / sizeof(std::uint64_t));
+  if (!skipped.empty()) std::memcpy(r.skipped_batches.data(), skipped.data(), r.skipped_batches.size() * sizeof(std::uint64_t));
   r.resume_tier = rd.str();
   if (!rd.done()) throw Error(Errc::comm_error, {}, "demo rank record has trailing bytes");
   return r;

@@ -44,6 +44,7 @@ struct RankRecord {
   std::map<std::string, std::vector<std::byte>> restored;  ///< optim.* right after a resharded resume
   std::uint64_t resumed_from = 0, last_step = 0;
   std::size_t num_params = 0;
+  std::vector<std::uint64_t> skipped_batches;  ///< steps whose batch a rollback skipped
   std::string resume_tier;                    ///< where a resume found its checkpoint ("" if not resumed)
 };
 

@@ -159,3 +159,30 @@ TEST_CASE("ckpt-demo --fail-save: the failed save is reported, training goes on 
   run(kBin + "ckpt-demo --fail-save 15", status);
   CHECK(status == 2);
 }
+
+TEST_CASE("ckpt-demo --inject-spike 12: the guard trips, every rank rolls back, and the run matches one that skipped the batch") {
+  int status = 0;
+  const auto out = run(kBin + "ckpt-demo --inject-spike 12", status);
+  CHECK(status == 0);
+  // The x1000 learning rate of step 12 shows in the loss of step 13; the guard rolls back to
+  // the step-10 checkpoint still staged in memory, and steps 11.. replay without the batch of 13.
+  CHECK(out.find("loss spike (loss ") != std::string::npos);
+  CHECK(out.find("rolled back to step 10 from memory, batch of step 13 skipped") != std::string::npos);
+  for (const char* check : {"(a) loss falls", "(b) same parameter norm", "(d) checkpoint reloads", "(e) bit-exact resume"}) {
+    const auto at = out.find(check);
+    REQUIRE(at != std::string::npos);
+    CHECK(out.substr(at, out.find('\n', at) - at).find("PASS") != std::string::npos);
+  }
+  CHECK(out.find("resume verified") != std::string::npos);
+  run(kBin + "ckpt-demo --inject-spike 5", status);  // before the first checkpoint: nothing to roll back to
+  CHECK(status == 2);
+}
+
+TEST_CASE("ckpt-demo --accumulate 2 trains on micro-batches and resumes bit-exactly") {
+  int status = 0;
+  const auto out = run(kBin + "ckpt-demo --accumulate 2 --world-size 2", status);
+  CHECK(status == 0);
+  CHECK(out.find("resume verified") != std::string::npos);
+  run(kBin + "ckpt-demo --accumulate 0", status);
+  CHECK(status == 2);
+}
