@@ -6,6 +6,7 @@
 #include <boost/json/object.hpp>
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -30,6 +31,11 @@ struct TrainConfig {
   std::uint64_t total_steps = 20;        ///< of the LR schedule
   float token_noise = 0.02f;             ///< probability an input token is replaced (per-rank RNG)
   float lr_multiplier = 1.0f;            ///< scales the schedule (exposed for experiments)
+  /// T ranks share each batch and split the attention heads between them (gpt's
+  /// TensorParallel): rank r is head group r % T of data-parallel replica r / T, and the world
+  /// size must be a multiple of T, the heads too. 1: pure data parallelism. A checkpoint
+  /// records it (training.parallel) and a resume with another T is refused.
+  int tensor_parallel = 1;
   /// The configuration as JSON (recorded in the checkpoint; a resume must match it).
   boost::json::object to_json() const;
 };
@@ -73,7 +79,12 @@ struct MemoryProfile {
 class Trainer {
  public:
   /// Builds this rank's model, data and optimizer, and broadcasts rank 0's initial
-  /// parameters (collective: every rank constructs its Trainer at the same time).
+  /// parameters (collective: every rank constructs its Trainer at the same time). With
+  /// config.tensor_parallel = T > 1 it also splits comm into the tensor-parallel groups (the T
+  /// consecutive ranks of one data-parallel replica); a T that does not divide the world size
+  /// and the heads is Errc::invalid_argument (on every rank, before communicating).
+  /// The data loader and the token-noise RNG run per replica (r / T): the ranks of a
+  /// tensor-parallel group train on the same batch. ZeRO-1 still shards over all ranks.
   Trainer(const TrainConfig& config, dist::Communicator& comm);
 
   /// One training step: forward/backward on this rank's batch, then the ZeRO-1 step.
@@ -113,7 +124,10 @@ class Trainer {
   /// also checks every source file's SHA-256, the ranks sharing the files), and per-rank
   /// state is remapped as docs/resharding.md says: the data position is global, rank r
   /// continues source rank r's RNG stream if there was one, else starts the stream
-  /// rank_rng_seed(seed, r, step) names. Returns the step resumed from. Collective.
+  /// rank_rng_seed(seed, r / T, step) names (T: tensor_parallel, so the ranks of a
+  /// tensor-parallel group keep drawing the same noise). A checkpoint whose training.parallel
+  /// records another tensor-parallel size (none recorded: 1) is Errc::invalid_argument naming
+  /// both layouts, with or without resharding. Returns the step resumed from. Collective.
   std::uint64_t resume_latest(const std::string& root, Verify verify = Verify::fast, Reshard reshard = Reshard::no);
 
  private:
@@ -130,7 +144,14 @@ class Trainer {
   std::uint64_t step_ = 0;
   double wall_seconds_ = 0;
 
+  // Tensor parallelism (TrainConfig::tensor_parallel); tp_comm_ only when it is > 1.
+  int tp_size_ = 1;
+  std::unique_ptr<dist::Communicator> tp_comm_;
+  TensorParallel tp_;
+
   struct LoadedState;
+  int data_parallel_rank() const noexcept { return comm_.rank() / tp_size_; }
+  void check_parallel(const Manifest& manifest) const;
   void check_config(const Manifest& manifest) const;
   LoadedState load_state(const LoadedShard& shard, const Manifest& manifest) const;
   LoadedState load_state_resharded(const CheckpointReader& checkpoint, Verify verify) const;
