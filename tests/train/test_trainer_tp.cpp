@@ -13,6 +13,7 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/dist/thread_comm.hpp"
 #include "ckpt/io/layout.hpp"
+#include "ckpt/io/reshard.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
 #include "ckpt/train/trainer.hpp"
 #include "support/test_support.hpp"
@@ -195,6 +196,30 @@ TEST_CASE("a tensor-parallel checkpoint reshards to another number of replicas")
   CHECK(after.metadata[2].at("rng") == after.metadata[3].at("rng"));
   CHECK(after.metadata[0].at("rng") != after.metadata[2].at("rng"));
   for (float loss : after.losses) CHECK(std::isfinite(loss));
+}
+
+TEST_CASE("an offline reshard of a tensor-parallel checkpoint keeps whole groups and trains as the load-time one") {
+  auto cfg = tp_train_config(2, 2);
+  cfg.token_noise = 0.05f;
+  test::TempDir src, offline, live;
+  run_tp(cfg, 2, 3, src.path().string(), 3);
+  std::filesystem::copy(src.path(), live.path(), std::filesystem::copy_options::recursive);
+  const auto reader = CheckpointReader::open(posix_file_system(), (src.path() / checkpoint_dir_name(3)).string());
+  // 3 ranks cannot hold groups of 2: refused before anything is written.
+  const auto odd = offline.path() / "odd";
+  const Error e = error_of([&] { reshard_checkpoint(posix_file_system(), reader, odd.string(), {.world_size = 3}); });
+  CHECK(e.code() == Errc::invalid_argument);
+  CHECK(e.expected() == "a multiple of 2");
+  CHECK(e.actual() == "3");
+  CHECK_FALSE(std::filesystem::exists(odd));
+  reshard_checkpoint(posix_file_system(), reader, offline.path().string(), {.world_size = 4});
+  const auto opened = open_latest(posix_file_system(), offline.path().string(), {});
+  CHECK(opened.reader.manifest().training.at("parallel").at("data") == 2);
+  const auto a = run_tp(cfg, 4, 6, live.path().string(), 0, true, Reshard::allow);
+  const auto b = run_tp(cfg, 4, 6, offline.path().string(), 0, true, Reshard::no);
+  REQUIRE(a.losses.size() == 3);
+  for (std::size_t i = 0; i < 3; ++i) CHECK(std::memcmp(&a.losses[i], &b.losses[i], sizeof(float)) == 0);
+  CHECK(a.p16 == b.p16);
 }
 
 TEST_CASE("tensor_parallel must divide the world size and the heads") {
