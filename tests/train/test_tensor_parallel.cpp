@@ -11,6 +11,7 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/dist/thread_comm.hpp"
 #include "ckpt/train/gpt.hpp"
+#include "support/test_support.hpp"
 
 using namespace ckpt;
 using namespace ckpt::train;
@@ -77,16 +78,6 @@ std::vector<Result> tensor_parallel(const GptConfig& cfg, int tp, const std::vec
   return out;
 }
 
-template <class F>
-void check_invalid(F&& f) {
-  try {
-    f();
-    FAIL("no error");
-  } catch (const Error& e) {
-    CHECK(e.code() == Errc::invalid_argument);
-  }
-}
-
 }  // namespace
 
 TEST_CASE("tensor-parallel heads match the single-rank loss and gradients within float noise") {
@@ -135,23 +126,19 @@ TEST_CASE("tensor-parallel arguments are checked before anything is computed") {
   const GptConfig cfg = tp_config();
   const auto params = spread_params(cfg);
   const Batch b = fixed_batch(cfg);
-  check_invalid([&] { GptWorkspace ws(cfg, 3); });  // 3 does not divide 4 heads
-  check_invalid([&] { GptWorkspace ws(cfg, 0); });
+  CHECK(test::expect_error([&] { GptWorkspace ws(cfg, 3); }).code() == Errc::invalid_argument);  // 3 does not divide 4 heads
+  CHECK(test::expect_error([&] { GptWorkspace ws(cfg, 0); }).code() == Errc::invalid_argument);
   GptWorkspace ws(cfg, 2);
   const auto sum = [](std::span<float>) {};
-  check_invalid([&] { gpt_forward(cfg, params, b.tokens, b.targets, ws); });  // size 1 on a size-2 workspace
-  check_invalid([&] { gpt_forward(cfg, params, b.tokens, b.targets, ws, {2, 2, sum}); });
-  check_invalid([&] { gpt_forward(cfg, params, b.tokens, b.targets, ws, {0, 2, {}}); });
+  CHECK(test::expect_error([&] { gpt_forward(cfg, params, b.tokens, b.targets, ws); }).code() == Errc::invalid_argument);  // size 1 on a size-2 workspace
+  CHECK(test::expect_error([&] { gpt_forward(cfg, params, b.tokens, b.targets, ws, {2, 2, sum}); }).code() == Errc::invalid_argument);
+  CHECK(test::expect_error([&] { gpt_forward(cfg, params, b.tokens, b.targets, ws, {0, 2, {}}); }).code() == Errc::invalid_argument);
   // A forward as rank 0 then a backward as rank 1 would mix two ranks' heads.
   gpt_forward(cfg, params, b.tokens, b.targets, ws, {0, 2, sum});
   std::vector<float> grads(params.size(), 0.0f);
-  try {
-    gpt_backward(cfg, params, b.tokens, b.targets, ws, grads, 1.0f, {1, 2, sum});
-    FAIL("no error");
-  } catch (const Error& e) {
-    CHECK(e.code() == Errc::invalid_argument);
-    CHECK(e.expected() == "0");
-    CHECK(e.actual() == "1");
-  }
+  const Error e = test::expect_error([&] { gpt_backward(cfg, params, b.tokens, b.targets, ws, grads, 1.0f, {1, 2, sum}); });
+  CHECK(e.code() == Errc::invalid_argument);
+  CHECK(e.expected() == "0");
+  CHECK(e.actual() == "1");
   CHECK(std::all_of(grads.begin(), grads.end(), [](float g) { return g == 0.0f; }));
 }

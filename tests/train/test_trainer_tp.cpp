@@ -79,16 +79,6 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return m;
 }
 
-Error error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e;
-  }
-  FAIL("no error");
-  return Error(Errc::invalid_argument, {}, "unreachable");
-}
-
 }  // namespace
 
 TEST_CASE("tensor-parallel training tracks the data-parallel and single-rank baselines on the same global batch") {
@@ -159,13 +149,13 @@ TEST_CASE("a resume at another tensor-parallel layout is refused naming both lay
   const auto saved = run_tp(tp_train_config(2, 2), 2, 2, dir.path().string(), 2);
   // Same world size, heads not split: refused, with or without resharding.
   for (const Reshard reshard : {Reshard::no, Reshard::allow}) {
-    const Error e = error_of([&] { run_tp(tp_train_config(2, 1), 2, 4, dir.path().string(), 0, true, reshard); });
+    const Error e = test::expect_error([&] { run_tp(tp_train_config(2, 1), 2, 4, dir.path().string(), 0, true, reshard); });
     CHECK(e.code() == Errc::invalid_argument);
     CHECK(e.expected() == "tensor 1 x data 2");
     CHECK(e.actual() == "tensor 2 x data 1");
   }
   // Another world size with another split, through the reshard path.
-  const Error e4 = error_of([&] { run_tp(tp_train_config(2, 4), 4, 4, dir.path().string(), 0, true, Reshard::allow); });
+  const Error e4 = test::expect_error([&] { run_tp(tp_train_config(2, 4), 4, 4, dir.path().string(), 0, true, Reshard::allow); });
   CHECK(e4.code() == Errc::invalid_argument);
   CHECK(e4.expected() == "tensor 4 x data 1");
   CHECK(e4.actual() == "tensor 2 x data 1");
@@ -177,7 +167,7 @@ TEST_CASE("a resume at another tensor-parallel layout is refused naming both lay
 TEST_CASE("a checkpoint without tensor parallelism is refused by a tensor-parallel run") {
   test::TempDir dir;
   run_tp(tp_train_config(2, 1), 2, 2, dir.path().string(), 2);
-  const Error e = error_of([&] { run_tp(tp_train_config(2, 2), 2, 4, dir.path().string(), 0, true); });
+  const Error e = test::expect_error([&] { run_tp(tp_train_config(2, 2), 2, 4, dir.path().string(), 0, true); });
   CHECK(e.code() == Errc::invalid_argument);
   CHECK(e.expected() == "tensor 2 x data 1");
   CHECK(e.actual() == "tensor 1 x data 2");
@@ -207,7 +197,7 @@ TEST_CASE("an offline reshard of a tensor-parallel checkpoint keeps whole groups
   const auto reader = CheckpointReader::open(posix_file_system(), (src.path() / checkpoint_dir_name(3)).string());
   // 3 ranks cannot hold groups of 2: refused before anything is written.
   const auto odd = offline.path() / "odd";
-  const Error e = error_of([&] { reshard_checkpoint(posix_file_system(), reader, odd.string(), {.world_size = 3}); });
+  const Error e = test::expect_error([&] { reshard_checkpoint(posix_file_system(), reader, odd.string(), {.world_size = 3}); });
   CHECK(e.code() == Errc::invalid_argument);
   CHECK(e.expected() == "a multiple of 2");
   CHECK(e.actual() == "3");
@@ -226,7 +216,7 @@ TEST_CASE("tensor_parallel must divide the world size and the heads") {
   for (auto [world, tensor] : {std::pair{3, 2}, std::pair{4, 8}, std::pair{2, 0}}) {
     CAPTURE(world);
     CAPTURE(tensor);
-    const Error e = error_of([&] { run_tp(tp_train_config(2, tensor), world, 1); });
+    const Error e = test::expect_error([&] { run_tp(tp_train_config(2, tensor), world, 1); });
     CHECK(e.code() == Errc::invalid_argument);
     CHECK(e.actual() == std::to_string(tensor));
   }
