@@ -20,9 +20,11 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/dist/communicator.hpp"
 #include "ckpt/dist/thread_comm.hpp"
+#include "support/test_support.hpp"
 
 using namespace ckpt;
 using namespace ckpt::dist;
+using ckpt::test::expect_error;
 
 namespace {
 
@@ -240,17 +242,6 @@ std::vector<Bytes> run_repeatable(Collective coll, const std::vector<Bytes>& ins
     }
   });
   return outs;
-}
-
-template <class F>
-Error expect_error(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e;
-  }
-  FAIL("no ckpt::Error thrown");
-  return Error(Errc::invalid_argument, {}, "unreachable");
 }
 
 }  // namespace

@@ -1,10 +1,14 @@
 // Helpers shared by the test executables.
 #pragma once
 
+#include <doctest/doctest.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <string>
 #include <vector>
+
+#include "ckpt/core/error.hpp"
 
 namespace ckpt::test {
 
@@ -32,5 +36,18 @@ void write_all(const std::filesystem::path& p, const std::vector<std::uint8_t>& 
 
 /// Runs a shell command and returns its stdout; sets *status to the exit status.
 std::string run_command(const std::string& cmd, int* status = nullptr);
+
+/// The ckpt::Error that f() throws, for checks of its code and context; a test failure if it
+/// returns normally.
+template <class F>
+Error expect_error(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e;
+  }
+  FAIL("no ckpt::Error thrown");
+  return Error(Errc::invalid_argument, {}, "unreachable");
+}
 
 }  // namespace ckpt::test

@@ -133,4 +133,11 @@ std::vector<std::vector<std::byte>> Communicator::all_gather_bytes(
   return do_all_gather_bytes(mine);
 }
 
+std::unique_ptr<Communicator> Communicator::split(int color, int key) {
+  if (color < 0)
+    throw Error(Errc::invalid_argument, {}, "split: color must be non-negative", ">= 0",
+                std::to_string(color));
+  return do_split(color, key);
+}
+
 }  // namespace ckpt::dist

@@ -26,6 +26,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -129,6 +130,18 @@ class Communicator {
   /// Blobs may differ in length, including empty.
   std::vector<std::vector<std::byte>> all_gather_bytes(std::span<const std::byte> mine);
 
+  /// Collective over this group: ranks passing the same color form a new group, ordered by (key, rank).
+  ///
+  /// Every rank of this group calls split (as MPI_Comm_split, without MPI_UNDEFINED: every
+  /// rank joins exactly one new group). The returned communicator's rank is this rank's index
+  /// among its color's members sorted by (key, rank in this group); equal keys keep this
+  /// group's order. color < 0 is Errc::invalid_argument on this rank before it communicates.
+  /// Lifetime: the new communicator owns its own shared state and may outlive this one.
+  /// Failure: aborting this group also aborts every group split from it (transitively, also
+  /// those split before the abort), so a rank blocked in a sub-group collective is woken when
+  /// any rank of the parent fails; aborting a split group does not abort its parent.
+  std::unique_ptr<Communicator> split(int color, int key);
+
   // Typed conveniences: the same operations with the dtype taken from T.
   template <CommElement T>
   void broadcast(std::span<T> buf, int root) {
@@ -163,6 +176,7 @@ class Communicator {
   virtual void do_barrier() = 0;
   virtual std::vector<std::vector<std::byte>> do_all_gather_bytes(
       std::span<const std::byte> mine) = 0;
+  virtual std::unique_ptr<Communicator> do_split(int color, int key) = 0;
 };
 
 /// Throws Errc::invalid_argument unless `op` is defined for `t` (see ReduceOp). Exposed so a

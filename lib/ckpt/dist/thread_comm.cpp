@@ -1,5 +1,7 @@
 #include "ckpt/dist/thread_comm.hpp"
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -19,7 +21,7 @@ namespace {
 constexpr int kMaxWorld = 1024;
 
 enum class Kind : std::uint8_t { broadcast, all_reduce, reduce_scatter, all_gather, barrier,
-                                 all_gather_bytes };
+                                 all_gather_bytes, split };
 
 std::string_view kind_name(Kind k) noexcept {
   switch (k) {
@@ -29,6 +31,7 @@ std::string_view kind_name(Kind k) noexcept {
     case Kind::all_gather: return "all_gather";
     case Kind::barrier: return "barrier";
     case Kind::all_gather_bytes: return "all_gather_bytes";
+    case Kind::split: return "split";
   }
   return "collective";
 }
@@ -69,7 +72,8 @@ struct Disagreement {
 class Group {
  public:
   explicit Group(int world) : world_(world), calls_(static_cast<std::size_t>(world)),
-                              inputs_(static_cast<std::size_t>(world)) {}
+                              inputs_(static_cast<std::size_t>(world)),
+                              split_slots_(static_cast<std::size_t>(world)) {}
 
   int world() const noexcept { return world_; }
 
@@ -98,16 +102,49 @@ class Group {
     return std::nullopt;
   }
 
-  // Puts the group in its terminal failed state; the first failure wins.
-  void fail(Errc code, std::string reason) noexcept {
+  // Puts the group in its terminal failed state; the first failure wins. With
+  // `propagate`, every group split from this one fails the same way (transitively), so a
+  // rank blocked in a sub-group collective is woken too.
+  void fail(Errc code, std::string reason, bool propagate = true) noexcept {
+    std::vector<std::weak_ptr<Group>> children;
     {
       std::lock_guard lk(mu_);
       if (failed_) return;
       failed_ = true;
       failure_code_ = code;
-      failure_reason_ = std::move(reason);
+      failure_reason_ = reason;
+      if (propagate) children.swap(children_);
     }
     cv_.notify_all();
+    // After unlocking: a child locks only its own mutex, so no lock order arises.
+    for (const auto& weak : children)
+      if (const auto child = weak.lock()) child->fail(code, reason, true);
+  }
+
+  // Registers a group split from this one so that failing this one fails it. A group
+  // already failed fails the child at once (the failure may have raced the split).
+  void add_child(const std::shared_ptr<Group>& child) {
+    bool failed_now = false;
+    Errc code = Errc::aborted;
+    std::string reason;
+    {
+      std::lock_guard lk(mu_);
+      std::erase_if(children_, [](const std::weak_ptr<Group>& w) { return w.expired(); });
+      if (failed_) {
+        failed_now = true;
+        code = failure_code_;
+        reason = failure_reason_;
+      } else {
+        children_.push_back(child);
+      }
+    }
+    if (failed_now) child->fail(code, std::move(reason), true);
+  }
+
+  // split: the group a rank's color leader created, published in the leader's slot during the
+  // first peer phase of the split and read in the second. Only a leader writes its own slot.
+  std::shared_ptr<Group>& split_slot(int rank) noexcept {
+    return split_slots_[static_cast<std::size_t>(rank)];
   }
 
  private:
@@ -160,6 +197,8 @@ class Group {
   std::vector<Call> calls_;
   // calls_[q].in again, contiguous, so the reduction kernel takes them as one span.
   std::vector<const std::byte*> inputs_;
+  std::vector<std::shared_ptr<Group>> split_slots_;
+  std::vector<std::weak_ptr<Group>> children_;  // guarded by mu_
 };
 
 std::string_view field_name(Field f) noexcept {
@@ -195,10 +234,15 @@ void copy_bytes(std::byte* dst, const std::byte* src, std::size_t n) noexcept {
   if (n != 0 && dst != src) std::memcpy(dst, src, n);
 }
 
+// Every group one rank belongs to through splits of one root communicator, shared by that
+// rank's communicators: depart() fails exactly these (only this rank's thread touches it).
+using Memberships = std::vector<std::weak_ptr<Group>>;
+
 class ThreadCommunicator final : public Communicator {
  public:
-  ThreadCommunicator(std::shared_ptr<Group> group, int rank)
-      : group_(std::move(group)), rank_(rank) {}
+  ThreadCommunicator(std::shared_ptr<Group> group, int rank,
+                     std::shared_ptr<Memberships> memberships = std::make_shared<Memberships>())
+      : group_(std::move(group)), rank_(rank), memberships_(std::move(memberships)) {}
 
   int rank() const noexcept override { return rank_; }
   int size() const noexcept override { return group_->world(); }
@@ -208,14 +252,18 @@ class ThreadCommunicator final : public Communicator {
 
   // run_ranks: this rank's function returned, so it will never join another collective; a
   // peer that calls one would wait forever.
+  // The groups split from this one that do not contain this rank carry on: only the groups
+  // this rank is a member of are failed.
   void depart() noexcept {
+    std::string reason;
     try {
-      group_->fail(Errc::comm_error, "rank " + std::to_string(rank_) +
-                                         " returned from its rank function and will never "
-                                         "join this collective");
+      reason = "rank " + std::to_string(rank_) +
+               " returned from its rank function and will never join this collective";
     } catch (...) {
-      group_->fail(Errc::comm_error, {});
     }
+    group_->fail(Errc::comm_error, reason, false);
+    for (const auto& weak : *memberships_)
+      if (const auto g = weak.lock()) g->fail(Errc::comm_error, reason, false);
   }
 
  protected:
@@ -335,6 +383,65 @@ class ThreadCommunicator final : public Communicator {
     return all;
   }
 
+  // One collective in two peer phases: every rank publishes (color, key); the leader of each
+  // color (its lowest rank here) creates the new group's shared state, registers it as a
+  // child of this group and publishes it in its slot; after a barrier every member takes it
+  // from its leader's slot. The next split's first barrier comes after every rank has read
+  // its slot, so a leader never overwrites a slot a peer still reads.
+  std::unique_ptr<Communicator> do_split(int color, int key) override {
+    const Exclusive guard(*this, Kind::split);
+    const std::array<int, 2> mine{color, key};
+    const Call call{.kind = Kind::split, .in = reinterpret_cast<const std::byte*>(mine.data()),
+                    .in_bytes = sizeof mine};
+    group_->enter(rank_, call);
+    const auto bad = group_->find_disagreement();
+    int leader = -1, new_rank = 0, new_size = 0;
+    std::exception_ptr error;
+    if (!bad) {
+      try {
+        const int world = group_->world();
+        auto color_key = [&](int q) {
+          std::array<int, 2> ck{};
+          std::memcpy(ck.data(), group_->call(q).in, sizeof ck);
+          return ck;
+        };
+        std::vector<std::pair<int, int>> members;  // (key, rank) of this color
+        for (int q = 0; q < world; ++q) {
+          const auto ck = color_key(q);
+          if (ck[0] != color) continue;
+          if (leader < 0) leader = q;
+          members.emplace_back(ck[1], q);
+        }
+        std::sort(members.begin(), members.end());
+        new_size = static_cast<int>(members.size());
+        new_rank = static_cast<int>(
+            std::find(members.begin(), members.end(), std::pair{key, rank_}) - members.begin());
+        if (leader == rank_) {
+          group_->split_slot(rank_).reset();  // never leave a previous split's group there
+          auto child = std::make_shared<Group>(new_size);
+          group_->add_child(child);
+          group_->split_slot(rank_) = std::move(child);
+        }
+      } catch (...) {  // allocation: the rank must still reach every barrier
+        error = std::current_exception();
+      }
+      group_->next_phase(call.kind);
+    }
+    std::shared_ptr<Group> child;
+    if (!bad && !error) child = group_->split_slot(leader);
+    group_->leave(call.kind);
+    // Every member has read the slot: the parent no longer holds the child alive.
+    if (leader == rank_) group_->split_slot(rank_).reset();
+    if (bad) throw_disagreement(*bad);
+    if (error) std::rethrow_exception(error);
+    if (!child)  // the leader failed to create it
+      throw Error(Errc::comm_error, {}, "split: rank " + std::to_string(leader) +
+                                            " could not create the group of color " +
+                                            std::to_string(color));
+    memberships_->push_back(child);
+    return std::make_unique<ThreadCommunicator>(std::move(child), new_rank, memberships_);
+  }
+
  private:
   // Two threads driving one rank would pair their collectives with the peers' in an arbitrary
   // order and deadlock or corrupt; refuse the second one instead.
@@ -356,6 +463,7 @@ class ThreadCommunicator final : public Communicator {
 
   std::shared_ptr<Group> group_;
   const int rank_;
+  std::shared_ptr<Memberships> memberships_;
   std::atomic<bool> busy_{false};
   std::vector<std::byte> scratch_;  // all_reduce: this rank's reduced block, read by peers
 };

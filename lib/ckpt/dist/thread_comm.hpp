@@ -27,12 +27,18 @@ namespace ckpt::dist {
 /// Besides the contract of Communicator, this backend throws Errc::invalid_argument when two
 /// threads use the same rank's communicator at once (the second one to enter), rather than
 /// letting them interleave into a deadlock.
+///
+/// split() creates the sub-group's shared state in-process (its color's lowest rank creates
+/// it); the sub-group's communicators are of this backend too and may be split again. An
+/// abort of a group reaches every group split from it (transitively).
 std::vector<std::unique_ptr<Communicator>> make_thread_group(int world_size);
 
 /// Runs fn(comm) on `world_size` new threads, one per rank of a fresh thread group, and joins
 /// them all before returning. If a rank throws, the group is aborted (so peers blocked in a
 /// collective throw Errc::aborted instead of hanging); if a rank returns while peers still
-/// call collectives, those collectives throw Errc::comm_error naming the departed rank.
+/// call collectives, those collectives throw Errc::comm_error naming the departed rank (in
+/// the group and in every group split from it that the departed rank belongs to; sub-groups
+/// without it carry on).
 /// After joining, rethrows the error of the lowest rank that failed for a reason of its own
 /// (anything but Errc::aborted), else the lowest rank's Errc::aborted. Blocks until every rank
 /// thread has finished. Throws Errc::invalid_argument for a world size outside 1..1024.

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "ckpt/core/aligned_buffer.hpp"
@@ -334,6 +335,18 @@ ReshardResult reshard_checkpoint(FileSystem& fs, const CheckpointReader& source,
     throw Error(Errc::invalid_argument, dst_root, "buffer size", "at least " + std::to_string(kMinReshardBuffer) + " bytes",
                 std::to_string(opt.buffer_bytes) + " bytes");
   const int world = opt.world_size;
+  // A tensor-parallel checkpoint (training.parallel.tensor = T) resumes only at a world made
+  // of whole groups of T ranks; its layout's data degree follows the new world size.
+  std::optional<json::object> parallel;
+  if (const json::value* p = src.training.if_contains("parallel"); p && p->is_object()) {
+    parallel = p->as_object();
+    if (const json::value* t = parallel->if_contains("tensor"); t && t->is_int64() && t->as_int64() > 0) {
+      if (world % t->as_int64() != 0)
+        throw Error(Errc::invalid_argument, dst_root, "target world size for a tensor-parallel checkpoint (training.parallel.tensor = " +
+                    std::to_string(t->as_int64()) + ")", "a multiple of " + std::to_string(t->as_int64()), std::to_string(world));
+      (*parallel)["data"] = world / t->as_int64();
+    }
+  }
   const FlatLayout layout = opt.layout ? *opt.layout : flat_layout(src, src_file);
   FlatReader flat(source, layout, opt.verify);
   for (const auto& t : src.tensors)
@@ -374,6 +387,7 @@ ReshardResult reshard_checkpoint(FileSystem& fs, const CheckpointReader& source,
   m.training["flat_tensors"] = std::move(names);
   m.training["num_params"] = layout.num_params;
   m.training["resharded_from"] = json::object{{"world_size", src.world_size}, {"param_numel", src.param_numel}};
+  if (parallel) m.training["parallel"] = std::move(*parallel);
 
   bool created_root = false;
   if (!fs.stat(dst_root)) {

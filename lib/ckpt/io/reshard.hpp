@@ -153,6 +153,9 @@ struct ReshardResult {
 /// copied to the new rank 0, per-rank metadata remapped (remap_rank_metadata), training
 /// metadata copied with flat_tensors, num_params and resharded_from {world_size} recorded.
 /// Tensors of ranks other than 0 that are not flat cannot be placed: invalid_argument.
+/// A checkpoint recording training.parallel.tensor = T (tensor-parallel attention heads)
+/// needs a world_size that is a multiple of T (invalid_argument naming both before anything
+/// is written); its training.parallel.data becomes world_size / T.
 /// `dst_root` is created if absent (its parent must exist: Errc::not_found); it must not be
 /// a root a running job writes to, must not already hold the step as a committed checkpoint,
 /// and its `latest` must not name a newer step (invalid_argument: moving `latest` back would

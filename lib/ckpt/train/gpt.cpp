@@ -95,10 +95,12 @@ struct Acts {
   float* ln1;        // L x [B,T,C]
   float* ln1_mean;   // L x [B,T]
   float* ln1_rstd;   // L x [B,T]
-  float* qkv;        // L x [B,T,3C]
-  float* atty;       // L x [B,T,C]
-  float* preatt;     // L x [B,NH,T,T]
-  float* att;        // L x [B,NH,T,T]
+  // Attention slices hold this rank's heads only: with tensor parallelism T, Cl = C/T
+  // channels and NHl = NH/T heads (Cl = C, NHl = NH without it).
+  float* qkv;        // L x [B,T,3Cl]: this rank's q | k | v
+  float* atty;       // L x [B,T,Cl]
+  float* preatt;     // L x [B,NHl,T,T]
+  float* att;        // L x [B,NHl,T,T]
   float* attproj;    // L x [B,T,C]
   float* residual2;  // L x [B,T,C]
   float* ln2;        // L x [B,T,C]
@@ -116,11 +118,13 @@ struct Acts {
   float* losses;     // [B,T]
 };
 
-// Carves base (may be null to only count) and returns the number of floats used.
-size_t carve(const GptConfig& c, float* base, Acts* a) {
+// Carves base (may be null to only count) for a rank of a tensor-parallel group of tp ranks
+// and returns the number of floats used.
+size_t carve(const GptConfig& c, int tp, float* base, Acts* a) {
   const size_t B = static_cast<size_t>(c.batch), T = static_cast<size_t>(c.seq),
                C = static_cast<size_t>(c.dim), L = static_cast<size_t>(c.layers),
                NH = static_cast<size_t>(c.heads), V = static_cast<size_t>(c.vocab);
+  const size_t Cl = C / static_cast<size_t>(tp), NHl = NH / static_cast<size_t>(tp);
   const size_t BT = B * T;
   size_t used = 0;
   auto take = [&](float*& slot, size_t n) {
@@ -133,10 +137,10 @@ size_t carve(const GptConfig& c, float* base, Acts* a) {
   take(s.ln1, L * BT * C);
   take(s.ln1_mean, L * BT);
   take(s.ln1_rstd, L * BT);
-  take(s.qkv, L * BT * 3 * C);
-  take(s.atty, L * BT * C);
-  take(s.preatt, L * B * NH * T * T);
-  take(s.att, L * B * NH * T * T);
+  take(s.qkv, L * BT * 3 * Cl);
+  take(s.atty, L * BT * Cl);
+  take(s.preatt, L * B * NHl * T * T);
+  take(s.att, L * B * NHl * T * T);
   take(s.attproj, L * BT * C);
   take(s.residual2, L * BT * C);
   take(s.ln2, L * BT * C);
@@ -238,13 +242,18 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 }
 
 // out[p, o] = bias[o] + sum_i inp[p, i] * weight[o, i]; weight is [OC, C], bias may be null.
+// Rows of out are ldo apart and rows of weight ldw apart (0: OC and C), so a block of columns
+// of a wider output, or a block of columns of a wider weight, can be used in place (the
+// tensor-parallel slices of qkv and proj).
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
-                    size_t BT, size_t C, size_t OC) {
+                    size_t BT, size_t C, size_t OC, size_t ldo = 0, size_t ldw = 0) {
+  if (ldo == 0) ldo = OC;
+  if (ldw == 0) ldw = C;
   for (size_t p = 0; p < BT; ++p) {
     const float* x = inp + p * C;
-    float* o = out + p * OC;
+    float* o = out + p * ldo;
     for (size_t oc = 0; oc < OC; ++oc) {
-      const float* w = weight + oc * C;
+      const float* w = weight + oc * ldw;
       float acc = bias ? bias[oc] : 0.0f;
       for (size_t i = 0; i < C; ++i) acc += x[i] * w[i];
       o[oc] = acc;
@@ -252,24 +261,28 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
   }
 }
 
+// The strides as in matmul_forward: rows of dout ldo apart, of weight and dweight ldw apart.
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, size_t BT, size_t C, size_t OC) {
+                     const float* inp, const float* weight, size_t BT, size_t C, size_t OC,
+                     size_t ldo = 0, size_t ldw = 0) {
+  if (ldo == 0) ldo = OC;
+  if (ldw == 0) ldw = C;
   // Loop orders keep the innermost loop a contiguous axpy, which the compiler vectorizes
   // without reassociating any sum (so the result stays independent of the vector width).
   for (size_t p = 0; p < BT; ++p) {
-    const float* d = dout + p * OC;
+    const float* d = dout + p * ldo;
     float* dx = dinp + p * C;
     for (size_t oc = 0; oc < OC; ++oc) {
       const float g = d[oc];
-      const float* w = weight + oc * C;
+      const float* w = weight + oc * ldw;
       for (size_t i = 0; i < C; ++i) dx[i] += g * w[i];
     }
   }
   for (size_t oc = 0; oc < OC; ++oc) {
-    float* dw = dweight + oc * C;
+    float* dw = dweight + oc * ldw;
     float db = 0.0f;
     for (size_t p = 0; p < BT; ++p) {
-      const float g = dout[p * OC + oc];
+      const float g = dout[p * ldo + oc];
       const float* x = inp + p * C;
       db += g;
       for (size_t i = 0; i < C; ++i) dw[i] += g * x[i];
@@ -463,6 +476,46 @@ void check_workspace(const GptConfig& cfg, const GptConfig& ws_cfg) {
   if (!(cfg == ws_cfg)) throw_invalid("gpt: workspace was built for another GptConfig");
 }
 
+void check_tensor_parallel(const TensorParallel& tp, int ws_size, const char* where) {
+  if (tp.size != ws_size)
+    throw Error(Errc::invalid_argument, {},
+                std::string(where) + ": tensor-parallel size differs from the workspace's",
+                std::to_string(ws_size), std::to_string(tp.size));
+  if (tp.rank < 0 || tp.rank >= tp.size)
+    throw Error(Errc::invalid_argument, {}, std::string(where) + ": tensor-parallel rank",
+                "0.." + std::to_string(tp.size - 1), std::to_string(tp.rank));
+  if (tp.size > 1 && !tp.all_reduce_sum)
+    throw_invalid(std::string(where) + ": tensor parallelism needs all_reduce_sum");
+}
+
+// This rank's heads: channels [r*Cl, (r+1)*Cl) of each of q, k, v and of the attention
+// output (Cl = C/T, NHl = NH/T heads of C/NH channels each).
+struct HeadSlice {
+  size_t r, Cl, NHl;
+  HeadSlice(const GptConfig& c, const TensorParallel& tp)
+      : r(static_cast<size_t>(tp.rank)), Cl(static_cast<size_t>(c.dim / tp.size)),
+        NHl(static_cast<size_t>(c.heads / tp.size)) {}
+};
+
+// qkv [BT, 3Cl] = this rank's rows of the q, k and v blocks of the [3C, C] weight. With one
+// rank the three calls compute exactly what one [3C, C] matmul does, in the same order.
+void qkv_forward(float* qkv, const float* inp, const float* w, const float* b, size_t BT,
+                 size_t C, const HeadSlice& hs) {
+  for (size_t j = 0; j < 3; ++j) {
+    const size_t row = j * C + hs.r * hs.Cl;
+    matmul_forward(qkv + j * hs.Cl, inp, w + row * C, b + row, BT, C, hs.Cl, 3 * hs.Cl, C);
+  }
+}
+
+void qkv_backward(float* dinp, float* dw, float* db, const float* dqkv, const float* inp,
+                  const float* w, size_t BT, size_t C, const HeadSlice& hs) {
+  for (size_t j = 0; j < 3; ++j) {
+    const size_t row = j * C + hs.r * hs.Cl;
+    matmul_backward(dinp, dw + row * C, db + row, dqkv + j * hs.Cl, inp, w + row * C, BT, C,
+                    hs.Cl, 3 * hs.Cl, C);
+  }
+}
+
 
 // Uniform in (0, 1]: 53 random bits, never 0, so log() below is finite.
 double uniform_open0(std::uint64_t& state) {
@@ -551,9 +604,14 @@ void init_params(const GptConfig& cfg, std::uint64_t seed, std::span<float> para
   }
 }
 
-GptWorkspace::GptWorkspace(const GptConfig& cfg) : cfg_(cfg) {
+GptWorkspace::GptWorkspace(const GptConfig& cfg, int tensor_parallel)
+    : cfg_(cfg), tp_size_(tensor_parallel) {
   cfg.validate();
-  const size_t n_acts = carve(cfg, nullptr, nullptr);
+  if (tensor_parallel < 1 || cfg.heads % tensor_parallel != 0)
+    throw Error(Errc::invalid_argument, {},
+                "GptWorkspace: tensor_parallel must divide heads = " + std::to_string(cfg.heads),
+                "a divisor of " + std::to_string(cfg.heads), std::to_string(tensor_parallel));
+  const size_t n_acts = carve(cfg, tp_size_, nullptr, nullptr);
   acts_.assign(n_acts, 0.0f);
   dacts_.assign(n_acts, 0.0f);
   dparams_.assign(num_params(cfg), 0.0f);
@@ -569,12 +627,13 @@ std::size_t GptWorkspace::bytes() const noexcept {
 
 float gpt_forward(const GptConfig& cfg, std::span<const float> params,
                   std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
-                  GptWorkspace& ws) {
+                  GptWorkspace& ws, const TensorParallel& tp) {
   check_workspace(cfg, ws.cfg_);
+  check_tensor_parallel(tp, ws.tp_size_, "gpt_forward");
   const ParamOffsets po(cfg);
   const size_t B = static_cast<size_t>(cfg.batch), T = static_cast<size_t>(cfg.seq),
                C = static_cast<size_t>(cfg.dim), L = static_cast<size_t>(cfg.layers),
-               NH = static_cast<size_t>(cfg.heads), V = static_cast<size_t>(cfg.vocab);
+               V = static_cast<size_t>(cfg.vocab);
   const size_t BT = B * T;
   check_size(params.size(), po.total, "gpt_forward: params");
   check_size(tokens.size(), BT, "gpt_forward: tokens");
@@ -583,11 +642,13 @@ float gpt_forward(const GptConfig& cfg, std::span<const float> params,
   check_tokens(targets, cfg.vocab, "targets");
 
   ws.has_forward_ = false;  // until the activations below belong to this batch
+  ws.tp_rank_ = tp.rank;
   std::copy(tokens.begin(), tokens.end(), ws.tokens_.begin());
   std::copy(targets.begin(), targets.end(), ws.targets_.begin());
 
   Acts a{};
-  carve(cfg, ws.acts_.data(), &a);
+  carve(cfg, ws.tp_size_, ws.acts_.data(), &a);
+  const HeadSlice hs(cfg, tp);
   const float* P = params.data();
 
   encoder_forward(a.encoded, tokens.data(), P + po.wte, P + po.wpe, B, T, C);
@@ -597,10 +658,10 @@ float gpt_forward(const GptConfig& cfg, std::span<const float> params,
     float* ln1 = a.ln1 + l * BT * C;
     float* ln1_mean = a.ln1_mean + l * BT;
     float* ln1_rstd = a.ln1_rstd + l * BT;
-    float* qkv = a.qkv + l * BT * 3 * C;
-    float* atty = a.atty + l * BT * C;
-    float* preatt = a.preatt + l * B * NH * T * T;
-    float* att = a.att + l * B * NH * T * T;
+    float* qkv = a.qkv + l * BT * 3 * hs.Cl;
+    float* atty = a.atty + l * BT * hs.Cl;
+    float* preatt = a.preatt + l * B * hs.NHl * T * T;
+    float* att = a.att + l * B * hs.NHl * T * T;
     float* attproj = a.attproj + l * BT * C;
     float* residual2 = a.residual2 + l * BT * C;
     float* ln2 = a.ln2 + l * BT * C;
@@ -612,9 +673,12 @@ float gpt_forward(const GptConfig& cfg, std::span<const float> params,
     float* residual3 = a.residual3 + l * BT * C;
 
     layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, P + bo.ln1w, P + bo.ln1b, BT, C);
-    matmul_forward(qkv, ln1, P + bo.qkvw, P + bo.qkvb, BT, C, 3 * C);
-    attention_forward(atty, preatt, att, qkv, B, T, C, NH);
-    matmul_forward(attproj, atty, P + bo.projw, P + bo.projb, BT, C, C);
+    qkv_forward(qkv, ln1, P + bo.qkvw, P + bo.qkvb, BT, C, hs);
+    attention_forward(atty, preatt, att, qkv, B, T, hs.Cl, hs.NHl);
+    // This rank's columns of proj.w; the bias once, on rank 0, before the partial sums meet.
+    matmul_forward(attproj, atty, P + bo.projw + hs.r * hs.Cl, hs.r == 0 ? P + bo.projb : nullptr,
+                   BT, hs.Cl, C, C, C);
+    if (tp.size > 1) tp.all_reduce_sum(std::span(attproj, BT * C));
     residual_forward(residual2, residual, attproj, BT * C);
     layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, P + bo.ln2w, P + bo.ln2b, BT, C);
     matmul_forward(fch, ln2, P + bo.fcw, P + bo.fcb, BT, C, 4 * C);
@@ -636,12 +700,14 @@ float gpt_forward(const GptConfig& cfg, std::span<const float> params,
 
 void gpt_backward(const GptConfig& cfg, std::span<const float> params,
                   std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
-                  GptWorkspace& ws, std::span<float> grads, float loss_scale) {
+                  GptWorkspace& ws, std::span<float> grads, float loss_scale,
+                  const TensorParallel& tp) {
   check_workspace(cfg, ws.cfg_);
+  check_tensor_parallel(tp, ws.tp_size_, "gpt_backward");
   const ParamOffsets po(cfg);
   const size_t B = static_cast<size_t>(cfg.batch), T = static_cast<size_t>(cfg.seq),
                C = static_cast<size_t>(cfg.dim), L = static_cast<size_t>(cfg.layers),
-               NH = static_cast<size_t>(cfg.heads), V = static_cast<size_t>(cfg.vocab);
+               V = static_cast<size_t>(cfg.vocab);
   const size_t BT = B * T;
   check_size(params.size(), po.total, "gpt_backward: params");
   check_size(grads.size(), po.total, "gpt_backward: grads");
@@ -652,10 +718,15 @@ void gpt_backward(const GptConfig& cfg, std::span<const float> params,
       !std::equal(targets.begin(), targets.end(), ws.targets_.begin())) {
     throw_invalid("gpt_backward: tokens/targets differ from those of the preceding gpt_forward");
   }
+  if (tp.rank != ws.tp_rank_)
+    throw Error(Errc::invalid_argument, {},
+                "gpt_backward: tensor-parallel rank differs from the preceding gpt_forward's",
+                std::to_string(ws.tp_rank_), std::to_string(tp.rank));
 
   Acts a{}, d{};
-  carve(cfg, ws.acts_.data(), &a);
-  carve(cfg, ws.dacts_.data(), &d);
+  carve(cfg, ws.tp_size_, ws.acts_.data(), &a);
+  carve(cfg, ws.tp_size_, ws.dacts_.data(), &d);
+  const HeadSlice hs(cfg, tp);
   std::fill(ws.dacts_.begin(), ws.dacts_.end(), 0.0f);
   std::fill(ws.dparams_.begin(), ws.dparams_.end(), 0.0f);
   const float* P = params.data();
@@ -675,8 +746,8 @@ void gpt_backward(const GptConfig& cfg, std::span<const float> params,
     const BlockOffsets bo = po.block(cfg, static_cast<int>(l));
     const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
     float* dresidual = l == 0 ? d.encoded : d.residual3 + (l - 1) * BT * C;
-    const size_t o1 = l * BT, oC = l * BT * C, o3C = l * BT * 3 * C, o4C = l * BT * 4 * C;
-    const size_t oAtt = l * B * NH * T * T;
+    const size_t o1 = l * BT, oC = l * BT * C, o4C = l * BT * 4 * C;
+    const size_t oCl = l * BT * hs.Cl, o3Cl = l * BT * 3 * hs.Cl, oAtt = l * B * hs.NHl * T * T;
 
     residual_backward(d.residual2 + oC, d.fcproj + oC, d.residual3 + oC, BT * C);
     matmul_backward(d.fch_gelu + o4C, G + bo.fcprojw, G + bo.fcprojb, d.fcproj + oC,
@@ -687,16 +758,28 @@ void gpt_backward(const GptConfig& cfg, std::span<const float> params,
     layernorm_backward(d.residual2 + oC, G + bo.ln2w, G + bo.ln2b, d.ln2 + oC, a.residual2 + oC,
                        P + bo.ln2w, a.ln2_mean + o1, a.ln2_rstd + o1, BT, C);
     residual_backward(dresidual, d.attproj + oC, d.residual2 + oC, BT * C);
-    matmul_backward(d.atty + oC, G + bo.projw, G + bo.projb, d.attproj + oC, a.atty + oC,
-                    P + bo.projw, BT, C, C);
-    attention_backward(d.qkv + o3C, d.preatt + oAtt, d.att + oAtt, d.atty + oC, a.qkv + o3C,
-                       a.att + oAtt, B, T, C, NH);
-    matmul_backward(d.ln1 + oC, G + bo.qkvw, G + bo.qkvb, d.qkv + o3C, a.ln1 + oC, P + bo.qkvw,
-                    BT, C, 3 * C);
+    // proj.b's gradient is whole on every rank: d.attproj is the same on all of them.
+    const size_t col = hs.r * hs.Cl;
+    matmul_backward(d.atty + oCl, G + bo.projw + col, G + bo.projb, d.attproj + oC,
+                    a.atty + oCl, P + bo.projw + col, BT, hs.Cl, C, C, C);
+    attention_backward(d.qkv + o3Cl, d.preatt + oAtt, d.att + oAtt, d.atty + oCl, a.qkv + o3Cl,
+                       a.att + oAtt, B, T, hs.Cl, hs.NHl);
+    qkv_backward(d.ln1 + oC, G + bo.qkvw, G + bo.qkvb, d.qkv + o3Cl, a.ln1 + oC, P + bo.qkvw, BT,
+                 C, hs);
+    // Each rank has its heads' share of d(ln1 output); the sum is the whole of it.
+    if (tp.size > 1) tp.all_reduce_sum(std::span(d.ln1 + oC, BT * C));
     layernorm_backward(dresidual, G + bo.ln1w, G + bo.ln1b, d.ln1 + oC, residual, P + bo.ln1w,
                        a.ln1_mean + o1, a.ln1_rstd + o1, BT, C);
   }
   encoder_backward(G + po.wte, G + po.wpe, d.encoded, tokens.data(), B, T, C);
+  if (tp.size > 1) {
+    // qkv.w, qkv.b and proj.w are contiguous; each rank holds its heads' rows/columns and
+    // zeros elsewhere, so the sum is exact and gives every rank the whole gradient.
+    for (size_t l = 0; l < L; ++l) {
+      const BlockOffsets bo = po.block(cfg, static_cast<int>(l));
+      tp.all_reduce_sum(std::span(G + bo.qkvw, bo.projb - bo.qkvw));
+    }
+  }
 
   for (size_t i = 0; i < po.total; ++i) grads[i] += G[i];
 }

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -64,25 +65,51 @@ std::size_t num_params(const GptConfig& cfg);
 /// so a seed gives the same parameters with every standard library.
 void init_params(const GptConfig& cfg, std::uint64_t seed, std::span<float> params);
 
+/// Megatron-style tensor parallelism of the attention heads, as a hook so gpt stays pure
+/// compute. With size T > 1, rank r of a tensor-parallel group of T ranks (all running the same
+/// batch on the same replicated parameters) computes only heads [r*heads/T, (r+1)*heads/T):
+/// their q/k/v, attention and their part of the output projection; all_reduce_sum then adds
+/// the T partial outputs (the projection bias is added by rank 0 only). In the backward pass
+/// the gradient w.r.t. the attention input (ln1's output) is all-reduced the same way, and
+/// finally the gradients of the head-split tensors (qkv.w, qkv.b, proj.w), which each rank has
+/// only for its own heads and zero elsewhere, are all-reduced too, so every rank of the group
+/// ends with the whole gradient, the same bits on every rank. The result equals the T = 1
+/// computation up to float rounding (partial sums are added in another order), not bitwise.
+struct TensorParallel {
+  int rank = 0;  ///< this rank's place in the tensor-parallel group, [0, size)
+  int size = 1;  ///< heads per rank = heads / size; 1: no tensor parallelism
+  /// Replaces the span by its element-wise sum over the group, the same bits on every rank
+  /// (e.g. Communicator::all_reduce with ReduceOp::sum). Needed when size > 1. Called the same
+  /// number of times with the same sizes on every rank of the group.
+  std::function<void(std::span<float>)> all_reduce_sum;
+};
+
 /// Activations of one forward pass and the scratch of one backward pass, sized once for a
 /// config and reused across steps so the training loop does no heap allocation per step.
 /// One workspace serves one forward/backward at a time (not thread-safe); give each rank its own.
 class GptWorkspace {
  public:
-  /// Validates cfg and allocates every buffer.
-  explicit GptWorkspace(const GptConfig& cfg);
+  /// Validates cfg and allocates every buffer. With tensor_parallel = T > 1 (a divisor of
+  /// cfg.heads, else Errc::invalid_argument) the attention activations (qkv, attention output,
+  /// pre-softmax and softmax scores) are sized for heads / T heads: the workspace of a rank
+  /// of a tensor-parallel group, for calls whose TensorParallel has size T.
+  explicit GptWorkspace(const GptConfig& cfg, int tensor_parallel = 1);
 
   const GptConfig& config() const noexcept { return cfg_; }
+  int tensor_parallel() const noexcept { return tp_size_; }
   /// Bytes held (activations, their gradients, gradient scratch): for memory profiles.
   std::size_t bytes() const noexcept;
 
  private:
   friend float gpt_forward(const GptConfig&, std::span<const float>, std::span<const std::int32_t>,
-                           std::span<const std::int32_t>, GptWorkspace&);
+                           std::span<const std::int32_t>, GptWorkspace&, const TensorParallel&);
   friend void gpt_backward(const GptConfig&, std::span<const float>, std::span<const std::int32_t>,
-                           std::span<const std::int32_t>, GptWorkspace&, std::span<float>, float);
+                           std::span<const std::int32_t>, GptWorkspace&, std::span<float>, float,
+                           const TensorParallel&);
 
   GptConfig cfg_;
+  int tp_size_ = 1;
+  int tp_rank_ = 0;  // of the last forward
   std::vector<float> acts_;     // forward activations, carved into named slices in gpt.cpp
   std::vector<float> dacts_;    // gradients w.r.t. acts_, same carving; zeroed per backward
   std::vector<float> dparams_;  // one backward's parameter gradient before it is added to grads
@@ -96,9 +123,13 @@ class GptWorkspace {
 /// Errc::invalid_argument for a wrong span size, an out-of-range token or target, or a ws built
 /// for another config; arguments are checked before ws is touched, so a rejected call leaves
 /// ws as it was. A non-finite loss is returned, not thrown: the NaN guard is the loop's.
+/// With tp.size > 1 (see TensorParallel) the call is collective over the tensor-parallel
+/// group, every rank returns the same loss, and ws must have been built for tp.size; a tp
+/// whose size differs from ws's, whose rank is outside [0, size) or that lacks
+/// all_reduce_sum is Errc::invalid_argument.
 float gpt_forward(const GptConfig& cfg, std::span<const float> params,
                   std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
-                  GptWorkspace& ws);
+                  GptWorkspace& ws, const TensorParallel& tp = {});
 
 /// ACCUMULATES d(loss * loss_scale)/d(params) into grads (grads += ...), using the activations
 /// of the preceding gpt_forward on ws, which must have seen the same params, tokens and targets
@@ -109,9 +140,12 @@ float gpt_forward(const GptConfig& cfg, std::span<const float> params,
 /// element and does not depend on what grads held: from zeroed grads, two calls on the same
 /// batch give exactly twice one call.
 /// Throws Errc::invalid_argument for wrong sizes, a ws built for another config, no preceding
-/// forward, or tokens/targets other than the forward's.
+/// forward, or tokens/targets other than the forward's, or a tp other than the forward's
+/// (size or rank). With tp.size > 1 it is collective over the group and every rank adds the
+/// whole gradient (see TensorParallel).
 void gpt_backward(const GptConfig& cfg, std::span<const float> params,
                   std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
-                  GptWorkspace& ws, std::span<float> grads, float loss_scale = 1.0f);
+                  GptWorkspace& ws, std::span<float> grads, float loss_scale = 1.0f,
+                  const TensorParallel& tp = {});
 
 }  // namespace ckpt::train

@@ -26,11 +26,26 @@ json::object TrainConfig::to_json() const {
           {"weight_decay", adam.weight_decay}, {"grad_clip", adam.grad_clip},
           {"warmup_steps", warmup_steps}, {"total_steps", total_steps},
           {"token_noise", token_noise}, {"lr_multiplier", lr_multiplier},
-          {"accumulate", accumulate}};
+          {"accumulate", accumulate},   {"tensor_parallel", tensor_parallel}};
 }
 
 namespace {
 std::uint64_t rotl(std::uint64_t x, int k) noexcept { return (x << k) | (x >> (64 - k)); }
+
+// TrainConfig::tensor_parallel, checked against the world and the model.
+int checked_tensor_parallel(const TrainConfig& c, const dist::Communicator& comm) {
+  const int t = c.tensor_parallel;
+  if (t < 1 || comm.size() % t != 0 || c.model.heads % t != 0)
+    throw Error(Errc::invalid_argument, {}, "tensor_parallel must divide the world size " +
+                std::to_string(comm.size()) + " and the heads " + std::to_string(c.model.heads),
+                "a common divisor", std::to_string(t));
+  return t;
+}
+
+// "tensor 2 x data 2": how a world is split, as errors name it.
+std::string layout_name(int tensor, int data) {
+  return "tensor " + std::to_string(tensor) + " x data " + std::to_string(data);
+}
 
 template <class T>
 std::vector<T> copy_tensor(const TensorView& t, const char* name, std::size_t expect) {
@@ -62,19 +77,26 @@ std::uint64_t Rng::next() noexcept {
 Trainer::Trainer(const TrainConfig& config, dist::Communicator& comm)
     : cfg_(config),
       comm_(comm),
-      corpus_((config.model.validate(), make_corpus(config.seed, config.corpus_tokens, config.model.vocab))),
-      loader_(corpus_, config.model.seq, config.model.batch, comm.rank(), comm.size()),
+      corpus_((config.model.validate(), checked_tensor_parallel(config, comm), make_corpus(config.seed, config.corpus_tokens, config.model.vocab))),
+      loader_(corpus_, config.model.seq, config.model.batch,
+              comm.rank() / config.tensor_parallel, comm.size() / config.tensor_parallel),
       opt_(train::num_params(config.model), comm, config.precision, config.adam,
            LrSchedule{config.adam.lr * config.lr_multiplier, config.warmup_steps, config.total_steps, 0.1f}),
-      ws_(config.model),
-      rng_(config.seed * 0x100000001b3ull + static_cast<std::uint64_t>(comm.rank()) + 1),
+      ws_(config.model, config.tensor_parallel),
+      rng_(config.seed * 0x100000001b3ull + static_cast<std::uint64_t>(comm.rank() / config.tensor_parallel) + 1),
       params32_(train::num_params(config.model)),
       grads32_(params32_.size()),
       tokens_(static_cast<std::size_t>(config.model.batch * config.model.seq)),
       targets_(tokens_.size()),
-      layout_(param_layout(config.model)) {
+      layout_(param_layout(config.model)),
+      tp_size_(config.tensor_parallel) {
   if (cfg_.accumulate < 1)
     throw Error(Errc::invalid_argument, {}, "TrainConfig.accumulate (micro-batches per step)", ">= 1", std::to_string(cfg_.accumulate));
+  if (tp_size_ > 1) {
+    tp_comm_ = comm.split(data_parallel_rank(), comm.rank() % tp_size_);
+    tp_ = TensorParallel{tp_comm_->rank(), tp_comm_->size(),
+                         [c = tp_comm_.get()](std::span<float> s) { c->all_reduce(s, dist::ReduceOp::sum); }};
+  }
   if (comm.rank() == 0) init_params(cfg_.model, cfg_.seed, params32_);
   opt_.init_from(params32_);  // DDP: rank 0's initial parameters, broadcast once
   opt_.params_to_f32(params32_);
@@ -101,8 +123,11 @@ StepStats Trainer::step() {
   float loss = 0.0f;
   for (int i = 0; i < k; ++i) {
     next_input();
-    loss += gpt_forward(cfg_.model, params32_, tokens_, targets_, ws_);
-    gpt_backward(cfg_.model, params32_, tokens_, targets_, ws_, grads32_, scale);
+    // With tensor parallelism both calls are collective over the group, and every rank of it
+    // ends with the same loss and the whole gradient, so the ZeRO-1 mean over all ranks is the
+    // mean over the data-parallel replicas.
+    loss += gpt_forward(cfg_.model, params32_, tokens_, targets_, ws_, tp_);
+    gpt_backward(cfg_.model, params32_, tokens_, targets_, ws_, grads32_, scale, tp_);
   }
   loss /= static_cast<float>(k);  // k = 1: exact, the loss of the one batch
   float lr_multiplier = 1.0f;
@@ -198,6 +223,7 @@ SaveInfo Trainer::checkpoint_info() const {
   info.training["flat_tensors"] = json::array{"optim.master", "optim.m", "optim.v"};
   info.training["param_layout"] = std::move(layout);
   info.training["rank_local_metadata"] = json::array{"rng"};
+  info.training["parallel"] = {{"tensor", tp_size_}, {"data", comm_.size() / tp_size_}, {"tp_split", "attention heads"}};
   return info;
 }
 
@@ -212,8 +238,9 @@ struct Trainer::LoadedState {
 
 namespace {
 // The global state every rank takes from the manifest's training object, whatever the world
-// size.
-void load_global_state(const json::object& tr, const json::object& rank_metadata, std::uint64_t seed, int rank,
+// size. `replica` is the rank's data-parallel index (its rank without tensor parallelism): it
+// names the stream of a rank the checkpoint has no RNG state for.
+void load_global_state(const json::object& tr, const json::object& rank_metadata, std::uint64_t seed, int replica,
                        std::uint64_t& step, std::uint64_t& adam_step, LossScaler& scaler, std::uint64_t& data_position,
                        std::array<std::uint64_t, 4>& rng, std::set<std::uint64_t>& skip_steps) {
   const json::object& sc = tr.at("loss_scaler").as_object();
@@ -232,7 +259,7 @@ void load_global_state(const json::object& tr, const json::object& rank_metadata
            json::value_to<std::uint64_t>(a.at(3))};
   } else {
     // A rank the checkpoint has no stream for (it was resharded to more ranks).
-    rng = Rng(rank_rng_seed(seed, rank, step)).state();
+    rng = Rng(rank_rng_seed(seed, replica, step)).state();
   }
 }
 }  // namespace
@@ -244,13 +271,28 @@ std::uint64_t rank_rng_seed(std::uint64_t seed, int rank, std::uint64_t step) no
   return splitmix64(x);
 }
 
+void Trainer::check_parallel(const json::object& training, std::uint64_t step, int world_size) const {
+  // Checked before the configuration (which holds tensor_parallel too) so that this
+  // difference is named as what it is.
+  int tensor = 1;  // checkpoints from before tensor parallelism record nothing
+  if (const auto* p = training.if_contains("parallel"); p && p->is_object())
+    if (const auto* t = p->as_object().if_contains("tensor"); t && t->is_int64()) tensor = static_cast<int>(t->as_int64());
+  if (tensor == tp_size_) return;
+  const int data = tensor > 0 ? world_size / tensor : 0;
+  throw Error(Errc::invalid_argument, "checkpoint of step " + std::to_string(step),
+              "tensor-parallel layout differs: the checkpoint's attention heads are split over another number of ranks",
+              layout_name(tp_size_, comm_.size() / tp_size_), layout_name(tensor, data));
+}
+
 void Trainer::check_config(const json::object& training, std::uint64_t step) const {
   const std::string where = "checkpoint of step " + std::to_string(step);
   const auto* cfg = training.if_contains("config");
   const json::value mine = cfg_.to_json();
   json::value theirs = cfg ? *cfg : json::value();
-  // Checkpoints written before gradient accumulation existed trained one batch per step.
+  // Checkpoints written before gradient accumulation or tensor parallelism existed trained one
+  // batch per step on whole heads.
   if (theirs.is_object() && !theirs.as_object().contains("accumulate")) theirs.as_object()["accumulate"] = 1;
+  if (theirs.is_object() && !theirs.as_object().contains("tensor_parallel")) theirs.as_object()["tensor_parallel"] = 1;
   if (!cfg || theirs != mine)
     throw Error(Errc::invalid_argument, where, "training configuration differs", json::serialize(mine),
                 cfg ? json::serialize(*cfg) : "none");
@@ -265,6 +307,7 @@ void Trainer::check_shard_range(const std::string& where, std::uint64_t offset, 
 
 Trainer::LoadedState Trainer::load_state(const LoadedShard& shard, const Manifest& manifest) const {
   const std::string where = "checkpoint of step " + std::to_string(manifest.step);
+  check_parallel(manifest.training, manifest.step, manifest.world_size);
   if (manifest.world_size != comm_.size())
     throw Error(Errc::world_size_mismatch, where, "world size", std::to_string(comm_.size()), std::to_string(manifest.world_size));
   check_config(manifest.training, manifest.step);
@@ -274,7 +317,7 @@ Trainer::LoadedState Trainer::load_state(const LoadedShard& shard, const Manifes
   st.master = copy_tensor<float>(shard.tensor("optim.master"), "optim.master", n);
   st.m = copy_tensor<float>(shard.tensor("optim.m"), "optim.m", n);
   st.v = copy_tensor<float>(shard.tensor("optim.v"), "optim.v", n);
-  load_global_state(manifest.training, shard.record.metadata, cfg_.seed, comm_.rank(), st.step, st.adam_step, st.scaler,
+  load_global_state(manifest.training, shard.record.metadata, cfg_.seed, data_parallel_rank(), st.step, st.adam_step, st.scaler,
                     st.data_position, st.rng, st.skip_steps);
   st.wall_seconds = manifest.wall_clock_seconds;
   return st;
@@ -282,6 +325,7 @@ Trainer::LoadedState Trainer::load_state(const LoadedShard& shard, const Manifes
 
 Trainer::LoadedState Trainer::load_state_resharded(const CheckpointReader& checkpoint, Verify verify) const {
   const Manifest& manifest = checkpoint.manifest();
+  check_parallel(manifest.training, manifest.step, manifest.world_size);
   check_config(manifest.training, manifest.step);
   const int world = comm_.size(), rank = comm_.rank();
   // The ranks share the whole-file checks: rank r checks source shards r, r + M, ...; the
@@ -306,8 +350,8 @@ Trainer::LoadedState Trainer::load_state_resharded(const CheckpointReader& check
   meta.erase("rng");
   if (rank < manifest.world_size)
     if (const auto* r = manifest.shard(rank).metadata.if_contains("rng")) meta["rng"] = *r;
-  load_global_state(manifest.training, meta, cfg_.seed, rank, st.step, st.adam_step, st.scaler, st.data_position, st.rng,
-                    st.skip_steps);
+  load_global_state(manifest.training, meta, cfg_.seed, data_parallel_rank(), st.step, st.adam_step, st.scaler, st.data_position,
+                    st.rng, st.skip_steps);
   st.wall_seconds = manifest.wall_clock_seconds;
   return st;
 }
@@ -338,7 +382,7 @@ Trainer::LoadedState Trainer::load_state(const StagedSnapshot& snapshot) const {
   st.master = copy_tensor<float>(tensor("optim.master"), "optim.master", n);
   st.m = copy_tensor<float>(tensor("optim.m"), "optim.m", n);
   st.v = copy_tensor<float>(tensor("optim.v"), "optim.v", n);
-  load_global_state(snapshot.info.training, snapshot.info.metadata, cfg_.seed, comm_.rank(), st.step, st.adam_step, st.scaler,
+  load_global_state(snapshot.info.training, snapshot.info.metadata, cfg_.seed, data_parallel_rank(), st.step, st.adam_step, st.scaler,
                     st.data_position, st.rng, st.skip_steps);
   st.wall_seconds = snapshot.info.wall_clock_seconds;
   return st;

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <set>
 #include <span>
@@ -36,6 +37,11 @@ struct TrainConfig {
   /// Gradient accumulation: one step() trains on this many micro-batches of model.batch
   /// sequences per rank (k >= 1). A checkpoint without the key was written with k = 1.
   int accumulate = 1;
+  /// T ranks share each batch and split the attention heads between them (gpt's
+  /// TensorParallel): rank r is head group r % T of data-parallel replica r / T, and the world
+  /// size must be a multiple of T, the heads too. 1: pure data parallelism. A checkpoint
+  /// records it (training.parallel) and a resume with another T is refused.
+  int tensor_parallel = 1;
   /// The configuration as JSON (recorded in the checkpoint; a resume must match it).
   boost::json::object to_json() const;
 };
@@ -140,7 +146,12 @@ struct MemoryProfile {
 class Trainer {
  public:
   /// Builds this rank's model, data and optimizer, and broadcasts rank 0's initial
-  /// parameters (collective: every rank constructs its Trainer at the same time).
+  /// parameters (collective: every rank constructs its Trainer at the same time). With
+  /// config.tensor_parallel = T > 1 it also splits comm into the tensor-parallel groups (the T
+  /// consecutive ranks of one data-parallel replica); a T that does not divide the world size
+  /// and the heads is Errc::invalid_argument (on every rank, before communicating).
+  /// The data loader and the token-noise RNG run per replica (r / T): the ranks of a
+  /// tensor-parallel group train on the same batch. ZeRO-1 still shards over all ranks.
   Trainer(const TrainConfig& config, dist::Communicator& comm);
 
   /// One training step: forward/backward on config().accumulate micro-batches of this rank,
@@ -214,7 +225,10 @@ class Trainer {
   /// also checks every source file's SHA-256, the ranks sharing the files), and per-rank
   /// state is remapped as docs/resharding.md says: the data position is global, rank r
   /// continues source rank r's RNG stream if there was one, else starts the stream
-  /// rank_rng_seed(seed, r, step) names. Returns the step resumed from. Collective.
+  /// rank_rng_seed(seed, r / T, step) names (T: tensor_parallel, so the ranks of a
+  /// tensor-parallel group keep drawing the same noise). A checkpoint whose training.parallel
+  /// records another tensor-parallel size (none recorded: 1) is Errc::invalid_argument naming
+  /// both layouts, with or without resharding. Returns the step resumed from. Collective.
   std::uint64_t resume_latest(const std::string& root, Verify verify = Verify::fast, Reshard reshard = Reshard::no);
 
  private:
@@ -233,8 +247,15 @@ class Trainer {
   std::optional<std::pair<std::uint64_t, float>> lr_once_;  // (step, multiplier)
   std::set<std::uint64_t> skip_steps_;
 
+  // Tensor parallelism (TrainConfig::tensor_parallel); tp_comm_ only when it is > 1.
+  int tp_size_ = 1;
+  std::unique_ptr<dist::Communicator> tp_comm_;
+  TensorParallel tp_;
+
   struct LoadedState;
   void next_input();  // one micro-batch of this rank, with token noise
+  int data_parallel_rank() const noexcept { return comm_.rank() / tp_size_; }
+  void check_parallel(const boost::json::object& training, std::uint64_t step, int world_size) const;
   void check_config(const boost::json::object& training, std::uint64_t step) const;
   void check_shard_range(const std::string& where, std::uint64_t offset, std::uint64_t numel) const;
   LoadedState load_state(const LoadedShard& shard, const Manifest& manifest) const;
