@@ -67,6 +67,10 @@ usage: ckpt-demo [options]
   --accumulate K       gradient accumulation: each step sums the gradients of K micro-batches of
                        --batch sequences (the same as one batch of K x --batch) before the
                        optimizer step (default 1)
+  --tensor-parallel T  split the attention heads of each replica over T ranks (T divides the
+                       world size and --heads): rank r is head group r % T of data-parallel
+                       replica r / T; the checkpoint records the layout and a resume at another
+                       T is refused (default 1)
   --fail-save STEP     make the disk fail during the save at STEP (a multiple of --save-every):
                        its first write gets EIO, the save fails with its typed error, training
                        goes on and the next interval saves again (check (g))
@@ -153,6 +157,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--fail-save") o.fail_save = static_cast<std::uint64_t>(num(i));
     else if (a == "--inject-spike") o.inject_spike = static_cast<std::uint64_t>(num(i));
     else if (a == "--accumulate") o.train.accumulate = static_cast<int>(num(i));
+    else if (a == "--tensor-parallel") o.train.tensor_parallel = static_cast<int>(num(i));
     else if (a == "--writer") {
       const std::string w = need(i);
       if (w == "auto") o.writer = WriterBackend::automatic;
@@ -187,6 +192,8 @@ Options parse(int argc, char** argv) {
   if (o.inject_spike && *o.inject_spike <= o.save_every)
     usage("--inject-spike must come after the first save (step > --save-every), so there is a checkpoint to roll back to");
   if (o.train.accumulate < 1 || o.train.accumulate > 4096) usage("--accumulate must be 1..4096");
+  if (o.train.tensor_parallel < 1 || o.world % o.train.tensor_parallel != 0 || o.train.model.heads % o.train.tensor_parallel != 0)
+    usage("--tensor-parallel must divide --world-size and --heads");
   if (o.fail_save && (*o.fail_save == 0 || *o.fail_save % o.save_every != 0))
     usage("--fail-save must be a step at which the demo saves (a positive multiple of --save-every)");
   try {
@@ -410,7 +417,11 @@ int main(int argc, char** argv) {
     }
     const RunRecord rec = run(o, root, o.resume, true);
     const RankRecord& r0 = rec.first();
-    std::printf("%d ranks as threads, DDP + ZeRO-1, %s parameters, writer %s, checkpoints in %s\n", o.world,
+    const std::string layout = o.train.tensor_parallel > 1 ? " (tensor " + std::to_string(o.train.tensor_parallel) + " x data " +
+                                                                  std::to_string(o.world / o.train.tensor_parallel) + ": attention heads split)"
+                                                            : "";
+    std::printf("%d ranks as threads%s, DDP + ZeRO-1%s, %s parameters, writer %s, checkpoints in %s\n", o.world, layout.c_str(),
+                o.train.accumulate > 1 ? (", " + std::to_string(o.train.accumulate) + " micro-batches per step").c_str() : "",
                 o.train.precision == Precision::f16 ? "fp16" : "bf16", rec.backend.c_str(), root.c_str());
     if (o.resume)
       std::printf("resumed from step %llu%s\n", static_cast<unsigned long long>(r0.resumed_from),

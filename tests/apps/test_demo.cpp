@@ -186,3 +186,24 @@ TEST_CASE("ckpt-demo --accumulate 2 trains on micro-batches and resumes bit-exac
   run(kBin + "ckpt-demo --accumulate 0", status);
   CHECK(status == 2);
 }
+
+TEST_CASE("ckpt-demo --tensor-parallel 2 splits the heads, records the layout, and a resume at another layout is refused") {
+  ckpt::test::TempDir dir;
+  const std::string root = (dir / "tp").string();
+  int status = 0;
+  auto out = run(kBin + "ckpt-demo --tensor-parallel 2 --dir " + root, status);
+  CHECK(status == 0);
+  CHECK(out.find("4 ranks as threads (tensor 2 x data 2: attention heads split)") != std::string::npos);
+  CHECK(out.find("resume verified") != std::string::npos);
+  const auto m = ckpt::test::read_all(root + "/step-0000000020/manifest.json");
+  CHECK(std::string(m.begin(), m.end()).find("\"parallel\":{\"tensor\":2,\"data\":2,\"tp_split\":\"attention heads\"}") != std::string::npos);
+  out = run(kBin + "ckpt-demo --resume --dir " + root, status);
+  CHECK(status == 1);
+  CHECK(out.find("tensor-parallel layout differs") != std::string::npos);
+  CHECK(out.find("expected tensor 1 x data 4, actual tensor 2 x data 2") != std::string::npos);
+  out = run(kBin + "ckpt-demo --resume --tensor-parallel 2 --dir " + root, status);
+  CHECK(status == 0);
+  CHECK(out.find("resumed from step 20") != std::string::npos);
+  run(kBin + "ckpt-demo --tensor-parallel 3", status);
+  CHECK(status == 2);
+}
