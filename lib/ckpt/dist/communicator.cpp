@@ -133,4 +133,6 @@ std::vector<std::vector<std::byte>> Communicator::all_gather_bytes(
   return do_all_gather_bytes(mine);
 }
 
+std::unique_ptr<Communicator> Communicator::split(int color, int key) { return do_split(color, key); }
+
 }  // namespace ckpt::dist

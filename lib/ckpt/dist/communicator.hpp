@@ -26,6 +26,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -129,6 +130,9 @@ class Communicator {
   /// Blobs may differ in length, including empty.
   std::vector<std::vector<std::byte>> all_gather_bytes(std::span<const std::byte> mine);
 
+  /// Collective over this group: ranks passing the same color form a new group, ordered by (key, rank).
+  std::unique_ptr<Communicator> split(int color, int key);
+
   // Typed conveniences: the same operations with the dtype taken from T.
   template <CommElement T>
   void broadcast(std::span<T> buf, int root) {
@@ -163,6 +167,7 @@ class Communicator {
   virtual void do_barrier() = 0;
   virtual std::vector<std::vector<std::byte>> do_all_gather_bytes(
       std::span<const std::byte> mine) = 0;
+  virtual std::unique_ptr<Communicator> do_split(int color, int key) = 0;
 };
 
 /// Throws Errc::invalid_argument unless `op` is defined for `t` (see ReduceOp). Exposed so a

@@ -335,6 +335,11 @@ class ThreadCommunicator final : public Communicator {
     return all;
   }
 
+  // Placeholder until the thread backend's split lands (it is implemented on another branch).
+  std::unique_ptr<Communicator> do_split(int, int) override {
+    throw Error(Errc::invalid_argument, {}, "split: not supported by the thread backend yet");
+  }
+
  private:
   // Two threads driving one rank would pair their collectives with the peers' in an arbitrary
   // order and deadlock or corrupt; refuse the second one instead.
