@@ -34,7 +34,9 @@ std::vector<std::string> prepare_root(FileSystem& fs, const std::string& root) {
   return removed;
 }
 
-std::string begin_checkpoint(FileSystem& fs, const std::string& root, std::uint64_t step) {
+namespace {
+// Refuses a committed ROOT/step-N; with `replace`, removes one that was never committed.
+void check_step_free(FileSystem& fs, const std::string& root, std::uint64_t step, bool replace) {
   const std::string name = checkpoint_dir_name(step);
   if (fs.stat(join_path(root, name))) {
     // A step-N newer than what `latest` names was never committed: a crash hit between its
@@ -45,14 +47,30 @@ std::string begin_checkpoint(FileSystem& fs, const std::string& root, std::uint6
     const auto live = latest ? parse_checkpoint_dir_name(*latest) : std::nullopt;
     if (live && step <= *live)
       throw Error(Errc::invalid_argument, join_path(root, name), "checkpoint for step " + std::to_string(step) + " already exists");
+    if (!replace) return;
     log_line("replacing " + join_path(root, name) + ": never committed (newer than what latest names)");
     const std::string doomed = join_path(root, temporary_name(name));
     fs.rename(join_path(root, name), doomed);
     fs.sync_dir(root);
     fs.remove_all(doomed);
   }
-  const std::string temp = join_path(root, temporary_name(name));
+}
+}  // namespace
+
+std::string begin_checkpoint(FileSystem& fs, const std::string& root, std::uint64_t step) {
+  check_step_free(fs, root, step, true);
+  const std::string temp = join_path(root, temporary_name(checkpoint_dir_name(step)));
   fs.create_dir(temp);
+  return temp;
+}
+
+std::string begin_shared_checkpoint(FileSystem& fs, const std::string& root, std::uint64_t step, const std::string& run_id,
+                                    bool committer) {
+  if (run_id.empty() || run_id.find('/') != std::string::npos)
+    throw Error(Errc::invalid_argument, root, "shared checkpoint run id", "a non-empty name without '/'", run_id);
+  check_step_free(fs, root, step, committer);
+  const std::string temp = join_path(root, ".tmp-" + checkpoint_dir_name(step) + "-" + run_id);
+  fs.create_dirs(temp);
   return temp;
 }
 

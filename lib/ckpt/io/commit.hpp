@@ -48,6 +48,15 @@ std::vector<std::string> prepare_root(FileSystem& fs, const std::string& root);
 /// the `latest` update) and is replaced, with a log line.
 std::string begin_checkpoint(FileSystem& fs, const std::string& root, std::uint64_t step);
 
+/// Step 1 for writers in several processes (one checkpoint, one shard per process): the
+/// temporary directory ROOT/.tmp-step-N-<run_id>, the same path in every process, created
+/// if missing (each process calls this; whichever comes first creates it). Every process
+/// refuses a committed step-N as begin_checkpoint does; only the `committer` (the process
+/// that will run commit_checkpoint) replaces an uncommitted one, so no two processes race on
+/// it. Errc::invalid_argument for an empty run id or one containing '/'.
+std::string begin_shared_checkpoint(FileSystem& fs, const std::string& root, std::uint64_t step, const std::string& run_id,
+                                    bool committer);
+
 /// Step 3: the manifest, the renames and the fsyncs, in the order above.
 /// Returns the final checkpoint directory path.
 std::string commit_checkpoint(FileSystem& fs, const std::string& root, const std::string& temp_dir,

@@ -163,6 +163,11 @@ struct Checkpointer::Impl {
   FileSystem& fs;
   std::unique_ptr<CommitCoordinator> own_coordinator;
   CommitCoordinator* coordinator;
+  // The ranks this process saves (the coordinator's local_ranks) and the run id the
+  // processes of one run name their shared temporary directories with ("" in one process).
+  std::vector<bool> local;
+  int local_count = 0;
+  std::string run_id;
 
   asio::io_context ctx;
   asio::executor_work_guard<asio::io_context::executor_type> guard{ctx.get_executor()};
@@ -212,12 +217,27 @@ struct Checkpointer::Impl {
     if (coordinator->world_size() != opt.world_size)
       throw Error(Errc::invalid_argument, {}, "coordinator world size", std::to_string(opt.world_size),
                   std::to_string(coordinator->world_size()));
+    local.assign(static_cast<std::size_t>(opt.world_size), false);
+    for (int r : coordinator->local_ranks()) {
+      if (r < 0 || r >= opt.world_size || local[static_cast<std::size_t>(r)])
+        throw Error(Errc::invalid_argument, {}, "coordinator local rank", "distinct ranks in 0.." + std::to_string(opt.world_size - 1),
+                    std::to_string(r));
+      local[static_cast<std::size_t>(r)] = true;
+      ++local_count;
+    }
+    if (local_count < opt.world_size && opt.when_busy == BusyPolicy::skip)
+      throw Error(Errc::invalid_argument, {}, "BusyPolicy::skip with ranks in several processes (each would decide alone)",
+                  "BusyPolicy::wait", "BusyPolicy::skip");
     choose_backend();
-    prepare_root(fs, opt.root);
+    // In several processes, one of them cleans the root up before any can start writing.
+    run_id = coordinator->start_run([this] { prepare_root(fs, opt.root); });
+    if (!run_id.empty()) fs.create_dirs(opt.root);
     staging.resize(static_cast<std::size_t>(opt.world_size));
     staged_records.resize(static_cast<std::size_t>(opt.world_size));
     if (opt.staging_bytes_per_rank)
-      for (auto& b : staging) {
+      for (int r = 0; r < opt.world_size; ++r) {
+        if (!local[static_cast<std::size_t>(r)]) continue;
+        auto& b = staging[static_cast<std::size_t>(r)];
         b = AlignedBuffer(static_cast<std::size_t>(opt.staging_bytes_per_rank), /*prefault=*/true);
         ++stats.staging_allocations;
         stats.staging_bytes += b.capacity();
@@ -250,12 +270,15 @@ struct Checkpointer::Impl {
     {
       std::unique_lock lk(mu);
       // Every staged shard finishes (written, or failed); only then is anything abandoned.
-      cv.wait(lk, [&] { return !in_flight || in_flight->reported == in_flight->staged; });
+      // When every local rank has saved, the outcome comes (from the coordinator), so wait for it.
+      cv.wait(lk, [&] {
+        return !in_flight || (in_flight->reported == in_flight->staged && in_flight->staged < local_count);
+      });
       if (in_flight) {
         step = in_flight->step;
         std::string missing;
         for (int r = 0; r < opt.world_size; ++r)
-          if (!in_flight->handles[static_cast<std::size_t>(r)]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+          if (local[static_cast<std::size_t>(r)] && !in_flight->handles[static_cast<std::size_t>(r)]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
         const Error e(Errc::aborted, opt.root,
                       "checkpoint of step " + std::to_string(step) + " abandoned at shutdown: rank(s) " + missing + " never saved it");
         log_line(e.what());
@@ -277,6 +300,9 @@ struct Checkpointer::Impl {
     const auto t_call = Clock::now();
     if (rank < 0 || rank >= opt.world_size)
       throw Error(Errc::invalid_argument, {}, "save rank", "0.." + std::to_string(opt.world_size - 1), std::to_string(rank));
+    if (!local[static_cast<std::size_t>(rank)])
+      throw Error(Errc::invalid_argument, {}, "save rank: not one of this process's ranks (the coordinator's local_ranks)",
+                  "a local rank", std::to_string(rank));
     checkpoint_dir_name(step);  // validates the step
     auto job = std::make_shared<ShardJob>();
     job->rank = rank;
@@ -373,7 +399,8 @@ struct Checkpointer::Impl {
         if (in_flight->temp_error) throw *in_flight->temp_error;
         if (in_flight->temp_dir.empty()) {
           try {
-            in_flight->temp_dir = begin_checkpoint(fs, opt.root, job->step);
+            in_flight->temp_dir = run_id.empty() ? begin_checkpoint(fs, opt.root, job->step)
+                                                 : begin_shared_checkpoint(fs, opt.root, job->step, run_id, local[0]);
           } catch (const Error& e) {
             in_flight->temp_error = e;
             throw;
@@ -571,7 +598,7 @@ struct Checkpointer::Impl {
       in_flight->outcomes[static_cast<std::size_t>(job->rank)] = {err, res};
       // Every rank gets the same outcome; the handles complete together, after the barrier
       // is released, so a ready() handle means the next save will not stall on this one.
-      if (++in_flight->delivered < (in_flight->abandoned ? in_flight->staged : opt.world_size)) return;
+      if (++in_flight->delivered < (in_flight->abandoned ? in_flight->staged : local_count)) return;
       if (err) ++stats.failures;
       else ++stats.commits;
       if (!err)

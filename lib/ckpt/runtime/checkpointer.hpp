@@ -62,7 +62,12 @@ struct CheckpointerOptions {
   int hash_threads = 0;             ///< worker threads for hashing, fsync and commit (0: one per core, at least 2)
   std::uint64_t staging_bytes_per_rank = 0;  ///< pre-allocate staging now (0: at the first save)
   FileSystem* fs = nullptr;         ///< file system (default: posix); for fault injection
-  CommitCoordinator* coordinator = nullptr;  ///< default: in-process
+  /// Default: in-process (every rank saves through this object). A multi-process coordinator
+  /// (dist/mpi/mpi_comm.hpp) makes this object save only the coordinator's local_ranks():
+  /// construction is then collective (rank 0's process cleans the root up, all agree on one
+  /// temporary directory per step), only rank 0's process commits, and BusyPolicy::skip is
+  /// refused (each process would decide alone).
+  CommitCoordinator* coordinator = nullptr;
 };
 
 /// Per-save information besides the tensors.

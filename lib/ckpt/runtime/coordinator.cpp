@@ -78,6 +78,17 @@ class InProcessCoordinator final : public CommitCoordinator {
 
 }  // namespace
 
+std::vector<int> CommitCoordinator::local_ranks() const {
+  std::vector<int> all(static_cast<std::size_t>(world_size()));
+  for (int r = 0; r < world_size(); ++r) all[static_cast<std::size_t>(r)] = r;
+  return all;
+}
+
+std::string CommitCoordinator::start_run(const std::function<void()>& prepare) {
+  prepare();
+  return {};
+}
+
 std::unique_ptr<CommitCoordinator> make_in_process_coordinator(int world_size) {
   return std::make_unique<InProcessCoordinator>(world_size);
 }

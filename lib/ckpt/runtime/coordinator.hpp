@@ -36,6 +36,16 @@ class CommitCoordinator {
   virtual void abandon(std::uint64_t step, const std::string& outcome) = 0;
   /// Ranks that have reported for `step` so far.
   virtual std::vector<int> reported(std::uint64_t step) const = 0;
+
+  /// The ranks this process saves (its Checkpointer accepts save() for these only and counts
+  /// only these in its one-in-flight barrier and shutdown drain). Default: all of them.
+  virtual std::vector<int> local_ranks() const;
+  /// Called once by each process's Checkpointer at construction. Runs `prepare` (the root's
+  /// crash cleanup) in exactly one process before any process can start a checkpoint, and
+  /// returns the run id every process names its temporary directories with; empty means
+  /// one process writes everything (the temporary gets a per-process name). Default:
+  /// prepare(), then "". A multi-process coordinator makes this collective.
+  virtual std::string start_run(const std::function<void()>& prepare);
 };
 
 /// The coordinator for ranks that are threads of one process.
