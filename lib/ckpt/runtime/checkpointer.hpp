@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -34,6 +35,7 @@
 #include "ckpt/format/safetensors.hpp"
 #include "ckpt/io/file_system.hpp"
 #include "ckpt/runtime/coordinator.hpp"
+#include "ckpt/runtime/tiering.hpp"
 
 namespace ckpt {
 
@@ -62,6 +64,10 @@ struct CheckpointerOptions {
   std::uint64_t staging_bytes_per_rank = 0;  ///< pre-allocate staging now (0: at the first save)
   FileSystem* fs = nullptr;         ///< file system (default: posix); for fault injection
   CommitCoordinator* coordinator = nullptr;  ///< default: in-process
+  /// Two tiers: after each commit (and local rotation) the checkpoint is copied in the
+  /// background to this durable root, with its own commit and rotation (runtime/tiering.hpp).
+  /// Steps waiting for or being copied are kept by local rotation. Unset: one tier.
+  std::optional<DurableTierOptions> durable{};
 };
 
 /// Per-save information besides the tensors.
@@ -137,6 +143,7 @@ struct CheckpointerStats {
   std::uint64_t staging_bytes = 0;        ///< staging memory held now (all ranks)
   std::uint64_t staging_allocations = 0;  ///< times a staging buffer was (re)allocated
   std::chrono::nanoseconds total_stall{};
+  DurableStats durable;  ///< the copies to the durable tier (all zero without one)
 };
 
 class Checkpointer {
@@ -163,6 +170,12 @@ class Checkpointer {
   /// Blocks until no checkpoint is in flight (every rank must have saved the step in
   /// flight, or this waits for them). Does not rethrow save errors: the handles do.
   void wait_all();
+
+  /// Blocks until the durable tier has caught up: no copy pending or running (a failing
+  /// copy is retried up to DurableTierOptions::max_attempts first). Never throws; the
+  /// outcome is in stats().durable. Returns at once without a durable tier. Does not wait
+  /// for local saves: call wait_all() first to have the newest one copied as well.
+  void wait_durable();
 
   /// Name of the writer backend in use ("io_uring" or "posix").
   std::string_view backend_name() const noexcept;
