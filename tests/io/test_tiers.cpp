@@ -32,15 +32,14 @@ void corrupt(const std::string& root, std::uint64_t step) {
   test::write_all(p, bytes);
 }
 
-Error error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e;
-  }
-  FAIL("no ckpt::Error thrown");
-  return Error(Errc::invalid_argument, {}, "unreachable");
-}
+using test::error_of;
+
+// A local and a durable root in one temporary directory.
+struct Roots {
+  test::TempDir dir{"ckpt-tiers"};
+  std::string local = (dir / "local").string();
+  std::string durable = (dir / "durable").string();
+};
 
 bool holds_only_checkpoints(const fs::path& root) {
   for (const auto& e : fs::directory_iterator(root))
@@ -51,8 +50,8 @@ bool holds_only_checkpoints(const fs::path& root) {
 }  // namespace
 
 TEST_CASE("a copied checkpoint is byte-equal, verifies in full and carries its copy record") {
-  test::TempDir dir;
-  const std::string local = (dir / "local").string(), durable = (dir / "durable").string();
+  const Roots roots;
+  const std::string &local = roots.local, &durable = roots.durable;
   save_steps(local, {3});
   const CopyRecord rec = copy_checkpoint(posix_file_system(), local, 3, posix_file_system(), durable, Verify::full);
 
@@ -82,8 +81,8 @@ TEST_CASE("a copied checkpoint is byte-equal, verifies in full and carries its c
 }
 
 TEST_CASE("a fast copy checks every chunk's XXH3 and records that SHA-256 was not re-read") {
-  test::TempDir dir;
-  const std::string local = (dir / "local").string(), durable = (dir / "durable").string();
+  const Roots roots;
+  const std::string &local = roots.local, &durable = roots.durable;
   save_steps(local, {1});
   const CopyRecord rec = copy_checkpoint(posix_file_system(), local, 1, posix_file_system(), durable);
   CHECK_FALSE(rec.sha256_verified);
@@ -98,8 +97,8 @@ TEST_CASE("a checkpoint written directly has no copy record: not found") {
 }
 
 TEST_CASE("a corrupt source chunk fails the copy with the source file named and leaves the durable root as it was") {
-  test::TempDir dir;
-  const std::string local = (dir / "local").string(), durable = (dir / "durable").string();
+  const Roots roots;
+  const std::string &local = roots.local, &durable = roots.durable;
   save_steps(local, {1, 2});
   copy_checkpoint(posix_file_system(), local, 1, posix_file_system(), durable);
   corrupt(local, 2);
@@ -113,8 +112,8 @@ TEST_CASE("a corrupt source chunk fails the copy with the source file named and 
 }
 
 TEST_CASE("the tiered open uses the local tier when its newest checkpoint is good") {
-  test::TempDir dir;
-  const std::string local = (dir / "local").string(), durable = (dir / "durable").string();
+  const Roots roots;
+  const std::string &local = roots.local, &durable = roots.durable;
   save_steps(local, {1, 2});
   copy_checkpoint(posix_file_system(), local, 1, posix_file_system(), durable);
   const auto t = open_latest_tiered(posix_file_system(), local, posix_file_system(), durable);
@@ -124,8 +123,8 @@ TEST_CASE("the tiered open uses the local tier when its newest checkpoint is goo
 }
 
 TEST_CASE("the tiered open falls back to the durable tier when the local root is gone, and says why") {
-  test::TempDir dir;
-  const std::string local = (dir / "local").string(), durable = (dir / "durable").string();
+  const Roots roots;
+  const std::string &local = roots.local, &durable = roots.durable;
   save_steps(local, {1});
   copy_checkpoint(posix_file_system(), local, 1, posix_file_system(), durable);
   fs::remove_all(local);
@@ -136,8 +135,8 @@ TEST_CASE("the tiered open falls back to the durable tier when the local root is
 }
 
 TEST_CASE("the tiered open falls back to the durable tier when the newest local checkpoint is corrupt") {
-  test::TempDir dir;
-  const std::string local = (dir / "local").string(), durable = (dir / "durable").string();
+  const Roots roots;
+  const std::string &local = roots.local, &durable = roots.durable;
   save_steps(local, {1, 2});
   copy_checkpoint(posix_file_system(), local, 2, posix_file_system(), durable);
   corrupt(local, 2);
@@ -148,8 +147,8 @@ TEST_CASE("the tiered open falls back to the durable tier when the newest local 
 }
 
 TEST_CASE("the tiered open with fallback takes an older local checkpoint when the durable tier has none") {
-  test::TempDir dir;
-  const std::string local = (dir / "local").string(), durable = (dir / "durable").string();
+  const Roots roots;
+  const std::string &local = roots.local, &durable = roots.durable;
   save_steps(local, {1, 2});
   corrupt(local, 2);
   const auto t = open_latest_tiered(posix_file_system(), local, posix_file_system(), durable, {.fallback = true});
@@ -159,8 +158,8 @@ TEST_CASE("the tiered open with fallback takes an older local checkpoint when th
 }
 
 TEST_CASE("the tiered open refuses another world size at once and reports not found when neither tier has a checkpoint") {
-  test::TempDir dir;
-  const std::string local = (dir / "local").string(), durable = (dir / "durable").string();
+  const Roots roots;
+  const std::string &local = roots.local, &durable = roots.durable;
   const Error none = error_of([&] { open_latest_tiered(posix_file_system(), local, posix_file_system(), durable); });
   CHECK(none.code() == Errc::not_found);
   CHECK(none.actual().find("durable: ") != std::string::npos);

@@ -63,6 +63,14 @@ Trace run(const std::string& local, const std::string& durable, bool resume) {
   return out;
 }
 
+// A run to step 8 that saved step 4 to both tiers.
+struct SavedRun {
+  test::TempDir dir{"ckpt-tiers"};
+  std::string local = (dir / "local").string();
+  std::string durable = (dir / "durable").string();
+  Trace full = run(local, durable, false);
+};
+
 void check_continues(const Trace& full, const Trace& resumed) {
   REQUIRE(resumed.losses.size() == 4);
   for (std::size_t i = 0; i < 4; ++i) CHECK(std::memcmp(&resumed.losses[i], &full.losses[4 + i], sizeof(float)) == 0);
@@ -72,9 +80,9 @@ void check_continues(const Trace& full, const Trace& resumed) {
 }  // namespace
 
 TEST_CASE("a run resumed from the durable tier after the local root is deleted continues bit for bit") {
-  test::TempDir dir;
-  const std::string local = (dir / "local").string(), durable = (dir / "durable").string();
-  const Trace full = run(local, durable, false);
+  const SavedRun saved;
+  const std::string &local = saved.local, &durable = saved.durable;
+  const Trace& full = saved.full;
   REQUIRE(fs::exists(fs::path(durable) / "step-0000000004" / "manifest.json"));
   fs::remove_all(local);
   const Trace resumed = run(local, durable, true);
@@ -85,9 +93,9 @@ TEST_CASE("a run resumed from the durable tier after the local root is deleted c
 }
 
 TEST_CASE("a corrupt newest local checkpoint resumes from the durable tier, which says so") {
-  test::TempDir dir;
-  const std::string local = (dir / "local").string(), durable = (dir / "durable").string();
-  const Trace full = run(local, durable, false);
+  const SavedRun saved;
+  const std::string &local = saved.local, &durable = saved.durable;
+  const Trace& full = saved.full;
   const fs::path shard = fs::path(local) / "step-0000000004" / shard_file_name(1, kWorld);
   auto bytes = test::read_all(shard);
   bytes[bytes.size() - 3] ^= 0x01;
@@ -99,9 +107,9 @@ TEST_CASE("a corrupt newest local checkpoint resumes from the durable tier, whic
 }
 
 TEST_CASE("with both tiers good the resume uses the local one") {
-  test::TempDir dir;
-  const std::string local = (dir / "local").string(), durable = (dir / "durable").string();
-  const Trace full = run(local, durable, false);
+  const SavedRun saved;
+  const std::string &local = saved.local, &durable = saved.durable;
+  const Trace& full = saved.full;
   const Trace resumed = run(local, durable, true);
   CHECK(resumed.resumed.tier == "local");
   CHECK(resumed.resumed.local_error.empty());
