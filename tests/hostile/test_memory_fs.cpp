@@ -63,15 +63,7 @@ std::string read_file(FileSystem& fs, const std::string& path) {
   return s;
 }
 
-Error error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e;
-  }
-  FAIL("no ckpt::Error thrown");
-  return Error(Errc::aborted, {}, {});
-}
+using test::error_of;
 
 std::vector<std::string> names(const std::vector<DirEntry>& es) {
   std::vector<std::string> out;

@@ -2,11 +2,14 @@
 // every conformance test against.
 #pragma once
 
+#include <algorithm>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "ckpt/io/layout.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
 #include "ckpt/runtime/detail/write_backend.hpp"
 #include "support/test_support.hpp"
@@ -49,6 +52,23 @@ inline SaveInfo info_for(int rank, int world, std::size_t n, std::uint64_t step)
   info.metadata["data_position"] = static_cast<std::int64_t>(step * 10 + static_cast<std::uint64_t>(rank));
   info.training["lr"] = 0.001;
   return info;
+}
+
+/// The checkpoint directories (step-N) under `root`, sorted.
+inline std::vector<std::string> step_dirs(const std::filesystem::path& root) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(root))
+    if (parse_checkpoint_dir_name(e.path().filename().string())) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+/// The temporaries (".tmp-*", ".latest.tmp-*") under `root`.
+inline std::vector<std::string> temporaries(const std::filesystem::path& root) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(root))
+    if (is_temporary_name(e.path().filename().string())) out.push_back(e.path().filename().string());
+  return out;
 }
 
 /// Runs fn(rank) on `world` threads and joins them; rethrows the first exception.

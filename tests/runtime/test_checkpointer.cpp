@@ -41,20 +41,8 @@ void check_checkpoint(const std::string& dir, const std::vector<test::RankState>
   }
 }
 
-std::vector<std::string> step_dirs(const fs::path& root) {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(root))
-    if (parse_checkpoint_dir_name(e.path().filename().string())) out.push_back(e.path().filename().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-std::vector<std::string> temporaries(const fs::path& root) {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(root))
-    if (is_temporary_name(e.path().filename().string())) out.push_back(e.path().filename().string());
-  return out;
-}
+using test::step_dirs;
+using test::temporaries;
 
 }  // namespace
 

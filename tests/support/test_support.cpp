@@ -1,5 +1,6 @@
 #include "support/test_support.hpp"
 
+#include <doctest/doctest.h>
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -11,6 +12,16 @@
 #include "ckpt/core/random.hpp"
 
 namespace ckpt::test {
+
+Error error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e;
+  }
+  FAIL("no ckpt::Error thrown");
+  return Error(Errc::aborted, {}, {});
+}
 
 TempDir::TempDir(const std::string& tag) {
   const char* base = std::getenv("TMPDIR");

@@ -5,12 +5,16 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "ckpt/core/error.hpp"
 
 namespace ckpt::test {
+
+/// The ckpt::Error `fn` throws; a test failure if it throws none.
+Error error_of(const std::function<void()>& fn);
 
 /// A fresh directory under $TMPDIR (or /var/tmp, on the same disk as the build), removed
 /// with its contents when the object goes out of scope.

@@ -7,20 +7,23 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
 #include "ckpt/hash/file_digest.hpp"
+#include "ckpt/io/detail/small_file.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/io/shard_stream.hpp"
 
 namespace ckpt {
 
-namespace {
+namespace detail {
 void write_small_file(FileSystem& fs, const std::string& path, std::string_view content) {
   auto f = fs.create(path, {});
   f->write_at(0, std::as_bytes(std::span(content.data(), content.size())));
   f->sync();
   f->close();
 }
-}  // namespace
+}  // namespace detail
+
+using detail::write_small_file;
 
 std::vector<std::string> prepare_root(FileSystem& fs, const std::string& root) {
   fs.create_dirs(root);
@@ -150,6 +153,24 @@ void remove_checkpoint(FileSystem& fs, const std::string& root, const std::strin
   fs.sync_dir(root);
   fs.remove_all(temp);
   fs.sync_dir(root);
+}
+
+std::vector<std::string> rotate_checkpoints(FileSystem& fs, const std::string& root, int keep_last,
+                                            const std::string& committed, const std::function<bool(const std::string&)>& keep) {
+  std::vector<std::string> removed;
+  if (keep_last <= 0) return removed;
+  const auto latest = read_latest(fs, root);
+  std::vector<std::string> others;
+  for (const auto& e : fs.list_dir(root))
+    if (e.type == EntryType::directory && parse_checkpoint_dir_name(e.name) && e.name != committed && (!latest || e.name != *latest))
+      others.push_back(e.name);
+  std::sort(others.rbegin(), others.rend());
+  for (std::size_t i = static_cast<std::size_t>(keep_last - 1); i < others.size(); ++i) {
+    if (keep && keep(others[i])) continue;
+    remove_checkpoint(fs, root, others[i]);
+    removed.push_back(others[i]);
+  }
+  return removed;
 }
 
 std::vector<TensorRecord> tensor_records(const ShardHeader& header, int rank) {

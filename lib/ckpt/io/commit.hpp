@@ -27,6 +27,7 @@
 
 #include <boost/json/object.hpp>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <span>
 #include <string>
@@ -75,6 +76,15 @@ void abort_checkpoint(FileSystem& fs, const std::string& root, const std::string
 /// Refuses (invalid_argument) the checkpoint `latest` names and names that are not
 /// checkpoint directories; Errc::not_found if it does not exist. Blocks on the file system.
 void remove_checkpoint(FileSystem& fs, const std::string& root, const std::string& dir_name);
+
+/// Rotation: keeps the newest `keep_last` checkpoints of `root`, counting `committed` (the one
+/// just committed), which is never removed, nor is whatever `latest` names, nor any name for
+/// which `keep` returns true (e.g. a checkpoint still being copied to another tier). Each
+/// removal goes through remove_checkpoint. keep_last 0 keeps everything. Call only after
+/// `latest` is durable. Returns the names removed; throws the first removal's error.
+std::vector<std::string> rotate_checkpoints(FileSystem& fs, const std::string& root, int keep_last,
+                                            const std::string& committed,
+                                            const std::function<bool(const std::string&)>& keep = {});
 
 /// What a shard writer reports for the manifest.
 struct WrittenShard {

@@ -6,14 +6,13 @@
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/hash/file_digest.hpp"
+#include "ckpt/io/detail/small_file.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/shard_stream.hpp"
 
 namespace ckpt {
 
-namespace {
-constexpr std::uint64_t kMaxManifestBytes = 256ull << 20;
-
+namespace detail {
 std::string read_small_file(FileSystem& fs, const std::string& path, std::uint64_t limit, Errc too_big) {
   // Only a regular file is opened: open(2) of a FIFO named manifest.json or latest blocks
   // until a writer appears, i.e. forever.
@@ -28,6 +27,12 @@ std::string read_small_file(FileSystem& fs, const std::string& path, std::uint64
   f->read_at(0, std::as_writable_bytes(std::span(text.data(), text.size())));
   return text;
 }
+}  // namespace detail
+
+using detail::read_small_file;
+
+namespace {
+constexpr std::uint64_t kMaxManifestBytes = 256ull << 20;
 
 std::string chunk_label(std::uint64_t k, std::uint64_t n, std::uint64_t begin, std::uint64_t end) {
   return "chunk " + std::to_string(k) + " of " + std::to_string(n) + " (bytes " + std::to_string(begin) + "-" +
@@ -88,7 +93,7 @@ CheckpointReader CheckpointReader::open(FileSystem& fs, const std::string& dir, 
 std::string CheckpointReader::shard_path(int rank) const { return join_path(dir_, manifest_.shard(rank).path); }
 
 void CheckpointReader::read_verified(int rank, Verify mode, std::span<std::byte> out, const ProgressFn& progress,
-                                     std::uint64_t done_before, std::uint64_t total) const {
+                                     std::uint64_t done_before, std::uint64_t total, const ChunkSink& sink) const {
   // `out` is either the whole file (load) or one chunk of scratch space (verify), reused.
   const ShardRecord& rec = manifest_.shard(rank);
   const std::string path = shard_path(rank);
@@ -115,6 +120,7 @@ void CheckpointReader::read_verified(int rank, Verify mode, std::span<std::byte>
       sha->update(piece);
       all.update(piece);
     }
+    if (sink) sink(begin, piece);
     if (progress) progress(done_before + begin + len, total);
   }
   if (sha) {
@@ -167,6 +173,13 @@ void CheckpointReader::verify(Verify mode, const ProgressFn& progress) const {
     verify_one(s.rank, mode, scratch, progress, done, total);
     done += s.size;
   }
+}
+
+void CheckpointReader::stream_shard(int rank, Verify mode, const ChunkSink& sink) const {
+  if (rank < 0 || rank >= manifest_.world_size)
+    throw Error(Errc::invalid_argument, dir_, "rank", "0.." + std::to_string(manifest_.world_size - 1), std::to_string(rank));
+  AlignedBuffer scratch(static_cast<std::size_t>(std::min(manifest_.chunk_size, manifest_.shard(rank).size)));
+  read_verified(rank, mode, scratch.span(scratch.capacity()), {}, 0, manifest_.shard(rank).size, sink);
 }
 
 void CheckpointReader::verify_shard(int rank, Verify mode, const ProgressFn& progress) const {

@@ -56,6 +56,8 @@ class LoadedShard {
 
 /// Called with (bytes done, bytes total) while verifying; may be empty.
 using ProgressFn = std::function<void(std::uint64_t, std::uint64_t)>;
+/// Receives a shard's bytes chunk by chunk: (offset in the file, the chunk).
+using ChunkSink = std::function<void(std::uint64_t, std::span<const std::byte>)>;
 
 class CheckpointReader {
  public:
@@ -88,6 +90,12 @@ class CheckpointReader {
   std::vector<std::byte> read_tensor_range(std::string_view name, int rank, std::uint64_t first, std::uint64_t count,
                                            Verify mode = Verify::fast) const;
 
+  /// Streams rank's shard to `sink` one manifest chunk at a time, in file order, each chunk
+  /// checked (per mode, as verify() does) before the sink sees it; with Verify::full the
+  /// whole-file SHA-256 and XXH3 are checked after the last chunk, so a caller copying the
+  /// bytes must discard its copy when this throws. Memory: one chunk.
+  void stream_shard(int rank, Verify mode, const ChunkSink& sink) const;
+
   /// Checks one shard as verify() checks them all: its checksums (per mode) and its header
   /// against the manifest index. With Verify::none only the header bytes are read.
   void verify_shard(int rank, Verify mode, const ProgressFn& progress = {}) const;
@@ -98,7 +106,7 @@ class CheckpointReader {
  private:
   CheckpointReader(FileSystem& fs, std::string dir, Manifest m) : fs_(&fs), dir_(std::move(dir)), manifest_(std::move(m)) {}
   void read_verified(int rank, Verify mode, std::span<std::byte> out, const ProgressFn& progress,
-                     std::uint64_t done_before, std::uint64_t total) const;
+                     std::uint64_t done_before, std::uint64_t total, const ChunkSink& sink = {}) const;
   void check_header(int rank, std::span<const std::byte> file, LoadedShard* out) const;
   void verify_one(int rank, Verify mode, AlignedBuffer& scratch, const ProgressFn& progress, std::uint64_t done,
                   std::uint64_t total) const;

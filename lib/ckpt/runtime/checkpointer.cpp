@@ -192,6 +192,9 @@ struct Checkpointer::Impl {
   std::optional<InFlight> in_flight;
   std::map<std::uint64_t, bool> skip_decisions;  // step -> skipped (BusyPolicy::skip)
   CheckpointerStats stats;
+  // Declared last: destroyed first, after ~Impl has drained the local saves (whose commits
+  // submit to it); its own destructor then drains the copies.
+  std::unique_ptr<DurableReplicator> replicator;
 
   static int pool_size(const CheckpointerOptions& o) {
     if (o.hash_threads > 0) return o.hash_threads;
@@ -242,6 +245,7 @@ struct Checkpointer::Impl {
         ++stats.staging_allocations;
         stats.staging_bytes += b.capacity();
       }
+    if (opt.durable) replicator = std::make_unique<DurableReplicator>(fs, opt.root, *opt.durable);
     io_thread = std::thread([this] { ctx.run(); });
   }
 
@@ -543,6 +547,9 @@ struct Checkpointer::Impl {
       const std::string mpath = join_path(temp, kManifestName);
       const Manifest m = decode_manifest(json::serialize(mj), mpath);
       const std::string dir = commit_checkpoint(fs, opt.root, temp, m);
+      // Handed over before rotation, so that an older step whose copy it supersedes is no
+      // longer pinned and rotates away now.
+      if (replicator) replicator->submit(step);
       const auto rotated = rotate(checkpoint_dir_name(step));
       json::array rot;
       for (const auto& n : rotated) rot.emplace_back(n);
@@ -553,26 +560,17 @@ struct Checkpointer::Impl {
     }
   }
 
-  // Keeps the newest keep_last checkpoints, counting the one just committed, which is never
-  // removed (nor is whatever `latest` names). Runs only after `latest` is durable.
+  // Keeps the newest keep_last checkpoints (io/commit.hpp), and those the durable tier still
+  // has to copy. Runs only after `latest` is durable; a failure is logged, not thrown: the new
+  // checkpoint is committed.
   std::vector<std::string> rotate(const std::string& committed) {
-    std::vector<std::string> removed;
-    if (opt.keep_last == 0) return removed;
     try {
-      const auto latest = read_latest(fs, opt.root);
-      std::vector<std::string> others;
-      for (const auto& e : fs.list_dir(opt.root))
-        if (e.type == EntryType::directory && parse_checkpoint_dir_name(e.name) && e.name != committed && (!latest || e.name != *latest))
-          others.push_back(e.name);
-      std::sort(others.rbegin(), others.rend());
-      for (std::size_t i = static_cast<std::size_t>(opt.keep_last - 1); i < others.size(); ++i) {
-        remove_checkpoint(fs, opt.root, others[i]);
-        removed.push_back(others[i]);
-      }
+      if (!replicator) return rotate_checkpoints(fs, opt.root, opt.keep_last, committed);
+      return rotate_checkpoints(fs, opt.root, opt.keep_last, committed, [this](const std::string& name) { return replicator->pinned(name); });
     } catch (const Error& e) {
       log_line(std::string("rotation failed (the new checkpoint is committed): ") + e.what());
+      return {};
     }
-    return removed;
   }
 
   // ---- outcome, on every rank --------------------------------------------------------
@@ -643,11 +641,20 @@ std::optional<StagedSnapshot> Checkpointer::staged(int rank) const {
   return snap;
 }
 
+void Checkpointer::wait_durable() {
+  if (impl_->replicator) impl_->replicator->wait_idle();
+}
+
 std::string_view Checkpointer::backend_name() const noexcept { return impl_->backend->name(); }
 const CheckpointerOptions& Checkpointer::options() const noexcept { return impl_->opt; }
 CheckpointerStats Checkpointer::stats() const {
-  std::lock_guard lk(impl_->mu);
-  return impl_->stats;
+  CheckpointerStats out;
+  {
+    std::lock_guard lk(impl_->mu);
+    out = impl_->stats;
+  }
+  if (impl_->replicator) out.durable = impl_->replicator->stats();
+  return out;
 }
 
 SaveCadence SaveCadence::every_steps(std::uint64_t n) {

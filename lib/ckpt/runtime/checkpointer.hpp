@@ -35,6 +35,7 @@
 #include "ckpt/format/safetensors.hpp"
 #include "ckpt/io/file_system.hpp"
 #include "ckpt/runtime/coordinator.hpp"
+#include "ckpt/runtime/tiering.hpp"
 
 namespace ckpt {
 
@@ -68,6 +69,10 @@ struct CheckpointerOptions {
   /// temporary directory per step), only rank 0's process commits, and BusyPolicy::skip is
   /// refused (each process would decide alone).
   CommitCoordinator* coordinator = nullptr;
+  /// Two tiers: after each commit (and local rotation) the checkpoint is copied in the
+  /// background to this durable root, with its own commit and rotation (runtime/tiering.hpp).
+  /// Steps waiting for or being copied are kept by local rotation. Unset: one tier.
+  std::optional<DurableTierOptions> durable{};
 };
 
 /// Per-save information besides the tensors.
@@ -151,6 +156,7 @@ struct CheckpointerStats {
   std::uint64_t staging_bytes = 0;        ///< staging memory held now (all ranks)
   std::uint64_t staging_allocations = 0;  ///< times a staging buffer was (re)allocated
   std::chrono::nanoseconds total_stall{};
+  DurableStats durable;  ///< the copies to the durable tier (all zero without one)
 };
 
 class Checkpointer {
@@ -185,6 +191,12 @@ class Checkpointer {
   /// this from the thread that saves for `rank` and use the views before its next save().
   /// Other ranks may call it and save() concurrently. Errc::invalid_argument for a bad rank.
   std::optional<StagedSnapshot> staged(int rank) const;
+
+  /// Blocks until the durable tier has caught up: no copy pending or running (a failing
+  /// copy is retried up to DurableTierOptions::max_attempts first). Never throws; the
+  /// outcome is in stats().durable. Returns at once without a durable tier. Does not wait
+  /// for local saves: call wait_all() first to have the newest one copied as well.
+  void wait_durable();
 
   /// Name of the writer backend in use ("io_uring" or "posix").
   std::string_view backend_name() const noexcept;

@@ -10,6 +10,7 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/random.hpp"
 #include "ckpt/io/reshard.hpp"
+#include "ckpt/io/tiers.hpp"
 
 namespace ckpt::train {
 
@@ -467,6 +468,12 @@ SaveHandle save_checkpoint(Checkpointer& checkpointer, const Trainer& trainer) {
 }
 
 std::uint64_t Trainer::resume_latest(const std::string& root, Verify verify, Reshard reshard) {
+  return resume_from([&](std::optional<int> expect) { return open_latest(posix_file_system(), root, {.expected_world_size = expect}); },
+                     root, verify, reshard);
+}
+
+std::uint64_t Trainer::resume_from(const std::function<OpenedCheckpoint(std::optional<int>)>& open, const std::string& where,
+                                   Verify verify, Reshard reshard) {
   // Every rank loads its own part; they then agree that all of them succeeded, on the same
   // checkpoint, before any rank enters the collective restore (else one failing rank would
   // leave the others blocked in the all-gather).
@@ -476,13 +483,13 @@ std::uint64_t Trainer::resume_latest(const std::string& root, Verify verify, Res
   std::string mine;
   try {
     const std::optional<int> expect = reshard == Reshard::allow ? std::nullopt : std::optional<int>(comm_.size());
-    opened.emplace(open_latest(posix_file_system(), root, {.expected_world_size = expect}));
+    opened.emplace(open(expect));
     const Manifest& m = opened->reader.manifest();
     if (m.world_size == comm_.size())
       state.emplace(load_state(opened->reader.load_shard(comm_.rank(), verify), m));
     else
       state.emplace(load_state_resharded(opened->reader, verify));
-    mine = "ok " + opened->name;
+    mine = "ok " + opened->reader.dir();
   } catch (const Error& e) {
     error = e;
     mine = "fail";
@@ -492,11 +499,28 @@ std::uint64_t Trainer::resume_latest(const std::string& root, Verify verify, Res
     const std::string theirs(reinterpret_cast<const char*>(all[static_cast<std::size_t>(r)].data()), all[static_cast<std::size_t>(r)].size());
     if (theirs == mine) continue;
     if (error) throw *error;
-    throw Error(Errc::aborted, root, "rank " + std::to_string(r) + " could not load the same checkpoint", mine, theirs);
+    throw Error(Errc::aborted, where, "rank " + std::to_string(r) + " could not load the same checkpoint", mine, theirs);
   }
   if (error) throw *error;
   apply_state(*state);
   return opened->reader.manifest().step;
+}
+
+// ---- two tiers ----
+
+Trainer::TieredResume Trainer::resume_latest_tiered(const std::string& local_root, const std::string& durable_root, Verify verify,
+                                                    Reshard reshard) {
+  TieredResume out;
+  out.step = resume_from(
+      [&](std::optional<int> expect) {
+        TieredCheckpoint t = open_latest_tiered(posix_file_system(), local_root, posix_file_system(), durable_root,
+                                                {.expected_world_size = expect, .verify = verify});
+        out.tier = t.tier;
+        out.local_error = t.local_error;
+        return std::move(t.opened);
+      },
+      local_root, verify, reshard);
+  return out;
 }
 
 }  // namespace ckpt::train

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
@@ -231,6 +232,20 @@ class Trainer {
   /// both layouts, with or without resharding. Returns the step resumed from. Collective.
   std::uint64_t resume_latest(const std::string& root, Verify verify = Verify::fast, Reshard reshard = Reshard::no);
 
+  // ---- two tiers (runtime/tiering.hpp) ----
+  /// What resume_latest_tiered used.
+  struct TieredResume {
+    std::uint64_t step = 0;   ///< the step resumed from
+    std::string tier;         ///< "local" or "durable"
+    std::string local_error;  ///< why the local tier was passed over (tier "durable")
+  };
+  /// resume_latest over two tiers: the checkpoint the local root's `latest` names if it opens
+  /// and verifies (`verify`, every shard, on every rank), else the durable root's
+  /// (open_latest_tiered, io/tiers.hpp). Every rank must pick the same one (else
+  /// Errc::aborted naming the rank that differs). Collective.
+  TieredResume resume_latest_tiered(const std::string& local_root, const std::string& durable_root, Verify verify = Verify::fast,
+                                    Reshard reshard = Reshard::no);
+
  private:
   TrainConfig cfg_;
   dist::Communicator& comm_;
@@ -258,6 +273,8 @@ class Trainer {
   void check_parallel(const boost::json::object& training, std::uint64_t step, int world_size) const;
   void check_config(const boost::json::object& training, std::uint64_t step) const;
   void check_shard_range(const std::string& where, std::uint64_t offset, std::uint64_t numel) const;
+  std::uint64_t resume_from(const std::function<OpenedCheckpoint(std::optional<int>)>& open, const std::string& where, Verify verify,
+                            Reshard reshard);  // collective
   LoadedState load_state(const LoadedShard& shard, const Manifest& manifest) const;
   LoadedState load_state(const StagedSnapshot& snapshot) const;
   LoadedState load_state_resharded(const CheckpointReader& checkpoint, Verify verify) const;

@@ -1,0 +1,131 @@
+// The copy between tiers and the tiered open; the protocol is in tiers.hpp and
+// docs/commit-protocol.md ("Two tiers").
+#include "ckpt/io/tiers.hpp"
+
+#include <boost/json.hpp>
+#include <optional>
+
+#include "ckpt/core/error.hpp"
+#include "ckpt/format/detail/json_util.hpp"
+#include "ckpt/io/commit.hpp"
+#include "ckpt/io/detail/small_file.hpp"
+#include "ckpt/io/layout.hpp"
+
+namespace ckpt {
+
+namespace json = boost::json;
+
+namespace {
+
+std::string encode_copy_record(const CopyRecord& r) {
+  return json::serialize(json::object{{"step", r.step},
+                                      {"source_root", r.source_root},
+                                      {"source_dir", r.source_dir},
+                                      {"copied_at", r.copied_at},
+                                      {"bytes", r.bytes},
+                                      {"verified", json::object{{"xxh3_chunks", r.xxh3_chunks_verified}, {"sha256", r.sha256_verified}}}}) +
+         "\n";
+}
+
+// Copies one shard through the reader's verified stream into `out_path`, then makes it durable.
+std::uint64_t copy_shard(const CheckpointReader& src, int rank, Verify verify, FileSystem& dst_fs, const std::string& out_path) {
+  auto out = dst_fs.create(out_path, {});
+  std::uint64_t chunks = 0;
+  src.stream_shard(rank, verify, [&](std::uint64_t offset, std::span<const std::byte> piece) {
+    out->write_at(offset, piece);
+    ++chunks;
+  });
+  out->sync();
+  out->close();
+  return chunks;
+}
+
+}  // namespace
+
+CopyRecord copy_checkpoint(FileSystem& src_fs, const std::string& src_root, std::uint64_t step, FileSystem& dst_fs,
+                           const std::string& dst_root, Verify verify) {
+  const std::string name = checkpoint_dir_name(step);
+  const CheckpointReader src = CheckpointReader::open(src_fs, join_path(src_root, name));
+  const Manifest& m = src.manifest();
+  CopyRecord rec;
+  rec.step = step;
+  rec.source_root = src_root;
+  rec.source_dir = name;
+  rec.sha256_verified = verify == Verify::full;
+  prepare_root(dst_fs, dst_root);
+  const std::string temp = begin_checkpoint(dst_fs, dst_root, step);
+  try {
+    for (const auto& s : m.shards) {
+      const std::uint64_t chunks = copy_shard(src, s.rank, verify, dst_fs, join_path(temp, s.path));
+      if (verify != Verify::none) rec.xxh3_chunks_verified += chunks;
+      rec.bytes += s.size;
+    }
+    rec.copied_at = utc_now_rfc3339();
+    detail::write_small_file(dst_fs, join_path(temp, kCopyRecordName), encode_copy_record(rec));
+    commit_checkpoint(dst_fs, dst_root, temp, m);
+  } catch (...) {
+    abort_checkpoint(dst_fs, dst_root, temp);
+    throw;
+  }
+  return rec;
+}
+
+CopyRecord read_copy_record(FileSystem& fs, const std::string& dir) {
+  const std::string path = join_path(dir, kCopyRecordName);
+  const std::string text = detail::read_small_file(fs, path, 64 * 1024, Errc::malformed_manifest);
+  const detail::JsonContext c{Errc::malformed_manifest, path};
+  const json::value root = detail::json_parse(c, text, "copy record JSON");
+  const json::object& o = detail::json_obj(c, root, "copy record");
+  CopyRecord r;
+  r.step = detail::json_u64(c, detail::json_field(c, o, "step", ""), "step");
+  r.source_root = std::string(detail::json_str(c, detail::json_field(c, o, "source_root", ""), "source_root"));
+  r.source_dir = std::string(detail::json_str(c, detail::json_field(c, o, "source_dir", ""), "source_dir"));
+  r.copied_at = std::string(detail::json_str(c, detail::json_field(c, o, "copied_at", ""), "copied_at"));
+  r.bytes = detail::json_u64(c, detail::json_field(c, o, "bytes", ""), "bytes");
+  const json::object& v = detail::json_obj(c, detail::json_field(c, o, "verified", ""), "verified");
+  r.xxh3_chunks_verified = detail::json_u64(c, detail::json_field(c, v, "xxh3_chunks", "verified."), "verified.xxh3_chunks");
+  const json::value& sha = detail::json_field(c, v, "sha256", "verified.");
+  if (!sha.is_bool()) c.fail("verified.sha256", "boolean", detail::json_kind(sha));
+  r.sha256_verified = sha.get_bool();
+  return r;
+}
+
+namespace {
+
+// The newest checkpoint of one root, verified. `older`: also try the older ones.
+OpenedCheckpoint open_verified(FileSystem& fs, const std::string& root, const OpenLatestOptions& opt, bool older) {
+  if (older) return open_latest(fs, root, {.expected_world_size = opt.expected_world_size, .fallback = true, .verify = opt.verify});
+  OpenedCheckpoint o = open_latest(fs, root, {.expected_world_size = opt.expected_world_size});
+  o.reader.verify(opt.verify);
+  return o;
+}
+
+}  // namespace
+
+TieredCheckpoint open_latest_tiered(FileSystem& local_fs, const std::string& local_root, FileSystem& durable_fs,
+                                    const std::string& durable_root, const OpenLatestOptions& opt) {
+  std::string local_error, durable_error;
+  try {
+    return {open_verified(local_fs, local_root, opt, false), "local", {}};
+  } catch (const Error& e) {
+    if (e.code() == Errc::world_size_mismatch) throw;
+    local_error = e.what();
+  }
+  try {
+    return {open_verified(durable_fs, durable_root, opt, opt.fallback), "durable", local_error};
+  } catch (const Error& e) {
+    if (e.code() == Errc::world_size_mismatch) throw;
+    durable_error = e.what();
+  }
+  if (opt.fallback) {
+    try {
+      return {open_verified(local_fs, local_root, opt, true), "local", {}};
+    } catch (const Error& e) {
+      if (e.code() == Errc::world_size_mismatch) throw;
+    }
+  }
+  throw Error(Errc::not_found, local_root, "no checkpoint that opens and verifies in either tier (durable: " + durable_root + ")",
+              "a good checkpoint", "local: " + local_error + "; durable: " + durable_error);
+}
+
+}  // namespace ckpt

@@ -1,0 +1,88 @@
+// Background replication of committed checkpoints from the local tier to the durable tier
+// (io/tiers.hpp does the copy itself). The Checkpointer owns one when
+// CheckpointerOptions::durable is set; it can also be used alone.
+//
+// Policy (docs/commit-protocol.md, "Two tiers"):
+//   - one thread of its own copies one checkpoint at a time; submit() never blocks on I/O,
+//     so the copy never delays training or the next local save;
+//   - at most one copy running and one pending: a step submitted while another is pending
+//     replaces it ("latest wins"); the replaced step never reaches the durable tier and is
+//     counted as superseded;
+//   - a failed copy (EIO, ENOSPC, a missing mount, a corrupt source) leaves no temporary in
+//     the durable root, is counted, logged (once per step, and again if it is given up), and
+//     retried after a backoff that doubles, up to max_attempts; a newer step submitted
+//     meanwhile is copied instead. Nothing is ever thrown into the caller of submit();
+//   - the steps pending or being copied are pinned: local rotation keeps them (pinned()),
+//     so a copy never reads a directory that rotation is deleting;
+//   - the durable root has its own rotation (keep_last), run after each durable commit;
+//   - the destructor drains: it finishes the copy running and the pending one, one attempt
+//     each with no backoff or retry, then joins the thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "ckpt/core/error.hpp"
+#include "ckpt/io/file_system.hpp"
+#include "ckpt/io/reader.hpp"
+
+namespace ckpt {
+
+/// The durable tier: where committed checkpoints are copied, and how.
+struct DurableTierOptions {
+  std::string root{};          ///< durable root directory (created at the first copy); not the local root
+  int keep_last = 10;          ///< rotation of the durable root (0: keep all)
+  Verify verify = Verify::fast;  ///< per-chunk XXH3 while copying; full: also SHA-256 per file
+  FileSystem* fs = nullptr;    ///< file system of the durable root (default: posix)
+  int max_attempts = 3;        ///< copies of one step before it is given up (at least 1)
+  std::chrono::milliseconds retry_backoff{200};  ///< before the 2nd attempt; doubles after each failure
+};
+
+/// Counters of the replication, over the replicator's life.
+struct DurableStats {
+  std::uint64_t submitted = 0;   ///< steps handed over by local commits
+  std::uint64_t copies = 0;      ///< checkpoints committed in the durable tier
+  std::uint64_t failures = 0;    ///< failed copy attempts
+  std::uint64_t superseded = 0;  ///< steps replaced by a newer one before they were copied
+  std::uint64_t given_up = 0;    ///< steps dropped after max_attempts failures
+  std::uint64_t bytes = 0;       ///< shard bytes copied
+  std::optional<std::uint64_t> last_step;  ///< newest step committed in the durable tier
+  std::optional<std::uint64_t> last_failed_step;
+  std::optional<Errc> last_error_code;     ///< of the last failed attempt
+  std::string last_error;                  ///< its message (what())
+  std::uint64_t rotated = 0;               ///< durable checkpoints removed by rotation
+};
+
+class DurableReplicator {
+ public:
+  /// Copies checkpoints of `source_root` (read through `source_fs`, which must outlive this)
+  /// to options.root. Touches neither root here: a missing durable mount shows up as failed
+  /// copies, never as an exception. Throws Errc::invalid_argument for bad options (empty
+  /// root, the local root itself, keep_last < 0, max_attempts < 1).
+  DurableReplicator(FileSystem& source_fs, std::string source_root, DurableTierOptions options);
+  /// Drains (see the policy above) and joins the thread.
+  ~DurableReplicator();
+  DurableReplicator(const DurableReplicator&) = delete;
+  DurableReplicator& operator=(const DurableReplicator&) = delete;
+
+  /// Hands over the committed checkpoint source_root/step-N. Never blocks on I/O, never
+  /// throws for I/O; replaces a pending older step (counted as superseded).
+  void submit(std::uint64_t step);
+  /// True while ROOT/`dir_name` is pending or being copied: local rotation must keep it.
+  bool pinned(std::string_view dir_name) const;
+  /// Blocks until nothing is pending or running (retries included, up to max_attempts).
+  /// Never throws: failures are in stats().
+  void wait_idle();
+  DurableStats stats() const;
+  const DurableTierOptions& options() const noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ckpt
