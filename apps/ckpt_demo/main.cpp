@@ -21,11 +21,16 @@
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/dist/thread_comm.hpp"
+#ifdef CKPT_DEMO_MPI
+#include "ckpt/dist/mpi/mpi_comm.hpp"
+#endif
 #include "ckpt/io/commit.hpp"
 #include "ckpt/io/fault_injection.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
+#include "ckpt/io/tiers.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
+#include "ckpt/runtime/tiering.hpp"
 #include "ckpt/train/trainer.hpp"
 #include "record.hpp"
 
@@ -44,6 +49,13 @@ const char* kHelp = R"(ckpt-demo: data-parallel training of a mini GPT with asyn
 usage: ckpt-demo [options]
 
   --dir DIR            checkpoint root (default: a fresh temporary directory, removed at the end)
+  --durable-dir DIR    two tiers: every checkpoint committed in --dir is copied in the background
+                       to DIR (its own commit, `latest` and rotation, XXH3 re-verified on the
+                       way); --resume then takes --dir's checkpoint if it opens and verifies,
+                       else DIR's, and says which tier it used
+  --keep-durable K     keep the last K checkpoints in the durable tier (default 10)
+  --backend B          threads (default): the ranks are threads of this process; mpi: run under
+                       `mpirun -np N`, one rank per process (the world size is N)
   --world-size N       ranks, run as threads (default 4)
   --steps N            train up to step N (default 20; with --resume, 10 steps past the
                        checkpoint)
@@ -96,6 +108,8 @@ Checks (exit 1 if any fails; exit 2 on a usage error):
       spike and skips the batches the rollback skipped
   (f) resharded resumes only: the optimizer state every rank restored, concatenated, equals
       the source checkpoint's flat state (fp32 master, Adam m and v), the padding zero
+  (h) with --durable-dir: the durable tier's `latest` names the local tier's, and every
+      checkpoint in the durable tier verifies (full SHA-256) and carries its copy record
   (g) with --fail-save: that save failed with the I/O error on every rank, training reached
       its last step, the next save committed, no temporary is left and every remaining
       checkpoint verifies (full SHA-256)
@@ -104,7 +118,10 @@ size, a missing shard and a truncated shard.
 )";
 
 struct Options {
-  std::optional<std::string> dir;
+  std::optional<std::string> dir, durable_dir;
+  int keep_durable = 10;
+  bool mpi = false;
+  bool world_given = false;
   int world = 4;
   std::optional<std::uint64_t> steps;  // default: 20, or 10 past the checkpoint resumed from
   std::uint64_t save_every = 10;
@@ -147,7 +164,13 @@ Options parse(int argc, char** argv) {
       std::cout << kHelp;
       std::exit(0);
     } else if (a == "--dir") o.dir = need(i);
-    else if (a == "--world-size") o.world = static_cast<int>(num(i));
+    else if (a == "--durable-dir") o.durable_dir = need(i);
+    else if (a == "--keep-durable") o.keep_durable = static_cast<int>(num(i));
+    else if (a == "--backend") {
+      const std::string b = need(i);
+      if (b == "mpi") o.mpi = true;
+      else if (b != "threads") usage("--backend must be threads or mpi");
+    } else if (a == "--world-size") o.world = static_cast<int>(num(i)), o.world_given = true;
     else if (a == "--steps") o.steps = static_cast<std::uint64_t>(num(i));
     else if (a == "--save-every") o.save_every = static_cast<std::uint64_t>(num(i));
     else if (a == "--resume") o.resume = true;
@@ -187,6 +210,11 @@ Options parse(int argc, char** argv) {
     } else usage("unknown option " + a);
   }
   if (o.world < 1 || o.world > 1024) usage("--world-size must be 1..1024");
+#ifndef CKPT_DEMO_MPI
+  if (o.mpi) usage("this ckpt-demo was built without MPI (install libopenmpi-dev and reconfigure)");
+#endif
+  if (o.durable_dir && o.dir && fs::weakly_canonical(*o.durable_dir) == fs::weakly_canonical(*o.dir))
+    usage("--durable-dir must differ from --dir");
   if (o.save_every == 0) usage("--save-every must be >= 1");
   if (o.reshard && !o.resume) usage("--reshard needs --resume");
   if (o.inject_spike && *o.inject_spike <= o.save_every)
@@ -204,6 +232,31 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
+#ifdef CKPT_DEMO_MPI
+dist::MpiSession* g_mpi = nullptr;  // set when --backend mpi: this process is one rank
+#endif
+bool is_mpi() {
+#ifdef CKPT_DEMO_MPI
+  return g_mpi != nullptr;
+#else
+  return false;
+#endif
+}
+// This process prints (every rank computes the same checks; rank 0 reports them).
+bool printer() {
+#ifdef CKPT_DEMO_MPI
+  return !g_mpi || g_mpi->rank() == 0;
+#else
+  return true;
+#endif
+}
+// Waits for every process of the run (a no-op with threads: one process).
+void barrier() {
+#ifdef CKPT_DEMO_MPI
+  if (g_mpi) g_mpi->world().barrier();
+#endif
+}
+
 // One rank's part of a run: train, save every --save-every steps (async), notice failed saves
 // while training goes on, and record what the checks need. Identical for every backend.
 RankRecord train_rank(const Options& o, dist::Communicator& comm, const std::string& root, bool resume, Checkpointer* ckpt,
@@ -212,7 +265,13 @@ RankRecord train_rank(const Options& o, dist::Communicator& comm, const std::str
   rec.rank = comm.rank();
   Trainer trainer(o.train, comm);
   std::uint64_t start = 0;
-  if (resume) start = trainer.resume_latest(root, Verify::full, o.reshard ? Reshard::allow : Reshard::no);
+  if (resume && o.durable_dir) {
+    const auto r = trainer.resume_latest_tiered(root, *o.durable_dir, Verify::full, o.reshard ? Reshard::allow : Reshard::no);
+    start = r.step;
+    rec.resume_tier = r.tier + " tier" + (r.local_error.empty() ? "" : " (local tier passed over: " + r.local_error + ")");
+  } else if (resume) {
+    start = trainer.resume_latest(root, Verify::full, o.reshard ? Reshard::allow : Reshard::no);
+  }
   if (resume && o.reshard)
     for (const auto& t : trainer.checkpoint_tensors())
       if (t.name.starts_with("optim.")) rec.restored[t.name] = std::vector<std::byte>(t.data.begin(), t.data.end());
@@ -310,6 +369,7 @@ RankRecord train_rank(const Options& o, dist::Communicator& comm, const std::str
 struct RunRecord {
   std::vector<RankRecord> ranks;
   std::string backend;
+  std::optional<DurableStats> durable;  // with --durable-dir, after the copies drained
   const RankRecord& first() const { return ranks.at(0); }
   /// Rank 0's rows by step; a step trained twice (replayed after a rollback) keeps its last row.
   std::map<std::uint64_t, StepStats> final_trajectory() const {
@@ -327,20 +387,38 @@ struct RunRecord {
 RunRecord run(const Options& o, const std::string& root, bool resume, bool saves) {
   RunRecord rec;
   FaultInjectionFileSystem faults(posix_file_system());
+  std::unique_ptr<CommitCoordinator> coordinator;  // default (threads): in-process
+#ifdef CKPT_DEMO_MPI
+  if (g_mpi && saves) coordinator = dist::make_mpi_coordinator();  // its own communicator: never meets the training's
+#endif
   std::optional<Checkpointer> ckpt;
-  if (saves)
-    ckpt.emplace(CheckpointerOptions{.root = root, .world_size = o.world, .keep_last = o.keep, .backend = o.writer,
-                                     .fs = o.fail_save ? &faults : nullptr});
+  if (saves) {
+    CheckpointerOptions opt{.root = root, .world_size = o.world, .keep_last = o.keep, .backend = o.writer,
+                            .fs = o.fail_save ? &faults : nullptr, .coordinator = coordinator.get()};
+    if (o.durable_dir) opt.durable = DurableTierOptions{.root = *o.durable_dir, .keep_last = o.keep_durable};
+    ckpt.emplace(std::move(opt));
+  }
   rec.backend = ckpt ? std::string(ckpt->backend_name()) : "none";
   std::mutex mu;
-  dist::run_ranks(o.world, [&](dist::Communicator& comm) {
+  auto rank_main = [&](dist::Communicator& comm) {
     const RankRecord mine = train_rank(o, comm, root, resume, ckpt ? &*ckpt : nullptr, o.fail_save ? &faults : nullptr);
-    // Every rank's record reaches every rank, as it would across processes.
+    // Every rank's record reaches every rank: through the same communicator for threads and
+    // processes.
     const auto blobs = comm.all_gather_bytes(demo::encode(mine));
-    if (comm.rank() != 0) return;
+    if (!is_mpi() && comm.rank() != 0) return;
     std::lock_guard lk(mu);
     for (const auto& b : blobs) rec.ranks.push_back(demo::decode(b));
-  });
+  };
+#ifdef CKPT_DEMO_MPI
+  if (g_mpi) rank_main(g_mpi->world());
+  else
+#endif
+    dist::run_ranks(o.world, rank_main);
+  if (ckpt && o.durable_dir) {
+    ckpt->wait_all();
+    ckpt->wait_durable();
+    rec.durable = ckpt->stats().durable;
+  }
   return rec;
 }
 
@@ -376,7 +454,7 @@ std::string fmt_bytes(std::uint64_t b) {
   return buf;
 }
 
-void copy_checkpoint(const std::string& from_root, const std::string& name, const fs::path& to_root) {
+void copy_to_scratch(const std::string& from_root, const std::string& name, const fs::path& to_root) {
   fs::remove_all(to_root);
   fs::create_directories(to_root);
   fs::copy(fs::path(from_root) / name, to_root / name, fs::copy_options::recursive);
@@ -386,15 +464,38 @@ void copy_checkpoint(const std::string& from_root, const std::string& name, cons
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Options o = parse(argc, argv);
+  Options o = parse(argc, argv);
+  // Names of this run's temporary directories: this process's id, or rank 0's under MPI so
+  // every process names the same directories.
+  std::uint64_t run_id = static_cast<std::uint64_t>(::getpid());
+#ifdef CKPT_DEMO_MPI
+  std::optional<dist::MpiSession> mpi;
+  if (o.mpi) {
+    try {
+      mpi.emplace(&argc, &argv);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "ckpt-demo: %s\n", e.what());
+      return 1;
+    }
+    g_mpi = &*mpi;
+    if (o.world_given && o.world != mpi->size())
+      usage("--world-size " + std::to_string(o.world) + " differs from the " + std::to_string(mpi->size()) +
+            " MPI processes (with --backend mpi the world size is mpirun's -np)");
+    o.world = mpi->size();
+    if (o.train.tensor_parallel < 1 || o.world % o.train.tensor_parallel != 0) usage("--tensor-parallel must divide the world size");
+    const auto ids = mpi->world().all_gather_bytes(std::as_bytes(std::span(&run_id, 1)));
+    std::memcpy(&run_id, ids.at(0).data(), sizeof run_id);
+    if (mpi->rank() != 0 && !std::freopen("/dev/null", "w", stdout)) return 1;  // rank 0 reports
+  }
+#endif
   const bool temp_root = !o.dir;
-  const std::string root = o.dir ? *o.dir : (fs::temp_directory_path() / ("ckpt-demo-" + std::to_string(::getpid()))).string();
+  const std::string root = o.dir ? *o.dir : (fs::temp_directory_path() / ("ckpt-demo-" + std::to_string(run_id))).string();
   if (o.resume && temp_root) usage("--resume needs --dir");
   if (!o.resume && fs::exists(root))
     for (const auto& e : fs::directory_iterator(root))
       if (parse_checkpoint_dir_name(e.path().filename().string()))
         usage(root + " already holds checkpoints: pass --resume to continue them, or another --dir");
-  const fs::path scratch = fs::temp_directory_path() / ("ckpt-demo-scratch-" + std::to_string(::getpid()));
+  const fs::path scratch = fs::temp_directory_path() / ("ckpt-demo-scratch-" + std::to_string(run_id));
   std::map<char, std::pair<bool, std::string>> checks;
   int exit_code = 0;
 
@@ -406,8 +507,10 @@ int main(int argc, char** argv) {
     std::optional<std::string> source_dir;
     int source_world = o.world;
     if (o.resume) {
-      if (const auto name = read_latest(posix_file_system(), root)) {
-        source_dir = join_path(root, *name);
+      std::string from = root;
+      if (o.durable_dir && !read_latest(posix_file_system(), root)) from = *o.durable_dir;
+      if (const auto name = read_latest(posix_file_system(), from)) {
+        source_dir = join_path(from, *name);
         try {
           source_world = CheckpointReader::open(posix_file_system(), *source_dir).manifest().world_size;
         } catch (const Error&) {
@@ -420,14 +523,16 @@ int main(int argc, char** argv) {
     const std::string layout = o.train.tensor_parallel > 1 ? " (tensor " + std::to_string(o.train.tensor_parallel) + " x data " +
                                                                   std::to_string(o.world / o.train.tensor_parallel) + ": attention heads split)"
                                                             : "";
-    std::printf("%d ranks as threads%s, DDP + ZeRO-1%s, %s parameters, writer %s, checkpoints in %s\n", o.world, layout.c_str(),
+    std::printf("%d ranks as %s%s, DDP + ZeRO-1%s, %s parameters, writer %s, checkpoints in %s\n", o.world, is_mpi() ? "MPI processes" : "threads", layout.c_str(),
                 o.train.accumulate > 1 ? (", " + std::to_string(o.train.accumulate) + " micro-batches per step").c_str() : "",
                 o.train.precision == Precision::f16 ? "fp16" : "bf16", rec.backend.c_str(), root.c_str());
+    if (o.durable_dir) std::printf("durable tier %s: checkpoints are copied there in the background\n", o.durable_dir->c_str());
     if (o.resume)
-      std::printf("resumed from step %llu%s\n", static_cast<unsigned long long>(r0.resumed_from),
+      std::printf("resumed from step %llu%s%s\n", static_cast<unsigned long long>(r0.resumed_from),
                   source_world != o.world
                       ? (" (resharded from world size " + std::to_string(source_world) + " to " + std::to_string(o.world) + ")").c_str()
-                      : "");
+                      : "",
+                  r0.resume_tier.empty() ? "" : (", from the " + r0.resume_tier).c_str());
 
     // ---- the loss table ----
     std::printf("\n%5s %10s %10s %11s %9s %9s %13s\n", "step", "loss", "grad norm", "param norm", "lr", "step ms", "save stall ms");
@@ -484,9 +589,16 @@ int main(int argc, char** argv) {
     // Failures other than the one --fail-save asked for make checks (d) and (e) meaningless.
     const bool unexpected_failures =
         std::any_of(save_errors.begin(), save_errors.end(), [&](const SaveFailure& e) { return o.fail_save != e.step; });
-    std::string snap_dir;
+    // The first checkpoint of the run, where it still is: rotation (--keep) may have removed it
+    // from the local tier while the durable tier keeps it; with neither, (d) and (e) skip.
+    std::string snap_dir, snap_root;
     if (r0.snapshot_step) {
-      snap_dir = join_path(root, checkpoint_dir_name(*r0.snapshot_step));
+      const std::string name = checkpoint_dir_name(*r0.snapshot_step);
+      for (const std::string& r : {root, o.durable_dir.value_or("")})
+        if (snap_root.empty() && !r.empty() && fs::exists(fs::path(r) / name / kManifestName)) snap_root = r;
+    }
+    if (!snap_root.empty()) {
+      snap_dir = join_path(snap_root, checkpoint_dir_name(*r0.snapshot_step));
       std::ifstream in(join_path(snap_dir, kManifestName));
       std::printf("\nmanifest of %s\n%s", snap_dir.c_str(), std::string(std::istreambuf_iterator<char>(in), {}).c_str());
     }
@@ -516,7 +628,7 @@ int main(int argc, char** argv) {
       checks['c'] = {ok, fmt_bytes(r0.memory.optimizer) + " bytes per rank = 12 x " + std::to_string(r0.num_params) +
                              " (padded to a multiple of " + std::to_string(o.world) + ") / " + std::to_string(o.world)};
     }
-    if (r0.snapshot_step && !unexpected_failures) {
+    if (!snap_dir.empty() && !unexpected_failures) {
       bool equal = true;
       std::size_t tensors = 0;
       const auto reader = CheckpointReader::open(posix_file_system(), snap_dir, o.world);
@@ -553,6 +665,32 @@ int main(int argc, char** argv) {
       checks['f'] = {equal, "optim.master, optim.m, optim.v of " + std::to_string(o.world) + " ranks = the " +
                                 std::to_string(src.manifest().world_size) + "-rank flat state of " + *source_dir + ", bitwise"};
     }
+    if (o.durable_dir && rec.durable) {
+      // (h): the durable tier holds what the local tier committed, copied and verified.
+      const DurableStats& d = *rec.durable;
+      std::printf("\ndurable tier %s: %llu copies (%llu MiB, XXH3 re-verified), %llu superseded, %llu failed attempts%s%s\n",
+                  o.durable_dir->c_str(), static_cast<unsigned long long>(d.copies), static_cast<unsigned long long>(d.bytes >> 20),
+                  static_cast<unsigned long long>(d.superseded), static_cast<unsigned long long>(d.failures),
+                  d.last_error.empty() ? "" : ", last error: ", d.last_error.c_str());
+      const auto local_latest = read_latest(posix_file_system(), root);
+      const auto durable_latest = read_latest(posix_file_system(), *o.durable_dir);
+      bool ok = local_latest.has_value() && durable_latest == local_latest;
+      std::size_t verified = 0;
+      for (const auto& c : list_checkpoints(posix_file_system(), *o.durable_dir)) {
+        if (!c.step) continue;
+        const std::string dir = join_path(*o.durable_dir, c.name);
+        CheckpointReader::open(posix_file_system(), dir).verify(Verify::full);
+        const CopyRecord copy = read_copy_record(posix_file_system(), dir);
+        std::printf("  %s  copied from %s at %s, %llu XXH3 chunks verified\n", c.name.c_str(),
+                    join_path(copy.source_root, copy.source_dir).c_str(), copy.copied_at.c_str(),
+                    static_cast<unsigned long long>(copy.xxh3_chunks_verified));
+        ok &= copy.step == *c.step;
+        ++verified;
+      }
+      ok &= verified > 0;
+      checks['h'] = {ok, std::to_string(verified) + " checkpoints in the durable tier verify full with their copy records; latest " +
+                             durable_latest.value_or("none") + " (local tier: " + local_latest.value_or("none") + ")"};
+    }
     if (o.fail_save) {
       // (g): the failing disk failed one save, not the run.
       const std::uint64_t at = *o.fail_save;
@@ -578,11 +716,13 @@ int main(int argc, char** argv) {
                              std::to_string(r0.rows.back().stats.step) + "; latest " + latest.value_or("none") + "; " +
                              std::to_string(verified) + " checkpoints verify full; " + (temporaries ? "temporaries LEFT" : "no temporaries")};
     }
-    if (!o.resume && r0.snapshot_step && *r0.snapshot_step < r0.last_step && !unexpected_failures) {
+    if (!o.resume && !snap_dir.empty() && *r0.snapshot_step < r0.last_step && !unexpected_failures) {
       const std::string name = checkpoint_dir_name(*r0.snapshot_step);
-      copy_checkpoint(root, name, scratch / "resume");
+      if (printer()) copy_to_scratch(snap_root, name, scratch / "resume");
+      barrier();  // the copy is there for every process
       Options again_opts = o;
       again_opts.fail_save.reset();
+      again_opts.durable_dir.reset();  // the scratch copy is the only tier of that run
       again_opts.inject_spike.reset();
       again_opts.skip_batches = r0.skipped_batches;
       const RunRecord again = run(again_opts, (scratch / "resume").string(), true, false);
@@ -599,9 +739,13 @@ int main(int argc, char** argv) {
                          std::to_string(r0.last_step) + " and final parameters of every rank, bitwise"};
 
       // The loader's defences, on scratch copies so DIR holds only this run's checkpoints.
+      // One process shows them (the others' output is not shown anyway).
+    }
+    if (printer() && !o.resume && !snap_dir.empty() && *r0.snapshot_step < r0.last_step && !unexpected_failures) {
+      const std::string name = checkpoint_dir_name(*r0.snapshot_step);
       std::printf("\nthe loader refuses bad resumes (scratch copies of %s):\n", name.c_str());
       auto refuse = [&](const char* what, auto&& damage, int world) {
-        copy_checkpoint(root, name, scratch / "bad");
+        copy_to_scratch(snap_root, name, scratch / "bad");
         damage(scratch / "bad" / name);
         try {
           auto opened = open_latest(posix_file_system(), (scratch / "bad").string(), {.expected_world_size = world});
@@ -612,7 +756,7 @@ int main(int argc, char** argv) {
           std::printf("  %-24s %s\n", what, e.what());
         }
       };
-      const auto shards = CheckpointReader::open(posix_file_system(), join_path(root, name)).manifest().shards;
+      const auto shards = CheckpointReader::open(posix_file_system(), snap_dir).manifest().shards;
       refuse(("world size " + std::to_string(2 * o.world) + ":").c_str(), [](const fs::path&) {}, 2 * o.world);
       refuse("missing shard:", [&](const fs::path& d) { fs::remove(d / shards.back().path); }, o.world);
       refuse("truncated shard:", [&](const fs::path& d) { fs::resize_file(d / shards.front().path, shards.front().size / 2); }, o.world);
@@ -621,7 +765,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ckpt-demo: %s\n", e.what());
     exit_code = 1;
   }
-  fs::remove_all(scratch);
+  barrier();  // every process is done reading before the scratch and temporary roots go
+  if (printer()) fs::remove_all(scratch);
 
   std::printf("\nchecks\n");
   const std::map<char, const char*> names = {{'a', "loss falls"},
@@ -630,10 +775,12 @@ int main(int argc, char** argv) {
                                              {'d', "checkpoint reloads byte-equal"},
                                              {'e', "bit-exact resume"},
                                              {'f', "resharded state = source state"},
-                                             {'g', "a failed save does not stop training"}};
+                                             {'g', "a failed save does not stop training"},
+                                             {'h', "both tiers hold the checkpoints"}};
   for (const auto& [c, name] : names) {
     const auto it = checks.find(c);
-    if (it == checks.end() && ((c == 'f' && !o.reshard) || (c == 'g' && !o.fail_save))) continue;  // only runs that ask have them
+    if (it == checks.end() && ((c == 'f' && !o.reshard) || (c == 'g' && !o.fail_save) || (c == 'h' && !o.durable_dir)))
+      continue;  // only runs that ask have them
     if (it == checks.end()) {
       std::printf("  (%c) %-36s skipped (see --help)\n", c, name);
       continue;
@@ -642,6 +789,6 @@ int main(int argc, char** argv) {
     if (!it->second.first) exit_code = 1;
   }
   if (checks.count('e') && checks['e'].first) std::printf("resume verified\n");
-  if (temp_root) fs::remove_all(root);
+  if (temp_root && printer()) fs::remove_all(root);
   return exit_code;
 }

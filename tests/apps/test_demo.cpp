@@ -207,3 +207,34 @@ TEST_CASE("ckpt-demo --tensor-parallel 2 splits the heads, records the layout, a
   run(kBin + "ckpt-demo --tensor-parallel 3", status);
   CHECK(status == 2);
 }
+
+TEST_CASE("ckpt-demo --durable-dir: both tiers hold the checkpoints, and with the local root gone the resume continues from the durable tier bit-exactly") {
+  ckpt::test::TempDir dir;
+  const std::string ref = (dir / "ref").string(), local = (dir / "local").string(), durable = (dir / "durable").string();
+  int status = 0;
+  run(kBin + "ckpt-demo --steps 20 --dir " + ref + " --metrics " + (dir / "full.jsonl").string(), status);
+  REQUIRE(status == 0);
+  auto out = run(kBin + "ckpt-demo --steps 10 --save-every 5 --dir " + local + " --durable-dir " + durable + " --keep 1 --keep-durable 2", status);
+  CHECK(status == 0);
+  const auto h = out.find("(h) both tiers hold the checkpoints");
+  REQUIRE(h != std::string::npos);
+  CHECK(out.substr(h, out.find('\n', h) - h).find("PASS: 2 checkpoints in the durable tier verify full with their copy records; latest step-0000000010 (local tier: step-0000000010)") != std::string::npos);
+  CHECK(out.find("copied from " + local + "/step-0000000005") != std::string::npos);
+  // Separate rotation: one local checkpoint, two durable ones.
+  CHECK(!std::filesystem::exists(local + "/step-0000000005"));
+  CHECK(std::filesystem::exists(durable + "/step-0000000005/tier.json"));
+  std::filesystem::remove_all(local);
+  out = run(kBin + "ckpt-demo --steps 20 --resume --dir " + local + " --durable-dir " + durable + " --metrics " + (dir / "resumed.jsonl").string(), status);
+  CHECK(status == 0);
+  CHECK(out.find("resumed from step 10, from the durable tier (local tier passed over: not found: ") != std::string::npos);
+  const auto full = losses((dir / "full.jsonl").string()), resumed = losses((dir / "resumed.jsonl").string());
+  REQUIRE(resumed.size() == 10);
+  for (const auto& [step, hex] : resumed) CHECK(full.at(step) == hex);
+  // The resumed run saved again into both tiers.
+  run(kBin + "ckpt verify --full " + local + "/step-0000000020", status);
+  CHECK(status == 0);
+  run(kBin + "ckpt verify --full " + durable + "/step-0000000020", status);
+  CHECK(status == 0);
+  run(kBin + "ckpt-demo --dir " + (dir / "same").string() + " --durable-dir " + (dir / "same").string(), status);
+  CHECK(status == 2);
+}
