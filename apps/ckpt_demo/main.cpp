@@ -419,6 +419,7 @@ RunRecord run(const Options& o, const std::string& root, bool resume, bool saves
     ckpt->wait_durable();
     rec.durable = ckpt->stats().durable;
   }
+  barrier();  // under MPI only rank 0 commits and copies: its work is on disk before anyone checks
   return rec;
 }
 
