@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "ckpt/core/error.hpp"
+#include "ckpt/dist/detail/collective_kind.hpp"
 #include "ckpt/dist/detail/reduce.hpp"
 
 namespace ckpt::dist {
@@ -29,20 +30,8 @@ namespace {
 
 constexpr int kDataTag = 17;
 
-enum class Kind : std::uint64_t { broadcast, all_reduce, reduce_scatter, all_gather, barrier, all_gather_bytes, split };
-
-std::string_view kind_name(Kind k) noexcept {
-  switch (k) {
-    case Kind::broadcast: return "broadcast";
-    case Kind::all_reduce: return "all_reduce";
-    case Kind::reduce_scatter: return "reduce_scatter";
-    case Kind::all_gather: return "all_gather";
-    case Kind::barrier: return "barrier";
-    case Kind::all_gather_bytes: return "all_gather_bytes";
-    case Kind::split: return "split";
-  }
-  return "collective";
-}
+using Kind = detail::CollectiveKind;
+using detail::kind_name;
 
 // What every rank sends on entering a collective; fields a kind does not use stay at their
 // defaults on every rank. `extra` is not compared (all_gather_bytes: this rank's blob size).
