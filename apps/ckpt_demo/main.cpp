@@ -1,8 +1,10 @@
-// ckpt-demo: the end-to-end run. Ranks are threads exchanging gradients over in-process
-// collectives (DDP + ZeRO-1, fp16 parameters, fp32 optimizer shards) while training a mini
-// GPT; the async checkpointer saves mid-run without stopping training; the run then proves
-// its checkpoint: byte-equal reload, a bit-exact resume, and the loader refusing a resume at
-// another world size, a missing shard and a truncated shard.
+// ckpt-demo: the end-to-end run. Ranks (threads over in-process collectives, or MPI processes
+// with --backend mpi) exchange gradients (DDP + ZeRO-1, fp16 parameters, fp32 optimizer
+// shards) while training a mini GPT; the async checkpointer saves mid-run without stopping
+// training; the run then proves its checkpoint: byte-equal reload, a bit-exact resume, and
+// the loader refusing a resume at another world size, a missing shard and a truncated shard.
+// The production patterns are flags: two tiers, the loss guard with rollback, gradient
+// accumulation, tensor-parallel heads, a failing disk.
 #include <unistd.h>
 
 #include <boost/json.hpp>
@@ -56,7 +58,7 @@ usage: ckpt-demo [options]
   --keep-durable K     keep the last K checkpoints in the durable tier (default 10)
   --backend B          threads (default): the ranks are threads of this process; mpi: run under
                        `mpirun -np N`, one rank per process (the world size is N)
-  --world-size N       ranks, run as threads (default 4)
+  --world-size N       ranks, run as threads (default 4; with --backend mpi, mpirun's -np)
   --steps N            train up to step N (default 20; with --resume, 10 steps past the
                        checkpoint)
   --save-every N       save asynchronously every N steps (default 10)
@@ -108,11 +110,11 @@ Checks (exit 1 if any fails; exit 2 on a usage error):
       spike and skips the batches the rollback skipped
   (f) resharded resumes only: the optimizer state every rank restored, concatenated, equals
       the source checkpoint's flat state (fp32 master, Adam m and v), the padding zero
-  (h) with --durable-dir: the durable tier's `latest` names the local tier's, and every
-      checkpoint in the durable tier verifies (full SHA-256) and carries its copy record
   (g) with --fail-save: that save failed with the I/O error on every rank, training reached
       its last step, the next save committed, no temporary is left and every remaining
       checkpoint verifies (full SHA-256)
+  (h) with --durable-dir: the durable tier's `latest` names the local tier's, and every
+      checkpoint in the durable tier verifies (full SHA-256) and carries its copy record
 A fresh run also shows, on scratch copies, the loader refusing a resume at twice the world
 size, a missing shard and a truncated shard.
 )";
