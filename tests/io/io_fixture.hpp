@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "ckpt/io/commit.hpp"
+#include "ckpt/io/fault_injection.hpp"
+#include "ckpt/io/file_system.hpp"
 #include "support/test_support.hpp"
 
 namespace ckpt::test {
@@ -50,5 +52,15 @@ struct Fixture {
     }
   }
 };
+
+/// The mutating file-system operations one synchronous save of `request` performs, counted on
+/// a scratch root: the tests that cut a save after each of them (a crash, a power loss) walk
+/// k = 0..this.
+inline std::uint64_t mutations_of_one_save(const SaveRequest& request) {
+  FaultInjectionFileSystem counter(posix_file_system());
+  TempDir probe;
+  save_checkpoint(counter, probe.path().string(), request);
+  return counter.mutations();
+}
 
 }  // namespace ckpt::test

@@ -105,12 +105,7 @@ TEST_CASE("a crash at every step of the commit sequence leaves a loadable checkp
   save_checkpoint(posix_file_system(), root, first.request);
 
   // Count the mutating operations of one full save, then crash after each prefix of them.
-  FaultInjectionFileSystem counter(posix_file_system());
-  {
-    test::TempDir probe;
-    save_checkpoint(counter, probe.path().string(), first.request);
-  }
-  const std::uint64_t total = counter.mutations();
+  const std::uint64_t total = test::mutations_of_one_save(first.request);
   REQUIRE(total > 10);
   for (std::uint64_t k = 0; k <= total; ++k) {
     CAPTURE(k);
