@@ -429,20 +429,29 @@ json::object memory_json(const MemoryProfile& m) {
   return {{"params", m.params}, {"grads", m.grads}, {"optimizer", m.optimizer}, {"activations", m.activations}};
 }
 
+// The max and the sum over ranks of each memory category.
+struct MemorySpread {
+  MemoryProfile max{}, sum{};
+  void add(const MemoryProfile& m) {
+    max.params = std::max(max.params, m.params), sum.params += m.params;
+    max.grads = std::max(max.grads, m.grads), sum.grads += m.grads;
+    max.optimizer = std::max(max.optimizer, m.optimizer), sum.optimizer += m.optimizer;
+    max.activations = std::max(max.activations, m.activations), sum.activations += m.activations;
+  }
+};
+
 // Memory after row i of the run: per rank, and max and mean over ranks of each category.
 json::object memory_json(const RunRecord& rec, std::size_t i) {
   json::array per_rank;
-  MemoryProfile mx{}, sum{};
+  MemorySpread spread;
   for (const auto& rr : rec.ranks) {
     const MemoryProfile& m = rr.rows.at(i).memory;
     per_rank.push_back(memory_json(m));
-    mx.params = std::max(mx.params, m.params), sum.params += m.params;
-    mx.grads = std::max(mx.grads, m.grads), sum.grads += m.grads;
-    mx.optimizer = std::max(mx.optimizer, m.optimizer), sum.optimizer += m.optimizer;
-    mx.activations = std::max(mx.activations, m.activations), sum.activations += m.activations;
+    spread.add(m);
   }
+  const MemoryProfile& sum = spread.sum;
   const double n = static_cast<double>(rec.ranks.size());
-  return {{"max", memory_json(mx)},
+  return {{"max", memory_json(spread.max)},
           {"mean",
            {{"params", static_cast<double>(sum.params) / n},
             {"grads", static_cast<double>(sum.grads) / n},
@@ -565,16 +574,14 @@ int main(int argc, char** argv) {
     // ---- memory profile ----
     std::printf("\nmemory per rank (bytes)\n%6s %14s %13s %18s %12s %13s\n", "rank", "params (16b)", "grads (16b)", "optimizer (fp32x3)",
                 "12 P / N", "activations");
-    MemoryProfile mx{}, sum{};
+    MemorySpread spread;
     for (const auto& rr : rec.ranks) {
       const auto& mp = rr.memory;
       std::printf("%6d %14s %13s %18s %12s %13s\n", rr.rank, fmt_bytes(mp.params).c_str(), fmt_bytes(mp.grads).c_str(),
                   fmt_bytes(mp.optimizer).c_str(), fmt_bytes(mp.expected_optimizer).c_str(), fmt_bytes(mp.activations).c_str());
-      mx.params = std::max(mx.params, mp.params), sum.params += mp.params;
-      mx.grads = std::max(mx.grads, mp.grads), sum.grads += mp.grads;
-      mx.optimizer = std::max(mx.optimizer, mp.optimizer), sum.optimizer += mp.optimizer;
-      mx.activations = std::max(mx.activations, mp.activations), sum.activations += mp.activations;
+      spread.add(mp);
     }
+    const MemoryProfile &mx = spread.max, &sum = spread.sum;
     const auto w = static_cast<std::uint64_t>(o.world);
     std::printf("%6s %14s %13s %18s %12s %13s\n%6s %14s %13s %18s %12s %13s\n", "max", fmt_bytes(mx.params).c_str(),
                 fmt_bytes(mx.grads).c_str(), fmt_bytes(mx.optimizer).c_str(), "", fmt_bytes(mx.activations).c_str(), "mean",
@@ -679,10 +686,14 @@ int main(int argc, char** argv) {
       const auto durable_latest = read_latest(posix_file_system(), *o.durable_dir);
       bool ok = local_latest.has_value() && durable_latest == local_latest;
       std::size_t verified = 0;
-      for (const auto& c : list_checkpoints(posix_file_system(), *o.durable_dir)) {
+      for (const auto& c : list_checkpoints(posix_file_system(), *o.durable_dir, Verify::full)) {
         if (!c.step) continue;
+        if (c.state != CheckpointState::complete) {
+          std::printf("  %s  %s: %s\n", c.name.c_str(), std::string(checkpoint_state_name(c.state)).c_str(), c.error.c_str());
+          ok = false;
+          continue;
+        }
         const std::string dir = join_path(*o.durable_dir, c.name);
-        CheckpointReader::open(posix_file_system(), dir).verify(Verify::full);
         const CopyRecord copy = read_copy_record(posix_file_system(), dir);
         std::printf("  %s  copied from %s at %s, %llu XXH3 chunks verified\n", c.name.c_str(),
                     join_path(copy.source_root, copy.source_dir).c_str(), copy.copied_at.c_str(),
@@ -704,10 +715,10 @@ int main(int argc, char** argv) {
       for (const auto& e : fs::directory_iterator(root)) temporaries |= is_temporary_name(e.path().filename().string());
       ok &= !temporaries && !fs::exists(join_path(root, checkpoint_dir_name(at)));
       std::size_t verified = 0;
-      for (const auto& c : list_checkpoints(posix_file_system(), root)) {
+      for (const auto& c : list_checkpoints(posix_file_system(), root, Verify::full)) {
         if (!c.step) continue;  // a temporary: counted above
-        CheckpointReader::open(posix_file_system(), join_path(root, c.name)).verify(Verify::full);
-        ++verified;
+        ok &= c.state == CheckpointState::complete;
+        verified += c.state == CheckpointState::complete;
       }
       // `latest` names the last save of the run, or the one before it if that was the failed one.
       std::uint64_t expect = r0.last_step / o.save_every * o.save_every;

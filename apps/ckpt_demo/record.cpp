@@ -47,6 +47,17 @@ class Reader {
     const auto b = bytes();
     return {reinterpret_cast<const char*>(b.data()), b.size()};
   }
+  /// A vector written with Writer::bytes(as_bytes(span(v))).
+  template <class T>
+    requires std::is_trivially_copyable_v<T>
+  std::vector<T> vec() {
+    const auto b = bytes();
+    if (b.size() % sizeof(T) != 0)
+      throw Error(Errc::comm_error, {}, "demo rank record array bytes", "a multiple of " + std::to_string(sizeof(T)), std::to_string(b.size()));
+    std::vector<T> v(b.size() / sizeof(T));
+    if (!b.empty()) std::memcpy(v.data(), b.data(), b.size());
+    return v;
+  }
   bool done() const { return pos_ == in_.size(); }
 
  private:
@@ -120,9 +131,7 @@ RankRecord decode(std::span<const std::byte> blob) {
     row.memory = rd.pod<train::MemoryProfile>();
     row.event = rd.str();
   }
-  const auto p = rd.bytes();
-  r.final_params.resize(p.size() / sizeof(std::uint16_t));
-  if (!p.empty()) std::memcpy(r.final_params.data(), p.data(), r.final_params.size() * sizeof(std::uint16_t));
+  r.final_params = rd.vec<std::uint16_t>();
   r.memory = rd.pod<train::MemoryProfile>();
   const bool has_snapshot = rd.pod<bool>();
   const auto snapshot_step = rd.pod<std::uint64_t>();
@@ -146,9 +155,7 @@ RankRecord decode(std::span<const std::byte> blob) {
   r.resumed_from = rd.pod<std::uint64_t>();
   r.last_step = rd.pod<std::uint64_t>();
   r.num_params = static_cast<std::size_t>(rd.pod<std::uint64_t>());
-  const auto skipped = rd.bytes();
-  r.skipped_batches.resize(skipped.size() / sizeof(std::uint64_t));
-  if (!skipped.empty()) std::memcpy(r.skipped_batches.data(), skipped.data(), r.skipped_batches.size() * sizeof(std::uint64_t));
+  r.skipped_batches = rd.vec<std::uint64_t>();
   r.resume_tier = rd.str();
   if (!rd.done()) throw Error(Errc::comm_error, {}, "demo rank record has trailing bytes");
   return r;

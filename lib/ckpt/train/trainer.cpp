@@ -292,8 +292,9 @@ void Trainer::check_config(const json::object& training, std::uint64_t step) con
   json::value theirs = cfg ? *cfg : json::value();
   // Checkpoints written before gradient accumulation or tensor parallelism existed trained one
   // batch per step on whole heads.
-  if (theirs.is_object() && !theirs.as_object().contains("accumulate")) theirs.as_object()["accumulate"] = 1;
-  if (theirs.is_object() && !theirs.as_object().contains("tensor_parallel")) theirs.as_object()["tensor_parallel"] = 1;
+  if (theirs.is_object())
+    for (const char* key : {"accumulate", "tensor_parallel"})
+      if (!theirs.as_object().contains(key)) theirs.as_object()[key] = 1;
   if (!cfg || theirs != mine)
     throw Error(Errc::invalid_argument, where, "training configuration differs", json::serialize(mine),
                 cfg ? json::serialize(*cfg) : "none");
