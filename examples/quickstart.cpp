@@ -11,6 +11,7 @@
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/io/commit.hpp"
+#include "ckpt/io/save.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
 
@@ -45,7 +46,7 @@ int main(int argc, char** argv) {
   }
 
   std::printf("== saving a %d-rank checkpoint of step 10 under %s\n", world, root.c_str());
-  const Manifest saved = save_checkpoint(posix_file_system(), root.string(), req);
+  const Manifest saved = save_checkpoint_sync(posix_file_system(), root.string(), req);
   for (const auto& s : saved.shards)
     std::printf("   rank %d  %-34s %8llu bytes  sha256 %.16s...\n", s.rank, s.path.c_str(),
                 static_cast<unsigned long long>(s.size), s.sha256.c_str());

@@ -68,6 +68,7 @@ int main(int argc, char** argv) {
               failures[0], stall_ms[0] / std::max(1, commits[0]));
   std::printf("latest: %s; resumed weights %s the final state\n", latest.name.c_str(), exact ? "equal" : "DIFFER from");
   const bool ok = failures[0] == 0 && commits[0] == static_cast<int>(steps / every) && exact;
+  checkpointer.wait_all();  // the rotation after the last commit runs in the background
   if (argc <= 1) std::filesystem::remove_all(root);
   return ok ? 0 : 1;
 }

@@ -30,7 +30,7 @@
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/io/reshard.hpp"
-#include "ckpt/io/shard_stream.hpp"
+#include "ckpt/io/range_reader.hpp"
 
 namespace json = boost::json;
 using namespace ckpt;

@@ -33,6 +33,7 @@ class TimedFile final : public ckpt::WritableFile {
     fs_.record("close", inner_->path(), t0);
   }
   int native_handle() const noexcept override { return inner_->native_handle(); }
+  std::size_t before_native_write(std::uint64_t offset, std::size_t len) override { return inner_->before_native_write(offset, len); }
   bool is_direct() const noexcept override { return inner_->is_direct(); }
   const std::string& path() const noexcept override { return inner_->path(); }
 

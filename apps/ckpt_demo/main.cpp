@@ -345,7 +345,7 @@ RankRecord train_rank(const Options& o, dist::Communicator& comm, const std::str
         comm.barrier();
       }
       const auto t0 = std::chrono::steady_clock::now();
-      pending.push_back(save_checkpoint(*ckpt, trainer));  // returns once staged; training goes on
+      pending.push_back(start_save(*ckpt, trainer));  // returns once staged; training goes on
       row.stall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (!rec.snapshot_step && o.fail_save != step) {
         rec.snapshot_step = step;

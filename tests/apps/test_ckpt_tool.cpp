@@ -16,9 +16,11 @@
 #include "../io/test_reshard_safetensors.hpp"
 #include "ckpt/dist/communicator.hpp"
 #include "ckpt/io/commit.hpp"
+#include "ckpt/io/save.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
-#include "ckpt/io/shard_stream.hpp"
+#include "ckpt/io/range_reader.hpp"
+#include "ckpt/io/shard_writer.hpp"
 
 using namespace ckpt;
 namespace fs = std::filesystem;
@@ -40,7 +42,7 @@ struct Saved {
   test::TempDir dir;
   test::Fixture fx{2, 10};
   Manifest m;
-  Saved() { m = save_checkpoint(posix_file_system(), dir.path().string(), fx.request); }
+  Saved() { m = save_checkpoint_sync(posix_file_system(), dir.path().string(), fx.request); }
   fs::path ckpt() const { return dir / "step-0000000010"; }
   fs::path shard(int r) const { return ckpt() / m.shards[static_cast<std::size_t>(r)].path; }
 };
@@ -253,30 +255,28 @@ void write_big_checkpoint(const std::string& root) {
   FileSystem& fs = posix_file_system();
   prepare_root(fs, root);
   const std::string temp = begin_checkpoint(fs, root, 1);
-  Manifest m;
-  m.world_size = 2;
-  m.step = 1;
-  m.param_numel = kBigParams;
-  m.training = {{"flat_tensors", boost::json::array{"optim.master", "optim.m", "optim.v"}}, {"num_params", kBigParams}};
+  std::vector<ShardReport> reports;
   std::vector<float> piece(1 << 18);
   for (int r = 0; r < 2; ++r) {
     const auto range = dist::shard_range(kBigParams, 2, r);
     std::vector<TensorSpec> specs;
     for (const char* n : {"optim.master", "optim.m", "optim.v"}) specs.push_back({n, DType::F32, {range.numel}});
-    ShardStreamWriter w(fs, temp, shard_file_name(r, 2), specs, {});
+    ShardWriter w = ShardWriter::stream(fs, temp, shard_file_name(r, 2), specs, {});
     for (std::size_t k = 0; k < specs.size(); ++k)
       for (std::uint64_t done = 0; done < range.numel; done += piece.size()) {
         for (std::size_t i = 0; i < piece.size(); ++i) piece[i] = static_cast<float>((range.offset + done + i) % 4099) + static_cast<float>(k);
         w.write(std::as_bytes(std::span(piece)));
       }
-    WrittenShard ws = w.finish(r);
-    ws.record.param_shard_offset = range.offset;
-    ws.record.param_shard_numel = range.numel;
-    m.shards.push_back(ws.record);
-    m.tensors.insert(m.tensors.end(), ws.tensors.begin(), ws.tensors.end());
+    ShardReport ws = w.finish(r);
+    ws.shard.param_shard_offset = range.offset;
+    ws.shard.param_shard_numel = range.numel;
+    if (r == 0) {
+      ws.param_numel = kBigParams;
+      ws.training = {{"flat_tensors", boost::json::array{"optim.master", "optim.m", "optim.v"}}, {"num_params", kBigParams}};
+    }
+    reports.push_back(std::move(ws));
   }
-  m.created_at = utc_now_rfc3339();
-  commit_checkpoint(fs, root, temp, m);
+  commit_checkpoint(fs, root, temp, assemble_manifest(1, kDefaultChunkSize, std::move(reports)));
 }
 
 // Peak resident memory of `ckpt args...` in KiB, from the kernel (wait4's rusage).
@@ -348,7 +348,7 @@ TEST_CASE("ckpt prune keeps the newest K checkpoints and the one latest names") 
   const std::string root = dir.path().string();
   for (std::uint64_t step : {1, 2, 3, 4, 5}) {
     test::Fixture fx(1, step);
-    save_checkpoint(posix_file_system(), root, fx.request);
+    save_checkpoint_sync(posix_file_system(), root, fx.request);
   }
   write_latest(posix_file_system(), root, checkpoint_dir_name(1));  // latest may be an old one
   fs::create_directory(dir / ".tmp-step-0000000006-1-0");           // a save in progress: untouched
@@ -395,7 +395,7 @@ TEST_CASE("ckpt diff reports equal tensors, the largest difference, and mismatch
     rs.tensors = {{"x", DType::F32, {k ? 5u : 4u}, std::as_bytes(std::span(k ? x5 : x4))},
                   {k ? "only_b" : "y", k ? DType::F16 : DType::F32, {k ? 4u : 2u}, std::as_bytes(std::span(y))}};
     req.ranks.push_back(rs);
-    save_checkpoint(posix_file_system(), (other / (k ? "b" : "a")).string(), req);
+    save_checkpoint_sync(posix_file_system(), (other / (k ? "b" : "a")).string(), req);
   }
   r = ckpt_run("diff " + (other / "a").string() + " " + (other / "b").string());
   CHECK(r.status == 3);

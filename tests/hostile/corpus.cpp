@@ -8,6 +8,8 @@
 #include "ckpt/format/safetensors.hpp"
 #include "ckpt/hash/file_digest.hpp"
 #include "ckpt/io/commit.hpp"
+#include "ckpt/io/save.hpp"
+#include "ckpt/io/shard_writer.hpp"
 #include "ckpt/io/layout.hpp"
 
 namespace ckpt::hostile {
@@ -68,7 +70,7 @@ Manifest save(MemoryFileSystem& fs, std::uint64_t step, bool small) {
     rs.metadata["data_position"] = static_cast<std::int64_t>(step * 4 + static_cast<std::uint64_t>(r));
     req.ranks.push_back(std::move(rs));
   }
-  return save_checkpoint(fs, kRoot, req);
+  return save_checkpoint_sync(fs, kRoot, req);
 }
 
 std::string le64(std::uint64_t n) {

@@ -12,6 +12,7 @@
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/io/commit.hpp"
+#include "ckpt/io/save.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/memory_file_system.hpp"
 #include "ckpt/io/reader.hpp"
@@ -99,8 +100,8 @@ TEST_CASE("save, open_latest and load round trip byte-equal on posix and memory 
   for_each_backend([](Backend& b) {
     const std::string root = join_path(b.base, "root");
     Request r10(10), r20(20);
-    save_checkpoint(*b.fs, root, r10.req);
-    save_checkpoint(*b.fs, root, r20.req);
+    save_checkpoint_sync(*b.fs, root, r10.req);
+    save_checkpoint_sync(*b.fs, root, r20.req);
     auto opened = open_latest(*b.fs, root, {.expected_world_size = 2});
     CHECK(opened.name == "step-0000000020");
     CHECK_NOTHROW(opened.reader.verify(Verify::full));

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "ckpt/io/commit.hpp"
+#include "ckpt/io/save.hpp"
 #include "ckpt/io/fault_injection.hpp"
 #include "ckpt/io/file_system.hpp"
 #include "support/test_support.hpp"
@@ -59,7 +60,7 @@ struct Fixture {
 inline std::uint64_t mutations_of_one_save(const SaveRequest& request) {
   FaultInjectionFileSystem counter(posix_file_system());
   TempDir probe;
-  save_checkpoint(counter, probe.path().string(), request);
+  save_checkpoint_sync(counter, probe.path().string(), request);
   return counter.mutations();
 }
 

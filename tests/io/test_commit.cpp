@@ -6,6 +6,7 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
 #include "ckpt/io/commit.hpp"
+#include "ckpt/io/save.hpp"
 #include "ckpt/io/fault_injection.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
@@ -48,7 +49,7 @@ TEST_CASE("round trip is byte-equal for every dtype, empty and odd-sized tensors
   for (int world : {1, 3}) {
     const std::string root = (dir / ("w" + std::to_string(world))).string();
     test::Fixture fx(world, 7);
-    const Manifest m = save_checkpoint(posix_file_system(), root, fx.request);
+    const Manifest m = save_checkpoint_sync(posix_file_system(), root, fx.request);
     CHECK(m.shards.size() == static_cast<std::size_t>(world));
     auto opened = open_latest(posix_file_system(), root, {.expected_world_size = world});
     CHECK(opened.name == "step-0000000007");
@@ -61,7 +62,7 @@ TEST_CASE("round trip is byte-equal for every dtype, empty and odd-sized tensors
 TEST_CASE("shard files start their data 4096-aligned and parse as safetensors") {
   test::TempDir dir;
   test::Fixture fx(1, 1);
-  const Manifest m = save_checkpoint(posix_file_system(), dir.path().string(), fx.request);
+  const Manifest m = save_checkpoint_sync(posix_file_system(), dir.path().string(), fx.request);
   const auto bytes = test::read_all(dir / "step-0000000001" / m.shards[0].path);
   std::uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[static_cast<std::size_t>(i)];
@@ -73,7 +74,7 @@ TEST_CASE("shard files start their data 4096-aligned and parse as safetensors") 
 TEST_CASE("manifest sha256 equals what sha256sum prints for the shard") {
   test::TempDir dir;
   test::Fixture fx(2, 3);
-  const Manifest m = save_checkpoint(posix_file_system(), dir.path().string(), fx.request);
+  const Manifest m = save_checkpoint_sync(posix_file_system(), dir.path().string(), fx.request);
   for (const auto& s : m.shards) {
     int status = 0;
     const std::string out = test::run_command("sha256sum '" + (dir / "step-0000000003" / s.path).string() + "'", &status);
@@ -85,11 +86,11 @@ TEST_CASE("manifest sha256 equals what sha256sum prints for the shard") {
 TEST_CASE("saving a step twice is refused and keeps the first checkpoint") {
   test::TempDir dir;
   test::Fixture fx(1, 5);
-  save_checkpoint(posix_file_system(), dir.path().string(), fx.request);
+  save_checkpoint_sync(posix_file_system(), dir.path().string(), fx.request);
   test::Fixture other(1, 5);
   other.payload[0].blobs[2][0] ^= 1;
   try {
-    save_checkpoint(posix_file_system(), dir.path().string(), other.request);
+    save_checkpoint_sync(posix_file_system(), dir.path().string(), other.request);
     FAIL("no throw");
   } catch (const Error& e) {
     CHECK(e.code() == Errc::invalid_argument);
@@ -102,7 +103,7 @@ TEST_CASE("a crash at every step of the commit sequence leaves a loadable checkp
   test::TempDir dir;
   const std::string root = dir.path().string();
   test::Fixture first(2, 1), second(2, 2);
-  save_checkpoint(posix_file_system(), root, first.request);
+  save_checkpoint_sync(posix_file_system(), root, first.request);
 
   // Count the mutating operations of one full save, then crash after each prefix of them.
   const std::uint64_t total = test::mutations_of_one_save(first.request);
@@ -113,7 +114,7 @@ TEST_CASE("a crash at every step of the commit sequence leaves a loadable checkp
     faulty.crash_after(k);
     bool saved = false;
     try {
-      save_checkpoint(faulty, root, second.request);
+      save_checkpoint_sync(faulty, root, second.request);
       saved = true;
     } catch (const Error& e) {
       CHECK(e.code() == Errc::aborted);
@@ -144,11 +145,11 @@ TEST_CASE("an I/O error at any write or fsync fails the save and keeps the previ
   test::TempDir dir;
   const std::string root = dir.path().string();
   test::Fixture first(2, 1), second(2, 2, /*chunk=*/4096);
-  save_checkpoint(posix_file_system(), root, first.request);
+  save_checkpoint_sync(posix_file_system(), root, first.request);
   FaultInjectionFileSystem counter(posix_file_system());
   {
     test::TempDir probe;
-    save_checkpoint(counter, probe.path().string(), second.request);
+    save_checkpoint_sync(counter, probe.path().string(), second.request);
   }
   using Op = FaultInjectionFileSystem::Op;
   for (Op op : {Op::write, Op::sync, Op::sync_dir, Op::rename, Op::create}) {
@@ -159,7 +160,7 @@ TEST_CASE("an I/O error at any write or fsync fails the save and keeps the previ
         FaultInjectionFileSystem faulty(posix_file_system());
         faulty.fail_nth(op, i, err);
         try {
-          save_checkpoint(faulty, root, second.request);
+          save_checkpoint_sync(faulty, root, second.request);
         } catch (const Error& e) {
           CHECK(e.code() == (err == ENOSPC ? Errc::no_space : Errc::io_error));
           CHECK(e.sys_errno() == err);
@@ -182,10 +183,10 @@ TEST_CASE("a short write fails the save with the typed error and removes the tem
   test::TempDir dir;
   const std::string root = dir.path().string();
   test::Fixture first(1, 1), second(1, 2);
-  save_checkpoint(posix_file_system(), root, first.request);
+  save_checkpoint_sync(posix_file_system(), root, first.request);
   FaultInjectionFileSystem faulty(posix_file_system());
   faulty.short_write_nth(1);
-  CHECK_THROWS_AS(save_checkpoint(faulty, root, second.request), Error);
+  CHECK_THROWS_AS(save_checkpoint_sync(faulty, root, second.request), Error);
   check_equal(open_latest(posix_file_system(), root).reader, first);
   CHECK(names_in(root) == std::vector<std::string>{"latest", "step-0000000001"});
 }
@@ -194,7 +195,7 @@ TEST_CASE("leftover temporaries are removed on the next open and never loaded") 
   test::TempDir dir;
   const std::string root = dir.path().string();
   test::Fixture fx(1, 1);
-  save_checkpoint(posix_file_system(), root, fx.request);
+  save_checkpoint_sync(posix_file_system(), root, fx.request);
   fs::create_directory(dir / ".tmp-step-0000000002-999-0");
   test::write_all(dir / ".tmp-step-0000000002-999-0" / "manifest.json", {'{', '}'});
   test::write_all(dir / ".latest.tmp-999-1", {'x'});
@@ -224,17 +225,17 @@ TEST_CASE("a step newer than latest that was never committed is replaced when sa
   const std::string root = dir.path().string();
   test::Fixture first(1, 1), orphan(1, 2), again(1, 2);
   again.payload[0].blobs[2][0] ^= 0xff;  // different bytes for the same step
-  save_checkpoint(posix_file_system(), root, first.request);
-  save_checkpoint(posix_file_system(), root, orphan.request);
+  save_checkpoint_sync(posix_file_system(), root, first.request);
+  save_checkpoint_sync(posix_file_system(), root, orphan.request);
   // A crash between the rename of step 2 and the `latest` update leaves this state:
   write_latest(posix_file_system(), root, "step-0000000001");
   std::vector<std::string> logged;
   auto previous = set_log_sink([&](std::string_view l) { logged.emplace_back(l); });
-  save_checkpoint(posix_file_system(), root, again.request);
+  save_checkpoint_sync(posix_file_system(), root, again.request);
   set_log_sink(previous);
   REQUIRE(logged.size() == 1);
   CHECK(logged[0].find("never committed") != std::string::npos);
   check_equal(open_latest(posix_file_system(), root).reader, again);
   // A committed step is still never overwritten.
-  CHECK_THROWS_AS(save_checkpoint(posix_file_system(), root, first.request), Error);
+  CHECK_THROWS_AS(save_checkpoint_sync(posix_file_system(), root, first.request), Error);
 }

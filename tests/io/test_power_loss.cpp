@@ -7,6 +7,7 @@
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/io/commit.hpp"
+#include "ckpt/io/save.hpp"
 #include "ckpt/io/fault_injection.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
@@ -50,7 +51,7 @@ TEST_CASE("a power cut after any operation of a synchronous save leaves only dur
   test::TempDir dir;
   const std::string root = dir.path().string();
   test::Fixture first(2, 1), second(2, 2);
-  save_checkpoint(posix_file_system(), root, first.request);
+  save_checkpoint_sync(posix_file_system(), root, first.request);
   const std::uint64_t total = test::mutations_of_one_save(first.request);
   int saw_new = 0, saw_old = 0;
   for (std::uint64_t k = 0; k <= total; ++k) {
@@ -58,7 +59,7 @@ TEST_CASE("a power cut after any operation of a synchronous save leaves only dur
     FaultInjectionFileSystem faulty(posix_file_system());
     faulty.crash_after(k);
     try {
-      save_checkpoint(faulty, root, second.request);
+      save_checkpoint_sync(faulty, root, second.request);
     } catch (const Error& e) {
       CHECK(e.code() == Errc::aborted);
     }
@@ -78,7 +79,7 @@ TEST_CASE("a power cut during asynchronous saves leaves only durable checkpoints
     test::TempDir dir;
     const std::string root = dir.path().string();
     test::Fixture first(2, 1), second(2, 2);
-    save_checkpoint(posix_file_system(), root, first.request);
+    save_checkpoint_sync(posix_file_system(), root, first.request);
     std::uint64_t total = 0;
     {
       FaultInjectionFileSystem counter(posix_file_system());

@@ -5,6 +5,7 @@
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/io/commit.hpp"
+#include "ckpt/io/save.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/hash/file_digest.hpp"
@@ -20,7 +21,7 @@ struct Saved {
   test::Fixture fx;
   Manifest m;
   explicit Saved(int world = 2, std::uint64_t step = 10) : fx(world, step) {
-    m = save_checkpoint(posix_file_system(), dir.path().string(), fx.request);
+    m = save_checkpoint_sync(posix_file_system(), dir.path().string(), fx.request);
   }
   std::string root() const { return dir.path().string(); }
   fs::path ckpt_dir() const { return dir / checkpoint_dir_name(m.step); }
@@ -151,8 +152,8 @@ TEST_CASE("a missing or bad latest is reported, and fallback finds the newest go
   test::TempDir dir;
   const std::string root = dir.path().string();
   test::Fixture a(1, 1), b(1, 2);
-  save_checkpoint(posix_file_system(), root, a.request);
-  const Manifest mb = save_checkpoint(posix_file_system(), root, b.request);
+  save_checkpoint_sync(posix_file_system(), root, a.request);
+  const Manifest mb = save_checkpoint_sync(posix_file_system(), root, b.request);
   // Corrupt the newest checkpoint: latest names it.
   flip_byte(dir / "step-0000000002" / mb.shards[0].path, 5000);
   CHECK(load_error(root).code() == Errc::checksum_mismatch);
@@ -205,7 +206,7 @@ TEST_CASE("a single tensor is read by name from the chunks that cover it, verifi
 TEST_CASE("ls reports complete, in-progress and corrupt checkpoints") {
   Saved s(1, 3);
   test::Fixture b(1, 5);
-  const Manifest mb = save_checkpoint(posix_file_system(), s.root(), b.request);
+  const Manifest mb = save_checkpoint_sync(posix_file_system(), s.root(), b.request);
   fs::create_directory(s.dir / ".tmp-step-0000000004-1-0");
   fs::resize_file(s.dir / "step-0000000005" / mb.shards[0].path, 10);
   const auto list = list_checkpoints(posix_file_system(), s.root(), Verify::fast);

@@ -13,10 +13,12 @@
 #include "ckpt/dist/communicator.hpp"
 #include "ckpt/hash/xxh3.hpp"
 #include "ckpt/io/commit.hpp"
+#include "ckpt/io/save.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/io/reshard.hpp"
-#include "ckpt/io/shard_stream.hpp"
+#include "ckpt/io/range_reader.hpp"
+#include "ckpt/io/shard_writer.hpp"
 #include "io_fixture.hpp"
 #include "test_reshard_safetensors.hpp"
 
@@ -91,7 +93,7 @@ struct FlatModel {
       rs.metadata = {{"data_position", 96}, {"rng", json::array{ru * 4, ru * 4 + 1, ru * 4 + 2, ru * 4 + 3}}};
       req.ranks.push_back(std::move(rs));
     }
-    return save_checkpoint(posix_file_system(), root, req);
+    return save_checkpoint_sync(posix_file_system(), root, req);
   }
 };
 
@@ -166,36 +168,52 @@ TEST_CASE("plan_shard_specs lays out a shard exactly as plan_shard does") {
   }
 }
 
-TEST_CASE("a shard streamed in pieces of any size is byte-identical to one written whole") {
+TEST_CASE("a shard streamed in pieces of any size is byte-identical to one written whole as an image") {
   test::TempDir dir;
   test::Fixture fx(1, 3);
   const auto& views = fx.request.ranks[0].tensors;
   const std::map<std::string, std::string> meta{{"ckpt.rank", "0"}};
   fs::create_directory(dir / "whole");
-  const WrittenShard whole = write_shard_file(posix_file_system(), (dir / "whole").string(), 0, 1, views, meta, 4096);
+  // The asynchronous writers' way: the whole file image in memory, written by the caller
+  // while the writer hashes it.
+  const ShardHeader planned = plan_shard(views, meta);
+  std::vector<std::byte> image(planned.file_size());
+  const std::string head = encode_shard_header(planned);
+  std::memcpy(image.data(), head.data(), head.size());
+  for (const auto& t : planned.tensors)
+    for (const auto& v : views)
+      if (v.name == t.name && !v.data.empty()) std::memcpy(image.data() + planned.data_start + t.begin, v.data.data(), v.data.size());
+  ShardWriter iw = ShardWriter::image(posix_file_system(), (dir / "whole").string(), "rank-00000-of-00001.safetensors", planned,
+                                      {.chunk_size = 4096});
+  iw.file().write_at(0, image);
+  iw.hash(image);
+  iw.mark_written(image.size());
+  const ShardReport whole = iw.finish(0);
   for (std::size_t piece : {1u, 7u, 4095u, 4096u, 100000u}) {
     CAPTURE(piece);
     const fs::path d = dir / ("p" + std::to_string(piece));
     fs::create_directory(d);
     std::vector<TensorSpec> specs;
     for (const auto& v : views) specs.push_back({v.name, v.dtype, v.shape});
-    ShardStreamWriter w(posix_file_system(), d.string(), whole.record.path, specs, meta, 4096);
+    ShardWriter w = ShardWriter::stream(posix_file_system(), d.string(), whole.shard.path, specs, meta, {.chunk_size = 4096});
     std::vector<std::byte> data;  // the data section, in the planned order
     for (const auto& t : w.header().tensors)
       for (const auto& v : views)
         if (v.name == t.name) data.insert(data.end(), v.data.begin(), v.data.end());
     for (std::size_t at = 0; at < data.size(); at += piece) w.write(std::span(data).subspan(at, std::min(piece, data.size() - at)));
-    const WrittenShard streamed = w.finish(0);
-    CHECK(streamed.record.sha256 == whole.record.sha256);
-    CHECK(streamed.record.chunk_xxh3 == whole.record.chunk_xxh3);
-    CHECK(test::read_all(d / whole.record.path) == test::read_all(dir / "whole" / whole.record.path));
+    const ShardReport streamed = w.finish(0);
+    CHECK(streamed.shard.sha256 == whole.shard.sha256);
+    CHECK(streamed.shard.chunk_xxh3 == whole.shard.chunk_xxh3);
+    CHECK(streamed.tensors.size() == whole.tensors.size());
+    CHECK(test::read_all(d / whole.shard.path) == test::read_all(dir / "whole" / whole.shard.path));
   }
 }
 
 TEST_CASE("the streaming writer refuses more bytes than planned and an incomplete finish") {
   test::TempDir dir;
   const std::vector<TensorSpec> specs{{"x", DType::F32, {4}}};
-  ShardStreamWriter w(posix_file_system(), dir.path().string(), "s.safetensors", specs, {});
+  ShardWriter w = ShardWriter::stream(posix_file_system(), dir.path().string(), "s.safetensors", specs, {});
+  const std::uint64_t file_size = w.header().file_size();
   const std::vector<std::byte> bytes(20);
   CHECK_THROWS_AS(w.write(bytes), Error);
   CHECK(w.remaining() == 16);
@@ -205,11 +223,11 @@ TEST_CASE("the streaming writer refuses more bytes than planned and an incomplet
     FAIL("no throw");
   } catch (const Error& e) {
     CHECK(e.code() == Errc::invalid_argument);
-    CHECK(e.expected() == "16 bytes");
-    CHECK(e.actual() == "8 bytes");
+    CHECK(e.expected() == std::to_string(file_size) + " bytes");
+    CHECK(e.actual() == std::to_string(file_size - 8) + " bytes");
   }
   w.write_zeros(8);
-  CHECK(w.finish(0).record.size == w.header().file_size());
+  CHECK(w.finish(0).shard.size == w.header().file_size());
 }
 
 TEST_CASE("read_tensor_range returns a sub-range and checks only the chunks it reads") {
@@ -274,7 +292,7 @@ TEST_CASE("a flat reader refuses shards that do not tile the flat space") {
   r0.param_shard_offset = 0, r0.param_shard_numel = 1000;
   r1.param_shard_offset = 500, r1.param_shard_numel = 1000;  // overlaps rank 0
   req.ranks = {r0, r1};
-  save_checkpoint(posix_file_system(), dir.path().string(), req);
+  save_checkpoint_sync(posix_file_system(), dir.path().string(), req);
   const auto reader = CheckpointReader::open(posix_file_system(), step_dir(dir.path(), 1));
   try {
     FlatReader flat(reader, flat_layout(reader.manifest()));
@@ -403,7 +421,7 @@ TEST_CASE("a corrupt source shard makes reshard fail with a checksum mismatch an
 TEST_CASE("reshard refuses a checkpoint that does not record its flat tensors") {
   test::TempDir dir;
   test::Fixture fx(2, 10);
-  save_checkpoint(posix_file_system(), (dir / "src").string(), fx.request);
+  save_checkpoint_sync(posix_file_system(), (dir / "src").string(), fx.request);
   try {
     reshard(step_dir(dir / "src"), dir / "dst", 3);
     FAIL("no throw");

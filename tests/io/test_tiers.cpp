@@ -7,6 +7,7 @@
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/io/commit.hpp"
+#include "ckpt/io/save.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/tiers.hpp"
 #include "io/io_fixture.hpp"
@@ -20,7 +21,7 @@ namespace {
 void save_steps(const std::string& root, std::initializer_list<std::uint64_t> steps) {
   for (auto s : steps) {
     test::Fixture fx(2, s);
-    save_checkpoint(posix_file_system(), root, fx.request);
+    save_checkpoint_sync(posix_file_system(), root, fx.request);
   }
 }
 

@@ -54,7 +54,7 @@ std::vector<float> thread_run(int world, const std::string& root, const std::str
     for (std::uint64_t s = start + 1; s <= kSteps; ++s) {
       const auto st = t.step();
       if (comm.rank() == 0) losses.push_back(st.loss);
-      if (ck && s == kSaveAt) hs.push_back(save_checkpoint(*ck, t));
+      if (ck && s == kSaveAt) hs.push_back(start_save(*ck, t));
     }
     for (auto& h : hs) h.wait();
   });
@@ -71,7 +71,7 @@ std::vector<float> mpi_run(dist::MpiSession& mpi, const std::string& root, const
   const std::uint64_t start = resume.empty() ? 0 : t.resume_latest(resume, Verify::full);
   for (std::uint64_t s = start + 1; s <= kSteps; ++s) {
     losses.push_back(t.step().loss);
-    if (ck && s == kSaveAt) save_checkpoint(*ck, t).wait();
+    if (ck && s == kSaveAt) start_save(*ck, t).wait();
   }
   return losses;
 }
@@ -84,11 +84,11 @@ class DyingCoordinator final : public CommitCoordinator {
   int world_size() const noexcept override { return inner_.world_size(); }
   std::vector<int> local_ranks() const override { return inner_.local_ranks(); }
   std::string start_run(const std::function<void()>& prepare) override { return inner_.start_run(prepare); }
-  void report(std::uint64_t step, int rank, std::string text, CommitFn c, OutcomeFn o) override {
+  void report(std::uint64_t step, RankReport report, CommitFn c, OutcomeFn o) override {
     if (die_ && step == 4) std::raise(SIGKILL);
-    inner_.report(step, rank, std::move(text), std::move(c), std::move(o));
+    inner_.report(step, std::move(report), std::move(c), std::move(o));
   }
-  void abandon(std::uint64_t step, const std::string& outcome) override { inner_.abandon(step, outcome); }
+  void abandon(std::uint64_t step, const CommitOutcome& outcome) override { inner_.abandon(step, outcome); }
   std::vector<int> reported(std::uint64_t step) const override { return inner_.reported(step); }
 
  private:
@@ -134,7 +134,7 @@ int kill_mid_save(dist::MpiSession& mpi, const std::string& dir) {
   Trainer t(config(), mpi.world());
   for (std::uint64_t s = 1; s <= 4; ++s) {
     t.step();
-    if (s == 2 || s == 4) save_checkpoint(ck, t).wait();  // step 4 never completes
+    if (s == 2 || s == 4) start_save(ck, t).wait();  // step 4 never completes
   }
   return fail("the save of step 4 completed although rank 1 died");
 }

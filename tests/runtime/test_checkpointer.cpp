@@ -158,6 +158,7 @@ TEST_CASE("rotation keeps the last K checkpoints and never deletes the newest") 
           states[static_cast<std::size_t>(r)].set(r, step);
           ckpt.save(r, step, states[static_cast<std::size_t>(r)].views(), test::info_for(r, world, kN, step)).wait();
         });
+        ckpt.wait_all();  // rotation runs after the handles complete
         const auto dirs = step_dirs(dir.path());
         CHECK(dirs.size() == std::min<std::size_t>(static_cast<std::size_t>(keep), step));
         CHECK(dirs.back() == checkpoint_dir_name(step));

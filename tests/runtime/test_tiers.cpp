@@ -34,7 +34,8 @@ struct Run {
     d.root = d.root.empty() ? durable : d.root;
     return {.root = local, .world_size = kWorld, .keep_last = keep_local, .backend = WriterBackend::posix, .durable = d};
   }
-  // Every rank saves `step` and waits for the local commit; returns rank 0's result.
+  // Every rank saves `step` and waits for the local commit and the rotation after it; returns
+  // rank 0's result.
   SaveResult save(Checkpointer& ck, std::uint64_t step) {
     std::vector<SaveResult> results(kWorld);
     test::run_ranks(kWorld, [&](int r) {
@@ -42,6 +43,7 @@ struct Run {
       st.set(r, step);
       results[static_cast<std::size_t>(r)] = ck.save_sync(r, step, st.views(), test::info_for(r, kWorld, kN, step));
     });
+    ck.wait_all();
     return results[0];
   }
 };

@@ -53,7 +53,7 @@ Trace run(const std::string& local, const std::string& durable, bool resume) {
     for (std::uint64_t s = start + 1; s <= 8; ++s) {
       const auto st = t.step();
       if (comm.rank() == 0) out.losses.push_back(st.loss);
-      if (ck && s == 4) save_checkpoint(*ck, t).wait();
+      if (ck && s == 4) start_save(*ck, t).wait();
     }
     std::lock_guard lk(mu);
     const auto p = t.optimizer().params16();

@@ -72,7 +72,7 @@ Outcome run_training(const TrainConfig& cfg, int world, std::uint64_t steps, con
     for (std::uint64_t s = start + 1; s <= steps; ++s) {
       const auto st = t.step();
       if (comm.rank() == 0) out.losses.push_back(st.loss);
-      if (ckpt && s == save_at) handles.push_back(save_checkpoint(*ckpt, t));
+      if (ckpt && s == save_at) handles.push_back(start_save(*ckpt, t));
     }
     for (auto& h : handles) h.wait();
     std::lock_guard lk(mu);
@@ -511,7 +511,7 @@ GuardOutcome guarded_run(const TrainConfig& cfg, const std::string& root, const 
         std::lock_guard lk(mu);
         out.losses[s.step] = s.loss;
       }
-      if (s.step % 5 == 0) handles.push_back(save_checkpoint(ckpt, t));
+      if (s.step % 5 == 0) handles.push_back(start_save(ckpt, t));
     }
     for (auto& h : handles) {
       const auto& res = h.wait();
@@ -613,7 +613,7 @@ TEST_CASE("a skipped batch is recorded in the checkpoint, so a resume skips it t
           std::lock_guard lk(mu);
           o.losses[s.step] = s.loss;
         }
-        if (s.step == 5) save_checkpoint(ckpt, t).wait();
+        if (s.step == 5) start_save(ckpt, t).wait();
       }
     });
     return o;

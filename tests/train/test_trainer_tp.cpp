@@ -59,7 +59,7 @@ Run run_tp(const TrainConfig& cfg, int world, std::uint64_t steps, const std::st
     for (std::uint64_t s = start + 1; s <= steps; ++s) {
       const auto st = t.step();
       if (comm.rank() == 0) out.losses.push_back(st.loss);
-      if (ckpt && s == save_at) handle = save_checkpoint(*ckpt, t);
+      if (ckpt && s == save_at) handle = start_save(*ckpt, t);
     }
     if (handle) handle->wait();
     std::lock_guard lk(mu);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <iterator>
 #include <set>
 
 #include "ckpt/core/error.hpp"
@@ -123,6 +124,29 @@ std::string encode_manifest(const Manifest& m) {
   }
   out += "\n}\n";
   return out;
+}
+
+Manifest assemble_manifest(std::uint64_t step, std::uint64_t chunk_size, std::vector<ShardReport> reports) {
+  if (reports.empty()) throw_invalid("assemble_manifest: no shard reports");
+  Manifest m;
+  m.world_size = static_cast<int>(reports.size());
+  m.step = step;
+  m.chunk_size = chunk_size;
+  m.param_numel = reports.front().param_numel;
+  m.wall_clock_seconds = reports.front().wall_clock_seconds;
+  m.training = std::move(reports.front().training);
+  m.created_at = utc_now_rfc3339();
+  for (std::size_t r = 0; r < reports.size(); ++r) {
+    ShardReport& rep = reports[r];
+    if (rep.shard.rank != static_cast<int>(r))
+      throw Error(Errc::invalid_argument, {}, "shard report out of rank order", std::to_string(r), std::to_string(rep.shard.rank));
+    if (rep.chunk_size != chunk_size)
+      throw Error(Errc::invalid_argument, rep.shard.path, "chunk length of the shard's checksums", std::to_string(chunk_size),
+                  std::to_string(rep.chunk_size));
+    m.shards.push_back(std::move(rep.shard));
+    std::move(rep.tensors.begin(), rep.tensors.end(), std::back_inserter(m.tensors));
+  }
+  return m;
 }
 
 Manifest decode_manifest(std::string_view text, std::string_view file) {

@@ -58,6 +58,24 @@ struct Manifest {
   const TensorRecord* find_tensor(std::string_view name, int rank) const noexcept;
 };
 
+/// One rank's part of a checkpoint, as its shard writer reports it once the shard is durable:
+/// everything the manifest needs from that rank. The global fields (param_numel,
+/// wall_clock_seconds, training) are taken from rank 0's report.
+struct ShardReport {
+  ShardRecord shard;                  ///< path, size, checksums, flat range, metadata
+  std::vector<TensorRecord> tensors;  ///< the rank's tensor index entries (absolute byte ranges)
+  std::uint64_t chunk_size = kDefaultChunkSize;  ///< the chunk length of shard.chunk_xxh3
+  std::uint64_t param_numel = 0;
+  double wall_clock_seconds = 0;
+  boost::json::object training;
+};
+
+/// The one place a manifest is assembled: `reports` holds one report per rank, in rank order
+/// (world size = reports.size(), at least 1); created_at is now. commit_checkpoint checks the
+/// result as the loader would before writing it. Throws Errc::invalid_argument for no reports,
+/// reports out of rank order, or a report hashed with another chunk length than `chunk_size`.
+Manifest assemble_manifest(std::uint64_t step, std::uint64_t chunk_size, std::vector<ShardReport> reports);
+
 /// The JSON objects encode_manifest writes for one shard entry and one tensor index entry.
 boost::json::object shard_to_json(const ShardRecord& s);
 boost::json::object tensor_to_json(const TensorRecord& t);

@@ -6,11 +6,9 @@
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
-#include "ckpt/hash/file_digest.hpp"
 #include "ckpt/io/detail/small_file.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
-#include "ckpt/io/shard_stream.hpp"
 
 namespace ckpt {
 
@@ -171,65 +169,6 @@ std::vector<std::string> rotate_checkpoints(FileSystem& fs, const std::string& r
     removed.push_back(others[i]);
   }
   return removed;
-}
-
-std::vector<TensorRecord> tensor_records(const ShardHeader& header, int rank) {
-  std::vector<TensorRecord> out;
-  out.reserve(header.tensors.size());
-  for (const auto& t : header.tensors)
-    out.push_back({t.name, rank, t.dtype, t.shape, header.data_start + t.begin, header.data_start + t.end});
-  return out;
-}
-
-WrittenShard write_shard_file(FileSystem& fs, const std::string& dir, int rank, int world_size,
-                              std::span<const TensorView> tensors,
-                              const std::map<std::string, std::string>& header_metadata, std::uint64_t chunk_size) {
-  // One shard writer for every path: the in-memory tensors stream through the same code
-  // that reshard streams pieces through. plan_shard validates the sizes of the views.
-  const ShardHeader planned = plan_shard(tensors, header_metadata);
-  std::vector<TensorSpec> specs;
-  specs.reserve(tensors.size());
-  for (const auto& t : tensors) specs.push_back({t.name, t.dtype, t.shape});
-  ShardStreamWriter writer(fs, dir, shard_file_name(rank, world_size), specs, header_metadata, chunk_size);
-  for (const auto& p : planned.tensors) {
-    const auto it = std::find_if(tensors.begin(), tensors.end(), [&](const TensorView& t) { return t.name == p.name; });
-    writer.write(it->data);
-  }
-  return writer.finish(rank);
-}
-
-Manifest save_checkpoint(FileSystem& fs, const std::string& root, const SaveRequest& req) {
-  if (req.ranks.empty()) throw_invalid("save_checkpoint: no ranks");
-  const int world = static_cast<int>(req.ranks.size());
-  Manifest m;
-  m.world_size = world;
-  m.step = req.step;
-  m.wall_clock_seconds = req.wall_clock_seconds;
-  m.chunk_size = req.chunk_size;
-  m.param_numel = req.param_numel;
-  m.training = req.training;
-  prepare_root(fs, root);
-  const std::string temp = begin_checkpoint(fs, root, req.step);
-  try {
-    for (int r = 0; r < world; ++r) {
-      const RankState& rs = req.ranks[static_cast<std::size_t>(r)];
-      const std::map<std::string, std::string> meta{{"ckpt.rank", std::to_string(r)},
-                                                    {"ckpt.world_size", std::to_string(world)},
-                                                    {"ckpt.step", std::to_string(req.step)}};
-      WrittenShard w = write_shard_file(fs, temp, r, world, rs.tensors, meta, req.chunk_size);
-      w.record.param_shard_offset = rs.param_shard_offset;
-      w.record.param_shard_numel = rs.param_shard_numel;
-      w.record.metadata = rs.metadata;
-      m.shards.push_back(std::move(w.record));
-      m.tensors.insert(m.tensors.end(), w.tensors.begin(), w.tensors.end());
-    }
-    m.created_at = utc_now_rfc3339();
-    commit_checkpoint(fs, root, temp, m);
-  } catch (...) {
-    abort_checkpoint(fs, root, temp);
-    throw;
-  }
-  return m;
 }
 
 }  // namespace ckpt

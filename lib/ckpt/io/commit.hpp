@@ -25,16 +25,12 @@
 // A root has one writer at a time (one training job); readers may run concurrently.
 #pragma once
 
-#include <boost/json/object.hpp>
 #include <cstdint>
 #include <functional>
-#include <map>
-#include <span>
 #include <string>
 #include <vector>
 
 #include "ckpt/format/manifest.hpp"
-#include "ckpt/format/safetensors.hpp"
 #include "ckpt/io/file_system.hpp"
 
 namespace ckpt {
@@ -85,44 +81,5 @@ void remove_checkpoint(FileSystem& fs, const std::string& root, const std::strin
 std::vector<std::string> rotate_checkpoints(FileSystem& fs, const std::string& root, int keep_last,
                                             const std::string& committed,
                                             const std::function<bool(const std::string&)>& keep = {});
-
-/// What a shard writer reports for the manifest.
-struct WrittenShard {
-  ShardRecord record;                 ///< path, size and checksums filled in
-  std::vector<TensorRecord> tensors;  ///< absolute byte ranges in the file
-};
-
-/// Manifest tensor index entries for a planned shard of `rank`.
-std::vector<TensorRecord> tensor_records(const ShardHeader& header, int rank);
-
-/// Step 2, synchronous path: writes one shard file (safetensors layout) into `dir`, hashing
-/// while writing, then fsyncs and closes it. On failure the partial file stays in the
-/// temporary directory (removed by abort_checkpoint).
-WrittenShard write_shard_file(FileSystem& fs, const std::string& dir, int rank, int world_size,
-                              std::span<const TensorView> tensors,
-                              const std::map<std::string, std::string>& header_metadata,
-                              std::uint64_t chunk_size = kDefaultChunkSize);
-
-/// One rank's part of a checkpoint, for the synchronous whole-checkpoint save below.
-struct RankState {
-  std::vector<TensorView> tensors;
-  std::uint64_t param_shard_offset = 0;
-  std::uint64_t param_shard_numel = 0;
-  boost::json::object metadata;
-};
-
-struct SaveRequest {
-  std::uint64_t step = 0;
-  double wall_clock_seconds = 0;
-  std::uint64_t param_numel = 0;
-  boost::json::object training;
-  std::vector<RankState> ranks;  ///< world_size entries, rank order
-  std::uint64_t chunk_size = kDefaultChunkSize;
-};
-
-/// Steps 1-3 for all ranks in the calling thread: the simplest complete save. On any failure
-/// the temporary directory is removed, `latest` and earlier checkpoints are untouched, and
-/// the error is rethrown. Returns the committed manifest.
-Manifest save_checkpoint(FileSystem& fs, const std::string& root, const SaveRequest& request);
 
 }  // namespace ckpt

@@ -59,9 +59,12 @@ class FaultyFile final : public WritableFile {
     fs_.before(FaultInjectionFileSystem::Op::close, f_->path());
     f_->close();
   }
-  // The descriptor is hidden so that writers which drive descriptors themselves (io_uring)
-  // fall back to write_at, where the faults are.
-  int native_handle() const noexcept override { return -1; }
+  // The real descriptor: the io_uring writer drives it, and meets the same faults through
+  // before_native_write as the posix writer does through write_at.
+  int native_handle() const noexcept override { return f_->native_handle(); }
+  std::size_t before_native_write(std::uint64_t, std::size_t len) override {
+    return fs_.before(FaultInjectionFileSystem::Op::write, f_->path()) ? len / 2 : len;
+  }
   bool is_direct() const noexcept override { return f_->is_direct(); }
   const std::string& path() const noexcept override { return f_->path(); }
 

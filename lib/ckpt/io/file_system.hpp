@@ -5,6 +5,7 @@
 // (Errc::io_error or Errc::no_space with errno, naming the file).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -31,6 +32,17 @@ class WritableFile {
   virtual void close() = 0;
   /// The raw descriptor, for writers that drive it themselves (io_uring); -1 if none.
   virtual int native_handle() const noexcept = 0;
+  /// Called by a writer that drives native_handle() itself, before each write it submits of
+  /// `len` bytes at `offset`, so that what a file does to write_at (a fault-injecting file
+  /// failing the n-th write, a crash stopping every write) reaches that writer too. Returns
+  /// how many bytes of the write may go to the file: all of them (`len`, the default), or
+  /// fewer, after which the writer fails the write with Errc::io_error (EIO), as a short
+  /// write that ends in an error does. Throws the write's error to fail it before any byte
+  /// moves. Thread-safe for disjoint ranges, like write_at.
+  virtual std::size_t before_native_write(std::uint64_t offset, std::size_t len) {
+    (void)offset;
+    return len;
+  }
   virtual bool is_direct() const noexcept = 0;
   virtual const std::string& path() const noexcept = 0;
 };

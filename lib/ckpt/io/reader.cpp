@@ -8,7 +8,7 @@
 #include "ckpt/hash/file_digest.hpp"
 #include "ckpt/io/detail/small_file.hpp"
 #include "ckpt/io/layout.hpp"
-#include "ckpt/io/shard_stream.hpp"
+#include "ckpt/io/range_reader.hpp"
 
 namespace ckpt {
 

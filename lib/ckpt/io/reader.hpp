@@ -85,7 +85,7 @@ class CheckpointReader {
 
   /// Elements [first, first + count) of one tensor, reading only the chunks that cover them,
   /// each checked as read_tensor does. A range past the tensor's end is invalid_argument;
-  /// an unknown tensor Errc::not_found. (ShardRangeReader, shard_stream.hpp, reads many
+  /// an unknown tensor Errc::not_found. (ShardRangeReader, range_reader.hpp, reads many
   /// ranges of one shard into the caller's buffers.)
   std::vector<std::byte> read_tensor_range(std::string_view name, int rank, std::uint64_t first, std::uint64_t count,
                                            Verify mode = Verify::fast) const;

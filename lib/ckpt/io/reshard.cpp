@@ -12,6 +12,7 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/io/commit.hpp"
 #include "ckpt/io/layout.hpp"
+#include "ckpt/io/shard_writer.hpp"
 
 namespace ckpt {
 
@@ -370,24 +371,18 @@ ReshardResult reshard_checkpoint(FileSystem& fs, const CheckpointReader& source,
       else if (r == 0) specs[0].push_back({t->name, t->dtype, t->shape});
     }
     // The header metadata every ckpt writer puts in a shard.
-    header_meta[ri] = {{"ckpt.rank", std::to_string(r)}, {"ckpt.world_size", std::to_string(world)}, {"ckpt.step", std::to_string(src.step)}};
+    header_meta[ri] = shard_header_metadata(r, world, src.step);
     total += plan_shard_specs(specs[ri], header_meta[ri]).file_size();
   }
   const auto metadata = remap_rank_metadata(src, world);
 
-  Manifest m;
-  m.world_size = world;
-  m.step = src.step;
-  m.wall_clock_seconds = src.wall_clock_seconds;
-  m.chunk_size = src.chunk_size;
-  m.param_numel = padded_numel(layout.num_params, world);
-  m.training = src.training;
+  json::object training = src.training;
   json::array names;
   for (const auto& n : layout.tensors) names.emplace_back(n);
-  m.training["flat_tensors"] = std::move(names);
-  m.training["num_params"] = layout.num_params;
-  m.training["resharded_from"] = json::object{{"world_size", src.world_size}, {"param_numel", src.param_numel}};
-  if (parallel) m.training["parallel"] = std::move(*parallel);
+  training["flat_tensors"] = std::move(names);
+  training["num_params"] = layout.num_params;
+  training["resharded_from"] = json::object{{"world_size", src.world_size}, {"param_numel", src.param_numel}};
+  if (parallel) training["parallel"] = std::move(*parallel);
 
   bool created_root = false;
   if (!fs.stat(dst_root)) {
@@ -411,14 +406,15 @@ ReshardResult reshard_checkpoint(FileSystem& fs, const CheckpointReader& source,
     AlignedBuffer buffer(static_cast<std::size_t>(opt.buffer_bytes));
     std::optional<ShardRangeReader> replicated;  // rank 0's non-flat tensors, opened when needed
     std::uint64_t written = 0;
+    std::vector<ShardReport> reports;
     auto report = [&](std::uint64_t n) {
       written += n;
       if (opt.progress) opt.progress(written, total);
     };
     for (int r = 0; r < world; ++r) {
       const dist::ShardRange slice = flat_slice(layout.num_params, world, r);
-      ShardStreamWriter writer(fs, temp, shard_file_name(r, world), specs[static_cast<std::size_t>(r)],
-                               header_meta[static_cast<std::size_t>(r)], m.chunk_size);
+      ShardWriter writer = ShardWriter::stream(fs, temp, shard_file_name(r, world), specs[static_cast<std::size_t>(r)],
+                                               header_meta[static_cast<std::size_t>(r)], {.chunk_size = src.chunk_size});
       report(writer.header().data_start);
       for (const auto& t : writer.header().tensors) {
         const std::uint64_t bytes = t.end - t.begin;
@@ -445,16 +441,20 @@ ReshardResult reshard_checkpoint(FileSystem& fs, const CheckpointReader& source,
           }
         }
       }
-      WrittenShard w = writer.finish(r);
-      w.record.param_shard_offset = slice.offset;
-      w.record.param_shard_numel = slice.numel;
-      w.record.metadata = metadata[static_cast<std::size_t>(r)];
-      result.bytes_written += w.record.size;
-      m.shards.push_back(std::move(w.record));
-      m.tensors.insert(m.tensors.end(), w.tensors.begin(), w.tensors.end());
+      ShardReport w = writer.finish(r);
+      w.shard.param_shard_offset = slice.offset;
+      w.shard.param_shard_numel = slice.numel;
+      w.shard.metadata = metadata[static_cast<std::size_t>(r)];
+      result.bytes_written += w.shard.size;
+      if (r == 0) {
+        w.param_numel = padded_numel(layout.num_params, world);
+        w.wall_clock_seconds = src.wall_clock_seconds;
+        w.training = std::move(training);
+      }
+      reports.push_back(std::move(w));
     }
-    m.created_at = utc_now_rfc3339();
-    result.dir = commit_checkpoint(fs, dst_root, temp, m);
+    result.manifest = assemble_manifest(src.step, src.chunk_size, std::move(reports));
+    result.dir = commit_checkpoint(fs, dst_root, temp, result.manifest);
     result.bytes_read = flat.bytes_read() + (replicated ? replicated->bytes_read() : 0);
   } catch (...) {
     if (!temp.empty()) abort_checkpoint(fs, dst_root, temp);
@@ -468,7 +468,6 @@ ReshardResult reshard_checkpoint(FileSystem& fs, const CheckpointReader& source,
     }
     throw;
   }
-  result.manifest = std::move(m);
   return result;
 }
 
@@ -538,7 +537,8 @@ ConsolidateResult consolidate_checkpoint(FileSystem& fs, const CheckpointReader&
     const std::uint64_t per_piece = opt.buffer_bytes / (in_es + (in_type == out_type ? 0 : out_es));
     std::uint64_t written = 0;
     for (std::size_t k = 0; k < n_files; ++k) {
-      ShardStreamWriter writer(fs, temp, file_name(k), specs[k], {{"format", "pt"}}, src.chunk_size, /*with_sha256=*/false);
+      ShardWriter writer =
+          ShardWriter::stream(fs, temp, file_name(k), specs[k], {{"format", "pt"}}, {.chunk_size = src.chunk_size, .sha256 = false});
       ConsolidatedFile cf;
       cf.name = file_name(k);
       for (const auto& t : writer.header().tensors) {
@@ -560,7 +560,7 @@ ConsolidateResult consolidate_checkpoint(FileSystem& fs, const CheckpointReader&
           done += n;
         }
       }
-      cf.size = writer.finish(0).record.size;
+      cf.size = writer.finish(0).shard.size;
       result.files.push_back(std::move(cf));
     }
     if (n_files > 1) {

@@ -34,7 +34,7 @@
 #include "ckpt/format/manifest.hpp"
 #include "ckpt/io/file_system.hpp"
 #include "ckpt/io/reader.hpp"
-#include "ckpt/io/shard_stream.hpp"
+#include "ckpt/io/range_reader.hpp"
 
 namespace ckpt {
 

@@ -10,6 +10,8 @@
 #include "ckpt/io/commit.hpp"
 #include "ckpt/io/detail/small_file.hpp"
 #include "ckpt/io/layout.hpp"
+#include "ckpt/io/shard_writer.hpp"
+#include "ckpt/hash/xxh3.hpp"
 
 namespace ckpt {
 
@@ -27,16 +29,20 @@ std::string encode_copy_record(const CopyRecord& r) {
          "\n";
 }
 
-// Copies one shard through the reader's verified stream into `out_path`, then makes it durable.
-std::uint64_t copy_shard(const CheckpointReader& src, int rank, Verify verify, FileSystem& dst_fs, const std::string& out_path) {
-  auto out = dst_fs.create(out_path, {});
+// Copies one shard through the reader's verified stream into `out_dir`, through the shard
+// writer (which hashes what it writes), then checks that what was written is what the
+// manifest records: the copy is verified end to end, not only on the way in.
+std::uint64_t copy_shard(const CheckpointReader& src, const ShardRecord& s, Verify verify, FileSystem& dst_fs, const std::string& out_dir,
+                         std::uint64_t chunk_size) {
+  ShardWriter out = ShardWriter::copy(dst_fs, out_dir, s.path, s.size, {.chunk_size = chunk_size, .sha256 = false});
   std::uint64_t chunks = 0;
-  src.stream_shard(rank, verify, [&](std::uint64_t offset, std::span<const std::byte> piece) {
-    out->write_at(offset, piece);
+  src.stream_shard(s.rank, verify, [&](std::uint64_t, std::span<const std::byte> piece) {
+    out.write(piece);
     ++chunks;
   });
-  out->sync();
-  out->close();
+  const ShardReport written = out.finish(s.rank);
+  if (written.shard.xxh3 != s.xxh3 || written.shard.chunk_xxh3 != s.chunk_xxh3)
+    throw Error(Errc::checksum_mismatch, out.path(), "xxh3 of the copied file", xxh3_hex(s.xxh3), xxh3_hex(written.shard.xxh3));
   return chunks;
 }
 
@@ -56,7 +62,7 @@ CopyRecord copy_checkpoint(FileSystem& src_fs, const std::string& src_root, std:
   const std::string temp = begin_checkpoint(dst_fs, dst_root, step);
   try {
     for (const auto& s : m.shards) {
-      const std::uint64_t chunks = copy_shard(src, s.rank, verify, dst_fs, join_path(temp, s.path));
+      const std::uint64_t chunks = copy_shard(src, s, verify, dst_fs, temp, m.chunk_size);
       if (verify != Verify::none) rec.xxh3_chunks_verified += chunks;
       rec.bytes += s.size;
     }

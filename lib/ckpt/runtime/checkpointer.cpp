@@ -1,18 +1,44 @@
-// The asynchronous checkpointer. Threads:
-//   - rank threads call save(): barrier, staging copy, hand-off; nothing else;
-//   - one writer thread runs the io_context: creates shard files and drives their writes
-//     (io_uring completions, or completions of pool writes);
-//   - the work pool hashes staged shards (XXH3 per chunk, XXH3 and SHA-256 per file) while the
-//     writes are in flight, then fsyncs, reports to the coordinator and, on the last report,
-//     commits and rotates;
-//   - the io pool runs blocking pwrites (posix backend, fault-injected files).
-// Per step, the InFlight record counts ranks staged and reported; the barrier is "no other
-// step in flight".
+// The asynchronous checkpointer: the save path as one pipeline of C++20 coroutines on
+// Boost.Asio. Who runs where:
+//
+//   rank thread     save(): barrier (blocks while another step is in flight), staging copy
+//                   into the rank's reused buffer, hand-off of the staged shard to the
+//                   step's checkpoint coroutine; nothing else.
+//   io_context      one thread (`io_thread`) runs every coroutine below and the io_uring
+//                   completions; it never blocks: blocking calls are awaited on a pool.
+//   work pool       hashing, and every blocking file-system call but pwrite (create,
+//                   fallocate, fsync, close, mkdir, rename, remove) via detail::offload.
+//   io pool         pwrite of the posix writer.
+//
+//   run_checkpoint(step)                      one per step, spawned by its first save()
+//     temp = co_await begin_checkpoint        work pool, under root_mu
+//     for each local rank, as it is staged:
+//       co_spawn write_shard(rank)            one per shard, concurrently:
+//         writer = co_await create+fallocate    work pool
+//         co_await both(backend.write(image),   io_uring lanes on the io_context
+//                       hash(image))            (posix: pwrite lanes on the io pool),
+//                                               concurrently XXH3 + SHA-256 on the work pool
+//         report = co_await fsync+close         work pool
+//         -> inbox                              the shard's typed RankReport
+//     reports = co_await inbox (every local rank)
+//     outcome = co_await exchange(reports)    CommitCoordinator: the world's last report runs
+//                                             commit() (manifest, renames, fsyncs, latest)
+//                                             on the work pool, or on rank 0's process
+//     complete(outcome)                       handles complete, barrier opens
+//     co_await rotate                         work pool, under root_mu: off the next save's path
+//
+// Typed all the way: shards report RankReport (a ShardReport or an Error), the commit
+// assembles the manifest from them with assemble_manifest, the outcome is a CommitOutcome;
+// JSON exists only where a multi-process coordinator puts them on its wire.
 #include "ckpt/runtime/checkpointer.hpp"
 
 #include <algorithm>
 #include <boost/asio/append.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/experimental/channel.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
@@ -26,6 +52,7 @@
 #include <optional>
 #include <thread>
 #include <unordered_map>
+#include <variant>
 
 #include "ckpt/core/aligned_buffer.hpp"
 #include "ckpt/core/error.hpp"
@@ -34,12 +61,13 @@
 #include "ckpt/io/commit.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
+#include "ckpt/io/shard_writer.hpp"
+#include "ckpt/runtime/detail/offload.hpp"
 #include "ckpt/runtime/detail/write_backend.hpp"
 
 namespace ckpt {
 
 namespace asio = boost::asio;
-namespace json = boost::json;
 using Clock = std::chrono::steady_clock;
 using Handler = asio::any_completion_handler<void(std::exception_ptr, SaveResult)>;
 
@@ -121,18 +149,12 @@ void SaveHandle::add_waiter(const std::shared_ptr<detail::SaveState>& s, Handler
 
 namespace {
 
-std::string error_report(const Error& e) {
-  return json::serialize(json::object{{"ok", false}, {"error", json::parse(error_to_json(e))}});
-}
-
-Error error_of(const json::object& o) { return error_from_json(json::serialize(o.at("error"))); }
-
-std::int64_t ns_of(Clock::duration d) { return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count(); }
+std::chrono::nanoseconds since(Clock::time_point t0) { return Clock::now() - t0; }
 
 }  // namespace
 
 struct Checkpointer::Impl {
-  // One rank's shard of the step in flight, from staging to its outcome.
+  // One rank's shard of the step in flight, from staging to its report.
   struct ShardJob {
     int rank = 0;
     std::uint64_t step = 0;
@@ -142,21 +164,31 @@ struct Checkpointer::Impl {
     SaveInfo info;
     std::shared_ptr<detail::SaveState> handle;
     SaveResult result;  // rank-local timings, filled as the job goes
-    Clock::time_point t_call, t_write0;
-    std::unique_ptr<WritableFile> file;
-    std::optional<FileDigest> digest;
-    std::exception_ptr write_error, hash_error;
-    int pending = 2;  // write and hash (on the io_context thread)
+    Clock::time_point t_call;
   };
 
-  struct InFlight {
+  // What reaches a checkpoint coroutine's inbox: a rank's staged shard, a rank's report
+  // (its shard is durable, or it failed), or the shutdown's decision to give up on the step.
+  struct Abandon {
+    Error error;
+  };
+  using Message = std::variant<std::shared_ptr<ShardJob>, RankReport, Abandon>;
+  using Inbox = asio::experimental::channel<void(boost::system::error_code, Message)>;
+
+  // The checkpoint of one step, from its first save() to its rotation.
+  struct StepState {
     std::uint64_t step = 0;
-    std::string temp_dir;
-    std::optional<Error> temp_error;
-    std::vector<std::shared_ptr<detail::SaveState>> handles;  // per rank, null until it saves
-    int staged = 0, reported = 0, delivered = 0;
-    bool abandoned = false;  // shutdown gave up on the ranks that never saved
-    std::vector<std::pair<std::optional<Error>, SaveResult>> outcomes;
+    Inbox inbox;  // used on the io_context's thread only
+    // Under Impl::mu:
+    std::vector<std::shared_ptr<ShardJob>> jobs;  // per rank, null until it saves
+    int staged = 0, reported = 0;
+    bool abandoned = false;
+    // Set by the commit (this process commits the step).
+    std::string temp;
+    bool committed_here = false;
+
+    StepState(asio::io_context& ctx, std::uint64_t s, int world)
+        : step(s), inbox(ctx, static_cast<std::size_t>(2 * world + 2)), jobs(static_cast<std::size_t>(world)) {}
   };
 
   CheckpointerOptions opt;
@@ -169,10 +201,10 @@ struct Checkpointer::Impl {
   int local_count = 0;
   std::string run_id;
 
-  asio::io_context ctx;
+  asio::io_context ctx{1};
   asio::executor_work_guard<asio::io_context::executor_type> guard{ctx.get_executor()};
-  asio::thread_pool work_pool;
-  asio::thread_pool io_pool;
+  asio::thread_pool work_pool;  // hashing, and every blocking file-system call but pwrite
+  asio::thread_pool io_pool;    // pwrite (posix writer)
   std::unique_ptr<detail::WriteBackend> backend;
   std::thread io_thread;
 
@@ -189,9 +221,13 @@ struct Checkpointer::Impl {
 
   mutable std::mutex mu;
   std::condition_variable cv;
-  std::optional<InFlight> in_flight;
+  std::shared_ptr<StepState> in_flight;  // the barrier: at most one step from save() to its handles
+  int checkpoints_running = 0;           // checkpoint coroutines not finished (rotation included)
   std::map<std::uint64_t, bool> skip_decisions;  // step -> skipped (BusyPolicy::skip)
   CheckpointerStats stats;
+  // Serialises what changes the root itself: begin, commit, abort and rotation (run on the
+  // work pool, or under MPI the commit on the coordinator's thread).
+  std::mutex root_mu;
   // Declared last: destroyed first, after ~Impl has drained the local saves (whose commits
   // submit to it); its own destructor then drains the copies.
   std::unique_ptr<DurableReplicator> replicator;
@@ -264,34 +300,34 @@ struct Checkpointer::Impl {
       log_line("io_uring unavailable (" + why + "); using the posix writer");
       choice = WriterBackend::posix;
     }
-    backend = choice == WriterBackend::posix ? detail::make_posix_backend(ctx, io_pool) : detail::make_uring_backend(ctx, io_pool);
+    backend = choice == WriterBackend::posix ? detail::make_posix_backend(io_pool) : detail::make_uring_backend(ctx, io_pool);
   }
 
   ~Impl() {
-    std::vector<std::shared_ptr<detail::SaveState>> orphans;
-    std::string outcome;
-    std::uint64_t step = 0;
+    std::shared_ptr<StepState> give_up;
+    std::optional<Error> why;
     {
       std::unique_lock lk(mu);
       // Every staged shard finishes (written, or failed); only then is anything abandoned.
       // When every local rank has saved, the outcome comes (from the coordinator), so wait for it.
-      cv.wait(lk, [&] {
-        return !in_flight || (in_flight->reported == in_flight->staged && in_flight->staged < local_count);
-      });
+      cv.wait(lk, [&] { return !in_flight || (in_flight->reported == in_flight->staged && in_flight->staged < local_count); });
       if (in_flight) {
-        step = in_flight->step;
         std::string missing;
         for (int r = 0; r < opt.world_size; ++r)
-          if (local[static_cast<std::size_t>(r)] && !in_flight->handles[static_cast<std::size_t>(r)]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-        const Error e(Errc::aborted, opt.root,
-                      "checkpoint of step " + std::to_string(step) + " abandoned at shutdown: rank(s) " + missing + " never saved it");
-        log_line(e.what());
-        outcome = error_report(e);
+          if (local[static_cast<std::size_t>(r)] && !in_flight->jobs[static_cast<std::size_t>(r)])
+            missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        why = Error(Errc::aborted, opt.root,
+                    "checkpoint of step " + std::to_string(in_flight->step) + " abandoned at shutdown: rank(s) " + missing + " never saved it");
+        log_line(why->what());
         in_flight->abandoned = true;
-        if (!in_flight->temp_dir.empty()) abort_checkpoint(fs, opt.root, in_flight->temp_dir);
+        give_up = in_flight;
       }
     }
-    if (!outcome.empty()) coordinator->abandon(step, outcome);
+    if (give_up) send(give_up, Abandon{*why});
+    {
+      std::unique_lock lk(mu);
+      cv.wait(lk, [&] { return checkpoints_running == 0; });  // rotations included
+    }
     guard.reset();
     io_thread.join();
     work_pool.join();
@@ -313,9 +349,7 @@ struct Checkpointer::Impl {
     job->step = step;
     job->t_call = t_call;
     job->info = info;
-    job->header = plan_shard(tensors, {{"ckpt.rank", std::to_string(rank)},
-                                       {"ckpt.world_size", std::to_string(opt.world_size)},
-                                       {"ckpt.step", std::to_string(step)}});
+    job->header = plan_shard(tensors, shard_header_metadata(rank, opt.world_size, step));
     job->size = job->header.file_size();
     job->padded = (job->size + 4095) / 4096 * 4096;
     job->handle = std::make_shared<detail::SaveState>();
@@ -323,6 +357,7 @@ struct Checkpointer::Impl {
     job->result.step = step;
     job->result.backend = std::string(backend->name());
 
+    std::shared_ptr<StepState> st;
     {
       std::unique_lock lk(mu);
       ++stats.saves_started;
@@ -337,18 +372,20 @@ struct Checkpointer::Impl {
         job->handle->complete(std::nullopt, job->result);
         return SaveHandle(job->handle);
       }
+      // The barrier: rank threads are not coroutines, so they block here; the checkpoint
+      // coroutine releases it when the handles of the step in flight complete.
       cv.wait(lk, [&] { return !in_flight || in_flight->step == step; });
       if (opt.when_busy == BusyPolicy::skip) skip_decisions[step] = false;
       if (!in_flight) {
-        in_flight.emplace();
-        in_flight->step = step;
-        in_flight->handles.resize(static_cast<std::size_t>(opt.world_size));
-        in_flight->outcomes.resize(static_cast<std::size_t>(opt.world_size));
+        in_flight = std::make_shared<StepState>(ctx, step, opt.world_size);
+        ++checkpoints_running;
+        asio::co_spawn(ctx, run_checkpoint(in_flight), asio::detached);
       }
-      auto& slot = in_flight->handles[static_cast<std::size_t>(rank)];
+      auto& slot = in_flight->jobs[static_cast<std::size_t>(rank)];
       if (slot) throw Error(Errc::invalid_argument, {}, "rank " + std::to_string(rank) + " saved step " + std::to_string(step) + " twice");
-      slot = job->handle;
+      slot = job;
       ++in_flight->staged;
+      st = in_flight;
       staged_records[static_cast<std::size_t>(rank)].reset();  // the buffer is about to be overwritten
       job->result.stall = Clock::now() - t_call;
       stats.total_stall += job->result.stall;
@@ -359,7 +396,7 @@ struct Checkpointer::Impl {
       stage(*job, tensors);
     } catch (...) {
       // This rank cannot contribute: fail the checkpoint for everyone rather than hang it.
-      fail_shard(job, to_error(std::current_exception()));
+      send(st, RankReport{rank, to_error(std::current_exception()), {}});
       throw;
     }
     job->result.stage = Clock::now() - t_stage;
@@ -367,7 +404,7 @@ struct Checkpointer::Impl {
       std::lock_guard lk(mu);
       staged_records[static_cast<std::size_t>(rank)] = StagedRecord{step, job->header, job->info, false};
     }
-    asio::post(ctx, [this, job] { start_shard(job); });
+    send(st, job);  // the hand-off: from here on the pipeline owns the staged shard
     return SaveHandle(job->handle);
   }
 
@@ -393,223 +430,222 @@ struct Checkpointer::Impl {
     std::memset(out + job.size, 0, static_cast<std::size_t>(job.padded - job.size));
   }
 
-  // ---- writer side ---------------------------------------------------------------------
-
-  void start_shard(const std::shared_ptr<ShardJob>& job) {
-    std::string temp;
-    try {
-      {
-        std::lock_guard lk(mu);
-        if (in_flight->temp_error) throw *in_flight->temp_error;
-        if (in_flight->temp_dir.empty()) {
-          try {
-            in_flight->temp_dir = run_id.empty() ? begin_checkpoint(fs, opt.root, job->step)
-                                                 : begin_shared_checkpoint(fs, opt.root, job->step, run_id, local[0]);
-          } catch (const Error& e) {
-            in_flight->temp_error = e;
-            throw;
-          }
-        }
-        temp = in_flight->temp_dir;
-      }
-      const std::string path = join_path(temp, shard_file_name(job->rank, opt.world_size));
-      job->file = fs.create(path, {.direct = opt.direct_io});
-      job->file->allocate(job->size);
-    } catch (...) {
-      fail_shard(job, to_error(std::current_exception()));
-      return;
-    }
-    const std::span<const std::byte> bytes = staging[static_cast<std::size_t>(job->rank)].span(
-        static_cast<std::size_t>(job->file->is_direct() ? job->padded : job->size));
-    job->t_write0 = Clock::now();
-    asio::post(work_pool, [this, job, bytes] {
-      const auto t0 = Clock::now();
-      std::exception_ptr err;
-      std::optional<FileDigest> d;
-      try {
-        FileHasher h(opt.chunk_size);
-        const auto data = bytes.first(static_cast<std::size_t>(job->size));
-        for (std::size_t off = 0; off < data.size(); off += opt.chunk_size)
-          h.update(data.subspan(off, std::min<std::size_t>(opt.chunk_size, data.size() - off)));
-        d = h.finish();
-      } catch (...) {
-        err = std::current_exception();
-      }
-      const auto took = Clock::now() - t0;
-      asio::post(ctx, [this, job, err, d = std::move(d), took]() mutable {
-        job->result.hash = took;
-        job->hash_error = err;
-        job->digest = std::move(d);
-        part_done(job);
-      });
-    });
-    backend->async_write_all(*job->file, bytes, static_cast<std::size_t>(opt.chunk_size), opt.queue_depth,
-                             [this, job](std::exception_ptr err) {
-                               job->result.write = Clock::now() - job->t_write0;
-                               job->write_error = err;
-                               part_done(job);
-                             });
-  }
-
-  // On the io_context thread, once for the write and once for the hash.
-  void part_done(const std::shared_ptr<ShardJob>& job) {
-    if (--job->pending > 0) return;
-    asio::post(work_pool, [this, job] {
-      try {
-        if (job->write_error) std::rethrow_exception(job->write_error);
-        if (job->hash_error) std::rethrow_exception(job->hash_error);
-        const auto t0 = Clock::now();
-        if (job->file->is_direct() && job->padded != job->size) job->file->truncate(job->size);
-        job->file->sync();
-        job->file->close();
-        job->result.fsync = Clock::now() - t0;
-      } catch (...) {
-        fail_shard(job, to_error(std::current_exception()));
-        return;
-      }
-      ShardRecord rec;
-      rec.rank = job->rank;
-      rec.path = shard_file_name(job->rank, opt.world_size);
-      rec.size = job->digest->size;
-      rec.sha256 = job->digest->sha256;
-      rec.xxh3 = job->digest->xxh3;
-      rec.chunk_xxh3 = job->digest->chunk_xxh3;
-      rec.param_shard_offset = job->info.param_shard_offset;
-      rec.param_shard_numel = job->info.param_shard_numel;
-      rec.metadata = job->info.metadata;
-      json::array tensors;
-      for (const auto& t : tensor_records(job->header, job->rank)) tensors.push_back(tensor_to_json(t));
-      json::object r{{"ok", true},
-                     {"shard", shard_to_json(rec)},
-                     {"tensors", std::move(tensors)},
-                     {"param_numel", job->info.param_numel},
-                     {"wall_clock_seconds", job->info.wall_clock_seconds},
-                     {"training", job->info.training}};
-      report(job, json::serialize(r));
-    });
-  }
-
-  void fail_shard(const std::shared_ptr<ShardJob>& job, const Error& e) {
-    if (job->file) {
-      try {
-        job->file->close();
-      } catch (...) {
-      }
-    }
-    report(job, error_report(e));
-  }
-
-  void report(const std::shared_ptr<ShardJob>& job, std::string text) {
-    std::string temp;
-    {
+  // Into a checkpoint coroutine's inbox, from any thread. A report counts as the rank's
+  // report at once, so that the shutdown drain sees it.
+  void send(const std::shared_ptr<StepState>& st, Message m) {
+    if (std::holds_alternative<RankReport>(m)) {
       std::lock_guard lk(mu);
-      ++in_flight->reported;
-      temp = in_flight->temp_dir;
+      ++st->reported;
     }
     cv.notify_all();
-    coordinator->report(
-        job->step, job->rank, std::move(text),
-        [this, step = job->step](const std::vector<std::string>& reports) { return commit(step, reports); },
-        [this, job](const std::string& outcome) { deliver(job, outcome); });
+    asio::post(ctx, [st, m = std::move(m)]() mutable {
+      // The inbox holds two messages per rank and the abandon: it never fills.
+      st->inbox.try_send(boost::system::error_code{}, std::move(m));
+    });
   }
 
-  // ---- the commit (one rank, the last reporter) ---------------------------------------
+  template <typename F>
+  auto on_work_pool(F f) {
+    return detail::offload(work_pool.get_executor(), std::move(f));
+  }
 
-  std::string commit(std::uint64_t step, const std::vector<std::string>& reports) {
-    const auto t0 = Clock::now();
-    std::string temp;
+  // ---- the checkpoint coroutine (one per step, on the io_context) ----------------------
+
+  asio::awaitable<void> run_checkpoint(std::shared_ptr<StepState> st) {
+    // 1. The temporary directory, once for all the step's shards.
+    std::optional<Error> begun_badly;
+    try {
+      st->temp = co_await on_work_pool([this, step = st->step] {
+        std::lock_guard lk(root_mu);
+        return run_id.empty() ? begin_checkpoint(fs, opt.root, step) : begin_shared_checkpoint(fs, opt.root, step, run_id, local[0]);
+      });
+    } catch (...) {
+      begun_badly = to_error(std::current_exception());
+    }
+
+    // 2. Every local rank's shard: a shard coroutine starts as the rank hands it over; each
+    //    reports back here when it is durable or has failed.
+    std::vector<RankReport> reports;
+    std::optional<Error> abandoned;
+    while (static_cast<int>(reports.size()) < local_count && !abandoned) {
+      Message m = co_await st->inbox.async_receive(asio::use_awaitable);
+      if (auto* job = std::get_if<std::shared_ptr<ShardJob>>(&m)) {
+        if (begun_badly) send(st, RankReport{(*job)->rank, *begun_badly, {}});
+        else asio::co_spawn(ctx, write_shard(st, *job), asio::detached);
+      } else if (auto* r = std::get_if<RankReport>(&m)) {
+        reports.push_back(std::move(*r));
+      } else {
+        abandoned = std::get<Abandon>(m).error;
+      }
+    }
+
+    // 3. The commit, across every rank of the world (the coordinator), once.
+    CommitOutcome outcome;
+    if (abandoned) {
+      outcome.error = *abandoned;
+      co_await on_work_pool([&] {
+        if (!st->temp.empty()) {
+          std::lock_guard lk(root_mu);
+          abort_checkpoint(fs, opt.root, st->temp);
+        }
+        coordinator->abandon(st->step, outcome);
+      });
+    } else {
+      std::sort(reports.begin(), reports.end(), [](const RankReport& a, const RankReport& b) { return a.rank < b.rank; });
+      outcome = co_await exchange(st, std::move(reports));
+    }
+
+    // 4. The handles complete, and the barrier opens for the next step.
+    complete(st, outcome);
+
+    // 5. Rotation, off the path of the next save, which may already be staging.
+    if (st->committed_here && !outcome.error) co_await on_work_pool([this, step = st->step] { rotate(checkpoint_dir_name(step)); });
+
     {
       std::lock_guard lk(mu);
-      temp = in_flight->temp_dir;
+      --checkpoints_running;
     }
+    cv.notify_all();
+  }
+
+  // One shard, on the io_context: create and preallocate the file, then write the staged
+  // image and hash it at the same time, fsync, report.
+  asio::awaitable<void> write_shard(std::shared_ptr<StepState> st, std::shared_ptr<ShardJob> job) {
+    RankReport report{job->rank, std::nullopt, {}};
+    std::unique_ptr<ShardWriter> writer;
     try {
-      std::vector<json::object> parsed;
-      for (const auto& text : reports) parsed.push_back(json::parse(text).as_object());
-      for (const auto& p : parsed)
-        if (!p.at("ok").as_bool()) throw error_of(p);
-      json::array shards, tensors;
-      for (const auto& p : parsed) {
-        shards.push_back(p.at("shard"));
-        for (const auto& t : p.at("tensors").as_array()) tensors.push_back(t);
+      writer = co_await on_work_pool([&] {
+        return std::make_unique<ShardWriter>(ShardWriter::image(fs, st->temp, shard_file_name(job->rank, opt.world_size), job->header,
+                                                                {.chunk_size = opt.chunk_size, .direct = opt.direct_io}));
+      });
+      ShardWriter& w = *writer;
+      const auto image = staging[static_cast<std::size_t>(job->rank)].span(static_cast<std::size_t>(w.file().is_direct() ? job->padded : job->size));
+      const auto t_write = Clock::now();
+      auto [writer_name, hash_time] = co_await detail::both(
+          backend->write(w.file(), image, static_cast<std::size_t>(opt.chunk_size), opt.queue_depth),
+          on_work_pool([&w, bytes = image.first(static_cast<std::size_t>(job->size))] {
+            const auto t0 = Clock::now();
+            w.hash(bytes);
+            return since(t0);
+          }));
+      job->result.write = since(t_write);
+      job->result.hash = hash_time;
+      job->result.backend = std::string(writer_name);
+      w.mark_written(image.size());
+      const auto t_sync = Clock::now();
+      report.shard = co_await on_work_pool([&w, rank = job->rank] { return w.finish(rank); });
+      job->result.fsync = since(t_sync);
+      report.shard.shard.param_shard_offset = job->info.param_shard_offset;
+      report.shard.shard.param_shard_numel = job->info.param_shard_numel;
+      report.shard.shard.metadata = job->info.metadata;
+      report.shard.param_numel = job->info.param_numel;
+      report.shard.wall_clock_seconds = job->info.wall_clock_seconds;
+      report.shard.training = job->info.training;
+    } catch (...) {
+      report.error = to_error(std::current_exception());
+    }
+    if (writer && report.error) co_await on_work_pool([&] { writer.reset(); });  // closes the failed file
+    send(st, std::move(report));
+  }
+
+  // Hands this process's reports to the coordinator and awaits the outcome. The last report
+  // of the world runs the commit (in-process: on the work pool, here; under MPI: on rank 0's
+  // process), and every rank's outcome comes back through its callback.
+  asio::awaitable<CommitOutcome> exchange(const std::shared_ptr<StepState>& st, std::vector<RankReport> reports) {
+    return asio::async_initiate<const asio::use_awaitable_t<>&, void(CommitOutcome)>(
+        [this, st, reports = std::move(reports)](auto handler) mutable {
+          struct Waiting {
+            Waiting(decltype(handler) handler_, std::size_t n) : h(std::move(handler_)), left(n) {}
+            decltype(handler) h;
+            std::mutex m;
+            std::size_t left;
+          };
+          auto waiting = std::make_shared<Waiting>(std::move(handler), reports.size());
+          asio::post(work_pool, [this, st, waiting, reports = std::move(reports)]() mutable {
+            for (auto& r : reports)
+              coordinator->report(
+                  st->step, std::move(r), [this, st](std::vector<RankReport>& all) { return commit(*st, all); },
+                  [waiting](const CommitOutcome& o) {
+                    std::unique_lock lk(waiting->m);
+                    if (--waiting->left > 0) return;
+                    lk.unlock();
+                    // Every rank of a step gets the same outcome; one copy with its own strings
+                    // goes back to the coroutine's thread.
+                    CommitOutcome mine{o.error ? std::optional<Error>(detail::SaveState::fresh(*o.error)) : std::nullopt, o.dir, o.commit};
+                    asio::dispatch(asio::append(std::move(waiting->h), std::move(mine)));
+                  });
+          });
+        },
+        asio::use_awaitable);
+  }
+
+  // ---- the commit (in the committing process, once per step) --------------------------
+
+  CommitOutcome commit(StepState& st, std::vector<RankReport>& reports) {
+    const auto t0 = Clock::now();
+    std::lock_guard lk(root_mu);
+    try {
+      std::vector<ShardReport> shards;
+      for (auto& r : reports) {
+        if (r.error) throw detail::SaveState::fresh(*r.error);
+        shards.push_back(std::move(r.shard));
       }
-      const json::object& r0 = parsed.front();
-      json::object mj{{"schema_version", kSchemaVersion},
-                      {"format", "ckpt"},
-                      {"world_size", opt.world_size},
-                      {"step", step},
-                      {"wall_clock_seconds", r0.at("wall_clock_seconds")},
-                      {"created_at", utc_now_rfc3339()},
-                      {"chunk_size", opt.chunk_size},
-                      {"param_numel", r0.at("param_numel")},
-                      {"shards", std::move(shards)},
-                      {"tensors", std::move(tensors)},
-                      {"training", r0.at("training")}};
-      const std::string mpath = join_path(temp, kManifestName);
-      const Manifest m = decode_manifest(json::serialize(mj), mpath);
-      const std::string dir = commit_checkpoint(fs, opt.root, temp, m);
+      const std::string dir = commit_checkpoint(fs, opt.root, st.temp, assemble_manifest(st.step, opt.chunk_size, std::move(shards)));
       // Handed over before rotation, so that an older step whose copy it supersedes is no
       // longer pinned and rotates away now.
-      if (replicator) replicator->submit(step);
-      const auto rotated = rotate(checkpoint_dir_name(step));
-      json::array rot;
-      for (const auto& n : rotated) rot.emplace_back(n);
-      return json::serialize(json::object{{"ok", true}, {"dir", dir}, {"commit_ns", ns_of(Clock::now() - t0)}, {"rotated", rot}});
+      if (replicator) replicator->submit(st.step);
+      st.committed_here = true;
+      return {std::nullopt, dir, since(t0)};
     } catch (...) {
-      if (!temp.empty()) abort_checkpoint(fs, opt.root, temp);
-      return error_report(to_error(std::current_exception()));
+      if (!st.temp.empty()) abort_checkpoint(fs, opt.root, st.temp);
+      return {to_error(std::current_exception()), {}, since(t0)};
     }
   }
 
   // Keeps the newest keep_last checkpoints (io/commit.hpp), and those the durable tier still
-  // has to copy. Runs only after `latest` is durable; a failure is logged, not thrown: the new
+  // has to copy. Runs after the handles complete; a failure is logged, not thrown: the new
   // checkpoint is committed.
-  std::vector<std::string> rotate(const std::string& committed) {
+  void rotate(const std::string& committed) {
+    std::lock_guard lk(root_mu);
     try {
-      if (!replicator) return rotate_checkpoints(fs, opt.root, opt.keep_last, committed);
-      return rotate_checkpoints(fs, opt.root, opt.keep_last, committed, [this](const std::string& name) { return replicator->pinned(name); });
+      const auto removed =
+          replicator ? rotate_checkpoints(fs, opt.root, opt.keep_last, committed, [this](const std::string& name) { return replicator->pinned(name); })
+                     : rotate_checkpoints(fs, opt.root, opt.keep_last, committed);
+      std::lock_guard slk(mu);
+      stats.rotated += removed.size();
     } catch (const Error& e) {
       log_line(std::string("rotation failed (the new checkpoint is committed): ") + e.what());
-      return {};
     }
   }
 
-  // ---- outcome, on every rank --------------------------------------------------------
+  // ---- outcome, on the io_context ------------------------------------------------------
 
-  void deliver(const std::shared_ptr<ShardJob>& job, const std::string& outcome_text) {
-    std::optional<Error> err;
-    SaveResult res = job->result;
-    res.bytes = job->size;
-    try {
-      const json::object o = json::parse(outcome_text).as_object();
-      if (!o.at("ok").as_bool()) throw error_of(o);
-      res.dir = std::string(o.at("dir").as_string());
-      res.commit = std::chrono::nanoseconds(o.at("commit_ns").to_number<std::int64_t>());
-      for (const auto& n : o.at("rotated").as_array()) res.rotated.emplace_back(n.as_string());
-    } catch (...) {
-      err = to_error(std::current_exception());
-    }
-    res.total = Clock::now() - job->t_call;
-    std::vector<std::pair<std::shared_ptr<detail::SaveState>, std::pair<std::optional<Error>, SaveResult>>> complete;
+  void complete(const std::shared_ptr<StepState>& st, const CommitOutcome& outcome) {
+    std::vector<std::pair<std::shared_ptr<ShardJob>, SaveResult>> done;
     {
       std::lock_guard lk(mu);
-      if (!in_flight || in_flight->step != job->step) return;
-      in_flight->outcomes[static_cast<std::size_t>(job->rank)] = {err, res};
+      if (outcome.error) ++stats.failures;
+      else ++stats.commits;
+      if (!outcome.error)
+        for (auto& rec : staged_records)
+          if (rec && rec->step == st->step) rec->committed = true;
+      for (auto& job : st->jobs) {
+        if (!job) continue;
+        SaveResult res = job->result;
+        res.bytes = job->size;
+        res.dir = outcome.dir;
+        res.commit = outcome.commit;
+        res.total = since(job->t_call);
+        done.emplace_back(job, std::move(res));
+      }
       // Every rank gets the same outcome; the handles complete together, after the barrier
       // is released, so a ready() handle means the next save will not stall on this one.
-      if (++in_flight->delivered < (in_flight->abandoned ? in_flight->staged : local_count)) return;
-      if (err) ++stats.failures;
-      else ++stats.commits;
-      if (!err)
-        for (auto& rec : staged_records)
-          if (rec && rec->step == job->step) rec->committed = true;
-      for (int r = 0; r < opt.world_size; ++r)
-        if (auto& h = in_flight->handles[static_cast<std::size_t>(r)]) complete.push_back({h, in_flight->outcomes[static_cast<std::size_t>(r)]});
-      in_flight.reset();
+      if (in_flight == st) in_flight.reset();
     }
     cv.notify_all();
-    for (auto& [h, o] : complete) h->complete(o.first, std::move(o.second));
+    for (auto& [job, res] : done)
+      job->handle->complete(outcome.error ? std::optional<Error>(detail::SaveState::fresh(*outcome.error)) : std::nullopt, std::move(res));
   }
-
 };
 
 Checkpointer::Checkpointer(CheckpointerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
@@ -625,7 +661,7 @@ SaveResult Checkpointer::save_sync(int rank, std::uint64_t step, std::span<const
 
 void Checkpointer::wait_all() {
   std::unique_lock lk(impl_->mu);
-  impl_->cv.wait(lk, [&] { return !impl_->in_flight; });
+  impl_->cv.wait(lk, [&] { return !impl_->in_flight && impl_->checkpoints_running == 0; });
 }
 
 std::optional<StagedSnapshot> Checkpointer::staged(int rank) const {

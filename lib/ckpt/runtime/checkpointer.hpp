@@ -97,9 +97,8 @@ struct SaveResult {
   ns write{};   ///< writer: first write submitted to last write completed
   ns hash{};    ///< hashing of this shard (overlaps write)
   ns fsync{};   ///< fsync + close of this shard
-  ns commit{};  ///< manifest, renames, fsyncs, latest, rotation
-  ns total{};   ///< save() call to commit done
-  std::vector<std::string> rotated;  ///< checkpoint directories removed by rotation
+  ns commit{};  ///< manifest, renames, fsyncs, latest
+  ns total{};   ///< save() call to commit done (rotation runs after it, off this path)
 };
 
 /// A rank's last committed save, read back from its staging buffer (Checkpointer::staged):
@@ -153,6 +152,7 @@ class SaveHandle {
 /// Counters over the checkpointer's life.
 struct CheckpointerStats {
   std::uint64_t saves_started = 0, saves_skipped = 0, commits = 0, failures = 0;
+  std::uint64_t rotated = 0;              ///< checkpoints removed by rotation
   std::uint64_t staging_bytes = 0;        ///< staging memory held now (all ranks)
   std::uint64_t staging_allocations = 0;  ///< times a staging buffer was (re)allocated
   std::chrono::nanoseconds total_stall{};
@@ -180,8 +180,9 @@ class Checkpointer {
   /// save() followed by wait(): the synchronous path through the same code.
   SaveResult save_sync(int rank, std::uint64_t step, std::span<const TensorView> tensors, const SaveInfo& info);
 
-  /// Blocks until no checkpoint is in flight (every rank must have saved the step in
-  /// flight, or this waits for them). Does not rethrow save errors: the handles do.
+  /// Blocks until no checkpoint is in flight and the rotation after the last commit has run
+  /// (every rank must have saved the step in flight, or this waits for them). Does not
+  /// rethrow save errors: the handles do.
   void wait_all();
 
   /// Rank `rank`'s last save, if it is committed and its staging buffer still holds it: the

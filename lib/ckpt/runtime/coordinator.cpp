@@ -17,12 +17,13 @@ class InProcessCoordinator final : public CommitCoordinator {
   }
   int world_size() const noexcept override { return world_; }
 
-  void report(std::uint64_t step, int rank, std::string report, CommitFn commit, OutcomeFn on_outcome) override {
+  void report(std::uint64_t step, RankReport report, CommitFn commit, OutcomeFn on_outcome) override {
+    const int rank = report.rank;
     if (rank < 0 || rank >= world_)
       throw Error(Errc::invalid_argument, {}, "report rank", "0.." + std::to_string(world_ - 1), std::to_string(rank));
     std::unique_lock lk(mu_);
     if (auto it = abandoned_.find(step); it != abandoned_.end()) {
-      const std::string outcome = it->second;
+      const CommitOutcome outcome = it->second;
       lk.unlock();
       on_outcome(outcome);
       return;
@@ -38,11 +39,11 @@ class InProcessCoordinator final : public CommitCoordinator {
     steps_.erase(step);
     lk.unlock();
     // The last reporter commits; nobody else touches this step any more.
-    std::string outcome = commit(done.reports);
+    const CommitOutcome outcome = commit(done.reports);
     for (auto& fn : done.outcome_fns) fn(outcome);
   }
 
-  void abandon(std::uint64_t step, const std::string& outcome) override {
+  void abandon(std::uint64_t step, const CommitOutcome& outcome) override {
     std::unique_lock lk(mu_);
     abandoned_[step] = outcome;
     auto it = steps_.find(step);
@@ -66,14 +67,14 @@ class InProcessCoordinator final : public CommitCoordinator {
 
  private:
   struct Step {
-    std::vector<std::string> reports;
+    std::vector<RankReport> reports;
     std::vector<OutcomeFn> outcome_fns;
     int count = 0;
   };
   int world_;
   mutable std::mutex mu_;
   std::map<std::uint64_t, Step> steps_;
-  std::map<std::uint64_t, std::string> abandoned_;
+  std::map<std::uint64_t, CommitOutcome> abandoned_;
 };
 
 }  // namespace

@@ -1,39 +1,60 @@
 // How the ranks of one checkpoint agree that it is complete, without sharing memory.
 //
-// Every rank, once its shard is durable (or has failed), hands the coordinator a report as
-// text (JSON). When all world_size reports of a step are in, the coordinator runs the commit
-// exactly once, on one rank, with the reports in rank order, and delivers the commit's
-// outcome (text again) to every rank. The in-process coordinator below does this with a
-// mutex; a multi-process backend sends the same strings over its own channel to one
-// committing rank and back, on a channel of its own so it can never interleave with the
+// Every rank, once its shard is durable (or has failed), hands the coordinator a typed report
+// (RankReport: the shard's manifest part, or the rank's error). When all world_size reports of
+// a step are in, the coordinator runs the commit exactly once, on one rank, with the reports in
+// rank order, and delivers the commit's outcome (CommitOutcome) to every rank. The in-process
+// coordinator below does this with a mutex; a multi-process backend encodes the same structs
+// for its wire (runtime/detail/wire.hpp, the one place they become text) and sends them over a
+// channel of its own to one committing rank and back, so they can never interleave with the
 // training loop's collectives.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "ckpt/core/error.hpp"
+#include "ckpt/format/manifest.hpp"
+
 namespace ckpt {
+
+/// What one rank hands the coordinator for a step: its shard's part of the manifest once the
+/// shard is durable, or the error that stopped it.
+struct RankReport {
+  int rank = 0;
+  std::optional<Error> error;  ///< set: this rank failed, and so does the checkpoint
+  ShardReport shard;           ///< without error: the shard's record and tensor index
+};
+
+/// What the commit hands back to every rank.
+struct CommitOutcome {
+  std::optional<Error> error;          ///< set: the checkpoint was not committed
+  std::string dir;                     ///< the committed checkpoint directory
+  std::chrono::nanoseconds commit{};   ///< time the commit took (manifest, renames, fsyncs, latest)
+};
 
 class CommitCoordinator {
  public:
-  /// Runs the commit with every rank's report (rank order); returns the outcome text.
-  using CommitFn = std::function<std::string(const std::vector<std::string>& reports)>;
-  /// Receives the outcome text on a rank.
-  using OutcomeFn = std::function<void(const std::string& outcome)>;
+  /// Runs the commit with every rank's report (rank order); returns the outcome.
+  using CommitFn = std::function<CommitOutcome(std::vector<RankReport>& reports)>;
+  /// Receives the outcome on a rank.
+  using OutcomeFn = std::function<void(const CommitOutcome& outcome)>;
 
   virtual ~CommitCoordinator() = default;
   virtual int world_size() const noexcept = 0;
-  /// Rank `rank` delivers its report for `step`. Never blocks on other ranks. If this is the
+  /// Rank `report.rank` delivers its report for `step`. Never blocks on other ranks. If this is the
   /// last report of the step, `commit` runs on the calling thread before this returns, and
   /// every rank's `on_outcome` is called (also on the calling thread, in-process). Reporting
   /// twice for one (step, rank) is Errc::invalid_argument.
-  virtual void report(std::uint64_t step, int rank, std::string report, CommitFn commit, OutcomeFn on_outcome) = 0;
+  virtual void report(std::uint64_t step, RankReport report, CommitFn commit, OutcomeFn on_outcome) = 0;
   /// Gives up on `step` (some rank will never report): every rank that reported gets
   /// `outcome`; later reports for the step are answered with it at once.
-  virtual void abandon(std::uint64_t step, const std::string& outcome) = 0;
+  virtual void abandon(std::uint64_t step, const CommitOutcome& outcome) = 0;
   /// Ranks that have reported for `step` so far.
   virtual std::vector<int> reported(std::uint64_t step) const = 0;
 

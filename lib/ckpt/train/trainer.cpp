@@ -463,7 +463,7 @@ void SpikeGuard::rewind_to(std::uint64_t step) {
   while (!history_.empty() && history_.back().first > step) history_.pop_back();
 }
 
-SaveHandle save_checkpoint(Checkpointer& checkpointer, const Trainer& trainer) {
+SaveHandle start_save(Checkpointer& checkpointer, const Trainer& trainer) {
   const auto tensors = trainer.checkpoint_tensors();
   return checkpointer.save(trainer.rank(), trainer.step_count(), tensors, trainer.checkpoint_info());
 }

@@ -286,8 +286,8 @@ class Trainer {
 /// in every run and for every way of resharding (load time or `ckpt reshard`).
 std::uint64_t rank_rng_seed(std::uint64_t seed, int rank, std::uint64_t step) noexcept;
 
-/// Saves the trainer's state through the checkpointer (returns once staged). The loop's only
-/// checkpoint call.
-SaveHandle save_checkpoint(Checkpointer& checkpointer, const Trainer& trainer);
+/// Starts saving the trainer's state through the checkpointer: returns once it is staged (the
+/// save goes on in the background; the handle reports it). The loop's only checkpoint call.
+SaveHandle start_save(Checkpointer& checkpointer, const Trainer& trainer);
 
 }  // namespace ckpt::train

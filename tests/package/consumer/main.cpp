@@ -2,6 +2,7 @@
 #include <vector>
 
 #include "ckpt/io/commit.hpp"
+#include "ckpt/io/save.hpp"
 #include "ckpt/io/reader.hpp"
 
 int main(int argc, char** argv) {
@@ -14,7 +15,7 @@ int main(int argc, char** argv) {
   rs.tensors = {{"w", ckpt::DType::F32, {w.size()}, std::as_bytes(std::span(w))}};
   rs.param_shard_numel = w.size();
   req.ranks.push_back(rs);
-  ckpt::save_checkpoint(ckpt::posix_file_system(), argv[1], req);
+  ckpt::save_checkpoint_sync(ckpt::posix_file_system(), argv[1], req);
   auto opened = ckpt::open_latest(ckpt::posix_file_system(), argv[1], {.expected_world_size = 1});
   const auto shard = opened.reader.load_shard(0, ckpt::Verify::full);
   std::printf("consumer loaded %zu bytes from %s\n", shard.tensor("w").data.size(), opened.name.c_str());

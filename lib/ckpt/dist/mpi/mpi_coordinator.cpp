@@ -20,6 +20,7 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
 #include "ckpt/dist/mpi/mpi_comm.hpp"
+#include "ckpt/runtime/detail/wire.hpp"
 
 namespace ckpt::dist {
 
@@ -85,13 +86,14 @@ class MpiCoordinator final : public CommitCoordinator {
     return msg.substr(1);
   }
 
-  void report(std::uint64_t step, int rank, std::string text, CommitFn commit, OutcomeFn on_outcome) override {
+  void report(std::uint64_t step, RankReport report, CommitFn commit, OutcomeFn on_outcome) override {
+    const int rank = report.rank;
     if (rank != rank_)
       throw Error(Errc::invalid_argument, {}, "report rank: this process hosts only its own MPI rank", std::to_string(rank_),
                   std::to_string(rank));
     std::unique_lock lk(mu_);
     if (auto it = abandoned_.find(step); it != abandoned_.end()) {
-      const std::string outcome = it->second;
+      const CommitOutcome outcome = it->second;
       lk.unlock();
       on_outcome(outcome);
       return;
@@ -100,16 +102,16 @@ class MpiCoordinator final : public CommitCoordinator {
       throw Error(Errc::invalid_argument, {}, "rank " + std::to_string(rank) + " reported step " + std::to_string(step) + " twice");
     outcome_fns_[step] = std::move(on_outcome);
     if (rank_ != 0) {
-      send(0, kReportTag, pack(step, text));
+      send(0, kReportTag, pack(step, detail::encode_rank_report(step, report)));
       return;
     }
     Step& s = steps_[step];
     s.commit = std::move(commit);
     lk.unlock();
-    collect(step, 0, std::move(text));
+    collect(step, 0, std::move(report));
   }
 
-  void abandon(std::uint64_t step, const std::string& outcome) override {
+  void abandon(std::uint64_t step, const CommitOutcome& outcome) override {
     std::unique_lock lk(mu_);
     abandoned_[step] = outcome;
     steps_.erase(step);
@@ -126,7 +128,7 @@ class MpiCoordinator final : public CommitCoordinator {
     std::vector<int> out;
     if (rank_ == 0) {
       if (auto it = steps_.find(step); it != steps_.end())
-        for (const auto& [r, text] : it->second.reports) out.push_back(r);
+        for (const auto& [r, report] : it->second.reports) out.push_back(r);
     } else if (outcome_fns_.contains(step)) {
       out.push_back(rank_);
     }
@@ -135,7 +137,7 @@ class MpiCoordinator final : public CommitCoordinator {
 
  private:
   struct Step {
-    std::map<int, std::string> reports;
+    std::map<int, RankReport> reports;
     CommitFn commit;  // set by rank 0's own report
   };
   struct Pending {
@@ -152,28 +154,30 @@ class MpiCoordinator final : public CommitCoordinator {
   }
 
   // Rank 0: records a report; the one that completes the step commits and answers everyone.
-  void collect(std::uint64_t step, int from, std::string text) {
+  void collect(std::uint64_t step, int from, RankReport report) {
     std::unique_lock lk(mu_);
     if (auto it = abandoned_.find(step); it != abandoned_.end()) {
-      if (from != 0) send(from, kOutcomeTag, pack(step, it->second));
+      if (from != 0) send(from, kOutcomeTag, pack(step, detail::encode_outcome(it->second)));
       return;
     }
     Step& s = steps_[step];
-    s.reports[from] = std::move(text);
+    report.rank = from;  // the sender is the rank, whatever the message says
+    s.reports[from] = std::move(report);
     if (static_cast<int>(s.reports.size()) < size_ || !s.commit) return;
     Step done = std::move(s);
     steps_.erase(step);
     lk.unlock();
-    std::vector<std::string> reports;
-    for (auto& [r, t] : done.reports) reports.push_back(std::move(t));
-    const std::string outcome = done.commit(reports);
+    std::vector<RankReport> reports;
+    for (auto& [r, rep] : done.reports) reports.push_back(std::move(rep));
+    const CommitOutcome outcome = done.commit(reports);
+    const std::string wire = detail::encode_outcome(outcome);
     lk.lock();
-    for (int q = 1; q < size_; ++q) send(q, kOutcomeTag, pack(step, outcome));
+    for (int q = 1; q < size_; ++q) send(q, kOutcomeTag, pack(step, wire));
     lk.unlock();
     deliver(step, outcome);
   }
 
-  void deliver(std::uint64_t step, const std::string& outcome) {
+  void deliver(std::uint64_t step, const CommitOutcome& outcome) {
     OutcomeFn fn;
     {
       std::lock_guard lk(mu_);
@@ -218,8 +222,25 @@ class MpiCoordinator final : public CommitCoordinator {
     if (m.size() < 8) throw Error(Errc::comm_error, {}, "short checkpoint coordination message", ">= 8 bytes", std::to_string(n));
     std::uint64_t step = 0;
     std::memcpy(&step, m.data(), 8);
-    if (rank_ == 0) collect(step, st.MPI_SOURCE, m.substr(8));
-    else deliver(step, m.substr(8));
+    // A message that does not decode is answered as the rank's failure (or a failed outcome),
+    // so the step still ends on every rank.
+    if (rank_ == 0) {
+      RankReport r;
+      try {
+        r = detail::decode_rank_report(std::string_view(m).substr(8));
+      } catch (const Error& e) {
+        r.error = e;
+      }
+      collect(step, st.MPI_SOURCE, std::move(r));
+    } else {
+      CommitOutcome o;
+      try {
+        o = detail::decode_outcome(std::string_view(m).substr(8));
+      } catch (const Error& e) {
+        o.error = e;
+      }
+      deliver(step, o);
+    }
     return true;
   }
 
@@ -229,7 +250,7 @@ class MpiCoordinator final : public CommitCoordinator {
   mutable std::mutex mu_;
   std::map<std::uint64_t, Step> steps_;              // rank 0: reports so far
   std::map<std::uint64_t, OutcomeFn> outcome_fns_;   // this rank's reported, undelivered steps
-  std::map<std::uint64_t, std::string> abandoned_;
+  std::map<std::uint64_t, CommitOutcome> abandoned_;
   std::list<Pending> pending_;
   std::thread progress_;
 };

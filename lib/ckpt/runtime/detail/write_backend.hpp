@@ -1,13 +1,12 @@
-// Private: the two ways the writer puts a staged shard on disk. Both write the whole buffer
-// with up to `queue_depth` writes of `io_size` bytes in flight and requeue short writes;
-// both call `done` on the io_context's thread.
+// Private: the two ways the pipeline moves a staged shard image into its file. Both write the
+// whole buffer at offset 0 with up to `queue_depth` writes of `io_size` bytes in flight,
+// requeue short writes, and are awaited from the pipeline's coroutines on the io_context.
 #pragma once
 
+#include <boost/asio/awaitable.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <cstddef>
-#include <exception>
-#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -19,20 +18,23 @@ namespace ckpt::detail {
 
 class WriteBackend {
  public:
-  using Done = std::function<void(std::exception_ptr)>;
   virtual ~WriteBackend() = default;
   virtual std::string_view name() const noexcept = 0;
-  virtual void async_write_all(WritableFile& file, std::span<const std::byte> data, std::size_t io_size, int queue_depth,
-                               Done done) = 0;
+  /// Writes all of `data` into `file` from offset 0. Returns the name of the writer that
+  /// moved the bytes ("io_uring", or "posix" for a file without a descriptor); throws the
+  /// first write's ckpt::Error once every write in flight has finished.
+  virtual boost::asio::awaitable<std::string_view> write(WritableFile& file, std::span<const std::byte> data, std::size_t io_size,
+                                                         int queue_depth) = 0;
 };
 
 /// True if this process may create an io_uring; otherwise `why` says what the kernel said.
 bool io_uring_available(std::string* why);
 
-/// io_uring through Asio's random_access_file (BOOST_ASIO_HAS_IO_URING). Files without a
-/// descriptor (fault-injecting wrappers) are written through `pool` instead.
+/// io_uring through Asio's random_access_file on `ctx` (BOOST_ASIO_HAS_IO_URING). Faults of
+/// fault-injecting files reach it through WritableFile::before_native_write; files without a
+/// descriptor (in-memory) are written through `pool` instead, and reported as "posix".
 std::unique_ptr<WriteBackend> make_uring_backend(boost::asio::io_context& ctx, boost::asio::thread_pool& pool);
-/// pwrite on `pool`.
-std::unique_ptr<WriteBackend> make_posix_backend(boost::asio::io_context& ctx, boost::asio::thread_pool& pool);
+/// pwrite (WritableFile::write_at) on `pool`.
+std::unique_ptr<WriteBackend> make_posix_backend(boost::asio::thread_pool& pool);
 
 }  // namespace ckpt::detail

@@ -1,0 +1,69 @@
+#include "ckpt/io/range_reader.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "ckpt/core/error.hpp"
+#include "ckpt/hash/xxh3.hpp"
+
+namespace ckpt {
+
+ShardRangeReader::ShardRangeReader(const CheckpointReader& checkpoint, int rank, Verify mode)
+    : rank_(rank), mode_(mode), chunk_size_(checkpoint.manifest().chunk_size) {
+  const Manifest& m = checkpoint.manifest();
+  if (rank < 0 || rank >= m.world_size)
+    throw Error(Errc::invalid_argument, checkpoint.dir(), "rank", "0.." + std::to_string(m.world_size - 1), std::to_string(rank));
+  record_ = &m.shard(rank);
+  path_ = checkpoint.shard_path(rank);
+  file_ = checkpoint.file_system().open_read(path_);
+  if (file_->size() != record_->size)
+    throw Error(Errc::size_mismatch, path_, "shard size", std::to_string(record_->size) + " bytes",
+                std::to_string(file_->size()) + " bytes");
+}
+
+void ShardRangeReader::check_chunk(std::uint64_t k, std::span<const std::byte> bytes) const {
+  const std::uint64_t h = xxh3_64(bytes.data(), bytes.size());
+  if (h == record_->chunk_xxh3[k]) return;
+  const std::uint64_t begin = k * chunk_size_;
+  throw Error(Errc::checksum_mismatch, path_,
+              "xxh3 of chunk " + std::to_string(k) + " of " + std::to_string(record_->chunk_xxh3.size()) + " (bytes " +
+                  std::to_string(begin) + "-" + std::to_string(begin + bytes.size()) + ")",
+              xxh3_hex(record_->chunk_xxh3[k]), xxh3_hex(h));
+}
+
+void ShardRangeReader::read(std::uint64_t offset, std::span<std::byte> out) {
+  const std::uint64_t size = record_->size;
+  if (offset > size || out.size() > size - offset)
+    throw Error(Errc::invalid_argument, path_, "read range", "within " + std::to_string(size) + " bytes",
+                std::to_string(offset) + "+" + std::to_string(out.size()));
+  if (out.empty()) return;
+  if (mode_ == Verify::none) {
+    file_->read_at(offset, out);
+    bytes_read_ += out.size();
+    return;
+  }
+  const std::uint64_t end = offset + out.size();
+  for (std::uint64_t k = offset / chunk_size_; k * chunk_size_ < end; ++k) {
+    const std::uint64_t begin = k * chunk_size_, len = std::min(chunk_size_, size - begin);
+    const std::uint64_t from = std::max(begin, offset), to = std::min(begin + len, end);
+    std::span<std::byte> dest = out.subspan(static_cast<std::size_t>(from - offset), static_cast<std::size_t>(to - from));
+    if (from == begin && to == begin + len) {
+      // The whole chunk is wanted: verify it in place, no copy.
+      file_->read_at(begin, dest);
+      bytes_read_ += len;
+      check_chunk(k, dest);
+      continue;
+    }
+    if (cached_ != k) {
+      chunk_.resize(static_cast<std::size_t>(len));
+      cached_.reset();
+      file_->read_at(begin, chunk_);
+      bytes_read_ += len;
+      check_chunk(k, chunk_);
+      cached_ = k;
+    }
+    std::memcpy(dest.data(), chunk_.data() + (from - begin), dest.size());
+  }
+}
+
+}  // namespace ckpt

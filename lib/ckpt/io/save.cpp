@@ -1,0 +1,50 @@
+#include "ckpt/io/save.hpp"
+
+#include <algorithm>
+
+#include "ckpt/core/error.hpp"
+#include "ckpt/io/commit.hpp"
+#include "ckpt/io/layout.hpp"
+#include "ckpt/io/shard_writer.hpp"
+
+namespace ckpt {
+
+Manifest save_checkpoint_sync(FileSystem& fs, const std::string& root, const SaveRequest& req) {
+  if (req.ranks.empty()) throw_invalid("save_checkpoint_sync: no ranks");
+  const int world = static_cast<int>(req.ranks.size());
+  prepare_root(fs, root);
+  const std::string temp = begin_checkpoint(fs, root, req.step);
+  try {
+    std::vector<ShardReport> reports;
+    for (int r = 0; r < world; ++r) {
+      const RankState& rs = req.ranks[static_cast<std::size_t>(r)];
+      // plan_shard validates the views' sizes; the writer streams them in the planned order.
+      const ShardHeader planned = plan_shard(rs.tensors, shard_header_metadata(r, world, req.step));
+      std::vector<TensorSpec> specs;
+      for (const auto& t : rs.tensors) specs.push_back({t.name, t.dtype, t.shape});
+      ShardWriter w = ShardWriter::stream(fs, temp, shard_file_name(r, world), specs, planned.metadata, {.chunk_size = req.chunk_size});
+      for (const auto& p : planned.tensors) {
+        const auto it = std::find_if(rs.tensors.begin(), rs.tensors.end(), [&](const TensorView& t) { return t.name == p.name; });
+        w.write(it->data);
+      }
+      ShardReport rep = w.finish(r);
+      rep.shard.param_shard_offset = rs.param_shard_offset;
+      rep.shard.param_shard_numel = rs.param_shard_numel;
+      rep.shard.metadata = rs.metadata;
+      if (r == 0) {
+        rep.param_numel = req.param_numel;
+        rep.wall_clock_seconds = req.wall_clock_seconds;
+        rep.training = req.training;
+      }
+      reports.push_back(std::move(rep));
+    }
+    Manifest m = assemble_manifest(req.step, req.chunk_size, std::move(reports));
+    commit_checkpoint(fs, root, temp, m);
+    return m;
+  } catch (...) {
+    abort_checkpoint(fs, root, temp);
+    throw;
+  }
+}
+
+}  // namespace ckpt

@@ -1,0 +1,94 @@
+#include "ckpt/runtime/detail/wire.hpp"
+
+#include <algorithm>
+#include <boost/json.hpp>
+
+#include "ckpt/core/error.hpp"
+
+namespace ckpt::detail {
+
+namespace json = boost::json;
+
+namespace {
+
+json::value error_value(const std::optional<Error>& e) { return e ? json::parse(error_to_json(*e)) : json::value(nullptr); }
+
+std::optional<Error> error_of(const json::object& o) {
+  const json::value& v = o.at("error");
+  if (v.is_null()) return std::nullopt;
+  return error_from_json(json::serialize(v));
+}
+
+[[noreturn]] void bad_message(std::string_view what, const std::exception& e) {
+  throw Error(Errc::comm_error, {}, "undecodable checkpoint coordination message: " + std::string(what), "a valid message", e.what());
+}
+
+}  // namespace
+
+std::string encode_rank_report(std::uint64_t step, const RankReport& r) {
+  json::object o{{"rank", r.rank}, {"error", error_value(r.error)}};
+  if (!r.error) {
+    // The shard's part of the manifest, as a manifest of one shard (rank 0 of world size 1).
+    Manifest part;
+    part.world_size = 1;
+    part.step = step;
+    part.chunk_size = r.shard.chunk_size;
+    // The manifest check wants the rank's flat range inside param_numel; only rank 0's
+    // param_numel is recorded, so another rank's may be anything: it travels on its own.
+    part.param_numel = std::max(r.shard.param_numel, r.shard.shard.param_shard_offset + r.shard.shard.param_shard_numel);
+    o["param_numel"] = r.shard.param_numel;
+    part.wall_clock_seconds = r.shard.wall_clock_seconds;
+    part.training = r.shard.training;
+    part.shards.push_back(r.shard.shard);
+    part.shards.back().rank = 0;
+    for (auto t : r.shard.tensors) {
+      t.rank = 0;
+      part.tensors.push_back(std::move(t));
+    }
+    o["part"] = encode_manifest(part);
+  }
+  return json::serialize(o);
+}
+
+RankReport decode_rank_report(std::string_view text) {
+  try {
+    const json::object o = json::parse(text).as_object();
+    RankReport r;
+    r.rank = static_cast<int>(o.at("rank").to_number<std::int64_t>());
+    r.error = error_of(o);
+    if (r.error) return r;
+    Manifest part = decode_manifest(o.at("part").as_string(), "coordination message of rank " + std::to_string(r.rank));
+    r.shard.shard = std::move(part.shards.at(0));
+    r.shard.shard.rank = r.rank;
+    r.shard.tensors = std::move(part.tensors);
+    for (auto& t : r.shard.tensors) t.rank = r.rank;
+    r.shard.chunk_size = part.chunk_size;
+    r.shard.param_numel = o.at("param_numel").to_number<std::uint64_t>();
+    r.shard.wall_clock_seconds = part.wall_clock_seconds;
+    r.shard.training = std::move(part.training);
+    return r;
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    bad_message("rank report", e);
+  }
+}
+
+std::string encode_outcome(const CommitOutcome& c) {
+  return json::serialize(json::object{{"error", error_value(c.error)}, {"dir", c.dir}, {"commit_ns", c.commit.count()}});
+}
+
+CommitOutcome decode_outcome(std::string_view text) {
+  try {
+    const json::object o = json::parse(text).as_object();
+    CommitOutcome c;
+    c.error = error_of(o);
+    c.dir = std::string(o.at("dir").as_string());
+    c.commit = std::chrono::nanoseconds(o.at("commit_ns").to_number<std::int64_t>());
+    return c;
+  } catch (const std::exception& e) {
+    bad_message("commit outcome", e);
+  }
+}
+
+}  // namespace ckpt::detail
