@@ -170,6 +170,9 @@ struct Segment {
   // Per checkpoint: when the directory fsync after `latest` was renamed returned, i.e. when the
   // checkpoint was durable and live (rotation and the handles' completion come after).
   std::vector<std::optional<Clock::time_point>> durable_at;
+  // Per checkpoint: ms from its handles' completion to the start of the rotation it caused
+  // (the first removal of an older checkpoint after its commit); positive = after.
+  std::vector<std::optional<double>> rotation_after_complete_ms;
   double writer_cpu_s = 0;                   // process CPU minus rank and main threads
   double rank_cpu_s = 0;
   std::uint64_t rss_start = 0, hwm = 0;

@@ -67,7 +67,7 @@ json::object Runner::mode_results(const std::string& mode) const {
   json::object m;
   const int steps = (o_.saves + 1) * o_.every;
   double step_total_ms = 0;
-  std::vector<double> save_step_ms, plain_step_ms, stall, wait, stage, steady, durable, complete, after_durable, persist;
+  std::vector<double> save_step_ms, plain_step_ms, stall, wait, stage, steady, durable, complete, after_durable, persist, rotation_after;
   std::map<std::string, std::vector<double>> phase, commit_ops;
   double writer_cpu = 0, rank_cpu = 0, peak_growth = 0;
   bool hwm_ok = true;
@@ -117,7 +117,9 @@ json::object Runner::mode_results(const std::string& mode) const {
       if (s == segs.front() && k == 0) first_stall = summarize(this_stall).median;
       else steady.insert(steady.end(), this_stall.begin(), this_stall.end());
       // Durable: the directory fsync after `latest` moved (exact, from the file-system
-      // timestamps); the handles complete later, after rotation.
+      // timestamps); the handles complete later, and rotation after them.
+      if (k < s->rotation_after_complete_ms.size() && s->rotation_after_complete_ms[k])
+        rotation_after.push_back(*s->rotation_after_complete_ms[k]);
       const auto durable_at = k < s->durable_at.size() && s->durable_at[k] ? *s->durable_at[k] : last_done;
       durable.push_back(ms(durable_at - first_call));
       complete.push_back(ms(last_done - first_call));
@@ -145,6 +147,7 @@ json::object Runner::mode_results(const std::string& mode) const {
   m["durable_ms"] = summary_json(summarize(durable));
   m["complete_ms"] = summary_json(summarize(complete));
   m["after_durable_ms"] = summary_json(summarize(after_durable));
+  m["rotation_after_complete_ms"] = summary_json(summarize(rotation_after));
   m["persist_gbps"] = summary_json(summarize(persist));
   json::object ph;
   for (const auto& [k, v] : phase) ph[k] = summarize(v).median;

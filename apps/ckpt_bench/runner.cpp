@@ -233,6 +233,14 @@ void Runner::attach_fs_events(Segment& seg, std::vector<FsEvent> events) const {
       for (const auto& e : events)
         if (e.op == "sync_dir" && e.t0 >= *renamed && e.t1 <= end && (!durable || e.t1 < *durable)) durable = e.t1;
     seg.durable_at.push_back(durable);
+    // The rotation this commit caused: the first removal (of a checkpoint renamed to a
+    // temporary, not this checkpoint's own) after the commit started.
+    std::optional<double> rotation;
+    for (const auto& e : events)
+      if (e.op == "remove_all" && e.t0 >= commit_start && e.path.find("/.tmp-step-") != std::string::npos &&
+          e.path.find(marker) == std::string::npos && (!rotation || ms(e.t0 - end) < *rotation))
+        rotation = ms(e.t0 - end);
+    seg.rotation_after_complete_ms.push_back(rotation);
   }
 }
 
