@@ -293,8 +293,9 @@ RankRecord train_rank(const Options& o, dist::Communicator& comm, const std::str
         rec.save_errors.push_back({it->step(), std::string(errc_name(e.code())), e.what()});
         if (row) {
           const std::uint64_t next = (row->stats.step / o.save_every + 1) * o.save_every;
-          row->event = "save of step " + std::to_string(it->step()) + " failed (" + std::string(errc_name(e.code())) +
-                       "): training goes on" + (next <= last ? ", next save at step " + std::to_string(next) : "");
+          row->event = "save of step " + std::to_string(it->step()) + " failed (" + std::string(errc_name(e.code())) + ", " +
+                       std::string(ckpt->backend_name()) + " writer): training goes on" +
+                       (next <= last ? ", next save at step " + std::to_string(next) : "");
         }
       }
       it = pending.erase(it);
