@@ -37,6 +37,7 @@ class Table {
         if (columns_[c].right) out += pad + s;
         else out += c + 1 < columns_.size() ? s + pad : s;
       }
+      out.erase(out.find_last_not_of(' ') + 1);  // an empty last cell leaves no trailing blanks
       std::printf("%s\n", out.c_str());
     };
     line([&](std::size_t c) -> const std::string& { return columns_[c].title; });
