@@ -6,3 +6,12 @@ find_package(OpenSSL 3 REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(LIBURING REQUIRED IMPORTED_TARGET liburing)
 find_path(XXHASH_INCLUDE_DIR xxhash.h REQUIRED)
+# The command-line programs (apps/, examples/) parse with CLI11, header-only (libcli11-dev).
+# Only they need it: a consumer of the installed library never does.
+if(CKPT_BUILD_APPS)
+  find_path(CLI11_INCLUDE_DIR CLI/CLI.hpp)
+  if(NOT CLI11_INCLUDE_DIR)
+    message(FATAL_ERROR "ckpt: CLI11 not found (no CLI/CLI.hpp): install libcli11-dev (scripts/setup does), "
+                        "or configure with -DCKPT_BUILD_APPS=OFF to build the library alone")
+  endif()
+endif()

@@ -1,6 +1,6 @@
 // A synchronous save and verified load of a 4-rank sharded checkpoint, then the three
 // failure modes the loader defends against, each on a damaged copy.
-//   ckpt-quickstart [DIR]     (default: a fresh directory under /tmp)
+//   ckpt-quickstart [--dir] DIR     (default: a fresh directory under /tmp, removed at the end)
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -14,12 +14,23 @@
 #include "ckpt/io/save.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
+#include "cli.hpp"
 
 using namespace ckpt;
 namespace fs = std::filesystem;
 
 int main(int argc, char** argv) {
-  const fs::path root = argc > 1 ? fs::path(argv[1]) : fs::temp_directory_path() / ("ckpt-quickstart-" + std::to_string(::getpid()));
+  std::string dir;
+  CLI::App app("ckpt-quickstart: a synchronous save and verified load of a 4-rank sharded checkpoint,\n"
+               "then the loader refusing a resume at another world size, a missing shard, a\n"
+               "truncated shard and a flipped bit, each on a damaged copy",
+               "ckpt-quickstart");
+  ckpt::cli::setup(app);
+  app.add_option("DIR,--dir", dir, "where the checkpoint goes (default: a fresh directory under /tmp,\nremoved at the end)")
+      ->type_name("DIR");
+  if (const auto rc = ckpt::cli::parse(app, argc, argv)) return *rc;
+  const bool temporary = dir.empty();
+  const fs::path root = temporary ? fs::temp_directory_path() / ("ckpt-quickstart-" + std::to_string(::getpid())) : fs::path(dir);
   const int world = 4;
   const std::uint64_t numel = 1 << 16;  // per rank
 
@@ -96,7 +107,7 @@ int main(int argc, char** argv) {
     std::fputc(c ^ 1, f);
     std::fclose(f);
   });
-  if (argc <= 1) fs::remove_all(root);
+  if (temporary) fs::remove_all(root);
   std::printf("%s\n", equal ? "quickstart verified" : "quickstart FAILED");
   return equal ? 0 : 1;
 }

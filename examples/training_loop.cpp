@@ -1,6 +1,7 @@
 // The minimal training loop of the README: 4 rank threads save every N steps without
 // stopping, keep the last 3 checkpoints, then resume from the latest one.
-//   ckpt-training-loop [DIR] [STEPS] [EVERY]     (defaults: a fresh /tmp dir, 100, 1)
+//   ckpt-training-loop [--dir DIR] [--steps STEPS] [--every EVERY]   (defaults: a fresh /tmp dir, 100, 1)
+//   ckpt-training-loop [DIR] [STEPS] [EVERY]                          (the same, positionally)
 #include <unistd.h>
 
 #include <cstdio>
@@ -13,10 +14,22 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
+#include "cli.hpp"
 
 int main(int argc, char** argv) {
-  const std::string root = argc > 1 ? argv[1] : "/tmp/ckpt-training-loop-" + std::to_string(::getpid());
-  const std::uint64_t steps = argc > 2 ? std::stoull(argv[2]) : 100, every = argc > 3 ? std::stoull(argv[3]) : 1;
+  std::string dir;
+  std::uint64_t steps = 100, every = 1;
+  CLI::App app("ckpt-training-loop: 4 rank threads save asynchronously every EVERY steps without\n"
+               "stopping, keep the last 3 checkpoints, then resume from the latest one",
+               "ckpt-training-loop");
+  ckpt::cli::setup(app);
+  app.add_option("DIR,--dir", dir, "checkpoint root (default: a fresh directory under /tmp, removed at\nthe end)")->type_name("DIR");
+  ckpt::cli::add_int_option(app, "STEPS,--steps", steps, std::uint64_t{1}, std::uint64_t{1} << 40, "STEPS", "training steps (default 100)");
+  ckpt::cli::add_int_option(app, "EVERY,--every", every, std::uint64_t{1}, std::uint64_t{1} << 40, "EVERY", "a save every EVERY steps (default 1)");
+  app.footer("CKPT_WRITER=posix in the environment picks the pwrite writer instead of io_uring.");
+  if (const auto rc = ckpt::cli::parse(app, argc, argv)) return *rc;
+  const bool temporary = dir.empty();
+  const std::string root = temporary ? "/tmp/ckpt-training-loop-" + std::to_string(::getpid()) : dir;
   const int world = 4;
   const std::size_t n = 1 << 18;  // floats per rank
   std::vector<std::vector<float>> final_state(world);
@@ -69,6 +82,6 @@ int main(int argc, char** argv) {
   std::printf("latest: %s; resumed weights %s the final state\n", latest.name.c_str(), exact ? "equal" : "DIFFER from");
   const bool ok = failures[0] == 0 && commits[0] == static_cast<int>(steps / every) && exact;
   checkpointer.wait_all();  // the rotation after the last commit runs in the background
-  if (argc <= 1) std::filesystem::remove_all(root);
+  if (temporary) std::filesystem::remove_all(root);
   return ok ? 0 : 1;
 }

@@ -2,25 +2,30 @@
 //
 //   ckpt ls ROOT                         list checkpoints with step, size and state
 //   ckpt inspect DIR                     manifest summary and tensor table
-//   ckpt verify DIR [--full]             check every shard; exit 0 only if all verify
+//   ckpt verify DIR [--verify fast|full] check every shard; exit 0 only if all verify
 //   ckpt reshard SRC DST --world-size M  the checkpoint at another world size, streamed
 //   ckpt consolidate SRC OUT             the full model as Hugging Face safetensors
 //   ckpt prune ROOT --keep K             remove all but the newest K checkpoints
 //   ckpt diff A B                        per-tensor equal / max abs difference
 //
-// Every command takes --json and --help; `ckpt --help` documents the exit codes.
+// Every command takes --json and --help; `ckpt --help` documents the exit codes. Each
+// command is declared once (declare_<command>: its arguments, options, help text) and runs in
+// its own function (cmd_<command>).
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/json.hpp>
 #include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,232 +36,32 @@
 #include "ckpt/io/reader.hpp"
 #include "ckpt/io/reshard.hpp"
 #include "ckpt/io/range_reader.hpp"
+#include "cli.hpp"
+#include "table.hpp"
 
 namespace json = boost::json;
 using namespace ckpt;
+using ckpt::tool::Table;
 
 namespace {
 
-constexpr int kExitOk = 0, kExitBad = 1, kExitUsage = 2, kExitDiffer = 3;
+constexpr int kExitOk = 0, kExitBad = 1, kExitUsage = cli::kExitUsage, kExitDiffer = 3;
 
-const char* kHelp = R"(ckpt: inspect, check, reshard, export and compare ckpt checkpoints
+const char* kDescription = "ckpt: inspect, check, reshard, export and compare ckpt checkpoints";
 
-usage: ckpt <command> [options]        ckpt <command> --help    ckpt help <command>
-
-commands:
-  ls ROOT            list the checkpoints under ROOT: step, world size, size, state
-  inspect DIR        the manifest of a checkpoint and its tensor table
-  verify DIR         check every shard's checksums (a progress bar on a terminal)
-  reshard SRC DST    write checkpoint SRC at another world size (--world-size M) as a new
-                     checkpoint under the root DST, streaming through a bounded buffer
-  consolidate SRC OUT
-                     write the full model (fp32 master weights by default) as safetensors
-                     in the Hugging Face layout, one file or several plus an index
-  prune ROOT         remove all but the newest K checkpoints (--keep K), never `latest`
-  diff A B           compare two checkpoints tensor by tensor: equal, or the largest
-                     absolute difference; shape and dtype mismatches are reported
-
-DIR, SRC, A and B are a checkpoint directory (step-N) or a root (then the checkpoint its
+const char* kFooter = R"(DIR, SRC, A and B are a checkpoint directory (step-N) or a root (then the checkpoint its
 `latest` names). Every command takes --json: one JSON object on stdout, for scripts.
+`ckpt COMMAND --help` and `ckpt help COMMAND` show a command's options and an example.
 
 exit codes:
   0  success (verify: every shard verified; diff: every tensor equal)
   1  failure: a bad or unreadable checkpoint, or an I/O error; the typed error is printed
      (code, file, expected and actual value), and with --json it is the output:
      {"ok": false, "error": {"code", "file", "detail", "expected", "actual", "message"}}
-  2  usage error (unknown command or option, missing argument)
+  2  usage error (unknown command or option, missing or malformed argument); with --json:
+     {"ok": false, "error": {"code": "usage", "message", ...}}
   3  diff: the checkpoints differ
 )";
-
-// Per-command help: usage, what it does, options, an example.
-const std::map<std::string, const char*> kCommandHelp = {
-    {"ls", R"(usage: ckpt ls ROOT [--verify none|fast|full] [--json]
-
-List every checkpoint directory under ROOT (and temporaries of saves in progress): name,
-step, world size, size and state (complete, in progress, corrupt), marking the one `latest`
-names. Without --verify only the manifests and shard sizes are checked; with it every shard
-is read and checked too. Exit 1 if any checkpoint is corrupt.
-
-example:
-  ckpt ls /ckpts/run1 --verify fast
-)"},
-    {"inspect", R"(usage: ckpt inspect DIR [--json]
-
-Show the manifest of checkpoint DIR (a step-N directory, or a root: its latest): step,
-world size, sizes, training metadata, the shard table and the tensor index. --json prints
-the whole manifest.
-
-example:
-  ckpt inspect /ckpts/run1/step-0000000010
-)"},
-    {"verify", R"(usage: ckpt verify DIR [--full] [--json]
-
-Read every shard of DIR (or a root's latest) and check it: the XXH3 of every chunk
-(default), or also the SHA-256 and XXH3 of every whole file (--full), and every shard
-header against the manifest. A progress bar is drawn on a terminal, never into a pipe.
-
-example:
-  ckpt verify --full /ckpts/run1/step-0000000010
-)"},
-    {"reshard", R"(usage: ckpt reshard SRC DST --world-size M [--buffer-mb N] [--verify none|fast|full] [--json]
-
-Write checkpoint SRC (written at any world size N) as a new checkpoint at world size M,
-with the same step, under the root DST (created if absent; its `latest` then names the new
-checkpoint). Each new rank's shard holds its slice of the flat optimizer state (the
-tensors training.flat_tensors names, padded with zeros to a multiple of M), rank 0 also the
-replicated tensors; per-rank metadata is remapped (docs/resharding.md). The new checkpoint
-has its own checksums and goes through the durable commit; a corrupt source fails with the
-typed error and leaves nothing behind.
-
-  --world-size M   the new world size (required)
-  --buffer-mb N    memory for data in flight, MiB (default 256): peak memory stays near
-                   this plus one or two checksum chunks (4 MiB each by default), whatever
-                   the checkpoint's size
-  --verify MODE    of the source: fast (default) checks the XXH3 of every chunk read,
-                   full also every file's SHA-256 first, none only sizes and headers
-
-example:
-  ckpt reshard /ckpts/run1 /ckpts/run1-8 --world-size 8
-)"},
-    {"consolidate", R"(usage: ckpt consolidate SRC OUT [--dtype f32|f16|bf16] [--max-file-size SIZE] [--tensor NAME]
-                        [--buffer-mb N] [--verify none|fast|full] [--json]
-
-Write the full model of checkpoint SRC into the new directory OUT in the Hugging Face
-layout: every tensor of the model (training.param_layout) reassembled from the shards of
-the flat tensor NAME (default optim.master, the fp32 master weights), cast to --dtype,
-into OUT/model.safetensors, or, when the tensors exceed SIZE bytes, into
-OUT/model-0000k-of-0000n.safetensors plus OUT/model.safetensors.index.json. Streams through
-a bounded buffer; OUT appears only when complete.
-
-  --dtype T            f32 (default: the tensor's own), f16 or bf16
-  --max-file-size SIZE tensor bytes per file, e.g. 5G, 500M, 64K (default: one file)
-  --tensor NAME        the flat tensor to export (default optim.master)
-  --buffer-mb N        memory for data in flight, MiB (default 256)
-  --verify MODE        of the source, as for reshard (default fast)
-
-example:
-  ckpt consolidate /ckpts/run1 /models/run1 --dtype bf16 --max-file-size 5G
-)"},
-    {"prune", R"(usage: ckpt prune ROOT --keep K [--dry-run] [--json]
-
-Keep the newest K checkpoints of ROOT that open (manifest and shard sizes good) and the one
-`latest` names; remove every checkpoint older than the K-th kept one. Each removal is
-durable and crash-safe (renamed to a temporary, the root fsynced, then deleted). Corrupt
-checkpoints newer than the K-th are left for inspection; temporaries of a save in progress
-are never touched.
-
-  --keep K     checkpoints to keep, K >= 1 (required)
-  --dry-run    say what would be removed, remove nothing
-
-example:
-  ckpt prune /ckpts/run1 --keep 3
-)"},
-    {"diff", R"(usage: ckpt diff A B [--json]
-
-Compare two checkpoints tensor by tensor. The flat optimizer tensors (training.flat_tensors)
-are compared over the whole flat space, so checkpoints of different world sizes compare
-(a checkpoint and its reshard are equal); other tensors by name and rank. Each tensor is
-equal, differs (float types: the largest absolute difference and the number of differing
-elements; a NaN against a number counts as an infinite difference), has a shape or dtype
-mismatch, or is only in A or only in B. Exit 0 if everything is equal, 3 if not.
-
-example:
-  ckpt diff /ckpts/run1/step-0000000010 /ckpts/run1/step-0000000020
-)"},
-};
-
-struct Args {
-  std::vector<std::string> positional;
-  std::map<std::string, std::string> values;  // --name value
-  bool json = false, help = false;
-  bool flag(const std::string& f) const { return values.count(f) != 0; }
-  std::optional<std::string> get(const std::string& f) const {
-    const auto it = values.find(f);
-    return it == values.end() ? std::nullopt : std::optional<std::string>(it->second);
-  }
-};
-
-[[noreturn]] void usage(const std::string& msg) {
-  std::cerr << "ckpt: " << msg << "\nrun 'ckpt --help' for usage\n";
-  std::exit(kExitUsage);
-}
-
-// Options of each command: name -> takes a value.
-const std::map<std::string, std::map<std::string, bool>> kOptions = {
-    {"ls", {{"--verify", true}}},
-    {"inspect", {}},
-    {"verify", {{"--full", false}}},
-    {"reshard", {{"--world-size", true}, {"--buffer-mb", true}, {"--verify", true}}},
-    {"consolidate", {{"--dtype", true}, {"--max-file-size", true}, {"--tensor", true}, {"--buffer-mb", true}, {"--verify", true}}},
-    {"prune", {{"--keep", true}, {"--dry-run", false}}},
-    {"diff", {}},
-};
-
-Args parse(const std::string& cmd, int argc, char** argv, int from) {
-  const auto& known = kOptions.at(cmd);
-  Args a;
-  for (int i = from; i < argc; ++i) {
-    std::string s = argv[i];
-    if (s == "--json") a.json = true;
-    else if (s == "--help" || s == "-h") a.help = true;
-    else if (s.starts_with("--")) {
-      std::optional<std::string> inline_value;
-      if (const auto eq = s.find('='); eq != std::string::npos) inline_value = s.substr(eq + 1), s = s.substr(0, eq);
-      const auto it = known.find(s);
-      if (it == known.end()) usage("unknown option " + s + " for '" + cmd + "'");
-      if (!it->second) {
-        if (inline_value) usage(s + " takes no value");
-        a.values[s] = "";
-      } else if (inline_value) {
-        a.values[s] = *inline_value;
-      } else {
-        if (++i >= argc) usage(s + " needs a value");
-        a.values[s] = argv[i];
-      }
-    } else a.positional.push_back(s);
-  }
-  return a;
-}
-
-std::uint64_t parse_count(const std::string& opt, const std::string& v, std::uint64_t min, std::uint64_t max) {
-  std::size_t pos = 0;
-  unsigned long long n = 0;
-  try {
-    if (v.empty() || v[0] == '-') throw std::invalid_argument(v);
-    n = std::stoull(v, &pos);
-  } catch (...) {
-    usage(opt + " needs an integer, got '" + v + "'");
-  }
-  if (pos != v.size()) usage(opt + " needs an integer, got '" + v + "'");
-  if (n < min || n > max) usage(opt + " must be " + std::to_string(min) + ".." + std::to_string(max) + ", got " + v);
-  return n;
-}
-
-// "123", "64K", "500M", "5G" (binary multiples; KB/KiB/MB/MiB/GB/GiB spellings too).
-std::uint64_t parse_size(const std::string& opt, const std::string& v) {
-  std::size_t digits = 0;
-  while (digits < v.size() && std::isdigit(static_cast<unsigned char>(v[digits]))) ++digits;
-  if (digits == 0) usage(opt + " needs a size such as 5G, 500M or 1048576, got '" + v + "'");
-  std::string unit = v.substr(digits);
-  for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  std::uint64_t mult = 1;
-  if (unit.empty() || unit == "B") mult = 1;
-  else if (unit == "K" || unit == "KB" || unit == "KIB") mult = 1ull << 10;
-  else if (unit == "M" || unit == "MB" || unit == "MIB") mult = 1ull << 20;
-  else if (unit == "G" || unit == "GB" || unit == "GIB") mult = 1ull << 30;
-  else if (unit == "T" || unit == "TB" || unit == "TIB") mult = 1ull << 40;
-  else usage(opt + ": unknown unit '" + v.substr(digits) + "'");
-  const std::uint64_t n = parse_count(opt, v.substr(0, digits), 1, std::numeric_limits<std::uint64_t>::max() >> 40);
-  return n * mult;
-}
-
-Verify verify_mode(const Args& a, Verify dflt) {
-  const auto v = a.get("--verify");
-  if (!v) return dflt;
-  const auto mode = parse_verify(*v);
-  if (!mode) usage("--verify must be none, fast or full");
-  return *mode;
-}
 
 std::string human_bytes(std::uint64_t b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -321,39 +126,114 @@ CheckpointReader open_dir_or_root(const std::string& path) {
 
 void print_json(const json::value& v) { std::cout << json::serialize(v) << "\n"; }
 
+// ---- declarations shared by the commands ------------------------------------------------
+
+// What every command takes.
+struct Common {
+  bool json = false;
+};
+
+// A declared command: its CLI11 subcommand and the body that runs it.
+struct Command {
+  CLI::App* app;
+  std::shared_ptr<const Common> common;
+  std::function<int()> run;
+};
+
+// Adds command `name` with its one-line description (the command list of `ckpt --help`), its
+// footer (what it does in full, and an example) and the --json flag.
+CLI::App* add_command(CLI::App& app, const std::string& name, const std::string& description, const std::string& footer,
+                      Common& common) {
+  CLI::App* c = app.add_subcommand(name, description);
+  c->footer(footer);
+  c->add_flag("--json", common.json, "print one JSON object on stdout, for scripts");
+  return c;
+}
+
+// Binds `args` to its command: the body runs with the parsed values.
+template <class Args, class Body>
+Command bind(CLI::App* c, std::shared_ptr<Args> args, Body body) {
+  return {c, args, [args, body] { return body(*args); }};
+}
+
+CLI::Option* add_path(CLI::App& c, const std::string& name, std::string& target, const std::string& description) {
+  return c.add_option(name, target, description)->required()->type_name("");
+}
+
+// The one spelling of a verify mode: --verify none|fast|full.
+CLI::Option* add_verify_option(CLI::App& c, std::string& target, const std::string& description) {
+  return c.add_option("--verify", target, description)->check(CLI::IsMember({"none", "fast", "full"}))->option_text("MODE");
+}
+Verify verify_of(const std::string& mode) { return parse_verify(mode).value(); }  // checked by add_verify_option
+
+// --buffer-mb N, the reshard / consolidate buffer in MiB, into bytes.
+CLI::Option* add_buffer_option(CLI::App& c, std::uint64_t& bytes) {
+  return c.add_option_function<std::uint64_t>("--buffer-mb", [&bytes](std::uint64_t mb) { bytes = mb << 20; },
+                                               "memory for data in flight, MiB (default " + std::to_string(bytes >> 20) +
+                                                   "): peak memory stays near\nthis plus one or two checksum chunks "
+                                                   "(4 MiB each by default),\nwhatever the checkpoint's size")
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 20).description(""))
+      ->option_text("N");
+}
+
 // ---- ls, inspect, verify ----------------------------------------------------------------
 
-int cmd_ls(const Args& a) {
-  if (a.positional.size() != 1) usage("ls takes one ROOT");
-  const Verify mode = verify_mode(a, Verify::none);
-  const auto list = list_checkpoints(posix_file_system(), a.positional[0], mode);
+struct LsArgs : Common {
+  std::string root, verify = "none";
+};
+
+int cmd_ls(const LsArgs& a) {
+  FileSystem& fs = posix_file_system();
+  if (!fs.stat(a.root)) throw Error(Errc::not_found, a.root, "no such checkpoint root");
+  const auto list = list_checkpoints(fs, a.root, verify_of(a.verify));
+  if (list.empty() && !fs.stat(join_path(a.root, kLatestName)))
+    throw Error(Errc::not_found, a.root, "not a checkpoint root", "a `latest` file, step-N directories or .tmp-* temporaries",
+                "none of them");
   bool any_corrupt = false;
   json::array out;
-  if (!a.json) std::printf("%-34s %10s %6s %11s  %s\n", "NAME", "STEP", "WORLD", "SIZE", "STATE");
+  Table table({{"NAME"}, {"STEP", true}, {"WORLD", true}, {"SIZE", true}, {"STATE"}});
   for (const auto& c : list) {
     any_corrupt |= c.state == CheckpointState::corrupt;
-    if (a.json) {
-      out.push_back(json::object{{"name", c.name},
-                                 {"step", c.step ? json::value(*c.step) : json::value(nullptr)},
-                                 {"world_size", c.world_size},
-                                 {"bytes", c.bytes},
-                                 {"state", checkpoint_state_name(c.state)},
-                                 {"latest", c.is_latest},
-                                 {"error", c.error}});
-      continue;
-    }
-    std::printf("%-34s %10s %6s %11s  %s%s\n", c.name.c_str(), c.step ? std::to_string(*c.step).c_str() : "-",
-                c.world_size ? std::to_string(c.world_size).c_str() : "-", human_bytes(c.bytes).c_str(),
-                std::string(checkpoint_state_name(c.state)).c_str(), c.is_latest ? " (latest)" : "");
-    if (!c.error.empty()) std::printf("    %s\n", c.error.c_str());
+    out.push_back(json::object{{"name", c.name},
+                               {"step", c.step ? json::value(*c.step) : json::value(nullptr)},
+                               {"world_size", c.world_size},
+                               {"bytes", c.bytes},
+                               {"state", checkpoint_state_name(c.state)},
+                               {"latest", c.is_latest},
+                               {"error", c.error}});
+    table.row({c.name, c.step ? std::to_string(*c.step) : "-", c.world_size ? std::to_string(c.world_size) : "-", human_bytes(c.bytes),
+               std::string(checkpoint_state_name(c.state)) + (c.is_latest ? " (latest)" : "")});
+    if (!c.error.empty()) table.note(c.error);
   }
-  if (a.json) print_json(json::object{{"ok", !any_corrupt}, {"root", a.positional[0]}, {"checkpoints", out}});
+  if (a.json) print_json(json::object{{"ok", !any_corrupt}, {"root", a.root}, {"checkpoints", out}});
+  else table.print();
   return any_corrupt ? kExitBad : kExitOk;
 }
 
-int cmd_inspect(const Args& a) {
-  if (a.positional.size() != 1) usage("inspect takes one DIR");
-  const auto reader = open_dir_or_root(a.positional[0]);
+Command declare_ls(CLI::App& app) {
+  auto a = std::make_shared<LsArgs>();
+  CLI::App* c = add_command(app, "ls", "list the checkpoints under ROOT: step, world size, size, state", R"(
+List every checkpoint directory under ROOT (and temporaries of saves in progress): name,
+step, world size, size and state (complete, in progress, corrupt), marking the one `latest`
+names. Without --verify only the manifests and shard sizes are checked; with it every shard
+is read and checked too. Exit 1 if any checkpoint is corrupt, or if ROOT is not a checkpoint
+root (no `latest`, no step-N directory, no temporary: Errc::not_found naming it).
+
+example:
+  ckpt ls /ckpts/run1 --verify fast
+)",
+                            *a);
+  add_path(*c, "ROOT", a->root, "a checkpoint root");
+  add_verify_option(*c, a->verify, "none (default): manifests and shard sizes; fast: also the XXH3\nof every chunk; full: also every file's SHA-256");
+  return bind(c, a, cmd_ls);
+}
+
+struct InspectArgs : Common {
+  std::string dir;
+};
+
+int cmd_inspect(const InspectArgs& a) {
+  const auto reader = open_dir_or_root(a.dir);
   const Manifest& m = reader.manifest();
   if (a.json) {
     print_json(json::object{{"ok", true}, {"dir", reader.dir()}, {"manifest", json::parse(encode_manifest(m))}});
@@ -372,33 +252,56 @@ int cmd_inspect(const Args& a) {
       tr["param_layout"] = std::to_string(pl->as_array().size()) + " tensors (ckpt inspect --json shows them)";
     std::printf("training    %s\n", json::serialize(tr).c_str());
   }
-  std::printf("\n%-5s %-34s %11s %12s %12s  %s\n", "RANK", "SHARD", "SIZE", "PARAM OFF", "PARAM NUMEL", "SHA-256");
+  std::printf("\n");
+  Table shards({{"RANK"}, {"SHARD"}, {"SIZE", true}, {"PARAM OFF", true}, {"PARAM NUMEL", true}, {"SHA-256"}});
   for (const auto& s : m.shards)
-    std::printf("%-5d %-34s %11s %12llu %12llu  %.16s...\n", s.rank, s.path.c_str(), human_bytes(s.size).c_str(),
-                static_cast<unsigned long long>(s.param_shard_offset), static_cast<unsigned long long>(s.param_shard_numel),
-                s.sha256.c_str());
-  std::printf("\n%-5s %-32s %-5s %-18s %11s %s\n", "RANK", "TENSOR", "DTYPE", "SHAPE", "BYTES", "OFFSET");
+    shards.row({std::to_string(s.rank), s.path, human_bytes(s.size), std::to_string(s.param_shard_offset),
+                std::to_string(s.param_shard_numel), s.sha256.substr(0, 16) + "..."});
+  shards.print();
+  std::printf("\n");
+  Table tensors({{"RANK"}, {"TENSOR"}, {"DTYPE"}, {"SHAPE"}, {"BYTES", true}, {"OFFSET", true}});
   for (const auto& t : m.tensors)
-    std::printf("%-5d %-32s %-5s %-18s %11llu %llu\n", t.rank, t.name.c_str(), std::string(dtype_name(t.dtype)).c_str(),
-                shape_str(t.shape).c_str(), static_cast<unsigned long long>(t.end - t.begin),
-                static_cast<unsigned long long>(t.begin));
+    tensors.row({std::to_string(t.rank), t.name, std::string(dtype_name(t.dtype)), shape_str(t.shape), std::to_string(t.end - t.begin),
+                 std::to_string(t.begin)});
+  tensors.print();
   return kExitOk;
 }
 
-int cmd_verify(const Args& a) {
-  if (a.positional.size() != 1) usage("verify takes one DIR");
-  const bool full = a.flag("--full");
-  const Verify mode = full ? Verify::full : Verify::fast;
-  const auto reader = open_dir_or_root(a.positional[0]);
+Command declare_inspect(CLI::App& app) {
+  auto a = std::make_shared<InspectArgs>();
+  CLI::App* c = add_command(app, "inspect", "the manifest of a checkpoint and its tensor table", R"(
+Show the manifest of checkpoint DIR (a step-N directory, or a root: its latest): step,
+world size, sizes, training metadata, the shard table and the tensor index. --json prints
+the whole manifest.
+
+example:
+  ckpt inspect /ckpts/run1/step-0000000010
+)",
+                            *a);
+  add_path(*c, "DIR", a->dir, "a checkpoint directory, or a root (its latest)");
+  return bind(c, a, cmd_inspect);
+}
+
+struct VerifyArgs : Common {
+  std::string dir, verify = "fast";
+  bool full = false;
+};
+
+int cmd_verify(const VerifyArgs& a) {
+  const std::string mode_name = a.full ? "full" : a.verify;
+  const Verify mode = verify_of(mode_name);
+  const auto reader = open_dir_or_root(a.dir);
   {
     ProgressBar bar("verifying", !a.json);
     reader.verify(mode, bar.fn());
   }
   std::uint64_t total = 0;
   for (const auto& s : reader.manifest().shards) total += s.size;
-  const char* how = full ? "full (xxh3 per chunk + sha256)" : "fast (xxh3 per chunk)";
+  const char* how = mode == Verify::full ? "full (xxh3 per chunk + sha256)"
+                    : mode == Verify::fast ? "fast (xxh3 per chunk)"
+                                           : "none (sizes and headers)";
   if (a.json)
-    print_json(json::object{{"ok", true}, {"dir", reader.dir()}, {"mode", full ? "full" : "fast"},
+    print_json(json::object{{"ok", true}, {"dir", reader.dir()}, {"mode", mode_name},
                             {"shards", reader.manifest().shards.size()}, {"bytes", total}});
   else
     std::printf("OK %s: %zu shards, %s verified, %s\n", reader.dir().c_str(), reader.manifest().shards.size(),
@@ -406,23 +309,41 @@ int cmd_verify(const Args& a) {
   return kExitOk;
 }
 
+Command declare_verify(CLI::App& app) {
+  auto a = std::make_shared<VerifyArgs>();
+  CLI::App* c = add_command(app, "verify", "check every shard's checksums (a progress bar on a terminal)", R"(
+Read every shard of DIR (or a root's latest) and check it: the XXH3 of every chunk
+(--verify fast, the default), or also the SHA-256 and XXH3 of every whole file (--verify
+full, or --full), and every shard header against the manifest (--verify none: only that and
+the sizes). A progress bar is drawn on a terminal, never into a pipe.
+
+example:
+  ckpt verify --verify full /ckpts/run1/step-0000000010
+)",
+                            *a);
+  add_path(*c, "DIR", a->dir, "a checkpoint directory, or a root (its latest)");
+  auto* mode = add_verify_option(*c, a->verify, "fast (default): the XXH3 of every chunk; full: also every file's\nSHA-256; none: sizes and shard headers only");
+  c->add_flag("--full", a->full, "the same as --verify full")->excludes(mode);
+  return bind(c, a, cmd_verify);
+}
+
 // ---- reshard, consolidate -------------------------------------------------------------
 
-int cmd_reshard(const Args& a) {
-  if (a.positional.size() != 2) usage("reshard takes SRC and DST");
-  const auto world = a.get("--world-size");
-  if (!world) usage("reshard needs --world-size M");
+struct ReshardArgs : Common {
+  std::string src, dst, verify = "fast";
   ReshardOptions opt;
-  opt.world_size = static_cast<int>(parse_count("--world-size", *world, 1, 1u << 20));
-  if (const auto b = a.get("--buffer-mb")) opt.buffer_bytes = parse_count("--buffer-mb", *b, 1, 1u << 20) << 20;
-  opt.verify = verify_mode(a, Verify::fast);
-  const auto source = open_dir_or_root(a.positional[0]);
+};
+
+int cmd_reshard(const ReshardArgs& a) {
+  ReshardOptions opt = a.opt;
+  opt.verify = verify_of(a.verify);
+  const auto source = open_dir_or_root(a.src);
   const auto t0 = std::chrono::steady_clock::now();
   ReshardResult r;
   {
     ProgressBar bar("resharding", !a.json);
     opt.progress = bar.fn();
-    r = reshard_checkpoint(posix_file_system(), source, a.positional[1], opt);
+    r = reshard_checkpoint(posix_file_system(), source, a.dst, opt);
   }
   const double secs = seconds_since(t0);
   const Manifest& m = r.manifest;
@@ -441,33 +362,75 @@ int cmd_reshard(const Args& a) {
               source.manifest().world_size, m.world_size, r.dir.c_str());
   std::printf("read %s, wrote %s in %zu shards through a %s buffer, %.2f s\n", human_bytes(r.bytes_read).c_str(),
               human_bytes(r.bytes_written).c_str(), m.shards.size(), human_bytes(opt.buffer_bytes).c_str(), secs);
-  std::printf("%-5s %-34s %11s %12s %12s\n", "RANK", "SHARD", "SIZE", "PARAM OFF", "PARAM NUMEL");
+  Table table({{"RANK"}, {"SHARD"}, {"SIZE", true}, {"PARAM OFF", true}, {"PARAM NUMEL", true}});
   for (const auto& s : m.shards)
-    std::printf("%-5d %-34s %11s %12llu %12llu\n", s.rank, s.path.c_str(), human_bytes(s.size).c_str(),
-                static_cast<unsigned long long>(s.param_shard_offset), static_cast<unsigned long long>(s.param_shard_numel));
+    table.row({std::to_string(s.rank), s.path, human_bytes(s.size), std::to_string(s.param_shard_offset), std::to_string(s.param_shard_numel)});
+  table.print();
   return kExitOk;
 }
 
-int cmd_consolidate(const Args& a) {
-  if (a.positional.size() != 2) usage("consolidate takes SRC and OUT");
+Command declare_reshard(CLI::App& app) {
+  auto a = std::make_shared<ReshardArgs>();
+  CLI::App* c = add_command(app, "reshard", "write checkpoint SRC at another world size (--world-size M) as a new\ncheckpoint under the root DST, streaming through a bounded buffer", R"(
+Write checkpoint SRC (written at any world size N) as a new checkpoint at world size M,
+with the same step, under the root DST (created if absent; its `latest` then names the new
+checkpoint). Each new rank's shard holds its slice of the flat optimizer state (the
+tensors training.flat_tensors names, padded with zeros to a multiple of M), rank 0 also the
+replicated tensors; per-rank metadata is remapped (docs/resharding.md). The new checkpoint
+has its own checksums and goes through the durable commit; a corrupt source fails with the
+typed error and leaves nothing behind.
+
+example:
+  ckpt reshard /ckpts/run1 /ckpts/run1-8 --world-size 8
+)",
+                            *a);
+  add_path(*c, "SRC", a->src, "the checkpoint to reshard: a step-N directory, or a root (its\nlatest)");
+  add_path(*c, "DST", a->dst, "the root the new checkpoint goes under");
+  cli::add_int_option(*c, "--world-size", a->opt.world_size, 1, 1 << 20, "M", "the new world size")->required();
+  add_buffer_option(*c, a->opt.buffer_bytes);
+  add_verify_option(*c, a->verify, "of the source: fast (default) checks the XXH3 of every chunk\nread, full also every file's SHA-256 first, none only sizes and\nheaders");
+  return bind(c, a, cmd_reshard);
+}
+
+struct ConsolidateArgs : Common {
+  std::string src, out, dtype, verify = "fast";
   ConsolidateOptions opt;
-  if (const auto d = a.get("--dtype")) {
-    if (*d == "f32") opt.dtype = DType::F32;
-    else if (*d == "f16") opt.dtype = DType::F16;
-    else if (*d == "bf16") opt.dtype = DType::BF16;
-    else usage("--dtype must be f32, f16 or bf16");
+};
+
+// The directories of `path` that do not exist yet, the outermost last.
+std::vector<std::filesystem::path> missing_dirs(const std::filesystem::path& path) {
+  std::vector<std::filesystem::path> out;
+  for (auto p = path; !p.empty() && !posix_file_system().stat(p.string()); p = p.parent_path()) {
+    out.push_back(p);
+    if (p == p.parent_path()) break;
   }
-  if (const auto s = a.get("--max-file-size")) opt.max_file_size = parse_size("--max-file-size", *s);
-  if (const auto t = a.get("--tensor")) opt.tensor = *t;
-  if (const auto b = a.get("--buffer-mb")) opt.buffer_bytes = parse_count("--buffer-mb", *b, 1, 1u << 20) << 20;
-  opt.verify = verify_mode(a, Verify::fast);
-  const auto source = open_dir_or_root(a.positional[0]);
+  return out;
+}
+
+int cmd_consolidate(const ConsolidateArgs& a) {
+  ConsolidateOptions opt = a.opt;
+  if (a.dtype == "f32") opt.dtype = DType::F32;
+  else if (a.dtype == "f16") opt.dtype = DType::F16;
+  else if (a.dtype == "bf16") opt.dtype = DType::BF16;
+  opt.verify = verify_of(a.verify);
+  const auto source = open_dir_or_root(a.src);
+  // OUT's parent is created like reshard's DST: made here, and removed again if nothing is written into it.
+  FileSystem& fs = posix_file_system();
+  const auto created = missing_dirs(std::filesystem::path(a.out).parent_path());
+  if (!created.empty()) {
+    fs.create_dirs(created.front().string());
+    const auto above = created.back().parent_path();
+    fs.sync_dir(above.empty() ? "." : above.string());
+  }
   const auto t0 = std::chrono::steady_clock::now();
   ConsolidateResult r;
-  {
+  try {
     ProgressBar bar("consolidating", !a.json);
     opt.progress = bar.fn();
-    r = consolidate_checkpoint(posix_file_system(), source, a.positional[1], opt);
+    r = consolidate_checkpoint(fs, source, a.out, opt);
+  } catch (...) {
+    if (!created.empty()) fs.remove_all(created.back().string());
+    throw;
   }
   const double secs = seconds_since(t0);
   std::size_t tensors = 0;
@@ -487,21 +450,51 @@ int cmd_consolidate(const Args& a) {
   }
   std::printf("consolidated %zu tensors of %s (%s, %s of %s) into %s in %.2f s\n", tensors, source.dir().c_str(),
               opt.tensor.c_str(), human_bytes(r.total_size).c_str(), std::string(dtype_name(r.dtype)).c_str(), r.dir.c_str(), secs);
-  for (const auto& f : r.files)
-    std::printf("  %-36s %11s  %zu tensors\n", f.name.c_str(), human_bytes(f.size).c_str(), f.tensors.size());
-  if (r.index) std::printf("  %-36s  weight map of %zu tensors\n", r.index->c_str(), tensors);
+  Table table({{"FILE"}, {"SIZE", true}, {"TENSORS"}}, "  ");
+  for (const auto& f : r.files) table.row({f.name, human_bytes(f.size), std::to_string(f.tensors.size()) + " tensors"});
+  if (r.index) table.row({*r.index, "", "weight map of " + std::to_string(tensors) + " tensors"});
+  table.print();
   return kExitOk;
+}
+
+Command declare_consolidate(CLI::App& app) {
+  auto a = std::make_shared<ConsolidateArgs>();
+  CLI::App* c = add_command(app, "consolidate", "write the full model (fp32 master weights by default) as safetensors\nin the Hugging Face layout, one file or several plus an index", R"(
+Write the full model of checkpoint SRC into the new directory OUT in the Hugging Face
+layout: every tensor of the model (training.param_layout) reassembled from the shards of
+the flat tensor NAME (default optim.master, the fp32 master weights), cast to --dtype,
+into OUT/model.safetensors, or, when the tensors exceed SIZE bytes, into
+OUT/model-0000k-of-0000n.safetensors plus OUT/model.safetensors.index.json. Streams through
+a bounded buffer; OUT appears only when complete, and its parent is created if absent.
+
+example:
+  ckpt consolidate /ckpts/run1 /models/run1 --dtype bf16 --max-file-size 1.5G
+)",
+                            *a);
+  add_path(*c, "SRC", a->src, "the checkpoint to export: a step-N directory, or a root (its\nlatest)");
+  add_path(*c, "OUT", a->out, "the new directory (must not exist)");
+  c->add_option("--dtype", a->dtype, "f32, f16 or bf16 (default: the tensor's own)")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}).description(""))
+      ->option_text("T");
+  cli::add_size_option(*c, "--max-file-size", a->opt.max_file_size, "tensor bytes per file, e.g. 5G, 1.5G, 500M, 64K (default: one\nfile)");
+  c->add_option("--tensor", a->opt.tensor, "the flat tensor to export (default " + a->opt.tensor + ")")->option_text("NAME");
+  add_buffer_option(*c, a->opt.buffer_bytes);
+  add_verify_option(*c, a->verify, "of the source, as for reshard (default fast)");
+  return bind(c, a, cmd_consolidate);
 }
 
 // ---- prune ----------------------------------------------------------------------------
 
-int cmd_prune(const Args& a) {
-  if (a.positional.size() != 1) usage("prune takes one ROOT");
-  const auto keep_s = a.get("--keep");
-  if (!keep_s) usage("prune needs --keep K");
-  const std::uint64_t keep = parse_count("--keep", *keep_s, 1, 1u << 30);
-  const bool dry = a.flag("--dry-run");
-  const std::string& root = a.positional[0];
+struct PruneArgs : Common {
+  std::string root;
+  std::uint64_t keep = 0;
+  bool dry_run = false;
+};
+
+int cmd_prune(const PruneArgs& a) {
+  const std::uint64_t keep = a.keep;
+  const bool dry = a.dry_run;
+  const std::string& root = a.root;
   FileSystem& fs = posix_file_system();
   if (!fs.stat(root)) throw Error(Errc::not_found, root, "no such checkpoint root");
   auto list = list_checkpoints(fs, root, Verify::none);
@@ -532,6 +525,25 @@ int cmd_prune(const Args& a) {
   for (const auto& l : removed_lines) std::printf("%s %s\n", dry ? "would remove" : "removed ", l.c_str());
   if (removed_lines.empty()) std::printf("nothing to remove: %zu checkpoints, keeping %llu\n", list.size(), static_cast<unsigned long long>(keep));
   return kExitOk;
+}
+
+Command declare_prune(CLI::App& app) {
+  auto a = std::make_shared<PruneArgs>();
+  CLI::App* c = add_command(app, "prune", "remove all but the newest K checkpoints (--keep K), never `latest`", R"(
+Keep the newest K checkpoints of ROOT that open (manifest and shard sizes good) and the one
+`latest` names; remove every checkpoint older than the K-th kept one. Each removal is
+durable and crash-safe (renamed to a temporary, the root fsynced, then deleted). Corrupt
+checkpoints newer than the K-th are left for inspection; temporaries of a save in progress
+are never touched.
+
+example:
+  ckpt prune /ckpts/run1 --keep 3
+)",
+                            *a);
+  add_path(*c, "ROOT", a->root, "a checkpoint root");
+  cli::add_int_option(*c, "--keep", a->keep, std::uint64_t{1}, std::uint64_t{1} << 30, "K", "checkpoints to keep, K >= 1")->required();
+  c->add_flag("--dry-run", a->dry_run, "say what would be removed, remove nothing");
+  return bind(c, a, cmd_prune);
 }
 
 // ---- diff -----------------------------------------------------------------------------
@@ -596,9 +608,12 @@ void compare_stream(DType t, std::uint64_t numel, const std::function<void(std::
   d.status = d.differing ? "differs" : "equal";
 }
 
-int cmd_diff(const Args& a) {
-  if (a.positional.size() != 2) usage("diff takes A and B");
-  const auto ra = open_dir_or_root(a.positional[0]), rb = open_dir_or_root(a.positional[1]);
+struct DiffArgs : Common {
+  std::string a, b;
+};
+
+int cmd_diff(const DiffArgs& a) {
+  const auto ra = open_dir_or_root(a.a), rb = open_dir_or_root(a.b);
   const Manifest &ma = ra.manifest(), &mb = rb.manifest();
   for (const auto* r : {&ra, &rb}) verify_headers(*r, Verify::fast);
   // Flat tensors compare in the flat space when both checkpoints describe it the same way.
@@ -686,60 +701,91 @@ int cmd_diff(const Args& a) {
               static_cast<unsigned long long>(ma.step), ma.world_size, rb.dir().c_str(), static_cast<unsigned long long>(mb.step),
               mb.world_size);
   if (!flat_note.empty()) std::printf("%s\n", flat_note.c_str());
-  std::printf("\n%-32s %-5s %-15s %s\n", "TENSOR", "RANK", "STATUS", "MAX ABS DIFF (ELEMENTS DIFFERING)");
+  std::printf("\n");
+  Table table({{"TENSOR"}, {"RANK"}, {"STATUS"}, {"MAX ABS DIFF (ELEMENTS DIFFERING)"}});
   std::size_t n_equal = 0;
   for (const auto& d : diffs) {
     n_equal += d.status == "equal";
     char extra[96] = "";
     if (d.status == "differs") std::snprintf(extra, sizeof extra, "%.6g (%llu)", d.max_abs, static_cast<unsigned long long>(d.differing));
-    std::printf("%-32s %-5s %-15s %s%s\n", d.name.c_str(), d.rank ? std::to_string(*d.rank).c_str() : "flat", d.status.c_str(), extra,
-                d.detail.c_str());
+    table.row({d.name, d.rank ? std::to_string(*d.rank) : "flat", d.status, extra + d.detail});
   }
+  table.print();
   std::printf("\n%zu of %zu tensors equal: %s\n", n_equal, diffs.size(), equal ? "the checkpoints are equal" : "the checkpoints differ");
   return equal ? kExitOk : kExitDiffer;
+}
+
+
+Command declare_diff(CLI::App& app) {
+  auto a = std::make_shared<DiffArgs>();
+  CLI::App* c = add_command(app, "diff", "compare two checkpoints tensor by tensor: equal, or the largest\nabsolute difference; shape and dtype mismatches are reported", R"(
+Compare two checkpoints tensor by tensor. The flat optimizer tensors (training.flat_tensors)
+are compared over the whole flat space, so checkpoints of different world sizes compare
+(a checkpoint and its reshard are equal); other tensors by name and rank. Each tensor is
+equal, differs (float types: the largest absolute difference and the number of differing
+elements; a NaN against a number counts as an infinite difference), has a shape or dtype
+mismatch, or is only in A or only in B. Exit 0 if everything is equal, 3 if not.
+
+example:
+  ckpt diff /ckpts/run1/step-0000000010 /ckpts/run1/step-0000000020
+)",
+                            *a);
+  add_path(*c, "A", a->a, "a checkpoint directory, or a root (its latest)");
+  add_path(*c, "B", a->b, "a checkpoint directory, or a root (its latest)");
+  return bind(c, a, cmd_diff);
+}
+
+// ---- the command line -----------------------------------------------------------------
+
+// A usage error, as text on stderr, and with --json anywhere on the command line also as the
+// JSON output (the parse failed, so the flag itself may not have been read).
+cli::UsageReporter usage_reporter(int argc, char** argv) {
+  const bool json = std::any_of(argv + 1, argv + argc, [](const char* s) { return std::strcmp(s, "--json") == 0; });
+  return [json](const std::string& command, const std::string& message) {
+    if (json)
+      print_json(json::object{{"ok", false},
+                              {"error", {{"code", "usage"}, {"file", ""}, {"detail", message}, {"expected", ""}, {"actual", ""}, {"message", message}}}});
+    cli::print_usage_error(command, message);
+  };
+}
+
+// `ckpt help [COMMAND]`: the same text as `ckpt [COMMAND] --help`.
+Command declare_help(CLI::App& app, const std::vector<Command>& commands) {
+  auto topic = std::make_shared<std::string>();
+  std::vector<std::string> names;
+  for (const auto& c : commands) names.push_back(c.app->get_name());
+  CLI::App* c = app.add_subcommand("help", "the help of COMMAND, or this text");
+  c->add_option("COMMAND", *topic, "a command")->check(CLI::IsMember(names))->type_name("");
+  return {c, std::make_shared<Common>(), [&app, topic] {
+            if (topic->empty()) std::cout << app.get_formatter()->make_help(&app, app.get_name(), CLI::AppFormatMode::Normal);
+            else std::cout << app.get_subcommand(*topic)->help(app.get_name());
+            return kExitOk;
+          }};
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) usage("no command");
-  std::string cmd = argv[1];
-  if (cmd == "--help" || cmd == "-h") {
-    std::cout << kHelp;
-    return kExitOk;
-  }
-  if (cmd == "help") {
-    if (argc >= 3) {
-      const auto it = kCommandHelp.find(argv[2]);
-      if (it == kCommandHelp.end()) usage("no command '" + std::string(argv[2]) + "'");
-      std::cout << it->second;
-    } else {
-      std::cout << kHelp;
-    }
-    return kExitOk;
-  }
-  if (!kOptions.count(cmd)) usage("unknown command '" + cmd + "'");
-  const Args a = parse(cmd, argc, argv, 2);
-  if (a.help) {
-    std::cout << kCommandHelp.at(cmd);
-    return kExitOk;
-  }
+  CLI::App app(kDescription, "ckpt");
+  cli::setup(app);
+  app.footer(kFooter);
+  app.require_subcommand(1);
+  std::vector<Command> commands = {declare_ls(app),          declare_inspect(app), declare_verify(app), declare_reshard(app),
+                                   declare_consolidate(app), declare_prune(app),   declare_diff(app)};
+  commands.push_back(declare_help(app, commands));
+  const auto report = usage_reporter(argc, argv);
+  if (const auto rc = cli::parse(app, argc, argv, report)) return *rc;
+  const auto it = std::find_if(commands.begin(), commands.end(), [](const Command& c) { return c.app->parsed(); });
+  const std::string name = "ckpt " + it->app->get_name();
   try {
-    if (cmd == "ls") return cmd_ls(a);
-    if (cmd == "inspect") return cmd_inspect(a);
-    if (cmd == "verify") return cmd_verify(a);
-    if (cmd == "reshard") return cmd_reshard(a);
-    if (cmd == "consolidate") return cmd_consolidate(a);
-    if (cmd == "prune") return cmd_prune(a);
-    if (cmd == "diff") return cmd_diff(a);
+    return it->run();
   } catch (const Error& e) {
-    if (a.json) print_json(json::object{{"ok", false}, {"error", error_json(e)}});
-    std::cerr << "ckpt " << cmd << ": " << e.what() << "\n";
+    if (it->common->json) print_json(json::object{{"ok", false}, {"error", error_json(e)}});
+    std::cerr << name << ": " << e.what() << "\n";
     return kExitBad;
   } catch (const std::exception& e) {
-    if (a.json) print_json(json::object{{"ok", false}, {"error", {{"code", "error"}, {"message", e.what()}}}});
-    std::cerr << "ckpt " << cmd << ": " << e.what() << "\n";
+    if (it->common->json) print_json(json::object{{"ok", false}, {"error", {{"code", "error"}, {"message", e.what()}}}});
+    std::cerr << name << ": " << e.what() << "\n";
     return kExitBad;
   }
-  usage("unknown command '" + cmd + "'");
 }

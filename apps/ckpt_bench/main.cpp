@@ -4,166 +4,124 @@
 // every figure that matters is a ratio immune to this machine's drift. See bench/README.md.
 #include <algorithm>
 #include <boost/json.hpp>
-#include <cctype>
+#include <functional>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 
+#include "cli.hpp"
 #include "runner.hpp"
 
 namespace json = boost::json;
+namespace cli = ckpt::cli;
 using namespace bench;
 
 namespace {
 
-const char* kHelp = R"(ckpt-bench: sync versus async checkpoint saves, against the raw disk
-
-usage: ckpt-bench [options]
+const char* kDescription = R"(ckpt-bench: sync versus async checkpoint saves, against the raw disk
 
 A simulated training job: RANKS threads each hold 1/RANKS of the state (a mix of large bf16 /
 fp32 matrices and many small tensors), run a memory-bound compute kernel per step and save a
 checkpoint every EVERY steps. Modes run interleaved over REPEATS rounds: none (no checkpoint),
 sync (save_sync), async_io_uring and async_posix (save(), the two writers). References in the
 same run: raw O_DIRECT write/read of the directory's disk (own io_uring loop), memcpy of the
-state, single-core XXH3 and SHA-256. Loads are measured with verify none / fast / full.
+state, single-core XXH3 and SHA-256. Loads are measured with verify none / fast / full.)";
 
-options:
-  --dir DIR           where checkpoints go (default: a fresh directory under $TMPDIR or
-                      /var/tmp, removed at the end); measures that directory's disk
-  --size BYTES        training state of all ranks together (default 1G; K/M/G suffixes)
-  --ranks N           rank threads (default 4)
-  --repeats N         interleaved rounds of all modes (default 3)
-  --saves N           checkpoints per mode per round (default 3)
-  --every K           a checkpoint every K steps (default 20)
-  --step-ms MS        compute per step with all ranks running (default 100; calibrated
-                      as a fixed number of kernel passes; 0: no compute)
-  --compute-mb MB     per-rank buffer the kernel streams over (default 16)
-  --modes LIST        comma-separated subset of none,sync,async_io_uring,async_posix
-  --no-load           skip the load measurements
-  --no-cold-pool      skip the first-save-with-unallocated-pool demonstration
-  --soak N            back-to-back async saves for the memory check (default 50; 0: skip)
-  --load-settle-ms MS idle time before each load (default 3000): this VM takes freed memory
-                      back after ~2 s, so every load starts like a fresh resume process
-  --queue-depth N     ckpt writes in flight per shard (default 4)
-  --chunk-size BYTES  ckpt chunk size (default 4M)
-  --raw-qd N          raw reference queue depth (default 8)
-  --raw-piece BYTES   raw reference piece size (default 4M)
-  --json FILE         every figure as JSON
-  --plot FILE.svg     timeline of sync and async saves, and the ratio bars
-  --markdown FILE     the result tables as markdown
-  --layout FILE       the tensor layout as JSON (the peers script rebuilds it)
-  --render FILE.json  do not run: print the table of a saved --json file (and write
-                      --plot / --markdown from it)
-  --keep              keep the checkpoints
-  --quick             small and short (32M, 2 repeats, 2 saves, every 8 steps of 10 ms,
-                      soak 10, no load settling): a smoke run in seconds; later options
-                      override it
-  --help              this text
-
+const char* kFooter = R"(
+SIZE is a byte count: 1024, 64K, 500M, 1.5G (binary units, K = 1024).
 Targets are printed as PASS/FAIL; they do not change the exit code (0 unless an error).
 )";
-
-[[noreturn]] void usage(const std::string& msg) {
-  std::cerr << "ckpt-bench: " << msg << "\nrun 'ckpt-bench --help' for usage\n";
-  std::exit(2);
-}
-
-std::uint64_t parse_bytes(const std::string& s) {
-  std::size_t pos = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &pos);
-  } catch (...) {
-    usage("not a size: " + s);
-  }
-  std::string unit = s.substr(pos);
-  for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  double mult = 1;
-  if (unit == "" || unit == "B") mult = 1;
-  else if (unit == "K" || unit == "KB" || unit == "KIB") mult = 1024.0;
-  else if (unit == "M" || unit == "MB" || unit == "MIB") mult = 1024.0 * 1024;
-  else if (unit == "G" || unit == "GB" || unit == "GIB") mult = 1024.0 * 1024 * 1024;
-  else usage("unknown size unit in " + s);
-  if (!(v > 0)) usage("size must be positive: " + s);
-  return static_cast<std::uint64_t>(v * mult);
-}
 
 struct Cli {
   Options o;
   std::string render;
 };
 
+// A number above `lo` (strictly) or at least `lo`.
+CLI::Validator at_least(double lo, bool strictly) {
+  return CLI::Validator(
+      [lo, strictly](std::string& v) -> std::string {
+        double d = 0;
+        if (CLI::detail::lexical_cast(v, d) && (strictly ? d > lo : d >= lo)) return {};
+        return "needs a number " + std::string(strictly ? "> " : ">= ") + CLI::detail::to_string(lo) + ", got '" + v + "'";
+      },
+      "");
+}
+
+// What --quick sets, unless the command line gives the option itself.
+struct QuickDefault {
+  CLI::Option* option;
+  std::function<void()> apply;
+};
+
 Cli parse(int argc, char** argv) {
   Cli c;
   Options& o = c.o;
-  for (int i = 1; i < argc; ++i)
-    if (std::string(argv[i]) == "--quick") {
-      o.quick = true;
-      o.size = 32ull << 20;
-      o.repeats = 2;
-      o.saves = 2;
-      o.every = 8;
-      o.step_ms = 10;
-      o.compute_mb = 2;
-      o.soak_saves = 10;
-      o.load_settle_ms = 0;
-    }
-  auto need = [&](int& i) -> std::string {
-    if (i + 1 >= argc) usage(std::string(argv[i]) + " needs a value");
-    return argv[++i];
-  };
-  auto need_int = [&](int& i, int lo) {
-    const std::string s = need(i);
-    try {
-      const int v = std::stoi(s);
-      if (v < lo) usage(std::string(argv[i - 1]) + " must be >= " + std::to_string(lo));
-      return v;
-    } catch (const std::logic_error&) {
-      usage("not a number: " + s);
-    }
-  };
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      std::cout << kHelp;
-      std::exit(0);
-    } else if (a == "--quick") {
-    } else if (a == "--dir") o.dir = need(i);
-    else if (a == "--size") o.size = parse_bytes(need(i));
-    else if (a == "--ranks") o.ranks = need_int(i, 1);
-    else if (a == "--repeats") o.repeats = need_int(i, 1);
-    else if (a == "--saves") o.saves = need_int(i, 1);
-    else if (a == "--every") o.every = need_int(i, 1);
-    else if (a == "--step-ms") o.step_ms = std::atof(need(i).c_str());
-    else if (a == "--compute-mb") o.compute_mb = std::atof(need(i).c_str());
-    else if (a == "--modes") {
-      o.modes.clear();
-      std::stringstream ss(need(i));
-      for (std::string m; std::getline(ss, m, ',');) {
-        if (std::find(kAllModes.begin(), kAllModes.end(), m) == kAllModes.end()) usage("unknown mode " + m);
-        o.modes.push_back(m);
-      }
-      if (o.modes.empty()) usage("--modes is empty");
-    } else if (a == "--no-load") o.loads = false;
-    else if (a == "--no-cold-pool") o.cold_pool = false;
-    else if (a == "--soak") o.soak_saves = need_int(i, 0);
-    else if (a == "--load-settle-ms") o.load_settle_ms = need_int(i, 0);
-    else if (a == "--queue-depth") o.queue_depth = need_int(i, 1);
-    else if (a == "--chunk-size") o.chunk_size = parse_bytes(need(i));
-    else if (a == "--raw-qd") o.raw_queue_depth = need_int(i, 1);
-    else if (a == "--raw-piece") o.raw_piece = parse_bytes(need(i));
-    else if (a == "--json") o.json_path = need(i);
-    else if (a == "--plot") o.plot_path = need(i);
-    else if (a == "--markdown") o.markdown_path = need(i);
-    else if (a == "--layout") o.layout_path = need(i);
-    else if (a == "--render") c.render = need(i);
-    else if (a == "--keep") o.keep = true;
-    else usage("unknown option " + a);
+  CLI::App app(kDescription, "ckpt-bench");
+  cli::setup(app);
+  app.footer(kFooter);
+  using cli::add_int_option;
+  app.add_option("--dir", o.dir,
+                 "where checkpoints go (default: a fresh directory under $TMPDIR or\n"
+                 "/var/tmp, removed at the end); measures that directory's disk")
+      ->option_text("DIR");
+  auto* size = cli::add_size_option(app, "--size", o.size, "training state of all ranks together (default 1G)");
+  add_int_option(app, "--ranks", o.ranks, 1, 1024, "N", "rank threads (default 4)");
+  auto* repeats = add_int_option(app, "--repeats", o.repeats, 1, 1 << 20, "N", "interleaved rounds of all modes (default 3)");
+  auto* saves = add_int_option(app, "--saves", o.saves, 1, 1 << 20, "N", "checkpoints per mode per round (default 3)");
+  auto* every = add_int_option(app, "--every", o.every, 1, 1 << 20, "K", "a checkpoint every K steps (default 20)");
+  auto* step_ms = app.add_option("--step-ms", o.step_ms,
+                                 "compute per step with all ranks running (default 100; calibrated\n"
+                                 "as a fixed number of kernel passes; 0: no compute)")
+                      ->check(at_least(0, false))
+                      ->option_text("MS");
+  auto* compute_mb = app.add_option("--compute-mb", o.compute_mb, "per-rank buffer the kernel streams over (default 16)")
+                         ->check(at_least(0, true))
+                         ->option_text("MB");
+  app.add_option("--modes", o.modes, "comma-separated subset of none,sync,async_io_uring,async_posix")
+      ->delimiter(',')
+      ->check(CLI::IsMember(kAllModes).description(""))
+      ->option_text("LIST");
+  app.add_flag_callback("--no-load", [&o] { o.loads = false; }, "skip the load measurements");
+  app.add_flag_callback("--no-cold-pool", [&o] { o.cold_pool = false; }, "skip the first-save-with-unallocated-pool demonstration");
+  auto* soak = add_int_option(app, "--soak", o.soak_saves, 0, 1 << 20, "N", "back-to-back async saves for the memory check (default 50; 0: skip)");
+  auto* settle = add_int_option(app, "--load-settle-ms", o.load_settle_ms, 0, 1 << 30, "MS",
+                                "idle time before each load (default 3000): this VM takes freed memory\n"
+                                "back after ~2 s, so every load starts like a fresh resume process");
+  add_int_option(app, "--queue-depth", o.queue_depth, 1, 1024, "N", "ckpt writes in flight per shard (default 4)");
+  cli::add_size_option(app, "--chunk-size", o.chunk_size, "ckpt chunk size (default 4M)");
+  add_int_option(app, "--raw-qd", o.raw_queue_depth, 1, 1024, "N", "raw reference queue depth (default 8)");
+  cli::add_size_option(app, "--raw-piece", o.raw_piece, "raw reference piece size, a multiple of 4096 (default 4M)");
+  app.add_option("--json", o.json_path, "every figure as JSON")->option_text("FILE");
+  app.add_option("--plot", o.plot_path, "timeline of sync and async saves, and the ratio bars")->option_text("FILE.svg");
+  app.add_option("--markdown", o.markdown_path, "the result tables as markdown")->option_text("FILE");
+  app.add_option("--layout", o.layout_path, "the tensor layout as JSON (the peers script rebuilds it)")->option_text("FILE");
+  app.add_option("--render", c.render,
+                 "do not run: print the table of a saved --json file (and write\n"
+                 "--plot / --markdown from it)")
+      ->option_text("FILE.json");
+  app.add_flag("--keep", o.keep, "keep the checkpoints");
+  app.add_flag("--quick", o.quick,
+               "small and short (32M, 2 repeats, 2 saves, every 8 steps of 10 ms,\n"
+               "soak 10, no load settling): a smoke run in seconds; options given\n"
+               "with it override it");
+  if (const auto rc = cli::parse(app, argc, argv)) std::exit(*rc);
+  if (o.quick) {
+    const std::vector<QuickDefault> quick = {{size, [&] { o.size = 32ull << 20; }},     {repeats, [&] { o.repeats = 2; }},
+                                             {saves, [&] { o.saves = 2; }},             {every, [&] { o.every = 8; }},
+                                             {step_ms, [&] { o.step_ms = 10; }},        {compute_mb, [&] { o.compute_mb = 2; }},
+                                             {soak, [&] { o.soak_saves = 10; }},        {settle, [&] { o.load_settle_ms = 0; }}};
+    for (const auto& q : quick)
+      if (q.option->count() == 0) q.apply();
   }
+  auto usage = [](const std::string& msg) {
+    cli::print_usage_error("ckpt-bench", msg);
+    std::exit(cli::kExitUsage);
+  };
+  if (o.modes.empty()) usage("--modes is empty");
   if (o.raw_piece % 4096) usage("--raw-piece must be a multiple of 4096");
-  if (o.step_ms < 0) usage("--step-ms must be >= 0");
   return c;
 }
 

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -34,6 +35,7 @@
 #include "ckpt/runtime/checkpointer.hpp"
 #include "ckpt/runtime/tiering.hpp"
 #include "ckpt/train/trainer.hpp"
+#include "cli.hpp"
 #include "record.hpp"
 
 namespace fs = std::filesystem;
@@ -46,57 +48,9 @@ using ckpt::demo::StepRow;
 
 namespace {
 
-const char* kHelp = R"(ckpt-demo: data-parallel training of a mini GPT with asynchronous sharded checkpoints
+const char* kDescription = "ckpt-demo: data-parallel training of a mini GPT with asynchronous sharded checkpoints";
 
-usage: ckpt-demo [options]
-
-  --dir DIR            checkpoint root (default: a fresh temporary directory, removed at the end)
-  --durable-dir DIR    two tiers: every checkpoint committed in --dir is copied in the background
-                       to DIR (its own commit, `latest` and rotation, XXH3 re-verified on the
-                       way); --resume then takes --dir's checkpoint if it opens and verifies,
-                       else DIR's, and says which tier it used
-  --keep-durable K     keep the last K checkpoints in the durable tier (default 10)
-  --backend B          threads (default): the ranks are threads of this process; mpi: run under
-                       `mpirun -np N`, one rank per process (the world size is N)
-  --world-size N       ranks, run as threads (default 4; with --backend mpi, mpirun's -np)
-  --steps N            train up to step N (default 20; with --resume, 10 steps past the
-                       checkpoint)
-  --save-every N       save asynchronously every N steps (default 10)
-  --resume             continue from the checkpoint DIR/latest names, up to --steps
-  --reshard            with --resume: accept a checkpoint written at another world size and
-                       re-slice its optimizer state for --world-size (without it such a
-                       resume fails with the world-size error)
-  --metrics FILE       write one JSON line per step (rank 0): step, loss (9 significant digits
-                       and exact hex), grad norm, parameter norm, step time, save stall, memory
-                       (bytes per category: per rank, and max and mean over ranks) and the
-                       step's event (a failed save noticed, a rollback) if any
-  --keep K             keep the last K checkpoints (default 3)
-  --inject-spike STEP  multiply the learning rate of step STEP by 1000 (once): the loss spikes,
-                       the guard (non-finite loss or gradient norm, or a loss above 2x the mean of
-                       the last 5 good steps) trips, every rank rolls back to the last committed
-                       checkpoint (from memory while its staged snapshot is intact, else from
-                       disk) and training replays from there, skipping the batch of the step that
-                       tripped; check (e) then compares with a run that never saw the spike and
-                       skipped the same batch. STEP must come after the first save.
-  --accumulate K       gradient accumulation: each step sums the gradients of K micro-batches of
-                       --batch sequences (the same as one batch of K x --batch) before the
-                       optimizer step (default 1)
-  --tensor-parallel T  split the attention heads of each replica over T ranks (T divides the
-                       world size and --heads): rank r is head group r % T of data-parallel
-                       replica r / T; the checkpoint records the layout and a resume at another
-                       T is refused (default 1)
-  --fail-save STEP     make the disk fail during the save at STEP (a multiple of --save-every):
-                       its first write gets EIO, the save fails with its typed error, training
-                       goes on and the next interval saves again (check (g))
-  --writer W           auto, io_uring or posix (default auto)
-  --precision P        f16 (with dynamic loss scaling) or bf16 (default f16)
-  --layers N --dim N --heads N --seq N --batch N --vocab N
-                       model size (defaults 2, 32, 4, 16, 4 per rank, 64)
-  --lr X               peak learning rate (default 0.01)
-  --schedule-steps N   length of the warmup+cosine LR schedule (default 20); part of the
-                       configuration a resume must match, so it does not follow --steps
-  --seed N             seed of parameters, corpus and per-rank RNG (default 1234)
-
+const char* kChecks = R"(
 Checks (exit 1 if any fails; exit 2 on a usage error):
   (a) the loss falls: the mean of the last 5 steps is below the mean of the first 5 by more
       than 1e-3 (float noise is far below that); needs at least 10 steps in this run
@@ -138,91 +92,110 @@ struct Options {
 };
 
 [[noreturn]] void usage(const std::string& msg) {
-  std::cerr << "ckpt-demo: " << msg << "\nrun 'ckpt-demo --help' for usage\n";
-  std::exit(2);
+  cli::print_usage_error("ckpt-demo", msg);
+  std::exit(cli::kExitUsage);
 }
+
+constexpr std::uint64_t kMaxStep = std::uint64_t{1} << 40;
 
 Options parse(int argc, char** argv) {
   Options o;
   o.train.total_steps = 20;
-  auto need = [&](int& i) -> std::string {
-    if (i + 1 >= argc) usage(std::string(argv[i]) + " needs a value");
-    return argv[++i];
+  std::string backend = "threads", writer = "auto", precision = "f16";
+  CLI::App app(kDescription, "ckpt-demo");
+  cli::setup(app);
+  app.footer(kChecks);
+  using cli::add_int_option;
+  app.add_option("--dir", o.dir, "checkpoint root (default: a fresh temporary directory, removed at the end)")->option_text("DIR");
+  app.add_option("--durable-dir", o.durable_dir,
+                 "two tiers: every checkpoint committed in --dir is copied in the background\n"
+                 "to DIR (its own commit, `latest` and rotation, XXH3 re-verified on the\n"
+                 "way); --resume then takes --dir's checkpoint if it opens and verifies,\n"
+                 "else DIR's, and says which tier it used")
+      ->option_text("DIR");
+  add_int_option(app, "--keep-durable", o.keep_durable, 0, 1 << 20, "K", "keep the last K checkpoints in the durable tier (default 10)");
+  app.add_option("--backend", backend,
+                 "threads (default): the ranks are threads of this process; mpi: run under\n"
+                 "`mpirun -np N`, one rank per process (the world size is N)")
+      ->check(CLI::IsMember({"threads", "mpi"}).description(""))
+      ->option_text("B");
+  auto* world = add_int_option(app, "--world-size", o.world, 1, 1024, "N", "ranks, run as threads (default 4; with --backend mpi, mpirun's -np)");
+  add_int_option(app, "--steps", o.steps, std::uint64_t{0}, kMaxStep, "N",
+                 "train up to step N (default 20; with --resume, 10 steps past the\ncheckpoint)");
+  add_int_option(app, "--save-every", o.save_every, std::uint64_t{1}, kMaxStep, "N", "save asynchronously every N steps (default 10)");
+  auto* resume = app.add_flag("--resume", o.resume, "continue from the checkpoint DIR/latest names, up to --steps");
+  app.add_flag("--reshard", o.reshard,
+               "with --resume: accept a checkpoint written at another world size and\n"
+               "re-slice its optimizer state for --world-size (without it such a\n"
+               "resume fails with the world-size error)")
+      ->needs(resume);
+  app.add_option("--metrics", o.metrics,
+                 "write one JSON line per step (rank 0): step, loss (9 significant digits\n"
+                 "and exact hex), grad norm, parameter norm, step time, save stall, memory\n"
+                 "(bytes per category: per rank, and max and mean over ranks) and the\n"
+                 "step's event (a failed save noticed, a rollback) if any")
+      ->option_text("FILE");
+  add_int_option(app, "--keep", o.keep, 0, 1 << 20, "K", "keep the last K checkpoints (default 3)");
+  add_int_option(app, "--inject-spike", o.inject_spike, std::uint64_t{0}, kMaxStep, "STEP",
+                 "multiply the learning rate of step STEP by 1000 (once): the loss spikes,\n"
+                 "the guard (non-finite loss or gradient norm, or a loss above 2x the mean of\n"
+                 "the last 5 good steps) trips, every rank rolls back to the last committed\n"
+                 "checkpoint (from memory while its staged snapshot is intact, else from\n"
+                 "disk) and training replays from there, skipping the batch of the step that\n"
+                 "tripped; check (e) then compares with a run that never saw the spike and\n"
+                 "skipped the same batch. STEP must come after the first save.");
+  add_int_option(app, "--accumulate", o.train.accumulate, 1, 4096, "K",
+                 "gradient accumulation: each step sums the gradients of K micro-batches of\n"
+                 "--batch sequences (the same as one batch of K x --batch) before the\n"
+                 "optimizer step (default 1)");
+  add_int_option(app, "--tensor-parallel", o.train.tensor_parallel, 1, 1024, "T",
+                 "split the attention heads of each replica over T ranks (T divides the\n"
+                 "world size and --heads): rank r is head group r % T of data-parallel\n"
+                 "replica r / T; the checkpoint records the layout and a resume at another\n"
+                 "T is refused (default 1)");
+  add_int_option(app, "--fail-save", o.fail_save, std::uint64_t{0}, kMaxStep, "STEP",
+                 "make the disk fail during the save at STEP (a multiple of --save-every):\n"
+                 "its first write gets EIO, the save fails with its typed error, training\n"
+                 "goes on and the next interval saves again (check (g))");
+  app.add_option("--writer", writer, "auto, io_uring or posix (default auto)")
+      ->check(CLI::IsMember({"auto", "io_uring", "posix"}).description(""))
+      ->option_text("W");
+  app.add_option("--precision", precision, "f16 (with dynamic loss scaling) or bf16 (default f16)")
+      ->check(CLI::IsMember({"f16", "bf16"}).description(""))
+      ->option_text("P");
+  auto& m = o.train.model;
+  struct SizeOption {
+    const char* name;
+    int* field;
+    const char* description;
   };
-  auto num = [&](int& i) -> long long {
-    const std::string v = need(i);
-    try {
-      std::size_t pos = 0;
-      const long long n = std::stoll(v, &pos);
-      if (pos != v.size() || n < 0) throw std::invalid_argument(v);
-      return n;
-    } catch (...) {
-      usage(std::string(argv[i - 1]) + " needs a non-negative integer, got '" + v + "'");
-    }
-  };
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      std::cout << kHelp;
-      std::exit(0);
-    } else if (a == "--dir") o.dir = need(i);
-    else if (a == "--durable-dir") o.durable_dir = need(i);
-    else if (a == "--keep-durable") o.keep_durable = static_cast<int>(num(i));
-    else if (a == "--backend") {
-      const std::string b = need(i);
-      if (b == "mpi") o.mpi = true;
-      else if (b != "threads") usage("--backend must be threads or mpi");
-    } else if (a == "--world-size") o.world = static_cast<int>(num(i)), o.world_given = true;
-    else if (a == "--steps") o.steps = static_cast<std::uint64_t>(num(i));
-    else if (a == "--save-every") o.save_every = static_cast<std::uint64_t>(num(i));
-    else if (a == "--resume") o.resume = true;
-    else if (a == "--reshard") o.reshard = true;
-    else if (a == "--metrics") o.metrics = need(i);
-    else if (a == "--keep") o.keep = static_cast<int>(num(i));
-    else if (a == "--fail-save") o.fail_save = static_cast<std::uint64_t>(num(i));
-    else if (a == "--inject-spike") o.inject_spike = static_cast<std::uint64_t>(num(i));
-    else if (a == "--accumulate") o.train.accumulate = static_cast<int>(num(i));
-    else if (a == "--tensor-parallel") o.train.tensor_parallel = static_cast<int>(num(i));
-    else if (a == "--writer") {
-      const std::string w = need(i);
-      if (w == "auto") o.writer = WriterBackend::automatic;
-      else if (w == "io_uring") o.writer = WriterBackend::io_uring;
-      else if (w == "posix") o.writer = WriterBackend::posix;
-      else usage("--writer must be auto, io_uring or posix");
-    } else if (a == "--precision") {
-      const std::string p = need(i);
-      if (p == "f16") o.train.precision = Precision::f16;
-      else if (p == "bf16") o.train.precision = Precision::bf16;
-      else usage("--precision must be f16 or bf16");
-    } else if (a == "--layers") o.train.model.layers = static_cast<int>(num(i));
-    else if (a == "--dim") o.train.model.dim = static_cast<int>(num(i));
-    else if (a == "--heads") o.train.model.heads = static_cast<int>(num(i));
-    else if (a == "--seq") o.train.model.seq = static_cast<int>(num(i));
-    else if (a == "--batch") o.train.model.batch = static_cast<int>(num(i));
-    else if (a == "--vocab") o.train.model.vocab = static_cast<int>(num(i));
-    else if (a == "--schedule-steps") o.train.total_steps = static_cast<std::uint64_t>(num(i));
-    else if (a == "--seed") o.train.seed = static_cast<std::uint64_t>(num(i));
-    else if (a == "--lr") {
-      const std::string v = need(i);
-      try {
-        o.train.adam.lr = std::stof(v);
-      } catch (...) {
-        usage("--lr needs a number");
-      }
-    } else usage("unknown option " + a);
-  }
-  if (o.world < 1 || o.world > 1024) usage("--world-size must be 1..1024");
+  for (const SizeOption& z : {SizeOption{"--layers", &m.layers, "model size: transformer blocks (default 2)"},
+                              {"--dim", &m.dim, "model size: width (default 32)"},
+                              {"--heads", &m.heads, "model size: attention heads, dividing --dim (default 4)"},
+                              {"--seq", &m.seq, "model size: sequence length (default 16)"},
+                              {"--batch", &m.batch, "model size: sequences per rank and micro-batch (default 4)"},
+                              {"--vocab", &m.vocab, "model size: vocabulary (default 64)"}})
+    add_int_option(app, z.name, *z.field, 1, 1 << 20, "N", z.description);
+  app.add_option("--lr", o.train.adam.lr, "peak learning rate (default 0.01)")->option_text("X");
+  add_int_option(app, "--schedule-steps", o.train.total_steps, std::uint64_t{1}, kMaxStep, "N",
+                 "length of the warmup+cosine LR schedule (default 20); part of the\n"
+                 "configuration a resume must match, so it does not follow --steps");
+  add_int_option(app, "--seed", o.train.seed, std::uint64_t{0}, std::numeric_limits<std::uint64_t>::max(), "N",
+                 "seed of parameters, corpus and per-rank RNG (default 1234)");
+  if (const auto rc = cli::parse(app, argc, argv)) std::exit(*rc);
+
+  o.mpi = backend == "mpi";
+  o.world_given = world->count() > 0;
+  o.writer = writer == "io_uring" ? WriterBackend::io_uring : writer == "posix" ? WriterBackend::posix : WriterBackend::automatic;
+  o.train.precision = precision == "bf16" ? Precision::bf16 : Precision::f16;
 #ifndef CKPT_DEMO_MPI
   if (o.mpi) usage("this ckpt-demo was built without MPI (install libopenmpi-dev and reconfigure)");
 #endif
   if (o.durable_dir && o.dir && fs::weakly_canonical(*o.durable_dir) == fs::weakly_canonical(*o.dir))
     usage("--durable-dir must differ from --dir");
-  if (o.save_every == 0) usage("--save-every must be >= 1");
-  if (o.reshard && !o.resume) usage("--reshard needs --resume");
   if (o.inject_spike && *o.inject_spike <= o.save_every)
     usage("--inject-spike must come after the first save (step > --save-every), so there is a checkpoint to roll back to");
-  if (o.train.accumulate < 1 || o.train.accumulate > 4096) usage("--accumulate must be 1..4096");
-  if (o.train.tensor_parallel < 1 || o.world % o.train.tensor_parallel != 0 || o.train.model.heads % o.train.tensor_parallel != 0)
+  if (o.world % o.train.tensor_parallel != 0 || o.train.model.heads % o.train.tensor_parallel != 0)
     usage("--tensor-parallel must divide --world-size and --heads");
   if (o.fail_save && (*o.fail_save == 0 || *o.fail_save % o.save_every != 0))
     usage("--fail-save must be a step at which the demo saves (a positive multiple of --save-every)");

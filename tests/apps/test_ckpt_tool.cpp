@@ -21,6 +21,7 @@
 #include "ckpt/io/reader.hpp"
 #include "ckpt/io/range_reader.hpp"
 #include "ckpt/io/shard_writer.hpp"
+#include "cli.hpp"
 
 using namespace ckpt;
 namespace fs = std::filesystem;
@@ -442,4 +443,176 @@ TEST_CASE("ckpt --help documents every command and exit code, and each command h
   CHECK(ckpt_run("consolidate a b --dtype f64").status == 2);
   CHECK(ckpt_run("consolidate a b --max-file-size 5Q").status == 2);
   CHECK(ckpt_run("diff a b --full").status == 2);                  // an option of another command
+}
+
+// ---- the command line ------------------------------------------------------------------
+
+TEST_CASE("a wrong flag is a usage error of every command: exit 2, the flag named, nothing on stdout") {
+  test::TempDir dir;
+  const std::string d = dir.path().string();
+  for (const std::string& cmd : {"ls " + d, "inspect " + d, "verify " + d, "reshard " + d + " " + d + "/x --world-size 2",
+                                 "consolidate " + d + " " + d + "/x", "prune " + d + " --keep 1", "diff " + d + " " + d}) {
+    CAPTURE(cmd);
+    int status = 0;
+    const std::string out = test::run_command(kTool + " " + cmd + " --no-such-flag 2>/dev/null", &status);
+    CHECK(status == 2);
+    CHECK(out.empty());
+    const auto r = ckpt_run(cmd + " --no-such-flag");
+    CHECK(r.out.find("--no-such-flag") != std::string::npos);
+    CHECK(r.out.find("run 'ckpt " + cmd.substr(0, cmd.find(' ')) + " --help' for usage") != std::string::npos);
+  }
+  CHECK(entries(dir.path()).empty());  // nothing ran
+  const auto r = ckpt_run("frobnicate x");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("unknown command 'frobnicate'") != std::string::npos);
+  CHECK(ckpt_run("help frobnicate").status == 2);
+}
+
+TEST_CASE("with --json a usage error is one JSON object on stdout with the usage code and the message") {
+  for (const std::string cmd : {"ls /tmp --verify sometimes --json", "verify --json --no-such-flag /tmp", "reshard a b --json",
+                                 "consolidate a b --max-file-size 5Q --json", "prune /tmp --keep 0 --json", "--json frobnicate"}) {
+    CAPTURE(cmd);
+    int status = 0;
+    const std::string out = test::run_command(kTool + " " + cmd + " 2>/dev/null", &status);
+    CHECK(status == 2);
+    REQUIRE(out.find('\n') == out.size() - 1);  // one line
+    const auto v = boost::json::parse(out).as_object();
+    CHECK(v.at("ok").as_bool() == false);
+    CHECK(v.at("error").at("code").as_string() == "usage");
+    CHECK(!v.at("error").at("message").as_string().empty());
+  }
+  const auto v = boost::json::parse(test::run_command(kTool + " reshard a b --json 2>/dev/null")).as_object();
+  CHECK(v.at("error").at("message").as_string() == "--world-size is required");
+}
+
+TEST_CASE("ckpt --version prints the project version") {
+  const auto r = ckpt_run("--version");
+  CHECK(r.status == 0);
+  CHECK(r.out == "ckpt " + std::string(cli::version()) + "\n");
+}
+
+TEST_CASE("ckpt ls of a directory that is not a checkpoint root fails with not_found naming it") {
+  test::TempDir dir;
+  fs::create_directory(dir / "notes");  // neither latest, nor step-N, nor a temporary
+  test::write_all(dir / "README", {'x'});
+  for (const auto& path : {dir.path(), dir / "notes", dir / "missing"}) {
+    CAPTURE(path);
+    auto r = ckpt_run("ls " + path.string());
+    CHECK(r.status == 1);
+    CHECK(r.out.find("not found: " + path.string()) != std::string::npos);
+    CHECK(r.out.find("NAME") == std::string::npos);  // no empty table
+    r = ckpt_run("ls --json " + path.string());
+    CHECK(r.status == 1);
+    const auto v = json_of(r.out);
+    CHECK(v.at("ok").as_bool() == false);
+    CHECK(v.at("error").at("code").as_string() == "not found");
+    CHECK(v.at("error").at("file").as_string() == path.string());
+  }
+  // A root whose only entry is a save in progress is a root: listed, exit 0.
+  fs::create_directory(dir / ".tmp-step-0000000001-1-0");
+  const auto r = ckpt_run("ls " + dir.path().string());
+  CHECK(r.status == 0);
+  CHECK(r.out.find("in progress") != std::string::npos);
+}
+
+TEST_CASE("the verify option is spelled --verify none|fast|full everywhere, and verify keeps --full") {
+  Saved s;
+  const std::string dir = s.ckpt().string();
+  for (const char* mode : {"none", "fast", "full"}) {
+    CAPTURE(mode);
+    const auto r = ckpt_run("verify --json --verify " + std::string(mode) + " " + dir);
+    CHECK(r.status == 0);
+    CHECK(json_of(r.out).at("mode").as_string() == mode);
+    CHECK(ckpt_run("ls --verify " + std::string(mode) + " " + s.dir.path().string()).status == 0);
+  }
+  CHECK(json_of(ckpt_run("verify --json --full " + dir).out).at("mode").as_string() == "full");
+  // The SHA-256 of the whole file sees a flipped data byte; chunk XXH3 sees it too, none does not read data.
+  flip(s.shard(0), s.m.tensors.back().begin);
+  CHECK(ckpt_run("verify --verify none " + dir).status == 0);
+  CHECK(ckpt_run("verify --verify fast " + dir).status == 1);
+  CHECK(ckpt_run("verify --verify full " + dir).status == 1);
+  CHECK(ckpt_run("verify --full --verify fast " + dir).status == 2);  // two answers to one question
+  CHECK(ckpt_run("verify --verify sometimes " + dir).status == 2);
+}
+
+TEST_CASE("ckpt consolidate creates OUT's missing parent, and removes it again when it fails") {
+  DemoRun demo;
+  const fs::path out = demo.dir / "models" / "new" / "run1";
+  auto r = ckpt_run("consolidate " + demo.root + " " + out.string() + " --max-file-size 1.5G --json");
+  REQUIRE(r.status == 0);
+  CHECK(json_of(r.out).at("files").as_array().size() == 1);  // 1.5G: one file for this small model
+  CHECK(fs::exists(out / "model.safetensors"));
+  // A corrupt source: the parents this run made are gone again, nothing else changed.
+  const auto m = CheckpointReader::open(posix_file_system(), demo.step(20)).manifest();
+  flip(fs::path(demo.step(20)) / m.shards[1].path, m.find_tensor("optim.master", 1)->begin + 5);
+  const auto before = entries(demo.dir.path());
+  r = ckpt_run("consolidate " + demo.root + " " + (demo.dir / "made" / "for" / "it").string() + " --json");
+  CHECK(r.status == 1);
+  CHECK(json_of(r.out).at("error").at("code").as_string() == "checksum mismatch");
+  CHECK(entries(demo.dir.path()) == before);
+}
+
+TEST_CASE("sizes are accepted alike by every size option: 1.5G, 500M, 64K and plain bytes; a fraction of a byte is not") {
+  DemoRun demo;
+  std::vector<std::string> files;
+  for (const char* size : {"40K", "40960", "0.0390625M", "40KiB"}) {
+    CAPTURE(size);
+    const auto r = ckpt_run("consolidate " + demo.root + " " + (demo.dir / ("m-" + std::string(size))).string() + " --max-file-size " +
+                            size + " --json");
+    REQUIRE(r.status == 0);
+    const std::string listing = boost::json::serialize(json_of(r.out).at("files"));
+    if (files.empty()) CHECK(json_of(r.out).at("files").as_array().size() > 1);
+    files.push_back(listing);
+  }
+  CHECK(std::all_of(files.begin(), files.end(), [&](const std::string& f) { return f == files.front(); }));
+  for (const char* bad : {"1.5", "0", "-1K", "5Q", "1.5 G"}) {
+    CAPTURE(bad);
+    const auto r = ckpt_run("consolidate " + demo.root + " " + (demo.dir / "bad").string() + " --max-file-size '" + bad + "'");
+    CHECK(r.status == 2);
+    CHECK(r.out.find("--max-file-size") != std::string::npos);
+  }
+  CHECK(!fs::exists(demo.dir / "bad"));
+}
+
+namespace {
+// The column of `title` in the header line of a table in `out`, and the column at which
+// `cell` starts in the line holding `row`.
+std::pair<std::size_t, std::size_t> columns(const std::string& out, const std::string& header_start, const std::string& title,
+                                            const std::string& row, const std::string& cell) {
+  auto line_of = [&](const std::string& needle) {
+    const auto at = out.find(needle);
+    REQUIRE(at != std::string::npos);
+    const auto begin = out.rfind('\n', at) + 1;
+    return out.substr(begin, out.find('\n', at) - begin);
+  };
+  const std::string header = line_of(header_start), line = line_of(row);
+  const auto name_end = line.find(row) + row.size();
+  return {header.find(title), line.find(cell, name_end)};
+}
+}  // namespace
+
+TEST_CASE("name columns are as wide as the longest name, so a Hugging Face tensor name keeps the table aligned") {
+  test::TempDir dir;
+  const std::string name = "model.layers.23.self_attn.q_proj.weight";
+  std::vector<float> w(6, 1.0f), w2(6, 2.0f);
+  for (int k = 0; k < 2; ++k) {
+    SaveRequest req;
+    req.step = 1;
+    RankState rs;
+    rs.tensors = {{name, DType::F32, {2, 3}, std::as_bytes(std::span(k ? w2 : w))}, {"lm_head.bias", DType::F32, {1}, std::as_bytes(std::span(w).first(1))}};
+    req.ranks.push_back(rs);
+    save_checkpoint_sync(posix_file_system(), (dir / (k ? "b" : "a")).string(), req);
+  }
+  const auto inspect = ckpt_run("inspect " + (dir / "a").string());
+  REQUIRE(inspect.status == 0);
+  auto [title, cell] = columns(inspect.out, "RANK  TENSOR", "DTYPE", name, "F32");
+  CHECK(title == cell);
+  std::tie(title, cell) = columns(inspect.out, "RANK  TENSOR", "SHAPE", name, "[2, 3]");
+  CHECK(title == cell);
+  const auto diff = ckpt_run("diff " + (dir / "a").string() + " " + (dir / "b").string());
+  REQUIRE(diff.status == 3);
+  std::tie(title, cell) = columns(diff.out, "TENSOR", "STATUS", name, "differs");
+  CHECK(title == cell);
+  std::tie(title, cell) = columns(diff.out, "TENSOR", "STATUS", "lm_head.bias", "equal");
+  CHECK(title == cell);
 }

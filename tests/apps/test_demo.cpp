@@ -6,6 +6,7 @@
 #include <map>
 #include <sstream>
 
+#include "cli.hpp"
 #include "support/test_support.hpp"
 
 namespace {
@@ -241,4 +242,39 @@ TEST_CASE("ckpt-demo --durable-dir: both tiers hold the checkpoints, and with th
   CHECK(status == 0);
   run(kBin + "ckpt-demo --dir " + (dir / "same").string() + " --durable-dir " + (dir / "same").string(), status);
   CHECK(status == 2);
+}
+
+TEST_CASE("ckpt-demo names a wrong flag or value with exit 2, and prints its version") {
+  int status = 0;
+  for (const std::string bad : {"--no-such-flag", "--steps -1", "--writer floppy", "--lr fast", "--reshard"}) {
+    CAPTURE(bad);
+    const auto out = run(kBin + "ckpt-demo " + bad, status);
+    CHECK(status == 2);
+    CHECK(out.find(bad.substr(0, bad.find(' '))) != std::string::npos);
+    CHECK(out.find("run 'ckpt-demo --help' for usage") != std::string::npos);
+  }
+  const auto out = run(kBin + "ckpt-demo --version", status);
+  CHECK(status == 0);
+  CHECK(out == "ckpt-demo " + std::string(ckpt::cli::version()) + "\n");
+}
+
+TEST_CASE("ckpt-demo --help lists every option it parses, with the checks in order") {
+  int status = 0;
+  const auto out = run(kBin + "ckpt-demo --help", status);
+  CHECK(status == 0);
+  CHECK(out.find("usage: ckpt-demo") == 0);
+  for (const char* flag : {"--dir", "--durable-dir", "--keep-durable", "--backend", "--world-size", "--steps", "--save-every", "--resume",
+                           "--reshard", "--metrics", "--keep", "--inject-spike", "--accumulate", "--tensor-parallel", "--fail-save",
+                           "--writer", "--precision", "--layers", "--dim", "--heads", "--seq", "--batch", "--vocab", "--lr",
+                           "--schedule-steps", "--seed", "--version"}) {
+    CAPTURE(flag);
+    CHECK(out.find(std::string("  ") + flag + " ") != std::string::npos);
+  }
+  std::size_t at = 0;
+  for (const char* check : {"(a) ", "(b) ", "(c) ", "(d) ", "(e) ", "(f) ", "(g) ", "(h) "}) {
+    CAPTURE(check);
+    const auto next = out.find(check, at);
+    CHECK(next != std::string::npos);
+    at = next;
+  }
 }

@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "cli.hpp"
 #include "support/test_support.hpp"
 
 namespace json = boost::json;
@@ -51,8 +52,10 @@ struct QuickRun {
   json::value doc;
   QuickRun() {
     const std::string d = dir.path().string();
-    out = ckpt::test::run_command(kBench + " --quick --dir " + d + "/run --json " + d + "/b.json --plot " + d + "/b.svg --markdown " + d +
-                                      "/b.md --layout " + d + "/layout.json 2>&1",
+    // --quick's 32 MiB, written as a fraction of a larger unit: sizes parse alike in every tool
+    // (checked in the JSON below).
+    out = ckpt::test::run_command(kBench + " --quick --size 0.03125G --dir " + d + "/run --json " + d + "/b.json --plot " + d +
+                                      "/b.svg --markdown " + d + "/b.md --layout " + d + "/layout.json 2>&1",
                                   &status);
     if (status == 0) doc = json::parse(slurp(dir / "b.json"));
   }
@@ -122,6 +125,8 @@ TEST_CASE("ckpt-bench --json holds every figure of every mode") {
     for (const char* id : {"async_stall", "async_overhead", "persist_bandwidth", "sync_over_async_stall"})
       CHECK_MESSAGE(ids.count(id), "target missing: " << id);
   CHECK(find(r.doc, "timeline/sync/steps"));
+  REQUIRE(find(r.doc, "config/size_bytes"));
+  CHECK(find(r.doc, "config/size_bytes")->to_number<std::uint64_t>() == 32ull << 20);  // --size 0.03125G
   CHECK(find(r.doc, "layout"));
 }
 
@@ -147,4 +152,27 @@ TEST_CASE("ckpt-bench writes an SVG timeline, markdown tables and the tensor lay
   CHECK(again.find("targets (exit code unaffected)") != std::string::npos);
   // The run cleaned up its checkpoints.
   CHECK_FALSE(fs::exists(r.dir / "run" / "sync"));
+}
+
+TEST_CASE("ckpt-bench refuses a malformed size, value or flag with exit 2 naming the option, before running anything") {
+  REQUIRE(fs::exists(kBench));
+  ckpt::test::TempDir dir{"ckpt-bench-usage"};
+  const std::string d = dir.path().string();
+  for (const std::string args : {"--size 1.5Q", "--size 1.5", "--chunk-size -4M", "--raw-piece 1000", "--ranks 0", "--modes sync,tape",
+                                 "--step-ms soon", "--no-such-flag"}) {
+    CAPTURE(args);
+    int status = -1;
+    const std::string out = ckpt::test::run_command(kBench + " --quick --dir " + d + "/run " + args + " 2>&1", &status);
+    CHECK(status == 2);
+    CHECK(out.find(args.substr(0, args.find(' '))) != std::string::npos);
+    CHECK(out.find("run 'ckpt-bench --help' for usage") != std::string::npos);
+  }
+  CHECK_FALSE(fs::exists(dir / "run"));
+  int status = -1;
+  CHECK(ckpt::test::run_command(kBench + " --version", &status) == "ckpt-bench " + std::string(ckpt::cli::version()) + "\n");
+  CHECK(status == 0);
+  const std::string help = ckpt::test::run_command(kBench + " --help", &status);
+  CHECK(status == 0);
+  CHECK(help.find("usage: ckpt-bench") == 0);
+  CHECK(help.find("--size SIZE") != std::string::npos);
 }

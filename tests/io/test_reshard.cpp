@@ -1,5 +1,5 @@
 // Resharding and consolidation (lib/ckpt/io/reshard.hpp) and the streaming shard I/O under
-// them (lib/ckpt/io/shard_stream.hpp), on checkpoints shaped like the trainer's: flat fp32
+// them (lib/ckpt/io/range_reader.hpp, lib/ckpt/io/shard_writer.hpp), on checkpoints shaped like the trainer's: flat fp32
 // tensors sliced across ranks with zero padding, replicated tensors on rank 0, per-rank
 // metadata.
 #include <doctest/doctest.h>
