@@ -1,6 +1,7 @@
 // The writer lock; the contract and what it cannot guarantee are in root_lock.hpp.
 #include "ckpt/io/root_lock.hpp"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -95,8 +96,14 @@ RootLock::RootLock(FileSystem& fs, std::string root) : root_(std::move(root)), l
   }
   if (!lock_) {
     const auto holder = read_lock_holder(fs, lock_path_);
-    throw Error(Errc::busy, root_, "another writer holds its lock " + lock_path_, "no other writer",
-                holder ? holder->describe() : LockHolder{}.describe());
+    std::string who = holder ? holder->describe() : LockHolder{}.describe();
+    // The record names the last ckpt writer; a program that locks without writing one (or a
+    // holder still writing its record) leaves an older record behind.
+    const bool exited = holder && holder->pid != 0 && holder->host == host_name() &&
+                        ::kill(static_cast<pid_t>(holder->pid), 0) != 0 && errno == ESRCH;
+    if (exited)
+      who = "a process that left no record (the record names pid " + std::to_string(holder->pid) + ", which has exited)";
+    throw Error(Errc::busy, root_, "another writer holds its lock " + lock_path_, "no other writer", who);
   }
   held_ = true;
 }

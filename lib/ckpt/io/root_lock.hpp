@@ -60,9 +60,12 @@ class RootLock {
   /// Takes the writer lock of `root`: creates `root` (and missing parents) if needed, then
   /// locks ROOT/.lock without waiting. Throws Errc::busy if another writer (another process,
   /// or another RootLock in this one) holds it: "busy: ROOT: another writer holds its lock
-  /// ROOT/.lock: expected no other writer, actual pid N (program) on host H since T". Throws
-  /// the file system's errors otherwise (io_error, unsafe_path for a symlink at ROOT/.lock).
-  /// Blocks only on the file system, never on the other writer.
+  /// ROOT/.lock: expected no other writer, actual pid N (program) on host H since T" (if
+  /// that pid has exited on this host, the holder is a program that writes no record, and the
+  /// message says so). Throws the file system's errors otherwise (io_error, unsafe_path for
+  /// a symlink at ROOT/.lock). Blocks only on the file system, never on the other writer.
+  /// The descriptor is closed on exec (O_CLOEXEC): a program this process starts does not
+  /// hold the lock, but a child forked without exec shares it while it lives.
   RootLock(FileSystem& fs, std::string root);
 
   RootLock(RootLock&& other) noexcept;
