@@ -497,6 +497,7 @@ int cmd_prune(const PruneArgs& a) {
   const std::string& root = a.root;
   FileSystem& fs = posix_file_system();
   if (!fs.stat(root)) throw Error(Errc::not_found, root, "no such checkpoint root");
+  const auto lock = dry ? std::optional<RootLock>() : std::optional<RootLock>(std::in_place, fs, root);  // busy: a writer is live
   auto list = list_checkpoints(fs, root, Verify::none);
   std::erase_if(list, [](const CheckpointInfo& c) { return !c.step; });  // temporaries: maybe a live save
   std::reverse(list.begin(), list.end());                                // newest first

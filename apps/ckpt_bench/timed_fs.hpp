@@ -37,6 +37,9 @@ class TimedFileSystem final : public ckpt::FileSystem {
   void remove_all(const std::string& path) override;
   std::vector<ckpt::DirEntry> list_dir(const std::string& path) override;
   std::optional<ckpt::FileStat> stat(const std::string& path) override;
+  std::unique_ptr<ckpt::FileLock> try_lock(const std::string& path, std::string_view record) override {
+    return inner_.try_lock(path, record);
+  }
 
  private:
   ckpt::FileSystem& inner_;

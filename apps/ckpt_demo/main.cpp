@@ -372,6 +372,9 @@ RunRecord run(const Options& o, const std::string& root, bool resume, bool saves
     CheckpointerOptions opt{.root = root, .world_size = o.world, .keep_last = o.keep, .backend = o.writer,
                             .fs = o.fail_save ? &faults : nullptr, .coordinator = coordinator.get()};
     if (o.durable_dir) opt.durable = DurableTierOptions{.root = *o.durable_dir, .keep_last = o.keep_durable};
+    // A tiered resume may continue from the durable tier, older than what the local `latest`
+    // names when that one is corrupt: its saves may then move `latest` back (logged).
+    opt.allow_older_than_latest = resume && o.durable_dir;
     ckpt.emplace(std::move(opt));
   }
   rec.backend = ckpt ? std::string(ckpt->backend_name()) : "none";

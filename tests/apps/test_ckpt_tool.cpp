@@ -254,7 +254,8 @@ namespace {
 constexpr std::uint64_t kBigParams = 16ull << 20;
 void write_big_checkpoint(const std::string& root) {
   FileSystem& fs = posix_file_system();
-  prepare_root(fs, root);
+  const RootLock lock(fs, root);
+  prepare_root(fs, lock);
   const std::string temp = begin_checkpoint(fs, root, 1);
   std::vector<ShardReport> reports;
   std::vector<float> piece(1 << 18);
@@ -356,15 +357,47 @@ TEST_CASE("ckpt prune keeps the newest K checkpoints and the one latest names") 
   auto r = ckpt_run("prune " + root + " --keep 2 --dry-run");
   CHECK(r.status == 0);
   CHECK(r.out.find("would remove step-0000000002") != std::string::npos);
-  CHECK(entries(dir.path()).size() == 7);
+  CHECK(entries(dir.path()).size() == 8);  // with the root's .lock
   r = ckpt_run("prune " + root + " --keep 2 --json");
   REQUIRE(r.status == 0);
   const auto v = json_of(r.out);
   CHECK(v.at("removed").as_array().size() == 2);
-  CHECK(entries(dir.path()) == std::vector<std::string>{".tmp-step-0000000006-1-0", "latest", "step-0000000001", "step-0000000004",
-                                                        "step-0000000005"});
+  CHECK(entries(dir.path()) == std::vector<std::string>{".lock", ".tmp-step-0000000006-1-0", "latest", "step-0000000001",
+                                                        "step-0000000004", "step-0000000005"});
   CHECK(ckpt_run("prune " + root + " --keep 0").status == 2);
   CHECK(ckpt_run("prune " + root).status == 2);
+}
+
+TEST_CASE("ckpt prune and ckpt reshard into a root a writer holds exit 1 with busy and change nothing; readers go on") {
+  DemoRun demo;
+  test::TempDir dir;
+  const std::string root = (dir / "eight").string();
+  REQUIRE(ckpt_run("reshard " + demo.step(10) + " " + root + " --world-size 8").status == 0);
+  REQUIRE(ckpt_run("reshard " + demo.step(20) + " " + root + " --world-size 8").status == 0);
+  const auto before = entries(root);
+  const RootLock job(posix_file_system(), root);  // a job saving to the root
+  const std::string pid = "pid " + std::to_string(::getpid()) + " ";
+  for (const std::string& cmd : {"prune " + root + " --keep 1", "reshard " + demo.step(20) + " " + root + " --world-size 2"}) {
+    CAPTURE(cmd);
+    auto r = ckpt_run(cmd);
+    CHECK(r.status == 1);
+    CHECK(r.out.find("busy: " + root + ": another writer holds its lock " + root + "/.lock") != std::string::npos);
+    CHECK(r.out.find(pid) != std::string::npos);
+    r = ckpt_run(cmd + " --json");
+    CHECK(r.status == 1);
+    const auto v = json_of(r.out);
+    CHECK(v.at("error").at("code").as_string() == "busy");
+    CHECK(v.at("error").at("file").as_string() == root);
+    CHECK(std::string(v.at("error").at("actual").as_string()).starts_with(pid));
+    CHECK(entries(root) == before);
+  }
+  // Readers take no lock.
+  CHECK(ckpt_run("prune " + root + " --keep 1 --dry-run").status == 0);
+  CHECK(ckpt_run("ls " + root).status == 0);
+  CHECK(ckpt_run("verify --full " + root).status == 0);
+  CHECK(ckpt_run("inspect " + root).status == 0);
+  CHECK(ckpt_run("diff " + root + " " + root).status == 0);
+  CHECK(entries(root) == before);
 }
 
 TEST_CASE("ckpt diff reports equal tensors, the largest difference, and mismatches") {

@@ -1,12 +1,20 @@
 // ckpt-demo, run as a user would.
 #include <doctest/doctest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <boost/json.hpp>
+#include <chrono>
+#include <thread>
 #include <filesystem>
 #include <map>
 #include <sstream>
 
 #include "cli.hpp"
+#include "ckpt/io/layout.hpp"
+#include "ckpt/io/root_lock.hpp"
 #include "support/test_support.hpp"
 
 namespace {
@@ -85,6 +93,49 @@ TEST_CASE("resuming the 4-rank checkpoint at 8 ranks fails with the world-size e
   CHECK(status == 1);
   CHECK(out.find("world size mismatch") != std::string::npos);
   CHECK(out.find("expected 8, actual 4") != std::string::npos);
+}
+
+TEST_CASE("a second ckpt-demo on the root of a running one is refused with busy naming it, and the first's checkpoints all verify") {
+  ckpt::test::TempDir dir;
+  const std::string root = (dir / "run").string(), log = (dir / "first.log").string();
+  const pid_t first = ::fork();
+  REQUIRE(first >= 0);
+  if (first == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || ::dup2(fd, 1) < 0 || ::dup2(fd, 2) < 0) ::_exit(126);
+    const std::string bin = kBin + "ckpt-demo";
+    ::execl(bin.c_str(), bin.c_str(), "--steps", "100", "--save-every", "2", "--dir", root.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  // Once it holds the root's lock, it is stopped in the middle of its run (a save may be in
+  // flight), so that it is surely still running, and costs no CPU, while the second starts.
+  const std::string lock = ckpt::join_path(root, ckpt::kLockName);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (;;) {
+    const auto h = ckpt::read_lock_holder(ckpt::posix_file_system(), lock);
+    if (h && h->pid == first) break;
+    if (std::chrono::steady_clock::now() > deadline || ::waitpid(first, nullptr, WNOHANG) == first) FAIL("the first run never took the lock");
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  REQUIRE(::kill(first, SIGSTOP) == 0);
+  int first_status = 0;
+  REQUIRE(::waitpid(first, &first_status, WUNTRACED) == first);
+  REQUIRE(WIFSTOPPED(first_status));
+  int status = 0;
+  const auto out = run(kBin + "ckpt-demo --resume --dir " + root, status);
+  CHECK(status == 1);
+  CHECK(out.find("busy: " + root + ": another writer holds its lock " + lock) != std::string::npos);
+  CHECK(out.find("actual pid " + std::to_string(first) + " (ckpt-demo) on host ") != std::string::npos);
+  REQUIRE(::kill(first, SIGCONT) == 0);
+  REQUIRE(::waitpid(first, &first_status, 0) == first);
+  CHECK(WIFEXITED(first_status));
+  CHECK(WEXITSTATUS(first_status) == 0);  // its own checks passed
+  // Its checkpoints (the last three: 96, 98, 100) all verify in full; nothing else is left.
+  CHECK(run("LC_ALL=C ls -A " + root, status) == ".lock\nlatest\nstep-0000000096\nstep-0000000098\nstep-0000000100\n");
+  for (std::uint64_t step : {96, 98, 100}) {
+    run(kBin + "ckpt verify --full " + root + "/" + ckpt::checkpoint_dir_name(step), status);
+    CHECK(status == 0);
+  }
 }
 
 TEST_CASE("ckpt-demo refuses bad usage with exit 2") {

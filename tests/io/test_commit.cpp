@@ -55,7 +55,7 @@ TEST_CASE("round trip is byte-equal for every dtype, empty and odd-sized tensors
     CHECK(opened.name == "step-0000000007");
     CHECK(opened.reader.manifest().training.at("lr").as_double() == 0.001);
     check_equal(opened.reader, fx);
-    CHECK(names_in(root) == std::vector<std::string>{"latest", "step-0000000007"});
+    CHECK(names_in(root) == std::vector<std::string>{".lock", "latest", "step-0000000007"});
   }
 }
 
@@ -96,7 +96,7 @@ TEST_CASE("saving a step twice is refused and keeps the first checkpoint") {
     CHECK(e.code() == Errc::invalid_argument);
   }
   check_equal(open_latest(posix_file_system(), dir.path().string()).reader, fx);
-  CHECK(names_in(dir.path()) == std::vector<std::string>{"latest", "step-0000000005"});
+  CHECK(names_in(dir.path()) == std::vector<std::string>{".lock", "latest", "step-0000000005"});
 }
 
 TEST_CASE("a crash at every step of the commit sequence leaves a loadable checkpoint that latest names") {
@@ -131,7 +131,7 @@ TEST_CASE("a crash at every step of the commit sequence leaves a loadable checkp
     // The next writer cleans up temporaries; no temporary is ever listed as complete.
     for (const auto& info : list_checkpoints(posix_file_system(), root))
       if (info.state == CheckpointState::in_progress) CHECK(is_temporary_name(info.name));
-    prepare_root(posix_file_system(), root);
+    prepare_root(posix_file_system(), RootLock(posix_file_system(), root));
     for (const auto& n : names_in(root)) CHECK_FALSE(is_temporary_name(n));
     // Undo a completed step-2 so the next iteration starts from the same state.
     if (fs::exists(dir / "step-0000000002")) {
@@ -188,7 +188,7 @@ TEST_CASE("a short write fails the save with the typed error and removes the tem
   faulty.short_write_nth(1);
   CHECK_THROWS_AS(save_checkpoint_sync(faulty, root, second.request), Error);
   check_equal(open_latest(posix_file_system(), root).reader, first);
-  CHECK(names_in(root) == std::vector<std::string>{"latest", "step-0000000001"});
+  CHECK(names_in(root) == std::vector<std::string>{".lock", "latest", "step-0000000001"});
 }
 
 TEST_CASE("leftover temporaries are removed on the next open and never loaded") {
@@ -203,9 +203,9 @@ TEST_CASE("leftover temporaries are removed on the next open and never loaded") 
   REQUIRE(listed.size() == 2);
   CHECK(listed[0].state == CheckpointState::in_progress);
   CHECK(open_latest(posix_file_system(), root, {.fallback = true}).name == "step-0000000001");
-  const auto removed = prepare_root(posix_file_system(), root);
+  const auto removed = prepare_root(posix_file_system(), RootLock(posix_file_system(), root));
   CHECK(removed.size() == 2);
-  CHECK(names_in(root) == std::vector<std::string>{"latest", "step-0000000001"});
+  CHECK(names_in(root) == std::vector<std::string>{".lock", "latest", "step-0000000001"});
 }
 
 TEST_CASE("layout names sort by step and reject what they did not make") {
@@ -238,4 +238,64 @@ TEST_CASE("a step newer than latest that was never committed is replaced when sa
   check_equal(open_latest(posix_file_system(), root).reader, again);
   // A committed step is still never overwritten.
   CHECK_THROWS_AS(save_checkpoint_sync(posix_file_system(), root, first.request), Error);
+}
+
+TEST_CASE("saving a step older than the one latest names is refused naming both steps, and changes nothing") {
+  test::TempDir dir;
+  const std::string root = dir.path().string();
+  test::Fixture s4(1, 4), s8(1, 8), s6(1, 6);
+  save_checkpoint_sync(posix_file_system(), root, s4.request);
+  save_checkpoint_sync(posix_file_system(), root, s8.request);
+  remove_checkpoint(posix_file_system(), root, "step-0000000004");  // rotated away
+  const auto before = names_in(root);
+  for (const test::Fixture* fx : {&s4, &s6}) {
+    const std::uint64_t step = fx->request.step;
+    CAPTURE(step);
+    const Error e = test::error_of([&] { save_checkpoint_sync(posix_file_system(), root, fx->request); });
+    CHECK(e.code() == Errc::invalid_argument);
+    CHECK(e.file() == root);
+    CHECK(e.detail().find("saving step " + std::to_string(step) + " would move latest back from step 8") != std::string::npos);
+    CHECK(e.expected() == "a step after 8");
+    CHECK(e.actual() == "step " + std::to_string(step));
+    CHECK(names_in(root) == before);  // no temporary, no checkpoint, latest unchanged
+    check_equal(open_latest(posix_file_system(), root).reader, s8);
+  }
+  // The step latest names: its checkpoint exists, and that is what the error says.
+  test::Fixture again8(1, 8);
+  CHECK(test::error_of([&] { save_checkpoint_sync(posix_file_system(), root, again8.request); }).detail() ==
+        "checkpoint for step 8 already exists");
+}
+
+TEST_CASE("opted in, an older step than latest commits, moves latest back and is logged; a committed step is still refused") {
+  test::TempDir dir;
+  const std::string root = dir.path().string();
+  test::Fixture s4(1, 4), s8(1, 8), s6(1, 6);
+  save_checkpoint_sync(posix_file_system(), root, s4.request);
+  save_checkpoint_sync(posix_file_system(), root, s8.request);
+  // A run resumed from step 4 (say step 8 was corrupt), saving step 6.
+  s6.request.allow_older_than_latest = true;
+  {
+    test::LogCapture log;
+    save_checkpoint_sync(posix_file_system(), root, s6.request);
+    const auto lines = log.matching({"saving step 6", "step 8 that latest names", "allow_older_than_latest", "step-0000000006"});
+    CHECK(lines.size() == 1);
+    CHECK(log.lines().size() == 1);
+  }
+  const auto opened = open_latest(posix_file_system(), root);
+  CHECK(opened.name == "step-0000000006");
+  check_equal(opened.reader, s6);
+  CHECK(names_in(root) == std::vector<std::string>{".lock", "latest", "step-0000000004", "step-0000000006", "step-0000000008"});
+  // Step 4 is still committed (at or below latest): refused even so.
+  test::Fixture again4(1, 4);
+  again4.request.allow_older_than_latest = true;
+  CHECK(test::error_of([&] { save_checkpoint_sync(posix_file_system(), root, again4.request); }).detail() ==
+        "checkpoint for step 4 already exists");
+  // The old step-8 is now newer than latest, as a step never committed: the resumed run's
+  // own step 8 replaces it.
+  test::Fixture new8(1, 8);
+  new8.payload[0].blobs[2][0] ^= 0xff;
+  test::LogCapture log;
+  save_checkpoint_sync(posix_file_system(), root, new8.request);
+  CHECK(log.matching({"replacing", "step-0000000008", "never committed"}).size() == 1);
+  check_equal(open_latest(posix_file_system(), root).reader, new8);
 }

@@ -40,7 +40,7 @@ std::string check_after_power_loss(const std::string& root, const std::map<std::
 }
 
 void reset_to_step1(const fs::path& root) {
-  prepare_root(posix_file_system(), root.string());
+  prepare_root(posix_file_system(), RootLock(posix_file_system(), root.string()));
   if (fs::exists(root / "step-0000000002")) fs::remove_all(root / "step-0000000002");
   write_latest(posix_file_system(), root.string(), "step-0000000001");
 }

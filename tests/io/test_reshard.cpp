@@ -3,6 +3,9 @@
 // tensors sliced across ranks with zero padding, replicated tensors on rank 0, per-rank
 // metadata.
 #include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <boost/json.hpp>
 #include <cstring>
@@ -10,6 +13,7 @@
 #include <map>
 
 #include "ckpt/core/error.hpp"
+#include "ckpt/core/log.hpp"
 #include "ckpt/dist/communicator.hpp"
 #include "ckpt/hash/xxh3.hpp"
 #include "ckpt/io/commit.hpp"
@@ -126,11 +130,14 @@ void check_slices(const FlatModel& model, const std::string& dir) {
   }
 }
 
-// Every entry under `dir` (recursively), with the contents of the files.
+// Every entry under `dir` (recursively), with the contents of the files; of the root's writer
+// lock only its presence (each writer rewrites its record).
 std::map<std::string, std::vector<std::uint8_t>> files_of(const fs::path& dir) {
   std::map<std::string, std::vector<std::uint8_t>> out;
-  for (const auto& e : fs::recursive_directory_iterator(dir))
-    out[fs::relative(e.path(), dir).string()] = e.is_regular_file() ? test::read_all(e.path()) : std::vector<std::uint8_t>{};
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    const bool contents = e.is_regular_file() && e.path() != dir / kLockName;
+    out[fs::relative(e.path(), dir).string()] = contents ? test::read_all(e.path()) : std::vector<std::uint8_t>{};
+  }
   return out;
 }
 
@@ -464,6 +471,20 @@ TEST_CASE("reshard refuses a destination whose latest names a newer checkpoint")
   CHECK(files_of(dir / "dst") == before);
 }
 
+TEST_CASE("reshard into a root another writer holds fails with busy before touching it") {
+  test::TempDir dir;
+  const FlatModel model(5003);
+  model.save((dir / "src").string(), 2, 10);
+  model.save((dir / "dst").string(), 2, 5);
+  const auto before = files_of(dir / "dst");
+  const RootLock job(posix_file_system(), (dir / "dst").string());  // a job saving there
+  const Error e = test::error_of([&] { reshard(step_dir(dir / "src"), dir / "dst", 3); });
+  CHECK(e.code() == Errc::busy);
+  CHECK(e.file() == (dir / "dst").string());
+  CHECK(e.actual().starts_with("pid " + std::to_string(::getpid()) + " "));
+  CHECK(files_of(dir / "dst") == before);
+}
+
 // ---- consolidate ----------------------------------------------------------------------
 
 TEST_CASE("consolidate writes one safetensors file whose tensors equal the concatenated master shards") {
@@ -565,6 +586,47 @@ TEST_CASE("a corrupt source shard makes consolidate fail with a checksum mismatc
   CHECK(fs::is_empty(dir / "models"));  // neither the output nor its temporary
 }
 
+TEST_CASE("a consolidate killed midway leaves a temporary that the next run removes, and a live one's is kept") {
+  test::TempDir dir;
+  const FlatModel model(5003);
+  model.save((dir / "src").string(), 2);
+  fs::create_directory(dir / "models");
+  const std::string out = (dir / "models" / "out").string();
+  // A consolidate into OUT, killed after its first piece is written.
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    try {
+      const auto reader = CheckpointReader::open(posix_file_system(), step_dir(dir / "src"));
+      consolidate_checkpoint(posix_file_system(), reader, out,
+                             {.buffer_bytes = kMinReshardBuffer, .progress = [](std::uint64_t, std::uint64_t) { ::raise(SIGKILL); }});
+    } catch (...) {
+    }
+    ::_exit(3);  // not reached: killed in the progress callback
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  REQUIRE(WIFSIGNALED(status));
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir / "models")) left.push_back(e.path().filename().string());
+  REQUIRE(left.size() == 1);
+  CHECK(left[0].starts_with(".tmp-out@" + host_name() + "-" + std::to_string(child) + "-"));
+  CHECK(is_abandoned_temporary(left[0], "out"));
+  // What the next run must keep: a live process's temporary for OUT (this one's), another
+  // host's, and another output's.
+  const std::string live = host_temporary_name("out");
+  const std::string other_host = ".tmp-out@elsewhere-" + std::to_string(child) + "-0";
+  const std::string other_out = ".tmp-export@" + host_name() + "-" + std::to_string(child) + "-0";
+  for (const auto& n : {live, other_host, other_out}) fs::create_directory(dir / "models" / n);
+  test::LogCapture log;
+  const auto reader = CheckpointReader::open(posix_file_system(), step_dir(dir / "src"));
+  consolidate_checkpoint(posix_file_system(), reader, out, {});
+  CHECK(log.matching({"removing " + left[0], "left by a consolidate that is gone"}).size() == 1);
+  CHECK_FALSE(fs::exists(dir / "models" / left[0]));
+  for (const auto& n : {live, other_host, other_out}) CHECK(fs::is_directory(dir / "models" / n));
+  CHECK(test::parse_safetensors_independently(test::read_all(dir / "models" / "out" / "model.safetensors")).tensors.size() == 3);
+}
+
 TEST_CASE("consolidate refuses an existing output directory") {
   test::TempDir dir;
   const FlatModel model(5003);
@@ -588,7 +650,7 @@ TEST_CASE("remove_checkpoint removes a checkpoint and refuses the one latest nam
   std::vector<std::string> left;
   for (const auto& e : fs::directory_iterator(dir.path())) left.push_back(e.path().filename().string());
   std::sort(left.begin(), left.end());
-  CHECK(left == std::vector<std::string>{"latest", checkpoint_dir_name(6)});
+  CHECK(left == std::vector<std::string>{".lock", "latest", checkpoint_dir_name(6)});
   try {
     remove_checkpoint(posix_file_system(), dir.path().string(), checkpoint_dir_name(5));
     FAIL("no throw");

@@ -1,6 +1,7 @@
 // Two tiers, the I/O part: one checkpoint copied to a durable root with its own commit and
 // copy record, and the resume-time choice between the tiers.
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -168,4 +169,30 @@ TEST_CASE("the tiered open refuses another world size at once and reports not fo
   copy_checkpoint(posix_file_system(), local, 1, posix_file_system(), durable);
   CHECK(error_of([&] { open_latest_tiered(posix_file_system(), local, posix_file_system(), durable, {.expected_world_size = 4}); }).code() ==
         Errc::world_size_mismatch);
+}
+
+TEST_CASE("a copy into a durable root another writer holds fails with busy and leaves it untouched") {
+  const Roots roots;
+  save_steps(roots.local, {3});
+  const RootLock other(posix_file_system(), roots.durable);
+  const Error e = error_of([&] { copy_checkpoint(posix_file_system(), roots.local, 3, posix_file_system(), roots.durable); });
+  CHECK(e.code() == Errc::busy);
+  CHECK(e.file() == roots.durable);
+  CHECK(e.actual().starts_with("pid " + std::to_string(::getpid()) + " "));
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(roots.durable)) names.push_back(entry.path().filename().string());
+  CHECK(names == std::vector<std::string>{".lock"});  // no temporary, no checkpoint, no latest
+}
+
+TEST_CASE("a copy of a step older than the durable latest is refused unless allowed, which moves the durable latest back") {
+  const Roots roots;
+  save_steps(roots.local, {3, 5});
+  copy_checkpoint(posix_file_system(), roots.local, 5, posix_file_system(), roots.durable);
+  const Error e = error_of([&] { copy_checkpoint(posix_file_system(), roots.local, 3, posix_file_system(), roots.durable); });
+  CHECK(e.code() == Errc::invalid_argument);
+  CHECK(e.expected() == "a step after 5");
+  CHECK(e.actual() == "step 3");
+  CHECK(holds_only_checkpoints(roots.durable));
+  copy_checkpoint(posix_file_system(), roots.local, 3, posix_file_system(), roots.durable, Verify::fast, {.allow_older_than_latest = true});
+  CHECK(read_latest(posix_file_system(), roots.durable) == "step-0000000003");
 }

@@ -9,6 +9,7 @@
 #include <iterator>
 #include <stdexcept>
 
+#include "ckpt/core/log.hpp"
 #include "ckpt/core/random.hpp"
 
 namespace ckpt::test {
@@ -21,6 +22,30 @@ Error error_of(const std::function<void()>& fn) {
   }
   FAIL("no ckpt::Error thrown");
   return Error(Errc::aborted, {}, {});
+}
+
+LogCapture::LogCapture() {
+  previous_ = set_log_sink([this](std::string_view line) {
+    std::lock_guard lk(mu_);
+    lines_.emplace_back(line);
+  });
+}
+
+LogCapture::~LogCapture() { set_log_sink(previous_); }
+
+std::vector<std::string> LogCapture::lines() const {
+  std::lock_guard lk(mu_);
+  return lines_;
+}
+
+std::vector<std::string> LogCapture::matching(std::initializer_list<std::string_view> parts) const {
+  std::vector<std::string> out;
+  for (const auto& l : lines()) {
+    bool all = true;
+    for (const auto p : parts) all = all && l.find(p) != std::string::npos;
+    if (all) out.push_back(l);
+  }
+  return out;
 }
 
 TempDir::TempDir(const std::string& tag) {

@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ckpt/core/error.hpp"
@@ -40,6 +42,24 @@ void write_all(const std::filesystem::path& p, const std::vector<std::uint8_t>& 
 
 /// Runs a shell command and returns its stdout; sets *status to the exit status.
 std::string run_command(const std::string& cmd, int* status = nullptr);
+
+/// Collects the lines ckpt::log_line writes while it lives (from any thread), instead of
+/// printing them; restores the previous sink when destroyed.
+class LogCapture {
+ public:
+  LogCapture();
+  ~LogCapture();
+  LogCapture(const LogCapture&) = delete;
+  LogCapture& operator=(const LogCapture&) = delete;
+  std::vector<std::string> lines() const;
+  /// The lines that contain every one of `parts`.
+  std::vector<std::string> matching(std::initializer_list<std::string_view> parts) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::string> lines_;
+  std::function<void(std::string_view)> previous_;
+};
 
 /// The ckpt::Error that f() throws, for checks of its code and context; a test failure if it
 /// returns normally.

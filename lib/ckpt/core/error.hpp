@@ -28,6 +28,7 @@ enum class Errc {
   invalid_argument,     ///< the caller passed something unusable
   aborted,              ///< the operation was cancelled (shutdown, a peer failed)
   comm_error,           ///< a collective or the commit coordination failed
+  busy,                 ///< another writer holds the root's lock (the message names its pid)
 };
 
 /// Stable lower-case name of a code ("checksum mismatch"), used in messages and --json output.

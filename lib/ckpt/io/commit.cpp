@@ -23,53 +23,82 @@ void write_small_file(FileSystem& fs, const std::string& path, std::string_view 
 
 using detail::write_small_file;
 
-std::vector<std::string> prepare_root(FileSystem& fs, const std::string& root) {
+std::vector<std::string> prepare_root(FileSystem& fs, const RootLock& lock) {
+  // The reasoning that makes removing other processes' temporaries safe is in commit.hpp:
+  // under the lock, no other writer of this root is live.
+  const std::string& root = lock.root();
+  if (!lock.held()) throw Error(Errc::invalid_argument, root, "prepare_root without the root's lock", "the lock held", "released");
   fs.create_dirs(root);
   std::vector<std::string> removed;
+  std::string owners;
   for (const auto& e : fs.list_dir(root)) {
     if (!is_temporary_name(e.name)) continue;
     fs.remove_all(join_path(root, e.name));
     removed.push_back(e.name);
+    const auto t = parse_temporary_name(e.name);
+    owners += (owners.empty() ? "" : ", ") + e.name + (t ? " (pid " + std::to_string(t->pid) + ")" : " (a shared run)");
   }
-  if (!removed.empty()) fs.sync_dir(root);
+  if (!removed.empty()) {
+    fs.sync_dir(root);
+    log_line(root + ": removed what a writer that is gone left behind: " + owners);
+  }
   return removed;
 }
 
 namespace {
-// Refuses a committed ROOT/step-N; with `replace`, removes one that was never committed.
-void check_step_free(FileSystem& fs, const std::string& root, std::uint64_t step, bool replace) {
+// Refuses a committed ROOT/step-N and, unless `allow_older`, any step at or before the one
+// `latest` names; with `replace`, removes a step-N that was never committed. `replace` is
+// also the process that logs (the committer, in several processes).
+void check_step_free(FileSystem& fs, const std::string& root, std::uint64_t step, bool replace, bool allow_older) {
   const std::string name = checkpoint_dir_name(step);
-  if (fs.stat(join_path(root, name))) {
-    // A step-N newer than what `latest` names was never committed: a crash hit between its
-    // rename and the `latest` update, and the run resumed from the older checkpoint. The
-    // resumed run saves step N again, so the leftover is replaced. A committed step (at or
-    // below the one `latest` names) is never overwritten.
-    const auto latest = read_latest(fs, root);
-    const auto live = latest ? parse_checkpoint_dir_name(*latest) : std::nullopt;
-    if (live && step <= *live)
-      throw Error(Errc::invalid_argument, join_path(root, name), "checkpoint for step " + std::to_string(step) + " already exists");
-    if (!replace) return;
-    log_line("replacing " + join_path(root, name) + ": never committed (newer than what latest names)");
-    const std::string doomed = join_path(root, temporary_name(name));
-    fs.rename(join_path(root, name), doomed);
-    fs.sync_dir(root);
-    fs.remove_all(doomed);
+  const std::string dir = join_path(root, name);
+  const bool exists = fs.stat(dir).has_value();
+  std::optional<std::uint64_t> live;
+  try {
+    if (const auto latest = read_latest(fs, root)) live = parse_checkpoint_dir_name(*latest);
+  } catch (const Error&) {
+    // An unreadable `latest` names no step that a save could move back from (the commit
+    // replaces it); but an existing step-N is then of unknown standing, and never replaced.
+    if (exists) throw;
   }
+  if (live && step <= *live) {
+    // A committed step (at or below the one `latest` names) is never overwritten.
+    if (exists) throw Error(Errc::invalid_argument, dir, "checkpoint for step " + std::to_string(step) + " already exists");
+    // Its directory was rotated away (or deleted): committing would move `latest` back.
+    if (!allow_older)
+      throw Error(Errc::invalid_argument, root,
+                  "saving step " + std::to_string(step) + " would move latest back from step " + std::to_string(*live) +
+                      " (a run resumed from an older checkpoint opts in with allow_older_than_latest)",
+                  "a step after " + std::to_string(*live), "step " + std::to_string(step));
+    if (replace)
+      log_line(root + ": saving step " + std::to_string(step) + ", at or before step " + std::to_string(*live) +
+               " that latest names (allow_older_than_latest): latest moves back to " + name + " when it commits");
+    return;
+  }
+  if (!exists || !replace) return;
+  // A step-N newer than what `latest` names was never committed: a crash hit between its
+  // rename and the `latest` update, and the run resumed from the older checkpoint. The
+  // resumed run saves step N again, so the leftover is replaced.
+  log_line("replacing " + dir + ": never committed (newer than what latest names)");
+  const std::string doomed = join_path(root, temporary_name(name));
+  fs.rename(dir, doomed);
+  fs.sync_dir(root);
+  fs.remove_all(doomed);
 }
 }  // namespace
 
-std::string begin_checkpoint(FileSystem& fs, const std::string& root, std::uint64_t step) {
-  check_step_free(fs, root, step, true);
+std::string begin_checkpoint(FileSystem& fs, const std::string& root, std::uint64_t step, const BeginOptions& options) {
+  check_step_free(fs, root, step, true, options.allow_older_than_latest);
   const std::string temp = join_path(root, temporary_name(checkpoint_dir_name(step)));
   fs.create_dir(temp);
   return temp;
 }
 
 std::string begin_shared_checkpoint(FileSystem& fs, const std::string& root, std::uint64_t step, const std::string& run_id,
-                                    bool committer) {
+                                    bool committer, const BeginOptions& options) {
   if (run_id.empty() || run_id.find('/') != std::string::npos)
     throw Error(Errc::invalid_argument, root, "shared checkpoint run id", "a non-empty name without '/'", run_id);
-  check_step_free(fs, root, step, committer);
+  check_step_free(fs, root, step, committer, options.allow_older_than_latest);
   const std::string temp = join_path(root, ".tmp-" + checkpoint_dir_name(step) + "-" + run_id);
   fs.create_dirs(temp);
   return temp;

@@ -1,8 +1,10 @@
 // The durable commit protocol (docs/commit-protocol.md is the same text, longer):
 //
-//   0. prepare_root: create ROOT if needed; remove leftover temporaries (".tmp-*",
+//   0. take the root's writer lock (io/root_lock.hpp: ROOT/.lock, held while writing);
+//      prepare_root: create ROOT if needed; remove leftover temporaries (".tmp-*",
 //      ".latest.tmp-*") from a crashed writer; fsync ROOT.
-//   1. begin_checkpoint: mkdir ROOT/.tmp-step-N-<pid>-<n>/.
+//   1. begin_checkpoint: refuse a committed step and a step at or before the one `latest`
+//      names (unless allowed); mkdir ROOT/.tmp-step-N-<pid>-<n>/.
 //   2. every rank writes its shard into the temporary directory (create, write, fsync, close);
 //      the checksums are computed while the bytes stream out, never by reading them back.
 //   3. commit_checkpoint, once every shard is durable:
@@ -22,7 +24,8 @@
 //   (g) is reported, but `latest` keeps naming the new checkpoint. Old checkpoints are removed
 //   (rotation) only after (g).
 //
-// A root has one writer at a time (one training job); readers may run concurrently.
+// A root has one writer at a time, holding its lock (a second one fails with Errc::busy);
+// readers take no lock and may run concurrently.
 #pragma once
 
 #include <cstdint>
@@ -32,18 +35,40 @@
 
 #include "ckpt/format/manifest.hpp"
 #include "ckpt/io/file_system.hpp"
+#include "ckpt/io/root_lock.hpp"
 
 namespace ckpt {
 
-/// Step 0: creates `root` if needed and removes temporaries a crashed writer left behind.
-/// Returns the names removed.
-std::vector<std::string> prepare_root(FileSystem& fs, const std::string& root);
+/// Step 0, the crash cleanup: creates `lock.root()` if needed and removes every temporary in
+/// it (".tmp-*", ".latest.tmp-*"), whoever made it. Returns the names removed; one log line
+/// names them and the pids that made them. Only the holder of the root's lock may do this,
+/// so it takes the lock as its proof (Errc::invalid_argument if it is released): every
+/// writer takes the lock before it creates a temporary in the root and holds it until it
+/// has committed or removed that temporary, and a dead writer's lock is dropped by the
+/// kernel; so while we hold the lock, no other writer of this root is live and every
+/// temporary in it is a dead writer's leftover. Call it right after taking the lock, before
+/// this process creates temporaries of its own. (With ranks in several processes, the
+/// others write only into the run's shared temporary, which they create after rank 0's
+/// prepare_root: CommitCoordinator::start_run.)
+std::vector<std::string> prepare_root(FileSystem& fs, const RootLock& lock);
+
+/// What begin_checkpoint accepts besides a step after the one `latest` names.
+struct BeginOptions {
+  /// A step at or before the one `latest` names, for a run resumed from an older checkpoint
+  /// (deliberately, or because the one `latest` names was corrupt and the resume fell back to
+  /// an older one or to the durable tier): its commit moves `latest` back, with a log line.
+  /// An existing committed step-N is refused even so.
+  bool allow_older_than_latest = false;
+};
 
 /// Step 1: creates the temporary directory for `step` and returns its path. Throws
 /// invalid_argument if ROOT/step-N exists and is committed (N at or below the step `latest`
-/// names); a step-N newer than `latest` was never committed (a crash between its rename and
-/// the `latest` update) and is replaced, with a log line.
-std::string begin_checkpoint(FileSystem& fs, const std::string& root, std::uint64_t step);
+/// names), and, unless options.allow_older_than_latest, if N is at or below the step
+/// `latest` names even though step-N is gone (rotated away): that commit would move `latest`
+/// back (the error names both steps). A step-N newer than `latest` was never committed (a
+/// crash between its rename and the `latest` update) and is replaced, with a log line. Call
+/// it holding the root's lock.
+std::string begin_checkpoint(FileSystem& fs, const std::string& root, std::uint64_t step, const BeginOptions& options = {});
 
 /// Step 1 for writers in several processes (one checkpoint, one shard per process): the
 /// temporary directory ROOT/.tmp-step-N-<run_id>, the same path in every process, created
@@ -52,7 +77,7 @@ std::string begin_checkpoint(FileSystem& fs, const std::string& root, std::uint6
 /// that will run commit_checkpoint) replaces an uncommitted one, so no two processes race on
 /// it. Errc::invalid_argument for an empty run id or one containing '/'.
 std::string begin_shared_checkpoint(FileSystem& fs, const std::string& root, std::uint64_t step, const std::string& run_id,
-                                    bool committer);
+                                    bool committer, const BeginOptions& options = {});
 
 /// Step 3: the manifest, the renames and the fsyncs, in the order above.
 /// Returns the final checkpoint directory path.

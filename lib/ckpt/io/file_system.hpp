@@ -11,6 +11,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ckpt {
@@ -69,6 +70,13 @@ struct FileStat {
   std::uint64_t size;
 };
 
+/// An advisory lock taken by FileSystem::try_lock; released when destroyed (or when the
+/// process dies: the kernel drops it). Not copyable; one owner.
+class FileLock {
+ public:
+  virtual ~FileLock() = default;
+};
+
 struct WriteOptions {
   bool direct = false;  ///< try O_DIRECT; falls back to buffered where the file system refuses
 };
@@ -94,6 +102,16 @@ class FileSystem {
   virtual std::vector<DirEntry> list_dir(const std::string& path) = 0;
   /// lstat: nullopt when absent.
   virtual std::optional<FileStat> stat(const std::string& path) = 0;
+  /// Takes an exclusive lock on the regular file `path` without waiting, creating the file
+  /// (mode 0644) if it is missing; its parent directory must exist. POSIX: open with
+  /// O_CREAT|O_CLOEXEC|O_NOFOLLOW, then flock(LOCK_EX|LOCK_NB): the lock belongs to that
+  /// open file, so a second try_lock of the same file fails while the first is held, in this
+  /// process as in any other. On success the file's content is replaced by `record` (who
+  /// holds it) and the lock is returned; if someone else holds it, returns nullptr and
+  /// leaves the file as it is. A symlink (or anything but a regular file) is
+  /// Errc::unsafe_path; a file system without locks is Errc::io_error with errno ENOSYS,
+  /// EOPNOTSUPP or ENOLCK. Never blocks on another holder.
+  virtual std::unique_ptr<FileLock> try_lock(const std::string& path, std::string_view record) = 0;
 };
 
 /// The real file system (POSIX calls). Thread-safe; the same object serves every caller.

@@ -25,6 +25,7 @@ struct Node {
   std::vector<std::byte> data;  // regular file
   std::string target;           // symlink
   std::map<std::string, std::shared_ptr<Node>, std::less<>> children;  // directory, sorted by name
+  bool locked = false;          // a FileLock holds it (try_lock); not copied by clone()
 };
 
 std::shared_ptr<Node> make_node(EntryType t) {
@@ -215,6 +216,22 @@ class MemoryReadableFile final : public ReadableFile {
   std::uint64_t size_;
 };
 
+// Held on a node, as flock is held on an inode: the lock follows the file through renames.
+class MemoryFileLock final : public FileLock {
+ public:
+  MemoryFileLock(std::shared_ptr<void> keep_state, std::mutex& mu, std::shared_ptr<Node> node)
+      : keep_(std::move(keep_state)), mu_(mu), node_(std::move(node)) {}
+  ~MemoryFileLock() override {
+    std::lock_guard lk(mu_);
+    node_->locked = false;
+  }
+
+ private:
+  std::shared_ptr<void> keep_;
+  std::mutex& mu_;
+  std::shared_ptr<Node> node_;
+};
+
 // True if `target` is `from` or lies anywhere below it.
 bool contains(const Node& from, const Node* target) {
   if (&from == target) return true;
@@ -359,6 +376,24 @@ std::optional<FileStat> MemoryFileSystem::stat(const std::string& path) {
     case EntryType::symlink: return FileStat{EntryType::symlink, r.node->target.size()};
     default: return FileStat{r.node->type, 0};
   }
+}
+
+std::unique_ptr<FileLock> MemoryFileSystem::try_lock(const std::string& path, std::string_view record) {
+  std::lock_guard lk(state_->mu);
+  Resolved r = state_->resolve_or_throw(path, false, "open");
+  if (!r.dir) throw Error(Errc::unsafe_path, path, "lock file is a directory", "regular file", "directory");
+  if (!r.node) {
+    r.node = make_node(EntryType::file);
+    r.dir->children[r.name] = r.node;
+  }
+  if (r.node->type == EntryType::symlink) throw Error(Errc::unsafe_path, path, "lock file is a symlink", "regular file", "symlink");
+  if (r.node->type != EntryType::file)
+    throw Error(Errc::unsafe_path, path, "lock file is not a regular file", "regular file", "other file type");
+  if (r.node->locked) return nullptr;
+  r.node->locked = true;
+  const auto bytes = std::as_bytes(std::span(record.data(), record.size()));
+  r.node->data.assign(bytes.begin(), bytes.end());
+  return std::make_unique<MemoryFileLock>(state_, state_->mu, r.node);
 }
 
 void MemoryFileSystem::put_file(const std::string& path, std::span<const std::byte> bytes) {

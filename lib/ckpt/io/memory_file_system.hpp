@@ -6,9 +6,10 @@
 // directory holding the link or from the root when absolute ("..", loops: ELOOP after 40);
 // rename replaces a file or an empty directory atomically and refuses to move a directory
 // into itself; list_dir is sorted by name; an open file keeps its bytes after a rename or a
-// removal (handles hold the inode, as on POSIX). What it leaves out: permissions, O_DIRECT
-// (every file is buffered: is_direct() is false), durability (sync and sync_dir only check
-// that their target exists; fault_injection.hpp models lost writes), hard links.
+// removal (handles hold the inode, as on POSIX); try_lock locks a file node as flock locks an
+// inode. What it leaves out: permissions, O_DIRECT (every file is buffered: is_direct() is
+// false), durability (sync and sync_dir only check that their target exists;
+// fault_injection.hpp models lost writes), hard links, other processes.
 //
 // Paths are '/'-separated; a relative path is taken from the root, so "a/b" and "/a/b" name
 // the same file. Failures are the errors posix_file_system() raises for the same errno
@@ -52,6 +53,8 @@ class MemoryFileSystem final : public FileSystem {
   void remove_all(const std::string& path) override;
   std::vector<DirEntry> list_dir(const std::string& path) override;
   std::optional<FileStat> stat(const std::string& path) override;
+  /// Locks are per file node (as flock is per inode): held until the FileLock is destroyed.
+  std::unique_ptr<FileLock> try_lock(const std::string& path, std::string_view record) override;
 
   // --- helpers for tests and fuzzers: set up any tree, hostile ones included ---
   /// Creates or replaces the file at `path` (missing parent directories are created; a

@@ -1,5 +1,6 @@
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -85,6 +86,16 @@ class PosixReadableFile final : public ReadableFile {
   int fd_;
   std::string path_;
   std::uint64_t size_;
+};
+
+// Holds the descriptor an flock was taken on: closing it releases the lock.
+class PosixFileLock final : public FileLock {
+ public:
+  explicit PosixFileLock(int fd) : fd_(fd) {}
+  ~PosixFileLock() override { ::close(fd_); }
+
+ private:
+  int fd_;
 };
 
 EntryType type_of(mode_t m) {
@@ -178,6 +189,44 @@ class PosixFileSystem final : public FileSystem {
       throw_errno(errno, "lstat", path);
     }
     return FileStat{type_of(st.st_mode), static_cast<std::uint64_t>(st.st_size)};
+  }
+  std::unique_ptr<FileLock> try_lock(const std::string& path, std::string_view record) override {
+    // O_NONBLOCK: a FIFO planted under the lock's name must not hang the open.
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+    if (fd < 0) {
+      const int err = errno;
+      if (err == ELOOP) throw Error(Errc::unsafe_path, path, "lock file is a symlink", "regular file", "symlink");
+      if (err == EISDIR) throw Error(Errc::unsafe_path, path, "lock file is a directory", "regular file", "directory");
+      throw_errno(err, "open", path);
+    }
+    auto fail = [&](int err, std::string_view action) {
+      ::close(fd);
+      throw_errno(err, action, path);
+    };
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) fail(errno, "fstat");
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);
+      throw Error(Errc::unsafe_path, path, "lock file is not a regular file", "regular file", "other file type");
+    }
+    int rc;
+    do rc = ::flock(fd, LOCK_EX | LOCK_NB);
+    while (rc != 0 && errno == EINTR);
+    if (rc != 0) {
+      if (errno == EWOULDBLOCK) {
+        ::close(fd);
+        return nullptr;
+      }
+      fail(errno, "flock");
+    }
+    if (::ftruncate(fd, 0) != 0) fail(errno, "ftruncate");
+    for (std::size_t done = 0; done < record.size();) {
+      const ssize_t n = ::pwrite(fd, record.data() + done, record.size() - done, static_cast<off_t>(done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) fail(n < 0 ? errno : EIO, "pwrite");
+      done += static_cast<std::size_t>(n);
+    }
+    return std::make_unique<PosixFileLock>(fd);
   }
 };
 

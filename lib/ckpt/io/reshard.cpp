@@ -10,6 +10,7 @@
 
 #include "ckpt/core/aligned_buffer.hpp"
 #include "ckpt/core/error.hpp"
+#include "ckpt/core/log.hpp"
 #include "ckpt/io/commit.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/shard_writer.hpp"
@@ -384,24 +385,24 @@ ReshardResult reshard_checkpoint(FileSystem& fs, const CheckpointReader& source,
   training["resharded_from"] = json::object{{"world_size", src.world_size}, {"param_numel", src.param_numel}};
   if (parallel) training["parallel"] = std::move(*parallel);
 
-  bool created_root = false;
-  if (!fs.stat(dst_root)) {
-    require_dir(fs, parent_of(dst_root), "the parent of the destination root");
-    created_root = true;
-  } else {
-    require_dir(fs, dst_root, "the destination root");
+  const bool created_root = !fs.stat(dst_root);
+  if (created_root) require_dir(fs, parent_of(dst_root), "the parent of the destination root");
+  else require_dir(fs, dst_root, "the destination root");
+  ReshardResult result;
+  std::string temp;
+  std::optional<RootLock> lock;
+  try {
+    // One writer per root: a job saving to DST, a prune or another reshard holds its lock,
+    // and this fails with Errc::busy before anything is touched.
+    lock.emplace(fs, dst_root);
     // Committing moves DST's `latest` to this step: over a newer checkpoint that would demote
     // it to "never committed" (begin_checkpoint replaces such steps), so that is refused.
-    if (const auto latest = read_latest(fs, dst_root))
+    if (const auto latest = created_root ? std::optional<std::string>() : read_latest(fs, dst_root))
       if (const auto live = parse_checkpoint_dir_name(*latest); live && *live > src.step)
         throw Error(Errc::invalid_argument, dst_root,
                     "the destination's latest names a newer checkpoint: reshard into another root",
                     "latest at or before step " + std::to_string(src.step), *latest);
-  }
-  ReshardResult result;
-  std::string temp;
-  try {
-    prepare_root(fs, dst_root);
+    prepare_root(fs, *lock);
     temp = begin_checkpoint(fs, dst_root, src.step);
     AlignedBuffer buffer(static_cast<std::size_t>(opt.buffer_bytes));
     std::optional<ShardRangeReader> replicated;  // rank 0's non-flat tensors, opened when needed
@@ -458,7 +459,7 @@ ReshardResult reshard_checkpoint(FileSystem& fs, const CheckpointReader& source,
     result.bytes_read = flat.bytes_read() + (replicated ? replicated->bytes_read() : 0);
   } catch (...) {
     if (!temp.empty()) abort_checkpoint(fs, dst_root, temp);
-    if (created_root) {
+    if (created_root && lock) {  // without the lock, DST may be another writer's by now
       try {
         fs.remove_all(dst_root);
         fs.sync_dir(parent_of(dst_root));
@@ -472,6 +473,23 @@ ReshardResult reshard_checkpoint(FileSystem& fs, const CheckpointReader& source,
 }
 
 // ---- consolidate ----------------------------------------------------------------------
+
+namespace {
+
+// Removes what killed consolidates into PARENT/out_name left: their temporaries, when made on
+// this host by a process that no longer exists.
+void remove_abandoned_outputs(FileSystem& fs, const std::string& parent, const std::string& out_name) {
+  bool removed = false;
+  for (const auto& e : fs.list_dir(parent)) {
+    if (!is_abandoned_temporary(e.name, out_name)) continue;
+    log_line(join_path(parent, out_name) + ": removing " + e.name + ", left by a consolidate that is gone");
+    fs.remove_all(join_path(parent, e.name));
+    removed = true;
+  }
+  if (removed) fs.sync_dir(parent);
+}
+
+}  // namespace
 
 ConsolidateResult consolidate_checkpoint(FileSystem& fs, const CheckpointReader& source, const std::string& out_dir,
                                          const ConsolidateOptions& opt) {
@@ -527,8 +545,12 @@ ConsolidateResult consolidate_checkpoint(FileSystem& fs, const CheckpointReader&
 
   const std::string parent = parent_of(out_dir);
   require_dir(fs, parent, "the parent of the output directory");
+  // Leftovers of killed consolidates into OUT are removed first: only those made on this host
+  // by a process that is gone (is_abandoned_temporary), never a live one's.
+  const std::string out_name = base_name(out_dir);
+  remove_abandoned_outputs(fs, parent, out_name);
   if (fs.stat(out_dir)) throw Error(Errc::invalid_argument, out_dir, "output directory already exists", "absent", "present");
-  const std::string temp = join_path(parent, temporary_name(base_name(out_dir)));
+  const std::string temp = join_path(parent, host_temporary_name(out_name));
   bool renamed = false;
   try {
     fs.create_dir(temp);

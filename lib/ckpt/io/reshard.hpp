@@ -156,10 +156,12 @@ struct ReshardResult {
 /// A checkpoint recording training.parallel.tensor = T (tensor-parallel attention heads)
 /// needs a world_size that is a multiple of T (invalid_argument naming both before anything
 /// is written); its training.parallel.data becomes world_size / T.
-/// `dst_root` is created if absent (its parent must exist: Errc::not_found); it must not be
-/// a root a running job writes to, must not already hold the step as a committed checkpoint,
-/// and its `latest` must not name a newer step (invalid_argument: moving `latest` back would
-/// demote the newer checkpoint).
+/// `dst_root` is created if absent (its parent must exist: Errc::not_found). Its writer lock
+/// (io/root_lock.hpp) is held throughout: a root a running job (or a prune, or another
+/// reshard) writes to is refused with Errc::busy naming the holder, before anything is
+/// touched. It must not already hold the step as a committed checkpoint, and its `latest`
+/// must not name a newer step (invalid_argument: moving `latest` back would demote the newer
+/// checkpoint).
 /// On any failure (a corrupt source: Errc::checksum_mismatch naming the file and chunk) the
 /// temporary is removed, and `dst_root` too if this call created it: no partial output.
 /// Blocks; uses buffer_bytes plus one chunk of memory.
@@ -196,9 +198,12 @@ struct ConsolidateResult {
 /// max_file_size) `model-0000k-of-0000n.safetensors` files filled in layout order plus
 /// `model.safetensors.index.json` ({"metadata": {"total_size"}, "weight_map"}). Headers carry
 /// {"format": "pt"}. `out_dir` must not exist (invalid_argument) and its parent must
-/// (Errc::not_found); everything is written under a temporary name in that parent, fsynced,
-/// and renamed at the end; on any failure the temporary is removed. Blocks; uses
-/// buffer_bytes plus one chunk of memory.
+/// (Errc::not_found); everything is written under a temporary name in that parent
+/// (host_temporary_name: ".tmp-OUT@HOST-<pid>-<n>"), fsynced, and renamed at the end; on any
+/// failure the temporary is removed. A temporary a killed consolidate into the same OUT left
+/// is removed first, if it was made on this host by a process that is gone
+/// (is_abandoned_temporary); a live one's is never touched. Blocks; uses buffer_bytes plus
+/// one chunk of memory.
 ConsolidateResult consolidate_checkpoint(FileSystem& fs, const CheckpointReader& source, const std::string& out_dir,
                                          const ConsolidateOptions& options);
 

@@ -5,6 +5,7 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/io/commit.hpp"
 #include "ckpt/io/layout.hpp"
+#include "ckpt/io/root_lock.hpp"
 #include "ckpt/io/shard_writer.hpp"
 
 namespace ckpt {
@@ -12,8 +13,9 @@ namespace ckpt {
 Manifest save_checkpoint_sync(FileSystem& fs, const std::string& root, const SaveRequest& req) {
   if (req.ranks.empty()) throw_invalid("save_checkpoint_sync: no ranks");
   const int world = static_cast<int>(req.ranks.size());
-  prepare_root(fs, root);
-  const std::string temp = begin_checkpoint(fs, root, req.step);
+  const RootLock lock(fs, root);
+  prepare_root(fs, lock);
+  const std::string temp = begin_checkpoint(fs, root, req.step, {.allow_older_than_latest = req.allow_older_than_latest});
   try {
     std::vector<ShardReport> reports;
     for (int r = 0; r < world; ++r) {

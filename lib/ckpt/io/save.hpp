@@ -31,9 +31,12 @@ struct SaveRequest {
   boost::json::object training;
   std::vector<RankState> ranks;  ///< world_size entries, rank order
   std::uint64_t chunk_size = kDefaultChunkSize;
+  bool allow_older_than_latest = false;  ///< BeginOptions::allow_older_than_latest
 };
 
-/// Blocks until the checkpoint is durable and `latest` names it: prepares the root, writes
+/// Blocks until the checkpoint is durable and `latest` names it: takes the root's writer lock
+/// for the whole save (Errc::busy, with nothing touched, if another writer holds it), prepares
+/// the root, writes
 /// every rank's shard in turn into a temporary directory (hashing while writing), then
 /// commits. On any failure the temporary directory is removed, `latest` and earlier
 /// checkpoints are untouched, and the error is rethrown (Errc::invalid_argument for a bad

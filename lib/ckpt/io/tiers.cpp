@@ -49,7 +49,7 @@ std::uint64_t copy_shard(const CheckpointReader& src, const ShardRecord& s, Veri
 }  // namespace
 
 CopyRecord copy_checkpoint(FileSystem& src_fs, const std::string& src_root, std::uint64_t step, FileSystem& dst_fs,
-                           const std::string& dst_root, Verify verify) {
+                           const std::string& dst_root, Verify verify, const BeginOptions& begin) {
   const std::string name = checkpoint_dir_name(step);
   const CheckpointReader src = CheckpointReader::open(src_fs, join_path(src_root, name));
   const Manifest& m = src.manifest();
@@ -58,8 +58,9 @@ CopyRecord copy_checkpoint(FileSystem& src_fs, const std::string& src_root, std:
   rec.source_root = src_root;
   rec.source_dir = name;
   rec.sha256_verified = verify == Verify::full;
-  prepare_root(dst_fs, dst_root);
-  const std::string temp = begin_checkpoint(dst_fs, dst_root, step);
+  const RootLock lock(dst_fs, dst_root);
+  prepare_root(dst_fs, lock);
+  const std::string temp = begin_checkpoint(dst_fs, dst_root, step, begin);
   try {
     for (const auto& s : m.shards) {
       const std::uint64_t chunks = copy_shard(src, s, verify, dst_fs, temp, m.chunk_size);

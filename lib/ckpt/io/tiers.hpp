@@ -5,8 +5,9 @@
 // resume. The background replication (a thread, "latest wins", retries) is
 // runtime/tiering.hpp.
 //
-// A copy follows the commit protocol of io/commit.hpp in the durable root: prepare_root (which
-// removes the temporaries of a failed earlier copy), begin_checkpoint, every shard streamed
+// A copy follows the commit protocol of io/commit.hpp in the durable root, holding its writer
+// lock (io/root_lock.hpp) throughout: prepare_root (which removes the temporaries of a
+// failed earlier copy), begin_checkpoint, every shard streamed
 // from the local checkpoint into the temporary directory (each chunk's XXH3 checked against
 // the source manifest on the way; SHA-256 only with Verify::full), fsync, then tier.json (the
 // copy record), then commit_checkpoint with the source manifest (manifest, renames, fsyncs,
@@ -25,6 +26,7 @@
 #include <string>
 #include <string_view>
 
+#include "ckpt/io/commit.hpp"
 #include "ckpt/io/file_system.hpp"
 #include "ckpt/io/reader.hpp"
 
@@ -48,10 +50,12 @@ struct CopyRecord {
 /// Checks every chunk per `verify` while streaming (one read of the source, never a second
 /// pass). Throws the source's open/verify errors (Errc::checksum_mismatch naming the source
 /// file and chunk, missing_shard, ...), the durable file system's errors (io_error, no_space),
-/// or invalid_argument if the durable root already holds a committed step-N. On any failure
-/// the durable temporary is removed and `latest` there is untouched.
+/// Errc::busy if another writer holds the durable root's lock, or invalid_argument if the
+/// durable root already holds a committed step-N or (unless `begin` allows it) its `latest`
+/// names step N or a later one. On any failure the durable temporary is removed and `latest`
+/// there is untouched.
 CopyRecord copy_checkpoint(FileSystem& src_fs, const std::string& src_root, std::uint64_t step, FileSystem& dst_fs,
-                           const std::string& dst_root, Verify verify = Verify::fast);
+                           const std::string& dst_root, Verify verify = Verify::fast, const BeginOptions& begin = {});
 
 /// Reads `dir`/tier.json. Errc::not_found if there is none (a checkpoint written directly,
 /// not copied), Errc::malformed_manifest naming the field if it does not parse.

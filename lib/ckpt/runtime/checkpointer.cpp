@@ -200,6 +200,9 @@ struct Checkpointer::Impl {
   std::vector<bool> local;
   int local_count = 0;
   std::string run_id;
+  // The root's writer lock, held for this object's life by the process that cleans the root
+  // up and commits (rank 0's with several processes); destroyed after everything below.
+  std::optional<RootLock> root_lock;
 
   asio::io_context ctx{1};
   asio::executor_work_guard<asio::io_context::executor_type> guard{ctx.get_executor()};
@@ -269,7 +272,7 @@ struct Checkpointer::Impl {
                   "BusyPolicy::wait", "BusyPolicy::skip");
     choose_backend();
     // In several processes, one of them cleans the root up before any can start writing.
-    run_id = coordinator->start_run([this] { prepare_root(fs, opt.root); });
+    run_id = coordinator->start_run([this] { prepare_root(fs, root_lock.emplace(fs, opt.root)); });
     if (!run_id.empty()) fs.create_dirs(opt.root);
     staging.resize(static_cast<std::size_t>(opt.world_size));
     staged_records.resize(static_cast<std::size_t>(opt.world_size));
@@ -281,6 +284,7 @@ struct Checkpointer::Impl {
         ++stats.staging_allocations;
         stats.staging_bytes += b.capacity();
       }
+    if (opt.durable) opt.durable->allow_older_than_latest |= opt.allow_older_than_latest;
     if (opt.durable) replicator = std::make_unique<DurableReplicator>(fs, opt.root, *opt.durable);
     io_thread = std::thread([this] { ctx.run(); });
   }
@@ -457,7 +461,9 @@ struct Checkpointer::Impl {
     try {
       st->temp = co_await on_work_pool([this, step = st->step] {
         std::lock_guard lk(root_mu);
-        return run_id.empty() ? begin_checkpoint(fs, opt.root, step) : begin_shared_checkpoint(fs, opt.root, step, run_id, local[0]);
+        const BeginOptions older{.allow_older_than_latest = opt.allow_older_than_latest};
+        return run_id.empty() ? begin_checkpoint(fs, opt.root, step, older)
+                              : begin_shared_checkpoint(fs, opt.root, step, run_id, local[0], older);
       });
     } catch (...) {
       begun_badly = to_error(std::current_exception());

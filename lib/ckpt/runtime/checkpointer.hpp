@@ -73,6 +73,14 @@ struct CheckpointerOptions {
   /// background to this durable root, with its own commit and rotation (runtime/tiering.hpp).
   /// Steps waiting for or being copied are kept by local rotation. Unset: one tier.
   std::optional<DurableTierOptions> durable{};
+  /// Saving a step at or before the one the root's `latest` names is refused (the save fails
+  /// with Errc::invalid_argument naming both steps): it would move `latest` back. A run
+  /// resumed from an older checkpoint sets this: deliberately, or because the resume may
+  /// fall back to the durable tier or to an older good checkpoint when the one `latest`
+  /// names is corrupt (Trainer::resume_latest_tiered, open_latest with fallback). Each such
+  /// save is then logged, and commits normally; an existing committed step-N is refused even
+  /// so. Also sets DurableTierOptions::allow_older_than_latest for the durable tier.
+  bool allow_older_than_latest = false;
 };
 
 /// Per-save information besides the tensors.
@@ -161,9 +169,13 @@ struct CheckpointerStats {
 
 class Checkpointer {
  public:
-  /// Prepares the root (removes temporaries a crashed writer left) and starts the writer
-  /// threads. Throws Errc::invalid_argument for bad options, Errc::io_error if the root
-  /// cannot be created or an explicitly requested io_uring is unavailable.
+  /// Takes the root's writer lock (io/root_lock.hpp) and holds it until destruction,
+  /// prepares the root (removes temporaries a crashed writer left) and starts the writer
+  /// threads. With several processes only the one that prepares the root (rank 0's) takes
+  /// the lock. Throws Errc::busy (naming the root and the holder's pid, having touched
+  /// nothing) if another writer holds the lock, Errc::invalid_argument for bad options,
+  /// Errc::io_error if the root cannot be created or an explicitly requested io_uring is
+  /// unavailable.
   explicit Checkpointer(CheckpointerOptions options);
   /// Drains: waits for every staged shard, abandons checkpoints some rank never saved.
   ~Checkpointer();

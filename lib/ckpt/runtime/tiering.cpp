@@ -110,12 +110,15 @@ struct DurableReplicator::Impl {
   Outcome copy(std::uint64_t step) const {
     Outcome out;
     try {
-      out.bytes = copy_checkpoint(src_fs, src_root, step, dst_fs, opt.root, opt.verify).bytes;
+      out.bytes = copy_checkpoint(src_fs, src_root, step, dst_fs, opt.root, opt.verify,
+                                  {.allow_older_than_latest = opt.allow_older_than_latest})
+                      .bytes;
     } catch (...) {
       out.error = to_error(std::current_exception());
       return out;
     }
     try {
+      const RootLock lock(dst_fs, opt.root);
       out.rotated = rotate_checkpoints(dst_fs, opt.root, opt.keep_last, checkpoint_dir_name(step)).size();
     } catch (const Error& e) {
       log_line("durable tier: rotation failed (step " + std::to_string(step) + " is committed there): " + e.what());

@@ -15,6 +15,9 @@
 //   - the steps pending or being copied are pinned: local rotation keeps them (pinned()),
 //     so a copy never reads a directory that rotation is deleting;
 //   - the durable root has its own rotation (keep_last), run after each durable commit;
+//   - each copy and each rotation holds the durable root's writer lock (io/root_lock.hpp),
+//     taken then and not for the replicator's life, since the durable root may not exist
+//     yet; another writer holding it makes that copy fail with Errc::busy (and be retried);
 //   - the destructor drains: it finishes the copy running and the pending one, one attempt
 //     each with no backoff or retry, then joins the thread.
 #pragma once
@@ -40,6 +43,9 @@ struct DurableTierOptions {
   FileSystem* fs = nullptr;    ///< file system of the durable root (default: posix)
   int max_attempts = 3;        ///< copies of one step before it is given up (at least 1)
   std::chrono::milliseconds retry_backoff{200};  ///< before the 2nd attempt; doubles after each failure
+  /// Copy a step at or before the one the durable `latest` names (BeginOptions); set by a
+  /// Checkpointer from CheckpointerOptions::allow_older_than_latest.
+  bool allow_older_than_latest = false;
 };
 
 /// Counters of the replication, over the replicator's life.

@@ -242,7 +242,10 @@ class Trainer {
   /// resume_latest over two tiers: the checkpoint the local root's `latest` names if it opens
   /// and verifies (`verify`, every shard, on every rank), else the durable root's
   /// (open_latest_tiered, io/tiers.hpp). Every rank must pick the same one (else
-  /// Errc::aborted naming the rank that differs). Collective.
+  /// Errc::aborted naming the rank that differs). The durable tier's newest may be older
+  /// than what the local `latest` names (that one was corrupt): a run that saves after such
+  /// a resume builds its Checkpointer with CheckpointerOptions::allow_older_than_latest, or
+  /// its saves up to that step are refused. Collective.
   TieredResume resume_latest_tiered(const std::string& local_root, const std::string& durable_root, Verify verify = Verify::fast,
                                     Reshard reshard = Reshard::no);
 
