@@ -27,7 +27,7 @@
 #include "ckpt/dist/mpi/mpi_comm.hpp"
 #endif
 #include "ckpt/io/commit.hpp"
-#include "ckpt/io/fault_injection.hpp"
+#include "ckpt/testing/fault_injection.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/io/tiers.hpp"
@@ -39,6 +39,7 @@
 namespace fs = std::filesystem;
 namespace json = boost::json;
 using namespace ckpt;
+using namespace ckpt::testing;
 using namespace ckpt::train;
 using ckpt::demo::RankRecord;
 using ckpt::demo::SaveFailure;

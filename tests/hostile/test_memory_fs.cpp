@@ -13,11 +13,12 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/io/commit.hpp"
 #include "ckpt/io/layout.hpp"
-#include "ckpt/io/memory_file_system.hpp"
+#include "ckpt/testing/memory_file_system.hpp"
 #include "ckpt/io/reader.hpp"
 #include "support/test_support.hpp"
 
 using namespace ckpt;
+using namespace ckpt::testing;
 
 namespace {
 

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "ckpt/io/commit.hpp"
-#include "ckpt/io/fault_injection.hpp"
+#include "ckpt/testing/fault_injection.hpp"
 #include "ckpt/io/file_system.hpp"
 #include "support/test_support.hpp"
 
@@ -57,7 +57,7 @@ struct Fixture {
 /// a scratch root: the tests that cut a save after each of them (a crash, a power loss) walk
 /// k = 0..this.
 inline std::uint64_t mutations_of_one_save(const SaveRequest& request) {
-  FaultInjectionFileSystem counter(posix_file_system());
+  testing::FaultInjectionFileSystem counter(posix_file_system());
   TempDir probe;
   save_checkpoint(counter, probe.path().string(), request);
   return counter.mutations();
