@@ -27,12 +27,12 @@
 #include "ckpt/dist/mpi/mpi_comm.hpp"
 #endif
 #include "ckpt/io/commit.hpp"
-#include "ckpt/testing/fault_injection.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/io/tiers.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
 #include "ckpt/runtime/tiering.hpp"
+#include "ckpt/testing/fault_injection.hpp"
 #include "ckpt/train/trainer.hpp"
 #include "record.hpp"
 

@@ -13,8 +13,8 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/io/commit.hpp"
 #include "ckpt/io/layout.hpp"
-#include "ckpt/testing/memory_file_system.hpp"
 #include "ckpt/io/reader.hpp"
+#include "ckpt/testing/memory_file_system.hpp"
 #include "support/test_support.hpp"
 
 using namespace ckpt;

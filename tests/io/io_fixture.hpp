@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "ckpt/io/commit.hpp"
-#include "ckpt/testing/fault_injection.hpp"
 #include "ckpt/io/file_system.hpp"
+#include "ckpt/testing/fault_injection.hpp"
 #include "support/test_support.hpp"
 
 namespace ckpt::test {

@@ -6,9 +6,9 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
 #include "ckpt/io/commit.hpp"
-#include "ckpt/testing/fault_injection.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
+#include "ckpt/testing/fault_injection.hpp"
 #include "io/io_fixture.hpp"
 
 using namespace ckpt;

@@ -7,10 +7,10 @@
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/io/commit.hpp"
-#include "ckpt/testing/fault_injection.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
+#include "ckpt/testing/fault_injection.hpp"
 #include "io/io_fixture.hpp"
 
 using namespace ckpt;

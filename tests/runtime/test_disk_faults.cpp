@@ -10,9 +10,9 @@
 #include <filesystem>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/testing/fault_injection.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
+#include "ckpt/testing/fault_injection.hpp"
 #include "runtime/runtime_fixture.hpp"
 
 using namespace ckpt;
