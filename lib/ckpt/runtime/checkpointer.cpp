@@ -11,10 +11,8 @@
 #include "ckpt/runtime/checkpointer.hpp"
 
 #include <algorithm>
-#include <boost/asio/append.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <boost/json.hpp>
@@ -41,7 +39,7 @@ namespace ckpt {
 namespace asio = boost::asio;
 namespace json = boost::json;
 using Clock = std::chrono::steady_clock;
-using Handler = asio::any_completion_handler<void(std::exception_ptr, SaveResult)>;
+using Handler = SaveHandle::ReadyCallback;
 
 namespace detail {
 struct SaveState {
@@ -71,14 +69,14 @@ struct SaveState {
       to_call.swap(waiters);
     }
     cv.notify_all();
-    for (auto& h : to_call) post_to(std::move(h), error, result);
+    for (const auto& h : to_call) run_callback(h, error, result);
   }
 
-  // Runs the handler through its associated executor. (Boost 1.81's any_completion_executor
-  // cannot be required to be non-blocking, so this is dispatch, not post: a handler with no
-  // executor of its own runs on the ckpt thread that completed the save.)
-  static void post_to(Handler h, const std::optional<Error>& e, SaveResult r) {
-    asio::dispatch(asio::append(std::move(h), e ? std::make_exception_ptr(fresh(*e)) : std::exception_ptr(), std::move(r)));
+  // Runs a SaveHandle::on_ready callback on this thread. No Asio type crosses here: an Asio
+  // handler is wrapped (and dispatched to its executor) by runtime/async_wait.hpp, compiled
+  // in the caller's translation unit.
+  static void run_callback(const Handler& h, const std::optional<Error>& e, SaveResult r) {
+    h(e ? std::make_exception_ptr(fresh(*e)) : std::exception_ptr(), std::move(r));
   }
 };
 }  // namespace detail
@@ -103,9 +101,11 @@ const SaveResult& SaveHandle::wait() const {
   return state_->result;
 }
 
-void SaveHandle::add_waiter(const std::shared_ptr<detail::SaveState>& s, Handler h) {
+void SaveHandle::on_ready(ReadyCallback h) const {
+  const auto& s = state_;
+  if (!h) throw_invalid("SaveHandle::on_ready: empty callback");
   if (!s) {
-    detail::SaveState::post_to(std::move(h), Error(Errc::invalid_argument, {}, "async_wait on an empty SaveHandle"), {});
+    detail::SaveState::run_callback(h, Error(Errc::invalid_argument, {}, "on_ready / async_wait on an empty SaveHandle"), {});
     return;
   }
   std::unique_lock lk(s->mu);
@@ -116,7 +116,7 @@ void SaveHandle::add_waiter(const std::shared_ptr<detail::SaveState>& s, Handler
   auto e = s->error;
   auto r = s->result;
   lk.unlock();
-  detail::SaveState::post_to(std::move(h), e, std::move(r));
+  detail::SaveState::run_callback(h, e, std::move(r));
 }
 
 namespace {
