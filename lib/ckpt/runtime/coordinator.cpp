@@ -18,8 +18,7 @@ class InProcessCoordinator final : public CommitCoordinator {
   int world_size() const noexcept override { return world_; }
 
   void report(std::uint64_t step, int rank, std::string report, CommitFn commit, OutcomeFn on_outcome) override {
-    if (rank < 0 || rank >= world_)
-      throw Error(Errc::invalid_argument, {}, "report rank", "0.." + std::to_string(world_ - 1), std::to_string(rank));
+    check_rank(rank, world_, "report rank");
     std::unique_lock lk(mu_);
     if (auto it = abandoned_.find(step); it != abandoned_.end()) {
       const std::string outcome = it->second;
