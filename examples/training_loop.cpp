@@ -10,9 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "ckpt/core/error.hpp"
-#include "ckpt/io/reader.hpp"
-#include "ckpt/runtime/checkpointer.hpp"
+#include "ckpt/ckpt.hpp"  // the whole public API, as a user includes it
 
 int main(int argc, char** argv) {
   const std::string root = argc > 1 ? argv[1] : "/tmp/ckpt-training-loop-" + std::to_string(::getpid());
