@@ -9,11 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/core/error.hpp"
-#include "ckpt/io/commit.hpp"
-#include "ckpt/io/save.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/reader.hpp"
+#include "ckpt/ckpt.hpp"  // the whole public API, as a user includes it
 #include "cli.hpp"
 
 using namespace ckpt;

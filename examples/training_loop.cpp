@@ -11,9 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "ckpt/core/error.hpp"
-#include "ckpt/io/reader.hpp"
-#include "ckpt/runtime/checkpointer.hpp"
+#include "ckpt/ckpt.hpp"  // the whole public API, as a user includes it
 #include "cli.hpp"
 
 int main(int argc, char** argv) {

@@ -28,12 +28,12 @@
 #include "ckpt/dist/mpi/mpi_comm.hpp"
 #endif
 #include "ckpt/io/commit.hpp"
-#include "ckpt/io/fault_injection.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/io/tiers.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
 #include "ckpt/runtime/tiering.hpp"
+#include "ckpt/testing/fault_injection.hpp"
 #include "ckpt/train/trainer.hpp"
 #include "cli.hpp"
 #include "record.hpp"
@@ -41,6 +41,7 @@
 namespace fs = std::filesystem;
 namespace json = boost::json;
 using namespace ckpt;
+using namespace ckpt::testing;
 using namespace ckpt::train;
 using ckpt::demo::RankRecord;
 using ckpt::demo::SaveFailure;

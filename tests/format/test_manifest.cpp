@@ -5,6 +5,7 @@
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/format/manifest.hpp"
+#include "support/test_support.hpp"
 
 using namespace ckpt;
 namespace json = boost::json;
@@ -109,6 +110,19 @@ TEST_CASE("manifest error names the field, the expected and the actual value") {
   CHECK(e.expected() == "3 entries (world_size)");
   CHECK(e.actual() == "2");
   CHECK(std::string(e.what()).find("/c/manifest.json") != std::string::npos);
+}
+
+TEST_CASE("Manifest::shard of a rank the manifest does not have throws ckpt::Error naming the manifest") {
+  const Manifest m = sample();
+  CHECK(m.shard(1).rank == 1);
+  for (int bad : {99, 2, -1}) {
+    const Error e = test::expect_error([&] { (void)m.shard(bad); });
+    CHECK(e.code() == Errc::invalid_argument);
+    CHECK(e.file() == "manifest.json");
+    CHECK(e.detail() == "shard rank");
+    CHECK(e.expected() == "0..1");
+    CHECK(e.actual() == std::to_string(bad));
+  }
 }
 
 TEST_CASE("plain file name check") {

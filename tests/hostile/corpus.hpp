@@ -23,9 +23,11 @@
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/format/manifest.hpp"
-#include "ckpt/io/memory_file_system.hpp"
+#include "ckpt/testing/memory_file_system.hpp"
 
 namespace ckpt::hostile {
+
+using testing::MemoryFileSystem;
 
 inline constexpr const char* kRoot = "/ckpt";
 inline constexpr int kWorld = 2;

@@ -26,6 +26,7 @@
 #include "support/test_support.hpp"
 
 using namespace ckpt;
+using namespace ckpt::testing;
 using hostile::Case;
 using hostile::Stage;
 

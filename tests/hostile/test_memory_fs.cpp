@@ -14,11 +14,12 @@
 #include "ckpt/io/commit.hpp"
 #include "ckpt/io/save.hpp"
 #include "ckpt/io/layout.hpp"
-#include "ckpt/io/memory_file_system.hpp"
 #include "ckpt/io/reader.hpp"
+#include "ckpt/testing/memory_file_system.hpp"
 #include "support/test_support.hpp"
 
 using namespace ckpt;
+using namespace ckpt::testing;
 
 namespace {
 

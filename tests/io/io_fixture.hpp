@@ -6,8 +6,8 @@
 
 #include "ckpt/io/commit.hpp"
 #include "ckpt/io/save.hpp"
-#include "ckpt/io/fault_injection.hpp"
 #include "ckpt/io/file_system.hpp"
+#include "ckpt/testing/fault_injection.hpp"
 #include "support/test_support.hpp"
 
 namespace ckpt::test {
@@ -58,7 +58,7 @@ struct Fixture {
 /// a scratch root: the tests that cut a save after each of them (a crash, a power loss) walk
 /// k = 0..this.
 inline std::uint64_t mutations_of_one_save(const SaveRequest& request) {
-  FaultInjectionFileSystem counter(posix_file_system());
+  testing::FaultInjectionFileSystem counter(posix_file_system());
   TempDir probe;
   save_checkpoint_sync(counter, probe.path().string(), request);
   return counter.mutations();

@@ -7,12 +7,13 @@
 #include "ckpt/core/log.hpp"
 #include "ckpt/io/commit.hpp"
 #include "ckpt/io/save.hpp"
-#include "ckpt/io/fault_injection.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
+#include "ckpt/testing/fault_injection.hpp"
 #include "io/io_fixture.hpp"
 
 using namespace ckpt;
+using namespace ckpt::testing;
 namespace fs = std::filesystem;
 
 namespace {

@@ -8,13 +8,14 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/io/commit.hpp"
 #include "ckpt/io/save.hpp"
-#include "ckpt/io/fault_injection.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
+#include "ckpt/testing/fault_injection.hpp"
 #include "io/io_fixture.hpp"
 
 using namespace ckpt;
+using namespace ckpt::testing;
 namespace fs = std::filesystem;
 
 namespace {

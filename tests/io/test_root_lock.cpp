@@ -16,12 +16,13 @@
 #include "ckpt/io/commit.hpp"
 #include "ckpt/io/save.hpp"
 #include "ckpt/io/layout.hpp"
-#include "ckpt/io/memory_file_system.hpp"
+#include "ckpt/testing/memory_file_system.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/io/root_lock.hpp"
 #include "io_fixture.hpp"
 
 using namespace ckpt;
+using namespace ckpt::testing;
 namespace fs = std::filesystem;
 
 namespace {

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <boost/asio/bind_executor.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
@@ -11,15 +12,20 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <future>
+#include <optional>
+#include <thread>
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
-#include "ckpt/io/fault_injection.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
+#include "ckpt/runtime/async_wait.hpp"
+#include "ckpt/testing/fault_injection.hpp"
 #include "runtime/runtime_fixture.hpp"
 
 using namespace ckpt;
+using namespace ckpt::testing;
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
@@ -264,16 +270,16 @@ TEST_CASE("async_wait works from a coroutine, with a future and with a callback"
       io,
       [&]() -> boost::asio::awaitable<void> {
         auto h = ckpt.save(0, 1, states[0].views(), test::info_for(0, 1, kN, 1));
-        SaveResult r = co_await h.async_wait(boost::asio::use_awaitable);
+        SaveResult r = co_await async_wait(h, boost::asio::use_awaitable);
         got = r.step;
       },
       boost::asio::detached);
   io.run();
   CHECK(got == 1);
-  auto fut = ckpt.save(0, 2, states[0].views(), test::info_for(0, 1, kN, 2)).async_wait(boost::asio::use_future);
+  auto fut = async_wait(ckpt.save(0, 2, states[0].views(), test::info_for(0, 1, kN, 2)), boost::asio::use_future);
   CHECK(fut.get().step == 2);
   std::promise<std::uint64_t> p;
-  ckpt.save(0, 3, states[0].views(), test::info_for(0, 1, kN, 3)).async_wait([&](std::exception_ptr e, SaveResult r) {
+  async_wait(ckpt.save(0, 3, states[0].views(), test::info_for(0, 1, kN, 3)), [&](std::exception_ptr e, SaveResult r) {
     p.set_value(e ? 0 : r.step);
   });
   CHECK(p.get_future().get() == 3);
@@ -291,7 +297,7 @@ TEST_CASE("a coroutine awaiting a failed save gets the typed error") {
       io,
       [&]() -> boost::asio::awaitable<void> {
         try {
-          co_await ckpt.save(0, 1, states[0].views(), test::info_for(0, 1, kN, 1)).async_wait(boost::asio::use_awaitable);
+          co_await async_wait(ckpt.save(0, 1, states[0].views(), test::info_for(0, 1, kN, 1)), boost::asio::use_awaitable);
         } catch (const Error& e) {
           code = e.code();
         }
@@ -299,6 +305,82 @@ TEST_CASE("a coroutine awaiting a failed save gets the typed error") {
       boost::asio::detached);
   io.run();
   CHECK(code == Errc::no_space);
+}
+
+TEST_CASE("on_ready calls back once with the result, at once on the calling thread when the save is ready already") {
+  test::TempDir dir;
+  FaultInjectionFileSystem slow(posix_file_system());
+  std::vector<test::RankState> states{test::RankState(0, kN)};
+  Checkpointer ckpt({.root = dir.path().string(), .world_size = 1, .fs = &slow});
+  slow.hold_syncs(true);
+  auto h = ckpt.save(0, 1, states[0].views(), test::info_for(0, 1, kN, 1));
+  while (slow.held_syncs() == 0) std::this_thread::sleep_for(1ms);
+  std::atomic<int> calls{0};
+  std::promise<std::thread::id> ran_on;
+  h.on_ready([&](std::exception_ptr e, SaveResult r) {
+    CHECK_FALSE(e);
+    CHECK(r.step == 1);
+    ++calls;
+    ran_on.set_value(std::this_thread::get_id());
+  });
+  CHECK(calls.load() == 0);  // still in flight: registered, not called
+  slow.hold_syncs(false);
+  CHECK(ran_on.get_future().get() != std::this_thread::get_id());  // the ckpt thread that completed it
+  h.wait();
+  std::thread::id late_thread;
+  h.on_ready([&](std::exception_ptr e, SaveResult r) {
+    CHECK_FALSE(e);
+    CHECK(r.step == 1);
+    late_thread = std::this_thread::get_id();
+  });
+  CHECK(late_thread == std::this_thread::get_id());
+  CHECK(calls.load() == 1);
+}
+
+TEST_CASE("on_ready and async_wait on an empty handle report invalid_argument, and an empty callback is refused") {
+  SaveHandle empty;
+  std::optional<Errc> code;
+  empty.on_ready([&](std::exception_ptr e, SaveResult) {
+    try {
+      if (e) std::rethrow_exception(e);
+    } catch (const Error& err) {
+      code = err.code();
+    }
+  });
+  CHECK(code == Errc::invalid_argument);
+  auto fut = async_wait(empty, boost::asio::use_future);
+  CHECK(test::expect_error([&] { fut.get(); }).code() == Errc::invalid_argument);
+  test::TempDir dir;
+  Checkpointer ckpt({.root = dir.path().string(), .world_size = 1});
+  std::vector<test::RankState> states{test::RankState(0, kN)};
+  auto h = ckpt.save(0, 1, states[0].views(), test::info_for(0, 1, kN, 1));
+  CHECK(test::expect_error([&] { h.on_ready(nullptr); }).code() == Errc::invalid_argument);
+  h.wait();
+}
+
+TEST_CASE("async_wait counts as outstanding work: io_context::run() returns only once the save is done") {
+  test::TempDir dir;
+  FaultInjectionFileSystem slow(posix_file_system());
+  std::vector<test::RankState> states{test::RankState(0, kN)};
+  boost::asio::io_context io;  // outlives the checkpointer's threads
+  Checkpointer ckpt({.root = dir.path().string(), .world_size = 1, .fs = &slow});
+  slow.hold_syncs(true);
+  auto h = ckpt.save(0, 1, states[0].views(), test::info_for(0, 1, kN, 1));
+  std::atomic<bool> run_returned{false};
+  std::uint64_t got = 0;
+  async_wait(h, boost::asio::bind_executor(io, [&](std::exception_ptr e, SaveResult r) {
+    CHECK(io.get_executor().running_in_this_thread());  // through the handler's executor
+    got = e ? 0 : r.step;
+  }));
+  std::thread runner([&] {
+    io.run();
+    run_returned = true;
+  });
+  std::this_thread::sleep_for(50ms);
+  CHECK_FALSE(run_returned.load());  // nothing else keeps io busy: the pending wait does
+  slow.hold_syncs(false);
+  runner.join();
+  CHECK(got == 1);
 }
 
 TEST_CASE("destruction drains staged saves and abandons a checkpoint some rank never saved") {

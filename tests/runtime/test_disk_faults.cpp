@@ -10,13 +10,14 @@
 #include <filesystem>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/io/fault_injection.hpp"
-#include "ckpt/io/memory_file_system.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
+#include "ckpt/testing/fault_injection.hpp"
+#include "ckpt/testing/memory_file_system.hpp"
 #include "runtime/runtime_fixture.hpp"
 
 using namespace ckpt;
+using namespace ckpt::testing;
 namespace fs = std::filesystem;
 
 namespace {

@@ -16,13 +16,14 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/io/commit.hpp"
 #include "ckpt/io/save.hpp"
-#include "ckpt/io/fault_injection.hpp"
+#include "ckpt/testing/fault_injection.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/io/root_lock.hpp"
 #include "runtime/runtime_fixture.hpp"
 
 using namespace ckpt;
+using namespace ckpt::testing;
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 

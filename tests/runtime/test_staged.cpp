@@ -8,10 +8,11 @@
 #include <thread>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/io/fault_injection.hpp"
+#include "ckpt/testing/fault_injection.hpp"
 #include "runtime/runtime_fixture.hpp"
 
 using namespace ckpt;
+using namespace ckpt::testing;
 using namespace std::chrono_literals;
 
 namespace {

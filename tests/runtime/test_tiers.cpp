@@ -9,13 +9,14 @@
 #include <thread>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/io/fault_injection.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/io/tiers.hpp"
+#include "ckpt/testing/fault_injection.hpp"
 #include "runtime/runtime_fixture.hpp"
 
 using namespace ckpt;
+using namespace ckpt::testing;
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 

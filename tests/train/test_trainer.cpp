@@ -383,6 +383,24 @@ TEST_CASE("a checkpoint without the accumulate key resumes as k = 1 and is refus
   check_resume_refused_for_config(cfg, dir.path().string());
 }
 
+TEST_CASE("a checkpoint whose training state lacks a key is refused as malformed_manifest, on every rank") {
+  auto cfg = small_config(2);
+  test::TempDir dir;
+  run_training(cfg, 2, 4, dir.path().string(), /*save_at=*/2);
+  const auto manifest = dir.path() / checkpoint_dir_name(2) / kManifestName;
+  auto m = boost::json::parse(read_text(manifest)).as_object();
+  REQUIRE(m.at("training").as_object().erase("loss_scaler") == 1);
+  write_text(manifest, boost::json::serialize(m));
+  try {
+    run_training(cfg, 2, 4, dir.path().string(), 0, /*resume=*/true);
+    FAIL("no throw");
+  } catch (const Error& e) {  // a ckpt::Error, not Boost.JSON's out_of_range
+    CHECK(e.code() == Errc::malformed_manifest);
+    CHECK(e.file() == "checkpoint of step 2");
+    CHECK(e.detail().find("loss_scaler") != std::string::npos);
+  }
+}
+
 TEST_CASE("accumulate below 1 is refused naming the field") {
   auto cfg = small_config(2);
   cfg.accumulate = 0;

@@ -62,6 +62,19 @@ void throw_invalid(std::string_view what) {
   throw Error(Errc::invalid_argument, {}, std::string(what));
 }
 
+void check_rank(int rank, int world, std::string_view what, std::string_view file) {
+  if (rank >= 0 && rank < world) return;
+  throw Error(Errc::invalid_argument, std::string(file), std::string(what),
+              world > 0 ? "0.." + std::to_string(world - 1) : "none (world size " + std::to_string(world) + ")",
+              std::to_string(rank));
+}
+
+void check_size(std::uint64_t expected, std::uint64_t actual, std::string_view what, std::string_view file) {
+  if (expected == actual) return;
+  throw Error(Errc::size_mismatch, std::string(file), std::string(what), std::to_string(expected) + " bytes",
+              std::to_string(actual) + " bytes");
+}
+
 std::string error_to_json(const Error& e) {
   return boost::json::serialize(boost::json::object{{"code", static_cast<int>(e.code())},
                                                     {"file", e.file()},

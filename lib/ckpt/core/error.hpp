@@ -5,6 +5,7 @@
 // stored and rethrown where the caller waits; they are never swallowed.
 #pragma once
 
+#include <cstdint>
 #include <exception>
 #include <stdexcept>
 #include <string>
@@ -60,6 +61,16 @@ class Error : public std::runtime_error {
 
 /// Throws Errc::invalid_argument naming what was wrong.
 [[noreturn]] void throw_invalid(std::string_view what);
+
+/// The one range check for a rank (or a root) of a world of `world` ranks: throws
+/// Errc::invalid_argument naming `file` (or the call: may be empty) and `what`, expected
+/// "0..world-1", actual `rank`, unless 0 <= rank < world. Allocates nothing when it passes.
+void check_rank(int rank, int world, std::string_view what, std::string_view file = {});
+
+/// The one check of a file's size against the size recorded for it: throws
+/// Errc::size_mismatch naming `file` and `what`, expected and actual as "N bytes", unless
+/// they are equal.
+void check_size(std::uint64_t expected, std::uint64_t actual, std::string_view what, std::string_view file);
 
 /// An Error as one line of JSON ({"code", "file", "detail", "expected", "actual", "errno"}), so
 /// that it can cross a thread or process boundary and be rethrown there unchanged.

@@ -36,20 +36,12 @@ bool overlaps(const std::byte* a, std::size_t na, const std::byte* b, std::size_
   return lt(a, b + nb) && lt(b, a + na);
 }
 
-void check_root(int root, int world, std::string_view where) {
-  if (root < 0 || root >= world)
-    throw Error(Errc::invalid_argument, {}, std::string(where) + ": root out of range",
-                "0.." + std::to_string(world - 1), std::to_string(root));
-}
-
 }  // namespace
 
 ShardRange shard_range(std::uint64_t count, int world, int rank) {
   if (world < 1) throw_invalid("shard_range: world size must be at least 1, got " +
                                std::to_string(world));
-  if (rank < 0 || rank >= world)
-    throw_invalid("shard_range: rank " + std::to_string(rank) + " outside 0.." +
-                  std::to_string(world - 1));
+  check_rank(rank, world, "shard_range: rank");
   const auto w = static_cast<std::uint64_t>(world);
   const auto r = static_cast<std::uint64_t>(rank);
   const std::uint64_t base = count / w;
@@ -81,7 +73,7 @@ void check_reducible(DType t, ReduceOp op) {
 void Communicator::broadcast(std::span<std::byte> buf, DType t, int root) {
   check_dtype(t, "broadcast");
   element_count(buf.size(), t, "broadcast buffer");
-  check_root(root, size(), "broadcast");
+  check_rank(root, size(), "root out of range", "broadcast");
   do_broadcast(buf, t, root);
 }
 

@@ -44,6 +44,11 @@ bool is_plain_file_name(std::string_view name) noexcept {
          name.find('\\') == std::string_view::npos;
 }
 
+const ShardRecord& Manifest::shard(int rank) const {
+  check_rank(rank, static_cast<int>(shards.size()), "shard rank", kManifestName);
+  return shards[static_cast<std::size_t>(rank)];
+}
+
 const TensorRecord* Manifest::find_tensor(std::string_view name, int rank) const noexcept {
   for (const auto& t : tensors)
     if (t.rank == rank && t.name == name) return &t;

@@ -53,7 +53,9 @@ struct Manifest {
   std::vector<TensorRecord> tensors;  ///< the tensor index
   boost::json::object training;       ///< free-form: LR schedule, config, ...
 
-  const ShardRecord& shard(int rank) const { return shards.at(static_cast<std::size_t>(rank)); }
+  /// The shard record of `rank`. Errc::invalid_argument naming manifest.json for a rank
+  /// outside 0..shards.size()-1.
+  const ShardRecord& shard(int rank) const;
   /// The index entry for (name, rank), or nullptr.
   const TensorRecord* find_tensor(std::string_view name, int rank) const noexcept;
 };

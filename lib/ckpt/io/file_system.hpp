@@ -1,5 +1,5 @@
 // The small file-system interface every ckpt write and read goes through, so that a
-// fault-injecting wrapper (fault_injection.hpp) can fail the n-th write, shorten a write, fail
+// fault-injecting wrapper (testing/fault_injection.hpp) can fail the n-th write, shorten a write, fail
 // an fsync or stop the commit sequence at any step, for both the synchronous and the
 // asynchronous writers. Every method states its contract; every failure is a ckpt::Error
 // (Errc::io_error or Errc::no_space with errno, naming the file).

@@ -11,14 +11,11 @@ namespace ckpt {
 ShardRangeReader::ShardRangeReader(const CheckpointReader& checkpoint, int rank, Verify mode)
     : rank_(rank), mode_(mode), chunk_size_(checkpoint.manifest().chunk_size) {
   const Manifest& m = checkpoint.manifest();
-  if (rank < 0 || rank >= m.world_size)
-    throw Error(Errc::invalid_argument, checkpoint.dir(), "rank", "0.." + std::to_string(m.world_size - 1), std::to_string(rank));
+  check_rank(rank, m.world_size, "rank", checkpoint.dir());
   record_ = &m.shard(rank);
   path_ = checkpoint.shard_path(rank);
   file_ = checkpoint.file_system().open_read(path_);
-  if (file_->size() != record_->size)
-    throw Error(Errc::size_mismatch, path_, "shard size", std::to_string(record_->size) + " bytes",
-                std::to_string(file_->size()) + " bytes");
+  check_size(record_->size, file_->size(), "shard size", path_);
 }
 
 void ShardRangeReader::check_chunk(std::uint64_t k, std::span<const std::byte> bytes) const {

@@ -84,8 +84,7 @@ CheckpointReader CheckpointReader::open(FileSystem& fs, const std::string& dir, 
                   "missing");
     if (st->type == EntryType::symlink) throw Error(Errc::unsafe_path, path, "shard is a symlink", "regular file", "symlink");
     if (st->type != EntryType::file) throw Error(Errc::unsafe_path, path, "shard is not a regular file", "regular file", "other");
-    if (st->size != s.size)
-      throw Error(Errc::size_mismatch, path, "shard size", std::to_string(s.size) + " bytes", std::to_string(st->size) + " bytes");
+    check_size(s.size, st->size, "shard size", path);
   }
   return CheckpointReader(fs, dir, std::move(m));
 }
@@ -98,8 +97,7 @@ void CheckpointReader::read_verified(int rank, Verify mode, std::span<std::byte>
   const ShardRecord& rec = manifest_.shard(rank);
   const std::string path = shard_path(rank);
   auto f = fs_->open_read(path);
-  if (f->size() != rec.size)
-    throw Error(Errc::size_mismatch, path, "shard size", std::to_string(rec.size) + " bytes", std::to_string(f->size()) + " bytes");
+  check_size(rec.size, f->size(), "shard size", path);
   const std::uint64_t cs = manifest_.chunk_size;
   const std::uint64_t n = chunk_count(rec.size, cs);
   const bool whole = out.size() >= rec.size;
@@ -176,15 +174,13 @@ void CheckpointReader::verify(Verify mode, const ProgressFn& progress) const {
 }
 
 void CheckpointReader::stream_shard(int rank, Verify mode, const ChunkSink& sink) const {
-  if (rank < 0 || rank >= manifest_.world_size)
-    throw Error(Errc::invalid_argument, dir_, "rank", "0.." + std::to_string(manifest_.world_size - 1), std::to_string(rank));
+  check_rank(rank, manifest_.world_size, "rank", dir_);
   AlignedBuffer scratch(static_cast<std::size_t>(std::min(manifest_.chunk_size, manifest_.shard(rank).size)));
   read_verified(rank, mode, scratch.span(scratch.capacity()), {}, 0, manifest_.shard(rank).size, sink);
 }
 
 void CheckpointReader::verify_shard(int rank, Verify mode, const ProgressFn& progress) const {
-  if (rank < 0 || rank >= manifest_.world_size)
-    throw Error(Errc::invalid_argument, dir_, "rank", "0.." + std::to_string(manifest_.world_size - 1), std::to_string(rank));
+  check_rank(rank, manifest_.world_size, "rank", dir_);
   AlignedBuffer scratch(mode == Verify::none ? 0 : static_cast<std::size_t>(std::min(manifest_.chunk_size, manifest_.shard(rank).size)));
   verify_one(rank, mode, scratch, progress, 0, manifest_.shard(rank).size);
 }
@@ -204,8 +200,7 @@ void CheckpointReader::verify_one(int rank, Verify mode, AlignedBuffer& scratch,
 }
 
 LoadedShard CheckpointReader::load_shard(int rank, Verify mode) const {
-  if (rank < 0 || rank >= manifest_.world_size)
-    throw Error(Errc::invalid_argument, dir_, "rank", "0.." + std::to_string(manifest_.world_size - 1), std::to_string(rank));
+  check_rank(rank, manifest_.world_size, "rank", dir_);
   LoadedShard out;
   out.rank = rank;
   out.record = manifest_.shard(rank);
@@ -223,8 +218,7 @@ std::vector<std::byte> CheckpointReader::read_tensor(std::string_view name, int 
   const ShardRecord& rec = manifest_.shard(rank);
   const std::string path = shard_path(rank);
   auto f = fs_->open_read(path);
-  if (f->size() != rec.size)
-    throw Error(Errc::size_mismatch, path, "shard size", std::to_string(rec.size) + " bytes", std::to_string(f->size()) + " bytes");
+  check_size(rec.size, f->size(), "shard size", path);
   std::vector<std::byte> out(static_cast<std::size_t>(t->end - t->begin));
   if (mode == Verify::none || out.empty()) {
     f->read_at(t->begin, out);

@@ -40,7 +40,6 @@
 #include <boost/asio/experimental/channel.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <boost/json.hpp>
@@ -69,7 +68,7 @@ namespace ckpt {
 
 namespace asio = boost::asio;
 using Clock = std::chrono::steady_clock;
-using Handler = asio::any_completion_handler<void(std::exception_ptr, SaveResult)>;
+using Handler = SaveHandle::ReadyCallback;
 
 namespace detail {
 struct SaveState {
@@ -99,14 +98,14 @@ struct SaveState {
       to_call.swap(waiters);
     }
     cv.notify_all();
-    for (auto& h : to_call) post_to(std::move(h), error, result);
+    for (const auto& h : to_call) run_callback(h, error, result);
   }
 
-  // Runs the handler through its associated executor. (Boost 1.81's any_completion_executor
-  // cannot be required to be non-blocking, so this is dispatch, not post: a handler with no
-  // executor of its own runs on the ckpt thread that completed the save.)
-  static void post_to(Handler h, const std::optional<Error>& e, SaveResult r) {
-    asio::dispatch(asio::append(std::move(h), e ? std::make_exception_ptr(fresh(*e)) : std::exception_ptr(), std::move(r)));
+  // Runs a SaveHandle::on_ready callback on this thread. No Asio type crosses here: an Asio
+  // handler is wrapped (and dispatched to its executor) by runtime/async_wait.hpp, compiled
+  // in the caller's translation unit.
+  static void run_callback(const Handler& h, const std::optional<Error>& e, SaveResult r) {
+    h(e ? std::make_exception_ptr(fresh(*e)) : std::exception_ptr(), std::move(r));
   }
 };
 }  // namespace detail
@@ -131,9 +130,11 @@ const SaveResult& SaveHandle::wait() const {
   return state_->result;
 }
 
-void SaveHandle::add_waiter(const std::shared_ptr<detail::SaveState>& s, Handler h) {
+void SaveHandle::on_ready(ReadyCallback h) const {
+  const auto& s = state_;
+  if (!h) throw_invalid("SaveHandle::on_ready: empty callback");
   if (!s) {
-    detail::SaveState::post_to(std::move(h), Error(Errc::invalid_argument, {}, "async_wait on an empty SaveHandle"), {});
+    detail::SaveState::run_callback(h, Error(Errc::invalid_argument, {}, "on_ready / async_wait on an empty SaveHandle"), {});
     return;
   }
   std::unique_lock lk(s->mu);
@@ -144,7 +145,7 @@ void SaveHandle::add_waiter(const std::shared_ptr<detail::SaveState>& s, Handler
   auto e = s->error;
   auto r = s->result;
   lk.unlock();
-  detail::SaveState::post_to(std::move(h), e, std::move(r));
+  detail::SaveState::run_callback(h, e, std::move(r));
 }
 
 namespace {
@@ -342,8 +343,7 @@ struct Checkpointer::Impl {
 
   SaveHandle save(int rank, std::uint64_t step, std::span<const TensorView> tensors, const SaveInfo& info) {
     const auto t_call = Clock::now();
-    if (rank < 0 || rank >= opt.world_size)
-      throw Error(Errc::invalid_argument, {}, "save rank", "0.." + std::to_string(opt.world_size - 1), std::to_string(rank));
+    check_rank(rank, opt.world_size, "save rank");
     if (!local[static_cast<std::size_t>(rank)])
       throw Error(Errc::invalid_argument, {}, "save rank: not one of this process's ranks (the coordinator's local_ranks)",
                   "a local rank", std::to_string(rank));
@@ -671,8 +671,7 @@ void Checkpointer::wait_all() {
 }
 
 std::optional<StagedSnapshot> Checkpointer::staged(int rank) const {
-  if (rank < 0 || rank >= impl_->opt.world_size)
-    throw Error(Errc::invalid_argument, {}, "staged rank", "0.." + std::to_string(impl_->opt.world_size - 1), std::to_string(rank));
+  check_rank(rank, impl_->opt.world_size, "staged rank");
   std::lock_guard lk(impl_->mu);
   const auto& rec = impl_->staged_records[static_cast<std::size_t>(rank)];
   if (!rec || !rec->committed) return std::nullopt;

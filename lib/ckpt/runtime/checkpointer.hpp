@@ -19,12 +19,11 @@
 // a log line says so.
 #pragma once
 
-#include <boost/asio/any_completion_handler.hpp>
-#include <boost/asio/async_result.hpp>
 #include <boost/json/object.hpp>
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -36,6 +35,13 @@
 #include "ckpt/io/file_system.hpp"
 #include "ckpt/runtime/coordinator.hpp"
 #include "ckpt/runtime/tiering.hpp"
+
+// This header needs no Asio. But a translation unit that uses Asio and the checkpointer must
+// compile Asio as ckpt does (link ckpt::asio): see runtime/async_wait.hpp for why. Caught
+// here when Asio was included first.
+#if defined(BOOST_ASIO_DETAIL_CONFIG_HPP) && !defined(BOOST_ASIO_HAS_IO_URING)
+#error "Asio is compiled here without BOOST_ASIO_HAS_IO_URING, unlike in ckpt: link the CMake target ckpt::asio"
+#endif
 
 namespace ckpt {
 
@@ -137,23 +143,17 @@ class SaveHandle {
   /// Blocks until ready(); returns the result or rethrows the save's ckpt::Error.
   const SaveResult& wait() const;
 
-  /// The same as an Asio asynchronous operation, completion signature
-  /// void(std::exception_ptr, SaveResult): `co_await h.async_wait(asio::use_awaitable)`
-  /// in a coroutine (throws the save's error), a callback, or asio::use_future. The handler
-  /// runs through its associated executor; one without (a plain callback) runs on the ckpt
-  /// worker thread that completed the save, so it must not block.
-  template <typename CompletionToken>
-  auto async_wait(CompletionToken&& token) {
-    return boost::asio::async_initiate<CompletionToken, void(std::exception_ptr, SaveResult)>(
-        [state = state_](auto handler) {
-          add_waiter(state, boost::asio::any_completion_handler<void(std::exception_ptr, SaveResult)>(std::move(handler)));
-        },
-        token);
-  }
+  /// Called once when the save is ready(): with a null exception_ptr and the result, or with
+  /// the save's ckpt::Error (a copy of its own for each callback) and an empty result.
+  using ReadyCallback = std::function<void(std::exception_ptr, SaveResult)>;
+  /// Registers `callback`. If the save is ready already, it runs at once on the calling
+  /// thread; otherwise on the ckpt thread that completes the save, which it must not block.
+  /// It must not throw. On an empty handle it runs at once with Errc::invalid_argument; an
+  /// empty `callback` throws Errc::invalid_argument. Never blocks itself; thread-safe. For coroutines, futures and completion tokens,
+  /// ckpt::async_wait (runtime/async_wait.hpp, opt-in) wraps this as an Asio operation.
+  void on_ready(ReadyCallback callback) const;
 
  private:
-  static void add_waiter(const std::shared_ptr<detail::SaveState>& s,
-                         boost::asio::any_completion_handler<void(std::exception_ptr, SaveResult)> h);
   std::shared_ptr<detail::SaveState> state_;
 };
 

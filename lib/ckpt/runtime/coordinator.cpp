@@ -19,8 +19,7 @@ class InProcessCoordinator final : public CommitCoordinator {
 
   void report(std::uint64_t step, RankReport report, CommitFn commit, OutcomeFn on_outcome) override {
     const int rank = report.rank;
-    if (rank < 0 || rank >= world_)
-      throw Error(Errc::invalid_argument, {}, "report rank", "0.." + std::to_string(world_ - 1), std::to_string(rank));
+    check_rank(rank, world_, "report rank");
     std::unique_lock lk(mu_);
     if (auto it = abandoned_.find(step); it != abandoned_.end()) {
       const CommitOutcome outcome = it->second;

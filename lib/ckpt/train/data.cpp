@@ -72,10 +72,7 @@ DataLoader::DataLoader(std::span<const std::int32_t> corpus, int seq, int batch,
                   std::to_string(seq) + ", batch = " + std::to_string(batch) +
                   ", world = " + std::to_string(world));
   }
-  if (rank < 0 || rank >= world) {
-    throw_invalid("DataLoader: rank " + std::to_string(rank) + " is outside [0, " +
-                  std::to_string(world) + ")");
-  }
+  check_rank(rank, world, "DataLoader: rank");
   if (corpus.size() < static_cast<std::size_t>(seq) + 1) {
     throw_invalid("DataLoader: corpus of " + std::to_string(corpus.size()) +
                   " tokens is shorter than seq + 1 = " + std::to_string(seq + 1));

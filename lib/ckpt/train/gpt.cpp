@@ -481,9 +481,7 @@ void check_tensor_parallel(const TensorParallel& tp, int ws_size, const char* wh
     throw Error(Errc::invalid_argument, {},
                 std::string(where) + ": tensor-parallel size differs from the workspace's",
                 std::to_string(ws_size), std::to_string(tp.size));
-  if (tp.rank < 0 || tp.rank >= tp.size)
-    throw Error(Errc::invalid_argument, {}, std::string(where) + ": tensor-parallel rank",
-                "0.." + std::to_string(tp.size - 1), std::to_string(tp.rank));
+  check_rank(tp.rank, tp.size, "tensor-parallel rank", where);  // no allocation on this hot path
   if (tp.size > 1 && !tp.all_reduce_sum)
     throw_invalid(std::string(where) + ": tensor parallelism needs all_reduce_sum");
 }

@@ -240,10 +240,11 @@ struct Trainer::LoadedState {
 namespace {
 // The global state every rank takes from the manifest's training object, whatever the world
 // size. `replica` is the rank's data-parallel index (its rank without tensor parallelism): it
-// names the stream of a rank the checkpoint has no RNG state for.
-void load_global_state(const json::object& tr, const json::object& rank_metadata, std::uint64_t seed, int replica,
-                       std::uint64_t& step, std::uint64_t& adam_step, LossScaler& scaler, std::uint64_t& data_position,
-                       std::array<std::uint64_t, 4>& rng, std::set<std::uint64_t>& skip_steps) {
+// names the stream of a rank the checkpoint has no RNG state for. A key that is missing or of
+// the wrong type is Errc::malformed_manifest naming `where`, never Boost.JSON's own exception.
+void load_global_state_unchecked(const json::object& tr, const json::object& rank_metadata, std::uint64_t seed, int replica,
+                                 std::uint64_t& step, std::uint64_t& adam_step, LossScaler& scaler, std::uint64_t& data_position,
+                                 std::array<std::uint64_t, 4>& rng, std::set<std::uint64_t>& skip_steps) {
   const json::object& sc = tr.at("loss_scaler").as_object();
   scaler.scale = static_cast<float>(sc.at("scale").to_number<double>());
   scaler.good_steps = json::value_to<std::uint32_t>(sc.at("good_steps"));
@@ -261,6 +262,16 @@ void load_global_state(const json::object& tr, const json::object& rank_metadata
   } else {
     // A rank the checkpoint has no stream for (it was resharded to more ranks).
     rng = Rng(rank_rng_seed(seed, replica, step)).state();
+  }
+}
+
+void load_global_state(const std::string& where, const json::object& tr, const json::object& rank_metadata, std::uint64_t seed,
+                       int replica, std::uint64_t& step, std::uint64_t& adam_step, LossScaler& scaler, std::uint64_t& data_position,
+                       std::array<std::uint64_t, 4>& rng, std::set<std::uint64_t>& skip_steps) {
+  try {
+    load_global_state_unchecked(tr, rank_metadata, seed, replica, step, adam_step, scaler, data_position, rng, skip_steps);
+  } catch (const std::exception& e) {
+    throw Error(Errc::malformed_manifest, where, std::string("training state (loss_scaler, adam_step, step, data_position, rng): ") + e.what());
   }
 }
 }  // namespace
@@ -319,7 +330,7 @@ Trainer::LoadedState Trainer::load_state(const LoadedShard& shard, const Manifes
   st.master = copy_tensor<float>(shard.tensor("optim.master"), "optim.master", n);
   st.m = copy_tensor<float>(shard.tensor("optim.m"), "optim.m", n);
   st.v = copy_tensor<float>(shard.tensor("optim.v"), "optim.v", n);
-  load_global_state(manifest.training, shard.record.metadata, cfg_.seed, data_parallel_rank(), st.step, st.adam_step, st.scaler,
+  load_global_state(where, manifest.training, shard.record.metadata, cfg_.seed, data_parallel_rank(), st.step, st.adam_step, st.scaler,
                     st.data_position, st.rng, st.skip_steps);
   st.wall_seconds = manifest.wall_clock_seconds;
   return st;
@@ -352,7 +363,7 @@ Trainer::LoadedState Trainer::load_state_resharded(const CheckpointReader& check
   meta.erase("rng");
   if (rank < manifest.world_size)
     if (const auto* r = manifest.shard(rank).metadata.if_contains("rng")) meta["rng"] = *r;
-  load_global_state(manifest.training, meta, cfg_.seed, data_parallel_rank(), st.step, st.adam_step, st.scaler, st.data_position,
+  load_global_state(checkpoint.dir(), manifest.training, meta, cfg_.seed, data_parallel_rank(), st.step, st.adam_step, st.scaler, st.data_position,
                     st.rng, st.skip_steps);
   st.wall_seconds = manifest.wall_clock_seconds;
   return st;
@@ -384,7 +395,7 @@ Trainer::LoadedState Trainer::load_state(const StagedSnapshot& snapshot) const {
   st.master = copy_tensor<float>(tensor("optim.master"), "optim.master", n);
   st.m = copy_tensor<float>(tensor("optim.m"), "optim.m", n);
   st.v = copy_tensor<float>(tensor("optim.v"), "optim.v", n);
-  load_global_state(snapshot.info.training, snapshot.info.metadata, cfg_.seed, data_parallel_rank(), st.step, st.adam_step, st.scaler,
+  load_global_state(where, snapshot.info.training, snapshot.info.metadata, cfg_.seed, data_parallel_rank(), st.step, st.adam_step, st.scaler,
                     st.data_position, st.rng, st.skip_steps);
   st.wall_seconds = snapshot.info.wall_clock_seconds;
   return st;

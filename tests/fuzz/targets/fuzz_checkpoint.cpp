@@ -21,11 +21,12 @@
 
 #include "ckpt/hash/file_digest.hpp"
 #include "ckpt/io/layout.hpp"
-#include "ckpt/io/memory_file_system.hpp"
 #include "ckpt/io/reader.hpp"
+#include "ckpt/testing/memory_file_system.hpp"
 #include "fuzz_common.hpp"
 
 using namespace ckpt;
+using namespace ckpt::testing;
 using fuzz::require;
 
 namespace {

@@ -15,6 +15,7 @@
 #include "hostile/corpus.hpp"
 
 using namespace ckpt;
+using namespace ckpt::testing;
 namespace fs = std::filesystem;
 
 namespace {

@@ -29,7 +29,7 @@
 
 #include "ckpt/io/file_system.hpp"
 
-namespace ckpt {
+namespace ckpt::testing {
 
 class MemoryFileSystem final : public FileSystem {
  public:
@@ -78,4 +78,4 @@ class MemoryFileSystem final : public FileSystem {
   std::shared_ptr<State> state_;
 };
 
-}  // namespace ckpt
+}  // namespace ckpt::testing

@@ -1,4 +1,4 @@
-#include "ckpt/io/memory_file_system.hpp"
+#include "ckpt/testing/memory_file_system.hpp"
 
 #include <cerrno>
 #include <cstring>
@@ -10,7 +10,7 @@
 
 #include "ckpt/core/error.hpp"
 
-namespace ckpt {
+namespace ckpt::testing {
 
 namespace {
 
@@ -450,4 +450,4 @@ std::uint64_t MemoryFileSystem::total_file_bytes() const {
   return total;
 }
 
-}  // namespace ckpt
+}  // namespace ckpt::testing

@@ -23,7 +23,7 @@
 
 #include "ckpt/io/file_system.hpp"
 
-namespace ckpt {
+namespace ckpt::testing {
 
 class FaultInjectionFileSystem final : public FileSystem {
  public:
@@ -109,4 +109,4 @@ class FaultInjectionFileSystem final : public FileSystem {
   void wait_if_held();
 };
 
-}  // namespace ckpt
+}  // namespace ckpt::testing

@@ -1,4 +1,4 @@
-#include "ckpt/io/fault_injection.hpp"
+#include "ckpt/testing/fault_injection.hpp"
 
 #include <unistd.h>
 
@@ -6,7 +6,7 @@
 
 #include "ckpt/core/error.hpp"
 
-namespace ckpt {
+namespace ckpt::testing {
 
 namespace {
 const char* op_name(FaultInjectionFileSystem::Op op) {
@@ -251,4 +251,4 @@ void FaultInjectionFileSystem::remove_all(const std::string& path) {
   base_.remove_all(path);
 }
 
-}  // namespace ckpt
+}  // namespace ckpt::testing
