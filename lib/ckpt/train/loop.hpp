@@ -48,16 +48,17 @@ struct PreemptionSave {
 };
 
 /// The emergency save of a preempted loop, on every rank (collective): saves the trainer's
-/// current step unless `in_flight` is a save of that step already, then waits for it for up to
-/// `grace_seconds` (the deadline). If any rank's save completed by then, every rank waits for its outcome (the
-/// ranks share one commit outcome, so this is at most a moment); else it is abandoned: the
-/// handles are left running, `latest` stays where it was, and the process should exit
-/// without destroying the checkpointer (std::_Exit after flushing its output): the root is
-/// then as after a crash, its temporary removed by the next start (io/commit.hpp). After a
-/// commit with a durable tier, rank 0 waits until the durable tier's `latest` names the step,
-/// until `deadline` or until a second signal (decision.hurry, or preemption.count() >= 2).
-/// Blocks in start_save while another step is in flight (BusyPolicy::wait). Throws what
-/// the communicator throws; a failed save is reported in `error`, not thrown.
+/// current step unless `in_flight` is a save of that step already, then waits for it for up
+/// to `grace_seconds` (the deadline). If any rank's save completed by then, every rank waits
+/// for its outcome (the ranks share one commit outcome, so this is at most a moment); else it
+/// is abandoned: the handles are left running, `latest` stays where it was, and the process
+/// should exit without destroying the checkpointer (std::_Exit after flushing its output):
+/// the root is then as after a crash, its temporary removed by the next start
+/// (io/commit.hpp). After a commit with a durable tier, rank 0 waits until the durable tier's
+/// `latest` names the step, until the deadline or a second signal (decision.hurry, or
+/// preemption.count() >= 2). Blocks in start_save while another step is in flight
+/// (BusyPolicy::wait). Throws what the communicator throws; a failed save is reported in
+/// `error`, not thrown.
 PreemptionSave save_on_preemption(Checkpointer& checkpointer, const Trainer& trainer, dist::Communicator& comm, SaveHandle in_flight,
                                   const Preemption& preemption, const PreemptionDecision& decision, double grace_seconds);
 
