@@ -241,8 +241,9 @@ TEST_CASE("ckpt-demo --grace-seconds 0: a save that cannot finish in the budget 
     CHECK(latest == step);  // it was committed by the time the ranks agreed: no need to abandon
   } else {
     CHECK(m[2].str() == "the save of step " + std::to_string(step) + " did not finish within the 0 s grace budget and was abandoned; ");
+    // The abandoned save may have got as far as renaming its directory into place (the
+    // process left as a crash would, before `latest` moved): `latest` still names the previous one.
     CHECK(latest < step);
-    CHECK(!fs::exists(root / ckpt::checkpoint_dir_name(step) / "manifest.json"));
   }
   // The next run starts from `latest`, whatever the abandoned save left behind.
   int status = 0;
