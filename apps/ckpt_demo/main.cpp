@@ -32,8 +32,10 @@
 #include "ckpt/io/reader.hpp"
 #include "ckpt/io/tiers.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
+#include "ckpt/runtime/preemption.hpp"
 #include "ckpt/runtime/tiering.hpp"
 #include "ckpt/testing/fault_injection.hpp"
+#include "ckpt/train/loop.hpp"
 #include "ckpt/train/trainer.hpp"
 #include "cli.hpp"
 #include "record.hpp"
@@ -82,6 +84,9 @@ struct Options {
   int world = 4;
   std::optional<std::uint64_t> steps;  // default: 20, or 10 past the checkpoint resumed from
   std::uint64_t save_every = 10;
+  std::optional<double> save_every_seconds;  // a wall-clock cadence instead of save_every
+  double grace_seconds = 30;
+  bool watch_signals = false;  // this run stops on a preemption signal (not check (e)'s resume)
   bool resume = false, reshard = false;
   std::optional<std::string> metrics;
   int keep = 3;
@@ -124,6 +129,19 @@ Options parse(int argc, char** argv) {
   add_int_option(app, "--steps", o.steps, std::uint64_t{0}, kMaxStep, "N",
                  "train up to step N (default 20; with --resume, 10 steps past the\ncheckpoint)");
   add_int_option(app, "--save-every", o.save_every, std::uint64_t{1}, kMaxStep, "N", "save asynchronously every N steps (default 10)");
+  app.add_option("--save-every-seconds", o.save_every_seconds,
+                 "save on wall-clock time instead: after the first step at least S seconds\n"
+                 "after the previous save (or the start), as rank 0's clock says; every rank\n"
+                 "saves that step")
+      ->check(CLI::PositiveNumber.description(""))
+      ->option_text("S");
+  app.add_option("--grace-seconds", o.grace_seconds,
+                 "on SIGTERM, SIGINT or SIGUSR1: every rank stops at the next step, saves it\n"
+                 "and waits up to S seconds for it to commit (and reach --durable-dir; a\n"
+                 "second signal skips that wait), then prints the loss table so far and one\n"
+                 "line naming `latest` and exits 0 (default 30)")
+      ->check(CLI::NonNegativeNumber.description(""))
+      ->option_text("S");
   auto* resume = app.add_flag("--resume", o.resume, "continue from the checkpoint DIR/latest names, up to --steps");
   app.add_flag("--reshard", o.reshard,
                "with --resume: accept a checkpoint written at another world size and\n"
@@ -233,6 +251,19 @@ void barrier() {
 #endif
 }
 
+// Preemption (--grace-seconds): installed by main around the training run; the outcome of an
+// emergency save, the same on every rank, for main to report.
+Preemption* g_preemption = nullptr;
+struct Preempted {
+  PreemptionSave save;
+  int signal = 0;
+  // The save, or the durable copy, is still running: destroying the checkpointer would wait
+  // for it past the budget, so the process leaves without (the root is as after a crash).
+  bool exit_now() const { return save.abandoned || save.durable_skipped; }
+};
+std::mutex g_preempted_mu;
+std::optional<Preempted> g_preempted;
+
 // One rank's part of a run: train, save every --save-every steps (async), notice failed saves
 // while training goes on, and record what the checks need. Identical for every backend.
 RankRecord train_rank(const Options& o, dist::Communicator& comm, const std::string& root, bool resume, Checkpointer* ckpt,
@@ -282,6 +313,9 @@ RankRecord train_rank(const Options& o, dist::Communicator& comm, const std::str
   if (o.inject_spike && ckpt) trainer.set_lr_multiplier_once(*o.inject_spike, 1000.0f);
   int rollbacks_in_a_row = 0;
   std::uint64_t last_trip = 0;
+  std::optional<SaveCadence> cadence;
+  if (o.save_every_seconds) cadence = SaveCadence::every_seconds(*o.save_every_seconds);
+  bool abandoned = false;
   while (trainer.step_count() < last) {
     StepRow row;
     row.stats = trainer.step();
@@ -308,7 +342,8 @@ RankRecord train_rank(const Options& o, dist::Communicator& comm, const std::str
       }
       if (step > last_trip) rollbacks_in_a_row = 0;
     }
-    if (ckpt && step % o.save_every == 0) {
+    SaveHandle saved_now;
+    if (ckpt && (cadence ? save_due(*cadence, comm, step) : step % o.save_every == 0)) {
       if (faults && o.fail_save == step) {
         // Arm the fault between checkpoints: the previous one is committed, none of this
         // step's writes has started.
@@ -320,7 +355,8 @@ RankRecord train_rank(const Options& o, dist::Communicator& comm, const std::str
         comm.barrier();
       }
       const auto t0 = std::chrono::steady_clock::now();
-      pending.push_back(start_save(*ckpt, trainer));  // returns once staged; training goes on
+      saved_now = start_save(*ckpt, trainer);  // returns once staged; training goes on
+      pending.push_back(saved_now);
       row.stall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (!rec.snapshot_step && o.fail_save != step) {
         rec.snapshot_step = step;
@@ -329,9 +365,20 @@ RankRecord train_rank(const Options& o, dist::Communicator& comm, const std::str
       }
     }
     collect(false, &row);
+    if (ckpt && o.watch_signals && g_preemption) {
+      if (const PreemptionDecision d = g_preemption->agree(comm); d.stop) {
+        const PreemptionSave p = save_on_preemption(*ckpt, trainer, comm, saved_now, *g_preemption, d, o.grace_seconds);
+        row.event = "preempted by " + signal_name(d.signal) + ": emergency save " + (p.committed ? "committed" : p.abandoned ? "abandoned" : "failed");
+        abandoned = p.abandoned;
+        rec.rows.push_back(std::move(row));
+        std::lock_guard lk(g_preempted_mu);  // every rank has the same outcome
+        g_preempted = Preempted{p, d.signal};
+        break;
+      }
+    }
     rec.rows.push_back(std::move(row));
   }
-  collect(true, nullptr);
+  if (!abandoned) collect(true, nullptr);
   const auto p = trainer.optimizer().params16();
   rec.final_params.assign(p.begin(), p.end());
   rec.skipped_batches.assign(trainer.skipped_batches().begin(), trainer.skipped_batches().end());
@@ -363,25 +410,25 @@ struct RunRecord {
 
 RunRecord run(const Options& o, const std::string& root, bool resume, bool saves) {
   RunRecord rec;
-  FaultInjectionFileSystem faults(posix_file_system());
+  auto faults = std::make_unique<FaultInjectionFileSystem>(posix_file_system());
   std::unique_ptr<CommitCoordinator> coordinator;  // default (threads): in-process
 #ifdef CKPT_DEMO_MPI
   if (g_mpi && saves) coordinator = dist::make_mpi_coordinator();  // its own communicator: never meets the training's
 #endif
-  std::optional<Checkpointer> ckpt;
+  std::unique_ptr<Checkpointer> ckpt;
   if (saves) {
     CheckpointerOptions opt{.root = root, .world_size = o.world, .keep_last = o.keep, .backend = o.writer,
-                            .fs = o.fail_save ? &faults : nullptr, .coordinator = coordinator.get()};
+                            .fs = o.fail_save ? faults.get() : nullptr, .coordinator = coordinator.get()};
     if (o.durable_dir) opt.durable = DurableTierOptions{.root = *o.durable_dir, .keep_last = o.keep_durable};
     // A tiered resume may continue from the durable tier, older than what the local `latest`
     // names when that one is corrupt: its saves may then move `latest` back (logged).
     opt.allow_older_than_latest = resume && o.durable_dir;
-    ckpt.emplace(std::move(opt));
+    ckpt = std::make_unique<Checkpointer>(std::move(opt));
   }
   rec.backend = ckpt ? std::string(ckpt->backend_name()) : "none";
   std::mutex mu;
   auto rank_main = [&](dist::Communicator& comm) {
-    const RankRecord mine = train_rank(o, comm, root, resume, ckpt ? &*ckpt : nullptr, o.fail_save ? &faults : nullptr);
+    const RankRecord mine = train_rank(o, comm, root, resume, ckpt.get(), o.fail_save ? faults.get() : nullptr);
     // Every rank's record reaches every rank: through the same communicator for threads and
     // processes.
     const auto blobs = comm.all_gather_bytes(demo::encode(mine));
@@ -394,7 +441,12 @@ RunRecord run(const Options& o, const std::string& root, bool resume, bool saves
   else
 #endif
     dist::run_ranks(o.world, rank_main);
-  if (ckpt && o.durable_dir) {
+  if (g_preempted && g_preempted->exit_now() && !is_mpi()) {
+    // main exits with std::_Exit once its output is out: what the save still uses stays.
+    (void)ckpt.release(), (void)coordinator.release(), (void)faults.release();
+    return rec;
+  }
+  if (ckpt && o.durable_dir && !g_preempted) {
     ckpt->wait_all();
     ckpt->wait_durable();
     rec.durable = ckpt->stats().durable;
@@ -508,7 +560,14 @@ int main(int argc, char** argv) {
         }
       }
     }
-    const RunRecord rec = run(o, root, o.resume, true);
+    // The signals are watched while this run trains; afterwards they have their usual effect.
+    std::optional<Preemption> preemption(std::in_place);
+    g_preemption = &*preemption;
+    Options main_run = o;
+    main_run.watch_signals = true;
+    const RunRecord rec = run(main_run, root, o.resume, true);
+    g_preemption = nullptr;
+    preemption.reset();
     const RankRecord& r0 = rec.first();
     const std::string layout = o.train.tensor_parallel > 1 ? " (tensor " + std::to_string(o.train.tensor_parallel) + " x data " +
                                                                   std::to_string(o.world / o.train.tensor_parallel) + ": attention heads split)"
@@ -547,6 +606,25 @@ int main(int argc, char** argv) {
         if (!row.event.empty()) metrics << ",\"event\":" << json::serialize(json::value(row.event));
         metrics << "}\n";
       }
+    }
+    if (g_preempted) {
+      // The loss table and the metrics so far are the run's output; then the one line, exit 0.
+      if (metrics) metrics.close();
+      PreemptionSave& p = g_preempted->save;
+      const bool exit_now = g_preempted->exit_now() && !is_mpi();
+      if (exit_now && p.abandoned) {
+        // The abandoned save runs on until the process ends: read `latest` again at the last
+        // moment, so the line names what the root holds (it may have committed meanwhile).
+        std::fflush(stdout);
+        const auto name = read_latest(posix_file_system(), root);
+        p.latest = name ? parse_checkpoint_dir_name(*name) : std::nullopt;
+        if (p.latest == p.step) p.abandoned = false, p.committed = true;
+      }
+      std::printf("\n%s\n", preemption_line(p, g_preempted->signal).c_str());
+      std::fflush(stdout);
+      if (exit_now) std::_Exit(0);
+      barrier();
+      return 0;
     }
 
     // ---- memory profile ----

@@ -38,4 +38,5 @@
 #include "ckpt/io/tiers.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
 #include "ckpt/runtime/coordinator.hpp"
+#include "ckpt/runtime/preemption.hpp"
 #include "ckpt/runtime/tiering.hpp"

@@ -705,11 +705,11 @@ SaveCadence SaveCadence::every_steps(std::uint64_t n) {
   return c;
 }
 
-SaveCadence SaveCadence::every_seconds(double seconds) {
+SaveCadence SaveCadence::every_seconds(double seconds, std::chrono::steady_clock::time_point start) {
   if (!(seconds > 0)) throw_invalid("SaveCadence::every_seconds: seconds must be > 0");
   SaveCadence c;
   c.every_ = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(seconds));
-  c.last_ = std::chrono::steady_clock::now();
+  c.last_ = start;
   return c;
 }
 

@@ -226,9 +226,11 @@ class Checkpointer {
 class SaveCadence {
  public:
   static SaveCadence every_steps(std::uint64_t n);
-  static SaveCadence every_seconds(double seconds);
+  /// `start`: the instant the first interval counts from (default now; a test injects its clock).
+  static SaveCadence every_seconds(double seconds, std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now());
   /// every_steps: step % n == 0 (step 0 excluded). every_seconds: true when at least T
-  /// seconds passed since construction or since the last call that returned true.
+  /// seconds passed since `start` or since the last call that returned true. The training
+  /// loop's collective form is train::save_due (train/loop.hpp): rank 0's clock decides.
   bool due(std::uint64_t step, std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
 
  private:

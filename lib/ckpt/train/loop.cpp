@@ -1,0 +1,100 @@
+#include "ckpt/train/loop.hpp"
+
+#include <future>
+#include <memory>
+#include <thread>
+
+#include "ckpt/core/error.hpp"
+#include "ckpt/io/file_system.hpp"
+#include "ckpt/io/layout.hpp"
+#include "ckpt/io/reader.hpp"
+
+namespace ckpt::train {
+
+using Clock = std::chrono::steady_clock;
+
+bool save_due(SaveCadence& cadence, dist::Communicator& comm, std::uint64_t step, Clock::time_point now) {
+  std::uint8_t due = comm.rank() == 0 && cadence.due(step, now);
+  comm.broadcast(std::span<std::uint8_t>(&due, 1), 0);
+  return due != 0;
+}
+
+namespace {
+
+std::optional<std::uint64_t> latest_step(const std::string& root) {
+  try {
+    if (const auto name = read_latest(posix_file_system(), root)) return parse_checkpoint_dir_name(*name);
+  } catch (const Error&) {
+    // An unreadable `latest` names nothing.
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+PreemptionSave save_on_preemption(Checkpointer& checkpointer, const Trainer& trainer, dist::Communicator& comm, SaveHandle in_flight,
+                                  const Preemption& preemption, const PreemptionDecision& decision, double grace_seconds) {
+  PreemptionSave out;
+  out.step = trainer.step_count();
+  out.grace_seconds = grace_seconds;
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace_seconds));
+  out.reused = in_flight.valid() && !in_flight.skipped() && in_flight.step() == out.step;
+  SaveHandle h = out.reused ? in_flight : start_save(checkpointer, trainer);
+  auto ready = std::make_shared<std::promise<void>>();
+  std::future<void> done = ready->get_future();
+  h.on_ready([ready](std::exception_ptr, const SaveResult&) { ready->set_value(); });
+  // Handles of one step complete together, so a save done on one rank is decided for all.
+  std::int32_t finished = done.wait_until(deadline) == std::future_status::ready;
+  comm.all_reduce(std::span<std::int32_t>(&finished, 1), dist::ReduceOp::sum);
+  if (finished > 0) {
+    try {
+      h.wait();
+      out.committed = true;
+    } catch (const Error& e) {
+      out.error = e.what();
+    }
+  } else {
+    out.abandoned = true;
+  }
+  const auto& durable = checkpointer.options().durable;
+  out.has_durable_tier = durable.has_value();
+  // Rank 0 reads both tiers (under MPI its process commits and copies) and tells the others.
+  std::uint64_t shared[3] = {0, 0, 0};  // latest + 1 (0: none), durable, durable_skipped
+  if (comm.rank() == 0) {
+    const auto latest = latest_step(checkpointer.options().root);
+    shared[0] = latest ? *latest + 1 : 0;
+    if (durable && latest) {
+      const bool want = out.committed;
+      while (latest_step(durable->root) != latest) {
+        if (!want || Clock::now() >= deadline || decision.hurry || preemption.count() >= 2) {
+          shared[2] = want;
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      shared[1] = latest_step(durable->root) == latest;
+      if (shared[1]) shared[2] = 0;
+    }
+  }
+  comm.broadcast(std::span<std::uint64_t>(shared, 3), 0);
+  if (shared[0]) out.latest = shared[0] - 1;
+  out.durable = shared[1] != 0;
+  out.durable_skipped = shared[2] != 0;
+  return out;
+}
+
+std::string preemption_line(const PreemptionSave& s, int signal) {
+  std::string line = "preempted by " + signal_name(signal) + " at step " + std::to_string(s.step) + ": ";
+  char budget[32];
+  std::snprintf(budget, sizeof budget, "%g", s.grace_seconds);
+  if (s.abandoned)
+    line += "the save of step " + std::to_string(s.step) + " did not finish within the " + budget + " s grace budget and was abandoned; ";
+  else if (!s.committed)
+    line += "the save of step " + std::to_string(s.step) + " failed (" + s.error + "); ";
+  line += s.latest ? "latest is " + checkpoint_dir_name(*s.latest) : std::string("no checkpoint is committed");
+  if (s.has_durable_tier)
+    line += std::string(" (durable tier: ") + (s.durable ? "yes" : s.durable_skipped ? "no, its copy was cut short" : "no") + ")";
+  return line;
+}
+
+}  // namespace ckpt::train
