@@ -449,7 +449,8 @@ void copy_to_scratch(const std::string& from_root, const std::string& name, cons
 
 }  // namespace
 
-int main(int argc, char** argv) {
+namespace {
+int program_main(int argc, char** argv) {
   Options o = parse(argc, argv);
   // Names of this run's temporary directories: this process's id, or rank 0's under MPI so
   // every process names the same directories.
@@ -749,8 +750,8 @@ int main(int argc, char** argv) {
       refuse("missing shard:", [&](const fs::path& d) { fs::remove(d / shards.back().path); }, o.world);
       refuse("truncated shard:", [&](const fs::path& d) { fs::resize_file(d / shards.front().path, shards.front().size / 2); }, o.world);
     }
-  } catch (const Error& e) {
-    std::fprintf(stderr, "ckpt-demo: %s\n", e.what());
+  } catch (...) {  // a ckpt::Error, or a std::filesystem / std::bad_alloc failure, typed
+    std::fprintf(stderr, "ckpt-demo: %s\n", to_error(std::current_exception()).what());
     exit_code = 1;
   }
   barrier();  // every process is done reading before the scratch and temporary roots go
@@ -779,4 +780,9 @@ int main(int argc, char** argv) {
   if (checks.count('e') && checks['e'].first) std::printf("resume verified\n");
   if (temp_root && printer()) fs::remove_all(root);
   return exit_code;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  return ckpt::cli::guarded_main("ckpt-demo", [&] { return program_main(argc, argv); });
 }
