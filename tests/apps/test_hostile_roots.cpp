@@ -88,3 +88,20 @@ TEST_CASE("every program given a root its user cannot read prints the typed perm
   };
   for (const auto& u : uses) check_refused(u, as_nobody);
 }
+
+TEST_CASE("a step directory that latest names as a symlink to a checkpoint outside the root is refused by verify, ls and --resume") {
+  ckpt::test::TempDir dir;
+  const std::string root = (dir / "run").string(), outside = (dir / "outside").string();
+  REQUIRE(run(kBin + "ckpt-demo --steps 2 --save-every 2 --dir " + root).status == 0);
+  const std::string step = root + "/step-0000000002";
+  std::filesystem::create_directories(outside);
+  std::filesystem::rename(step, outside + "/step-0000000002");
+  std::filesystem::create_directory_symlink(outside + "/step-0000000002", step);
+  const std::string want = "unsafe path: " + step + ": step directory is a symlink: expected directory, actual symlink";
+  check_refused({"ckpt verify " + step, "ckpt verify: " + want});
+  check_refused({"ckpt verify --full " + step, "ckpt verify: " + want});
+  check_refused({"ckpt ls " + root, "    " + want});
+  check_refused({"ckpt-demo --resume --dir " + root, "ckpt-demo: " + want});
+  // The checkpoint behind the link was a good one: only the link was refused.
+  CHECK(run(kBin + "ckpt verify --full " + outside + "/step-0000000002").status == 0);
+}
