@@ -70,13 +70,15 @@ CheckpointReader CheckpointReader::open(FileSystem& fs, const std::string& dir, 
   const std::string mpath = join_path(dir, kManifestName);
   std::string text;
   try {
-    text = read_small_file(fs, mpath, kMaxManifestBytes, Errc::malformed_manifest);
+    text = with_typed_errors(mpath, [&] { return read_small_file(fs, mpath, kMaxManifestBytes, Errc::malformed_manifest); });
   } catch (const Error& e) {
     if (e.code() == Errc::not_found)
       throw Error(Errc::not_found, mpath, "no manifest: not a complete checkpoint", "manifest.json present", "missing");
     throw;
   }
-  Manifest m = decode_manifest(text, mpath);
+  // A manifest within the size limit can still need more memory than there is (a 200 MB one
+  // of 16M keys): the failure names the manifest, not just std::bad_alloc.
+  Manifest m = with_typed_errors(mpath, [&] { return decode_manifest(text, mpath); });
   // The directory name is the step the commit gave it (docs/format.md): a manifest that says
   // otherwise was moved, copied or edited, and must not pass for this step.
   std::string_view base = dir;
