@@ -2,7 +2,6 @@
 // reader's error names the manifest (before, `ckpt verify` printed only std::bad_alloc).
 #include <doctest/doctest.h>
 
-#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +10,7 @@
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
 #include "hostile/corpus.hpp"
+#include "support/test_support.hpp"
 
 using namespace ckpt;
 
@@ -38,14 +38,7 @@ TEST_CASE("a manifest whose JSON exhausts memory is refused with an out-of-memor
       text.insert(text.rfind('}'), ",\"bulk\":{\"a\":" + zeros + "}");
       good.fs.put_file(mpath, text);
     }
-    long pages = 0;
-    if (std::FILE* f = std::fopen("/proc/self/statm", "r")) {
-      if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
-      std::fclose(f);
-    }
-    const rlim_t limit = static_cast<rlim_t>(pages) * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE)) + (384ull << 20);
-    const rlimit rl{limit, limit};
-    if (::setrlimit(RLIMIT_AS, &rl) != 0) ::_exit(4);
+    if (!test::limit_address_space(384ull << 20)) ::_exit(4);
     try {
       CheckpointReader::open(good.fs, good.latest_dir);
       ::_exit(2);
