@@ -15,7 +15,8 @@
 using namespace ckpt;
 namespace fs = std::filesystem;
 
-int main(int argc, char** argv) {
+namespace {
+int program_main(int argc, char** argv) {
   std::string dir;
   CLI::App app("ckpt-quickstart: a synchronous save and verified load of a 4-rank sharded checkpoint,\n"
                "then the loader refusing a resume at another world size, a missing shard, a\n"
@@ -106,4 +107,9 @@ int main(int argc, char** argv) {
   if (temporary) fs::remove_all(root);
   std::printf("%s\n", equal ? "quickstart verified" : "quickstart FAILED");
   return equal ? 0 : 1;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  return ckpt::cli::guarded_main("ckpt-quickstart", [&] { return program_main(argc, argv); });
 }

@@ -14,7 +14,8 @@
 #include "ckpt/ckpt.hpp"  // the whole public API, as a user includes it
 #include "cli.hpp"
 
-int main(int argc, char** argv) {
+namespace {
+int program_main(int argc, char** argv) {
   std::string dir;
   std::uint64_t steps = 100, every = 1;
   CLI::App app("ckpt-training-loop: 4 rank threads save asynchronously every EVERY steps without\n"
@@ -82,4 +83,9 @@ int main(int argc, char** argv) {
   checkpointer.wait_all();  // the rotation after the last commit runs in the background
   if (temporary) std::filesystem::remove_all(root);
   return ok ? 0 : 1;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  return ckpt::cli::guarded_main("ckpt-training-loop", [&] { return program_main(argc, argv); });
 }

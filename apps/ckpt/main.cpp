@@ -784,8 +784,9 @@ int main(int argc, char** argv) {
     if (it->common->json) print_json(json::object{{"ok", false}, {"error", error_json(e)}});
     std::cerr << name << ": " << e.what() << "\n";
     return kExitBad;
-  } catch (const std::exception& e) {
-    if (it->common->json) print_json(json::object{{"ok", false}, {"error", {{"code", "error"}, {"message", e.what()}}}});
+  } catch (...) {  // std::filesystem, std::bad_alloc, ...: typed like the library's own errors
+    const Error e = to_error(std::current_exception());
+    if (it->common->json) print_json(json::object{{"ok", false}, {"error", error_json(e)}});
     std::cerr << name << ": " << e.what() << "\n";
     return kExitBad;
   }

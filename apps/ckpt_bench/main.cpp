@@ -133,7 +133,8 @@ void write_file(const std::string& path, const std::string& text) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+namespace {
+int program_main(int argc, char** argv) {
   const Cli cli = parse(argc, argv);
   try {
     json::object res;
@@ -151,8 +152,13 @@ int main(int argc, char** argv) {
     if (!cli.o.plot_path.empty()) write_file(cli.o.plot_path, render_svg(res));
     if (!cli.o.markdown_path.empty()) write_file(cli.o.markdown_path, render_markdown(res));
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ckpt-bench: %s\n", e.what());
-    return 1;
+    std::fprintf(stderr, "ckpt-bench: %s\n", ckpt::to_error(std::current_exception()).what());
+    return ckpt::cli::kExitError;
   }
   return 0;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  return ckpt::cli::guarded_main("ckpt-bench", [&] { return program_main(argc, argv); });
 }

@@ -12,15 +12,21 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <cstdio>
+#include <exception>
 #include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 
+#include "ckpt/core/error.hpp"
+
 namespace ckpt::cli {
 
 inline constexpr int kExitUsage = 2;
+/// The exit status of a program that stopped on an error (a typed ckpt::Error on stderr).
+inline constexpr int kExitError = 1;
 
 /// The project version (CMake's PROJECT_VERSION), e.g. "0.1.0".
 std::string_view version() noexcept;
@@ -69,6 +75,25 @@ void print_usage_error(const std::string& command, const std::string& message);
 /// argument that names no subcommand of an `app` that has some is reported as an unknown
 /// command. Blocks only to write the help; throws nothing CLI11 throws.
 std::optional<int> parse(CLI::App& app, int argc, char** argv, const UsageReporter& report = {});
+
+/// Runs a program's `body` and returns its exit status; whatever escapes it (a ckpt::Error, a
+/// std::filesystem::filesystem_error, std::bad_alloc, any exception) is printed on stderr as
+/// "<program>: <typed error>" (ckpt::to_error) and returns kExitError, so that no failure
+/// ends a program with an uncaught exception (abort, exit 134). Every program's main() is
+/// `return cli::guarded_main("ckpt-...", [&] { ... });`.
+inline int guarded_main(std::string_view program, const std::function<int()>& body) noexcept {
+  try {
+    try {
+      return body();
+    } catch (...) {
+      const Error e = to_error(std::current_exception());
+      std::fprintf(stderr, "%.*s: %s\n", static_cast<int>(program.size()), program.data(), e.what());
+    }
+  } catch (...) {
+    std::fputs("out of memory\n", stderr);  // even composing the message failed
+  }
+  return kExitError;
+}
 
 /// The command a usage error after parsing is about: the app's name and that of the selected
 /// subcommand, if any ("ckpt ls").

@@ -1,5 +1,11 @@
+// check_rank / check_size, and to_error / with_typed_errors: what escapes std::filesystem and
+// the allocator becomes a ckpt::Error naming the path.
 #include <doctest/doctest.h>
 
+#include <cerrno>
+#include <filesystem>
+#include <new>
+#include <stdexcept>
 #include <string>
 
 #include "ckpt/core/error.hpp"
@@ -28,4 +34,48 @@ TEST_CASE("check_size refuses a size other than the recorded one as size_mismatc
   const Error e = expect_error([] { check_size(4096, 100, "shard size", "/c/rank-00000-of-00001.safetensors"); });
   CHECK(e.code() == Errc::size_mismatch);
   CHECK(std::string(e.what()) == "size mismatch: /c/rank-00000-of-00001.safetensors: shard size: expected 4096 bytes, actual 100 bytes");
+}
+
+namespace {
+template <class E>
+Error typed(const E& e) {
+  return to_error(std::make_exception_ptr(e));
+}
+}  // namespace
+
+TEST_CASE("a std::filesystem error becomes a typed error naming its path, the operation and the errno") {
+  std::error_code ec;
+  std::filesystem::directory_iterator("/proc/self/status/x", ec);
+  REQUIRE(ec);
+  const Error e = typed(std::filesystem::filesystem_error("directory iterator cannot open directory", "/proc/self/status/x", ec));
+  CHECK(e.code() == Errc::io_error);
+  CHECK(e.file() == "/proc/self/status/x");
+  CHECK(e.detail() == "directory iterator cannot open directory: Not a directory");
+  CHECK(e.sys_errno() == ENOTDIR);
+  CHECK(std::string(e.what()) == "I/O error: /proc/self/status/x: directory iterator cannot open directory: Not a directory");
+
+  const Error gone = typed(std::filesystem::filesystem_error("cannot copy", "/a", "/b", std::make_error_code(std::errc::no_such_file_or_directory)));
+  CHECK(gone.code() == Errc::not_found);
+  CHECK(gone.file() == "/a -> /b");
+  const Error full = typed(std::filesystem::filesystem_error("cannot copy", "/a", std::make_error_code(std::errc::no_space_on_device)));
+  CHECK(full.code() == Errc::no_space);
+}
+
+TEST_CASE("std::bad_alloc becomes an out-of-memory error, and with_typed_errors names the file it was about") {
+  const Error e = typed(std::bad_alloc());
+  CHECK(e.code() == Errc::io_error);
+  CHECK(e.sys_errno() == ENOMEM);
+  CHECK(e.detail().find("out of memory") != std::string::npos);
+  try {
+    with_typed_errors("/ckpt/step-0000000010/manifest.json", []() -> int { throw std::bad_alloc(); });
+    FAIL("nothing thrown");
+  } catch (const Error& err) {
+    CHECK(err.code() == Errc::io_error);
+    CHECK(err.file() == "/ckpt/step-0000000010/manifest.json");
+    CHECK(std::string(err.what()).find("out of memory") != std::string::npos);
+  }
+  // A ckpt::Error passes unchanged; a value is returned as is.
+  const Error own(Errc::checksum_mismatch, "/x", "chunk 3");
+  CHECK_THROWS_WITH_AS(with_typed_errors("/y", [&]() -> int { throw own; }), own.what(), Error);
+  CHECK(with_typed_errors("/y", [] { return 7; }) == 7);
 }

@@ -473,6 +473,21 @@ std::vector<Case> path_cases(const GoodRoot& g) {
         Errc::unsafe_path, s1, Stage::open);
   b.add("shard1 dangling symlink", [s1](MemoryFileSystem& fs) { fs.put_symlink(s1, "/nowhere/x"); }, Errc::unsafe_path, s1, Stage::open);
   b.add("shard1 symlink loop", [s1](MemoryFileSystem& fs) { fs.put_symlink(s1, s1); }, Errc::unsafe_path, s1, Stage::open);
+  // The step directory `latest` names is itself a symlink: to a whole checkpoint outside the
+  // root (its manifest and shards all regular files there), or to the previous checkpoint.
+  b.add("step directory a symlink to a checkpoint outside the root",
+        [dir = g.latest_dir](MemoryFileSystem& fs) {
+          fs.create_dirs("/outside");
+          fs.rename(dir, "/outside/step-0000000020");
+          fs.put_symlink(dir, "/outside/step-0000000020");
+        },
+        Errc::unsafe_path, g.latest_dir, Stage::open, "step directory is a symlink");
+  b.add("step directory a relative symlink to the previous checkpoint",
+        [dir = g.latest_dir](MemoryFileSystem& fs) {
+          fs.remove_all(dir);
+          fs.put_symlink(dir, "step-0000000010");
+        },
+        Errc::unsafe_path, g.latest_dir, Stage::open, "step directory is a symlink");
   return std::move(b.out);
 }
 

@@ -6,7 +6,6 @@
 // and under an address-space limit.
 #include <doctest/doctest.h>
 
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -295,14 +294,7 @@ TEST_CASE("every hostile case is refused within a 768 MiB address-space budget")
   if (pid == 0) {
     // Child: the budget is over what the process already maps; a case that allocates past it
     // gets std::bad_alloc (a non-ckpt exception, reported) or dies.
-    long pages = 0;
-    if (std::FILE* f = std::fopen("/proc/self/statm", "r")) {
-      if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
-      std::fclose(f);
-    }
-    const rlim_t limit = static_cast<rlim_t>(pages) * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE)) + (768ull << 20);
-    const rlimit rl{limit, limit};
-    if (::setrlimit(RLIMIT_AS, &rl) != 0) ::_exit(3);
+    if (!test::limit_address_space(768ull << 20)) ::_exit(3);
     int bad = 0;
     for (const auto& [name, change] : harmless_changes()) {
       try {

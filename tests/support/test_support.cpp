@@ -1,7 +1,9 @@
 #include "support/test_support.hpp"
 
 #include <doctest/doctest.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -82,6 +84,17 @@ void write_all(const std::filesystem::path& p, const std::vector<std::uint8_t>& 
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
   out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   if (!out) throw std::runtime_error("cannot write " + p.string());
+}
+
+bool limit_address_space(std::uint64_t extra_bytes) {
+  long pages = 0;
+  if (std::FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
+    std::fclose(f);
+  }
+  const rlim_t limit = static_cast<rlim_t>(pages) * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE)) + static_cast<rlim_t>(extra_bytes);
+  const rlimit rl{limit, limit};
+  return ::setrlimit(RLIMIT_AS, &rl) == 0;
 }
 
 std::string run_command(const std::string& cmd, int* status) {

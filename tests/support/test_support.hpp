@@ -40,6 +40,11 @@ std::vector<std::uint8_t> random_bytes(std::size_t n, std::uint64_t seed);
 std::vector<std::uint8_t> read_all(const std::filesystem::path& p);
 void write_all(const std::filesystem::path& p, const std::vector<std::uint8_t>& bytes);
 
+/// Caps this process's address space (RLIMIT_AS) at what it maps now plus `extra_bytes`, so
+/// that an allocation past the budget fails with std::bad_alloc. For forked children only
+/// (it cannot be raised again). Returns false if the limit could not be set.
+bool limit_address_space(std::uint64_t extra_bytes);
+
 /// Runs a shell command and returns its stdout; sets *status to the exit status.
 std::string run_command(const std::string& cmd, int* status = nullptr);
 

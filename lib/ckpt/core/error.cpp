@@ -2,6 +2,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <new>
 
 #include <boost/json.hpp>
 
@@ -106,6 +108,20 @@ Error to_error(std::exception_ptr e) {
     std::rethrow_exception(e);
   } catch (const Error& err) {
     return err;
+  } catch (const std::filesystem::filesystem_error& ex) {
+    // "filesystem error: directory iterator cannot open directory: Not a directory [/x]":
+    // the path and the errno are what the user needs; the code follows throw_errno's rule.
+    const int err = ex.code().category() == std::generic_category() || ex.code().category() == std::system_category() ? ex.code().value() : 0;
+    const Errc code = (err == ENOSPC || err == EDQUOT) ? Errc::no_space : err == ENOENT ? Errc::not_found : Errc::io_error;
+    std::string file = ex.path1().string();
+    if (!ex.path2().empty()) file += " -> " + ex.path2().string();
+    // The operation as libstdc++ words it, without its prefix and the bracketed paths.
+    std::string_view what = ex.what();
+    if (what.starts_with("filesystem error: ")) what.remove_prefix(18);
+    if (const auto bracket = what.find(" ["); bracket != std::string_view::npos) what = what.substr(0, bracket);
+    return Error(code, std::move(file), what.empty() ? ex.code().message() : std::string(what), {}, {}, err);
+  } catch (const std::bad_alloc&) {
+    return Error(Errc::io_error, {}, "out of memory (std::bad_alloc)", {}, {}, ENOMEM);
   } catch (const std::exception& ex) {
     return Error(Errc::io_error, {}, ex.what());
   } catch (...) {

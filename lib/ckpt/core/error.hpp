@@ -77,7 +77,25 @@ void check_size(std::uint64_t expected, std::uint64_t actual, std::string_view w
 std::string error_to_json(const Error& e);
 /// Inverse of error_to_json. Text that is not such JSON becomes Errc::comm_error quoting it.
 Error error_from_json(std::string_view text);
-/// The exception in `e` as a ckpt::Error (other exceptions become Errc::io_error with what()).
+/// The exception in `e` as a ckpt::Error: a ckpt::Error unchanged; a
+/// std::filesystem::filesystem_error as Errc::io_error (not_found for ENOENT, no_space for
+/// ENOSPC/EDQUOT) naming its path(s), with its errno; std::bad_alloc as Errc::io_error "out of
+/// memory" with errno ENOMEM; any other exception as Errc::io_error with what().
 Error to_error(std::exception_ptr e);
+
+/// Runs `body`, rethrowing whatever it throws as to_error() of it, with `file` filled in when
+/// the error names none (e.g. a std::bad_alloc while reading `file`).
+template <class F>
+decltype(auto) with_typed_errors(const std::string& file, F&& body) {
+  try {
+    return body();
+  } catch (const Error&) {
+    throw;
+  } catch (...) {
+    Error e = to_error(std::current_exception());
+    if (!e.file().empty()) throw e;
+    throw Error(e.code(), file, e.detail(), e.expected(), e.actual(), e.sys_errno());
+  }
+}
 
 }  // namespace ckpt

@@ -114,6 +114,30 @@ class FileSystem {
   virtual std::unique_ptr<FileLock> try_lock(const std::string& path, std::string_view record) = 0;
 };
 
+/// A FileSystem that forwards every call to `target` (which must outlive it), so that a
+/// wrapper (fault injection, timing, a test's race) overrides only the calls it changes.
+class FileSystemWrapper : public FileSystem {
+ public:
+  explicit FileSystemWrapper(FileSystem& target) : target_(target) {}
+  FileSystem& target() const noexcept { return target_; }
+
+  std::unique_ptr<WritableFile> create(const std::string& path, const WriteOptions& opts) override { return target_.create(path, opts); }
+  std::unique_ptr<ReadableFile> open_read(const std::string& path) override { return target_.open_read(path); }
+  void create_dir(const std::string& path) override { target_.create_dir(path); }
+  void create_dirs(const std::string& path) override { target_.create_dirs(path); }
+  void sync_dir(const std::string& path) override { target_.sync_dir(path); }
+  void rename(const std::string& from, const std::string& to) override { target_.rename(from, to); }
+  void remove_all(const std::string& path) override { target_.remove_all(path); }
+  std::vector<DirEntry> list_dir(const std::string& path) override { return target_.list_dir(path); }
+  std::optional<FileStat> stat(const std::string& path) override { return target_.stat(path); }
+  std::unique_ptr<FileLock> try_lock(const std::string& path, std::string_view record) override {
+    return target_.try_lock(path, record);
+  }
+
+ private:
+  FileSystem& target_;
+};
+
 /// The real file system (POSIX calls). Thread-safe; the same object serves every caller.
 FileSystem& posix_file_system();
 

@@ -53,17 +53,32 @@ const LoadedTensor& LoadedShard::tensor(std::string_view name) const {
   throw Error(Errc::not_found, path_, "no tensor named '" + std::string(name) + "'");
 }
 
+namespace {
+// A step directory that is a symlink would load whatever it points to (a checkpoint outside
+// the root, another step) under this step's name: refused like a symlinked shard, manifest or
+// `latest`. lstat of "dir/" follows the link, so trailing slashes are dropped first.
+void refuse_symlinked_dir(FileSystem& fs, const std::string& dir) {
+  std::string_view d = dir;
+  while (d.size() > 1 && d.back() == '/') d.remove_suffix(1);
+  if (const auto st = fs.stat(std::string(d)); st && st->type == EntryType::symlink)
+    throw Error(Errc::unsafe_path, dir, "step directory is a symlink", "directory", "symlink");
+}
+}  // namespace
+
 CheckpointReader CheckpointReader::open(FileSystem& fs, const std::string& dir, std::optional<int> expected_world_size) {
+  refuse_symlinked_dir(fs, dir);
   const std::string mpath = join_path(dir, kManifestName);
   std::string text;
   try {
-    text = read_small_file(fs, mpath, kMaxManifestBytes, Errc::malformed_manifest);
+    text = with_typed_errors(mpath, [&] { return read_small_file(fs, mpath, kMaxManifestBytes, Errc::malformed_manifest); });
   } catch (const Error& e) {
     if (e.code() == Errc::not_found)
       throw Error(Errc::not_found, mpath, "no manifest: not a complete checkpoint", "manifest.json present", "missing");
     throw;
   }
-  Manifest m = decode_manifest(text, mpath);
+  // A manifest within the size limit can still need more memory than there is (a 200 MB one
+  // of 16M keys): the failure names the manifest, not just std::bad_alloc.
+  Manifest m = with_typed_errors(mpath, [&] { return decode_manifest(text, mpath); });
   // The directory name is the step the commit gave it (docs/format.md): a manifest that says
   // otherwise was moved, copied or edited, and must not pass for this step.
   std::string_view base = dir;
@@ -310,19 +325,32 @@ std::vector<CheckpointInfo> list_checkpoints(FileSystem& fs, const std::string& 
   std::vector<CheckpointInfo> out;
   const auto latest = read_latest(fs, root);
   for (const auto& e : fs.list_dir(root)) {
-    if (e.type != EntryType::directory) continue;
     const auto step = parse_checkpoint_dir_name(e.name);
     const bool temp = is_temporary_name(e.name);
+    // A symlink with a checkpoint's name is listed, as the unsafe path open() calls it.
+    if (e.type != EntryType::directory && !(step && e.type == EntryType::symlink)) continue;
     if (!step && !temp) continue;
     CheckpointInfo info;
     info.name = e.name;
     info.step = step;
     info.is_latest = latest && *latest == e.name;
     const std::string dir = join_path(root, e.name);
+    // A save running meanwhile renames temporaries into place and rotates old checkpoints away
+    // (renamed to a temporary, then removed): an entry gone since list_dir is no longer there
+    // to report, and what failed while it went is not damage.
+    auto vanished = [&] {
+      const auto st = fs.stat(dir);
+      return !st || st->type != e.type;
+    };
     if (temp) {
       info.state = CheckpointState::in_progress;
-      for (const auto& f : fs.list_dir(dir))
-        if (auto st = fs.stat(join_path(dir, f.name)); st && st->type == EntryType::file) info.bytes += st->size;
+      try {
+        for (const auto& f : fs.list_dir(dir))
+          if (auto st = fs.stat(join_path(dir, f.name)); st && st->type == EntryType::file) info.bytes += st->size;
+      } catch (const Error& err) {
+        if (err.code() == Errc::not_found || vanished()) continue;
+        throw;
+      }
     } else {
       try {
         auto reader = CheckpointReader::open(fs, dir);
@@ -330,6 +358,7 @@ std::vector<CheckpointInfo> list_checkpoints(FileSystem& fs, const std::string& 
         for (const auto& s : reader.manifest().shards) info.bytes += s.size;
         if (verify != Verify::none) reader.verify(verify);
       } catch (const Error& err) {
+        if (vanished()) continue;
         info.state = CheckpointState::corrupt;
         info.error = err.what();
       }

@@ -64,7 +64,8 @@ class CheckpointReader {
   /// Opens the checkpoint in `dir` (a step-N directory). With `expected_world_size`, a
   /// different world_size is Errc::world_size_mismatch naming both sizes. Throws
   /// Errc::not_found (no manifest), the manifest's decode errors, Errc::missing_shard,
-  /// Errc::unsafe_path (a shard that is a symlink or not a regular file), Errc::size_mismatch.
+  /// Errc::unsafe_path (`dir` itself, the manifest or a shard is a symlink, or a shard is not
+  /// a regular file), Errc::size_mismatch.
   static CheckpointReader open(FileSystem& fs, const std::string& dir, std::optional<int> expected_world_size = {});
 
   const Manifest& manifest() const noexcept { return manifest_; }
@@ -159,7 +160,10 @@ struct CheckpointInfo {
 };
 
 /// Every checkpoint directory and temporary under `root`, in name (= step) order. With a
-/// verify mode other than none, complete checkpoints are read and checked.
+/// verify mode other than none, complete checkpoints are read and checked. A symlink with a
+/// checkpoint's name is listed as corrupt (Errc::unsafe_path, as open() refuses it). Safe to
+/// call while a save commits and rotates in the same root: an entry that is renamed or
+/// removed while it is being read is left out, never reported as corrupt.
 std::vector<CheckpointInfo> list_checkpoints(FileSystem& fs, const std::string& root, Verify verify = Verify::none);
 
 }  // namespace ckpt

@@ -619,8 +619,8 @@ GptWorkspace::GptWorkspace(const GptConfig& cfg, int tensor_parallel)
 }
 
 std::size_t GptWorkspace::bytes() const noexcept {
-  return (acts_.size() + dacts_.size() + dparams_.size()) * sizeof(float) +
-         (tokens_.size() + targets_.size()) * sizeof(std::int32_t);
+  return (acts_.capacity() + dacts_.capacity() + dparams_.capacity()) * sizeof(float) +
+         (tokens_.capacity() + targets_.capacity()) * sizeof(std::int32_t);
 }
 
 float gpt_forward(const GptConfig& cfg, std::span<const float> params,

@@ -166,6 +166,8 @@ MemoryProfile Trainer::memory() const noexcept {
   MemoryProfile m;
   m.params = opt_.param_bytes();
   m.grads = opt_.grad_bytes();
+  m.params32 = params32_.capacity() * sizeof(float);
+  m.grads32 = grads32_.capacity() * sizeof(float);
   m.optimizer = opt_.optimizer_bytes();
   m.activations = ws_.bytes();
   m.expected_optimizer = 12 * opt_.padded_numel() / static_cast<std::uint64_t>(comm_.size());

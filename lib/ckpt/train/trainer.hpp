@@ -139,9 +139,15 @@ struct RollbackResult {
   std::uint64_t skipped_step = 0;  ///< the step whose batch will be skipped (the tripped step)
 };
 
+/// One rank's memory by category, in bytes, measured from the buffers that hold it (capacity x
+/// element size), not from formulas.
 struct MemoryProfile {
-  std::uint64_t params = 0, grads = 0, optimizer = 0, activations = 0;
-  std::uint64_t expected_optimizer = 0;  ///< 12 * padded P / N
+  std::uint64_t params = 0, grads = 0;        ///< the 16-bit parameters and gradients (ZeRO-1: 2P each)
+  std::uint64_t params32 = 0, grads32 = 0;    ///< fp32 working copies forward and backward use (4P each)
+  std::uint64_t optimizer = 0;                ///< Zero1Optimizer::optimizer_bytes() (12P/N when lean)
+  std::uint64_t activations = 0;              ///< the model workspace (activations, their gradients)
+  std::uint64_t expected_optimizer = 0;       ///< 12 * padded P / N: what check (c) compares with
+  std::uint64_t total() const noexcept { return params + grads + params32 + grads32 + optimizer + activations; }
 };
 
 class Trainer {
@@ -196,6 +202,8 @@ class Trainer {
   int world_size() const noexcept { return comm_.size(); }
   std::size_t num_params() const noexcept { return opt_.num_params(); }
   const Zero1Optimizer& optimizer() const noexcept { return opt_; }
+  /// The optimizer itself, for tests and diagnostics (e.g. hold_extra_for_testing).
+  Zero1Optimizer& optimizer() noexcept { return opt_; }
   MemoryProfile memory() const noexcept;
   /// Upcast copy of the current parameters (num_params floats).
   std::vector<float> parameters() const;

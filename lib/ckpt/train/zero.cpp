@@ -39,7 +39,6 @@ Zero1Optimizer::Zero1Optimizer(std::size_t num_params, dist::Communicator& comm,
   master_.assign(shard_.numel, 0.0f);
   m_.assign(shard_.numel, 0.0f);
   v_.assign(shard_.numel, 0.0f);
-  grad_shard_.assign(shard_.numel, 0.0f);
   // bf16 has fp32's range: no loss scaling needed.
   if (precision_ == Precision::bf16) scaler_.scale = 1.0f, scaler_.growth_interval = UINT32_MAX;
 }
@@ -80,7 +79,6 @@ StepReport Zero1Optimizer::step(std::span<const float> grads, float lr_multiplie
   double local[2] = {0.0, 0.0};  // {non-finite seen, sum of squares}
   for (std::uint64_t i = 0; i < shard_.numel; ++i) {
     const float g = from16(grads16_[shard_.offset + i]) * unscale;
-    grad_shard_[i] = g;
     if (!std::isfinite(g)) local[0] = 1.0;
     else local[1] += static_cast<double>(g) * g;
   }
@@ -101,7 +99,9 @@ StepReport Zero1Optimizer::step(std::span<const float> grads, float lr_multiplie
   const float bc1 = 1.0f - std::pow(adam_.beta1, static_cast<float>(t));
   const float bc2 = 1.0f - std::pow(adam_.beta2, static_cast<float>(t));
   for (std::uint64_t i = 0; i < shard_.numel; ++i) {
-    const float g = grad_shard_[i] * clip;
+    // Unscaled again from the reduced 16-bit block, as above (the same float operations, so
+    // the same value): no fp32 gradient shard is kept, the optimizer holds only its 12P/N.
+    const float g = from16(grads16_[shard_.offset + i]) * unscale * clip;
     m_[i] = adam_.beta1 * m_[i] + (1.0f - adam_.beta1) * g;
     v_[i] = adam_.beta2 * v_[i] + (1.0f - adam_.beta2) * g * g;
     const float mhat = m_[i] / bc1, vhat = v_[i] / bc2;
@@ -114,6 +114,12 @@ StepReport Zero1Optimizer::step(std::span<const float> grads, float lr_multiplie
   scaler_.update(false);
   return rep;
 }
+
+std::uint64_t Zero1Optimizer::optimizer_bytes() const noexcept {
+  return (master_.capacity() + m_.capacity() + v_.capacity()) * sizeof(float) + extra_.capacity();
+}
+
+void Zero1Optimizer::hold_extra_for_testing(std::size_t bytes) { extra_.assign(bytes, std::byte{0}); }
 
 void Zero1Optimizer::restore(std::span<const float> master, std::span<const float> m, std::span<const float> v,
                              std::uint64_t adam_step, LossScaler scaler) {

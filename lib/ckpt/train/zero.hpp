@@ -89,11 +89,17 @@ class Zero1Optimizer {
   std::span<const float> master() const noexcept { return master_; }
   std::span<const float> adam_m() const noexcept { return m_; }
   std::span<const float> adam_v() const noexcept { return v_; }
-  /// Bytes of optimizer state on this rank: 12 * shard().numel.
-  std::uint64_t optimizer_bytes() const noexcept { return 12 * shard_.numel; }
-  /// Bytes of the 16-bit parameters and gradients on this rank.
-  std::uint64_t param_bytes() const noexcept { return 2 * padded_; }
-  std::uint64_t grad_bytes() const noexcept { return 2 * padded_; }
+  /// Bytes the optimizer's own buffers hold on this rank, measured (capacity x element size of
+  /// each): the fp32 master shard, Adam m and v (12 * shard().numel when nothing else is
+  /// held) and any other buffer it keeps. Not computed from a formula, so a check against
+  /// 12 P / N can fail.
+  std::uint64_t optimizer_bytes() const noexcept;
+  /// Bytes the 16-bit parameter and gradient buffers hold on this rank (measured).
+  std::uint64_t param_bytes() const noexcept { return params16_.capacity() * sizeof(std::uint16_t); }
+  std::uint64_t grad_bytes() const noexcept { return grads16_.capacity() * sizeof(std::uint16_t); }
+  /// For tests of memory checks: makes the optimizer keep `bytes` more (a buffer it holds
+  /// besides its state, as a leaky or wasteful optimizer would). Not thread-safe with step().
+  void hold_extra_for_testing(std::size_t bytes);
 
   Precision precision() const noexcept { return precision_; }
   DType dtype16() const noexcept { return precision_ == Precision::f16 ? DType::F16 : DType::BF16; }
@@ -123,7 +129,8 @@ class Zero1Optimizer {
   LossScaler scaler_;
   std::uint64_t adam_step_ = 0;
   std::vector<std::uint16_t> params16_, grads16_;
-  std::vector<float> master_, m_, v_, grad_shard_;
+  std::vector<float> master_, m_, v_;
+  std::vector<std::byte> extra_;  // hold_extra_for_testing
 };
 
 }  // namespace ckpt::train
