@@ -82,6 +82,7 @@ struct Options {
   std::optional<std::uint64_t> steps;  // default: 20, or 10 past the checkpoint resumed from
   std::uint64_t save_every = 10;
   bool resume = false, reshard = false;
+  bool resume_auto = false;  // --resume auto: resume if there is a committed checkpoint, else start fresh
   std::optional<std::string> metrics;
   int keep = 3;
   std::optional<std::uint64_t> fail_save;
@@ -101,7 +102,7 @@ constexpr std::uint64_t kMaxStep = std::uint64_t{1} << 40;
 Options parse(int argc, char** argv) {
   Options o;
   o.train.total_steps = 20;
-  std::string backend = "threads", writer = "auto", precision = "f16";
+  std::string backend = "threads", writer = "auto", precision = "f16", resume_mode;
   CLI::App app(kDescription, "ckpt-demo");
   cli::setup(app);
   app.footer(kChecks);
@@ -123,7 +124,13 @@ Options parse(int argc, char** argv) {
   add_int_option(app, "--steps", o.steps, std::uint64_t{0}, kMaxStep, "N",
                  "train up to step N (default 20; with --resume, 10 steps past the\ncheckpoint)");
   add_int_option(app, "--save-every", o.save_every, std::uint64_t{1}, kMaxStep, "N", "save asynchronously every N steps (default 10)");
-  auto* resume = app.add_flag("--resume", o.resume, "continue from the checkpoint DIR/latest names, up to --steps");
+  auto* resume = app.add_option("--resume", resume_mode,
+                                "continue from the checkpoint DIR/latest names, up to --steps; with\n"
+                                "`auto`: the same if DIR (or --durable-dir) has a `latest`, else start\n"
+                                "fresh, saying which in one line (the mode a restart loop uses)")
+                     ->expected(0, 1)
+                     ->check(CLI::IsMember({"auto"}).description(""))
+                     ->option_text("[auto]");
   app.add_flag("--reshard", o.reshard,
                "with --resume: accept a checkpoint written at another world size and\n"
                "re-slice its optimizer state for --world-size (without it such a\n"
@@ -184,6 +191,8 @@ Options parse(int argc, char** argv) {
                  "seed of parameters, corpus and per-rank RNG (default 1234)");
   if (const auto rc = cli::parse(app, argc, argv)) std::exit(*rc);
 
+  o.resume = resume->count() > 0;
+  o.resume_auto = resume_mode == "auto";
   o.mpi = backend == "mpi";
   o.world_given = world->count() > 0;
   o.writer = writer == "io_uring" ? WriterBackend::io_uring : writer == "posix" ? WriterBackend::posix : WriterBackend::automatic;
@@ -440,6 +449,13 @@ std::string fmt_bytes(std::uint64_t b) {
   return buf;
 }
 
+// Whether `root` has a `latest`: a committed checkpoint (one that does not open is reported by
+// the resume itself).
+bool has_latest(const std::string& root) {
+  std::error_code ec;
+  return fs::symlink_status(fs::path(root) / kLatestName, ec).type() != fs::file_type::not_found && !ec;
+}
+
 void copy_to_scratch(const std::string& from_root, const std::string& name, const fs::path& to_root) {
   fs::remove_all(to_root);
   fs::create_directories(to_root);
@@ -477,10 +493,19 @@ int main(int argc, char** argv) {
   const bool temp_root = !o.dir;
   const std::string root = o.dir ? *o.dir : (fs::temp_directory_path() / ("ckpt-demo-" + std::to_string(run_id))).string();
   if (o.resume && temp_root) usage("--resume needs --dir");
-  if (!o.resume && fs::exists(root))
-    for (const auto& e : fs::directory_iterator(root))
-      if (parse_checkpoint_dir_name(e.path().filename().string()))
-        usage(root + " already holds checkpoints: pass --resume to continue them, or another --dir");
+  // Only a committed checkpoint (a `latest`) makes a root non-empty: step directories without
+  // one were never committed, and the checkpointer removes them (with a log line).
+  std::string auto_line;
+  if (o.resume_auto) {
+    const std::optional<std::string> from = has_latest(root)                            ? std::optional(root)
+                                            : o.durable_dir && has_latest(*o.durable_dir) ? o.durable_dir
+                                                                                        : std::nullopt;
+    o.resume = from.has_value();
+    auto_line = from ? "resume auto: resuming from the checkpoint " + join_path(*from, kLatestName) + " names"
+                     : "resume auto: no committed checkpoint in " + root + (o.durable_dir ? " or " + *o.durable_dir : "") + ": starting fresh";
+  }
+  if (!o.resume && has_latest(root))
+    usage(root + " already holds committed checkpoints: pass --resume (or --resume auto) to continue them, or another --dir");
   const fs::path scratch = fs::temp_directory_path() / ("ckpt-demo-scratch-" + std::to_string(run_id));
   std::map<char, std::pair<bool, std::string>> checks;
   int exit_code = 0;
@@ -489,6 +514,7 @@ int main(int argc, char** argv) {
     const auto& m = o.train.model;
     std::printf("ckpt-demo: mini GPT, %zu parameters (%d layers, dim %d, %d heads, vocab %d, seq %d, batch %d per rank)\n",
                 num_params(m), m.layers, m.dim, m.heads, m.vocab, m.seq, m.batch);
+    if (!auto_line.empty()) std::printf("%s\n", auto_line.c_str());
     // The checkpoint a resume starts from, read before this run's saves can rotate it away.
     std::optional<std::string> source_dir;
     int source_world = o.world;

@@ -38,6 +38,9 @@ std::vector<std::uint8_t> random_bytes(std::size_t n, std::uint64_t seed);
 std::vector<std::uint8_t> read_all(const std::filesystem::path& p);
 void write_all(const std::filesystem::path& p, const std::vector<std::uint8_t>& bytes);
 
+/// The names of the entries of `dir`, sorted.
+std::vector<std::string> names_in(const std::filesystem::path& dir);
+
 /// Runs a shell command and returns its stdout; sets *status to the exit status.
 std::string run_command(const std::string& cmd, int* status = nullptr);
 

@@ -3,6 +3,7 @@
 #include "ckpt/io/commit.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
@@ -23,6 +24,32 @@ void write_small_file(FileSystem& fs, const std::string& path, std::string_view 
 
 using detail::write_small_file;
 
+namespace {
+// Renames ROOT/`name` to a temporary name, makes that durable, then removes it: a crash
+// mid-removal leaves a temporary (removed by the next prepare_root), never a half-deleted
+// directory under a checkpoint's name.
+void retire_dir(FileSystem& fs, const std::string& root, const std::string& name) {
+  const std::string doomed = join_path(root, temporary_name(name));
+  fs.rename(join_path(root, name), doomed);
+  fs.sync_dir(root);
+  fs.remove_all(doomed);
+}
+
+// The step of the last committed checkpoint: {true, nullopt} when there is no `latest` (the
+// root holds no committed checkpoint), {false, ...} when `latest` cannot be read or holds
+// something else than a checkpoint name (nothing can be told apart then).
+std::pair<bool, std::optional<std::uint64_t>> committed_step(FileSystem& fs, const std::string& root) {
+  try {
+    const auto latest = read_latest(fs, root);
+    if (!latest) return {true, std::nullopt};
+    const auto step = parse_checkpoint_dir_name(*latest);
+    return {step.has_value(), step};
+  } catch (const Error&) {
+    return {false, std::nullopt};
+  }
+}
+}  // namespace
+
 std::vector<std::string> prepare_root(FileSystem& fs, const std::string& root) {
   fs.create_dirs(root);
   std::vector<std::string> removed;
@@ -32,6 +59,19 @@ std::vector<std::string> prepare_root(FileSystem& fs, const std::string& root) {
     removed.push_back(e.name);
   }
   if (!removed.empty()) fs.sync_dir(root);
+  // Step directories `latest` never named: a crash between a checkpoint's rename and the
+  // `latest` update (for the first checkpoint: no `latest` at all, so the root holds no
+  // committed checkpoint and is an empty root).
+  const auto [known, live] = committed_step(fs, root);
+  if (!known) return removed;
+  for (const auto& e : fs.list_dir(root)) {
+    const auto step = parse_checkpoint_dir_name(e.name);
+    if (e.type != EntryType::directory || !step || (live && *step <= *live)) continue;
+    log_line("removing " + join_path(root, e.name) + ": never committed (" +
+             (live ? "newer than what latest names" : "no latest: the root holds no committed checkpoint") + ")");
+    retire_dir(fs, root, e.name);
+    removed.push_back(e.name);
+  }
   return removed;
 }
 
@@ -50,10 +90,7 @@ void check_step_free(FileSystem& fs, const std::string& root, std::uint64_t step
       throw Error(Errc::invalid_argument, join_path(root, name), "checkpoint for step " + std::to_string(step) + " already exists");
     if (!replace) return;
     log_line("replacing " + join_path(root, name) + ": never committed (newer than what latest names)");
-    const std::string doomed = join_path(root, temporary_name(name));
-    fs.rename(join_path(root, name), doomed);
-    fs.sync_dir(root);
-    fs.remove_all(doomed);
+    retire_dir(fs, root, name);
   }
 }
 }  // namespace
@@ -146,10 +183,7 @@ void remove_checkpoint(FileSystem& fs, const std::string& root, const std::strin
   if (!st || st->type != EntryType::directory) throw Error(Errc::not_found, dir, "no such checkpoint");
   if (read_latest(fs, root) == dir_name)
     throw Error(Errc::invalid_argument, dir, "refusing to remove the checkpoint `latest` names");
-  const std::string temp = join_path(root, temporary_name(dir_name));
-  fs.rename(dir, temp);
-  fs.sync_dir(root);
-  fs.remove_all(temp);
+  retire_dir(fs, root, dir_name);
   fs.sync_dir(root);
 }
 

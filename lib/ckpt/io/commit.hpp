@@ -1,7 +1,9 @@
 // The durable commit protocol (docs/commit-protocol.md is the same text, longer):
 //
 //   0. prepare_root: create ROOT if needed; remove leftover temporaries (".tmp-*",
-//      ".latest.tmp-*") from a crashed writer; fsync ROOT.
+//      ".latest.tmp-*") from a crashed writer; fsync ROOT; remove the step directories that
+//      were never committed (newer than what `latest` names, or all of them when there is no
+//      `latest`: a root with no committed checkpoint is an empty root), with a log line each.
 //   1. begin_checkpoint: mkdir ROOT/.tmp-step-N-<pid>-<n>/.
 //   2. every rank writes its shard into the temporary directory (create, write, fsync, close);
 //      the checksums are computed while the bytes stream out, never by reading them back.
@@ -16,7 +18,8 @@
 //   A crash before (c) leaves only a temporary directory: `latest` still names the previous
 //   checkpoint, which is intact, and the next prepare_root removes the temporary. A crash
 //   between (c) and (f) leaves a complete step-N that `latest` does not name yet: the loader
-//   still opens the previous one (and `ckpt ls` shows both). An error (not a crash) between
+//   still opens the previous one (and `ckpt ls` shows both); the next prepare_root removes
+//   the uncommitted step-N (after a crash in the first save: the root is empty again). An error (not a crash) between
 //   (c) and (f) renames step-N back to its temporary name, which is then removed: a save that
 //   reports failure leaves nothing behind. After (f) the new checkpoint is live; an error in
 //   (g) is reported, but `latest` keeps naming the new checkpoint. Old checkpoints are removed
@@ -35,8 +38,13 @@
 
 namespace ckpt {
 
-/// Step 0: creates `root` if needed and removes temporaries a crashed writer left behind.
-/// Returns the names removed.
+/// Step 0: creates `root` if needed and removes temporaries a crashed writer left behind,
+/// then the step directories that were never committed: every step-N newer than the step
+/// `latest` names, or every step-N when there is no `latest` (a crash between the first
+/// checkpoint's rename and the first `latest`: the root holds no committed checkpoint, so it
+/// is an empty root). Each goes through a temporary name first and gets a log line. A
+/// `latest` that cannot be read or names no checkpoint leaves the step directories alone.
+/// Returns the names removed (temporaries first). Blocks on the file system; one writer.
 std::vector<std::string> prepare_root(FileSystem& fs, const std::string& root);
 
 /// Step 1: creates the temporary directory for `step` and returns its path. Throws
