@@ -7,6 +7,7 @@
 // accumulation, tensor-parallel heads, a failing disk.
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/json.hpp>
 #include <chrono>
 #include <cmath>
@@ -19,6 +20,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -71,6 +73,18 @@ Checks (exit 1 if any fails; exit 2 on a usage error):
       checkpoint in the durable tier verifies (full SHA-256) and carries its copy record
 A fresh run also shows, on scratch copies, the loader refusing a resume at twice the world
 size, a missing shard and a truncated shard.
+
+A failed save does not stop training: it is reported at the step that notices it, counted
+(consecutive_save_failures in --metrics, 0 again after a commit) and logged, and the next
+interval saves again.
+
+Exit status:
+  0  every check passed
+  1  a check failed, or an error stopped the run
+  2  usage error
+  4  saves failed and no checkpoint was committed since the first of them (a full or
+     unwritable root): the last line says so, naming the step and the last error; this
+     takes precedence over 1
 )";
 
 struct Options {
@@ -98,6 +112,7 @@ struct Options {
 }
 
 constexpr std::uint64_t kMaxStep = std::uint64_t{1} << 40;
+constexpr int kExitNoCommit = 4;  // saves failed and none committed since the first failure
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -337,6 +352,7 @@ RankRecord train_rank(const Options& o, dist::Communicator& comm, const std::str
       }
     }
     collect(false, &row);
+    if (ckpt) row.consecutive_save_failures = ckpt->stats().consecutive_failures;
     rec.rows.push_back(std::move(row));
   }
   collect(true, nullptr);
@@ -509,6 +525,7 @@ int main(int argc, char** argv) {
   const fs::path scratch = fs::temp_directory_path() / ("ckpt-demo-scratch-" + std::to_string(run_id));
   std::map<char, std::pair<bool, std::string>> checks;
   int exit_code = 0;
+  std::string no_commit_line;  // set when the run ends with exit status 4
 
   try {
     const auto& m = o.train.model;
@@ -566,6 +583,7 @@ int main(int argc, char** argv) {
                       static_cast<unsigned long long>(s.step), static_cast<double>(s.loss), static_cast<double>(s.loss), s.grad_norm,
                       s.param_norm, s.step_ms, row.stall_ms, s.skipped ? "true" : "false");
         metrics << line << "\"memory\":" << json::serialize(memory_json(rec, static_cast<std::size_t>(&row - r0.rows.data())));
+        metrics << ",\"consecutive_save_failures\":" << row.consecutive_save_failures;
         if (!row.event.empty()) metrics << ",\"event\":" << json::serialize(json::value(row.event));
         metrics << "}\n";
       }
@@ -595,6 +613,20 @@ int main(int argc, char** argv) {
       for (const auto& e : save_errors) ++seen[{e.step, e.message}];
       for (const auto& [key, ranks] : seen)
         std::printf("save of step %llu failed on %d rank(s): %s\n", static_cast<unsigned long long>(key.first), ranks, key.second.c_str());
+    }
+    // Exit status 4: saves failed and none committed since the first of them (`latest`, if
+    // any, is older than the first failed step): the run has nothing newer to resume from.
+    if (!save_errors.empty()) {
+      const auto first_failed = std::min_element(save_errors.begin(), save_errors.end(),
+                                                 [](const SaveFailure& a, const SaveFailure& b) { return a.step < b.step; });
+      const auto latest = read_latest(posix_file_system(), root);
+      const auto live = latest ? parse_checkpoint_dir_name(*latest) : std::nullopt;
+      std::set<std::uint64_t> failed_steps;
+      for (const auto& e : save_errors) failed_steps.insert(e.step);
+      if (!live || *live < first_failed->step)
+        no_commit_line = "ckpt-demo: no checkpoint committed since the save of step " + std::to_string(first_failed->step) + " failed (" +
+                         std::to_string(failed_steps.size()) + " failed saves; latest " + latest.value_or("none") +
+                         "; the last error: " + save_errors.back().message + "): exit status " + std::to_string(kExitNoCommit);
     }
     // Failures other than the one --fail-save asked for make checks (d) and (e) meaningless.
     const bool unexpected_failures =
@@ -804,5 +836,9 @@ int main(int argc, char** argv) {
   }
   if (checks.count('e') && checks['e'].first) std::printf("resume verified\n");
   if (temp_root && printer()) fs::remove_all(root);
+  if (!no_commit_line.empty()) {
+    std::printf("%s\n", no_commit_line.c_str());
+    return kExitNoCommit;
+  }
   return exit_code;
 }

@@ -205,4 +205,31 @@ std::vector<std::string> rotate_checkpoints(FileSystem& fs, const std::string& r
   return removed;
 }
 
+std::vector<std::string> make_room(FileSystem& fs, const std::string& root, std::uint64_t needed,
+                                   const std::function<bool(const std::string&)>& keep) {
+  std::vector<std::string> removed;
+  auto free = fs.free_space(root);
+  if (!free || *free >= needed) return removed;
+  const auto [known, live] = committed_step(fs, root);
+  if (!known || !live) return removed;
+  std::vector<std::string> older;  // oldest first
+  for (const auto& e : fs.list_dir(root)) {
+    const auto step = parse_checkpoint_dir_name(e.name);
+    if (e.type == EntryType::directory && step && *step < *live && !(keep && keep(e.name))) older.push_back(e.name);
+  }
+  std::sort(older.begin(), older.end());
+  const std::string want = std::to_string(needed) + " bytes";
+  for (const auto& name : older) {
+    log_line("disk nearly full (" + std::to_string(*free) + " bytes free, the next checkpoint needs about " + want +
+             "): removing " + join_path(root, name) + " before saving");
+    remove_checkpoint(fs, root, name);
+    removed.push_back(name);
+    free = fs.free_space(root);
+    if (!free || *free >= needed) return removed;
+  }
+  log_line("disk nearly full (" + std::to_string(*free) + " bytes free, the next checkpoint needs about " + want +
+           "): nothing left to remove but the checkpoint latest names" + (keep ? " and those the durable tier still needs" : ""));
+  return removed;
+}
+
 }  // namespace ckpt

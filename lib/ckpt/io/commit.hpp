@@ -90,4 +90,15 @@ std::vector<std::string> rotate_checkpoints(FileSystem& fs, const std::string& r
                                             const std::string& committed,
                                             const std::function<bool(const std::string&)>& keep = {});
 
+/// Pre-save rotation, for a full disk: while fs.free_space(root) is known and below `needed`
+/// (the expected size of the next checkpoint), removes the oldest committed checkpoint older
+/// than the one `latest` names, never that one nor any name for which `keep` returns true
+/// (e.g. a checkpoint the durable tier still has to copy), through remove_checkpoint, and
+/// asks again; it stops once the checkpoint fits or only those are left. Nothing happens
+/// without a `latest` or when the free space is unknown. Logs a line per removal and one
+/// when the space is still short. Returns the names removed; throws a removal's error.
+/// Call between checkpoints (not between a commit and its `latest`); one writer.
+std::vector<std::string> make_room(FileSystem& fs, const std::string& root, std::uint64_t needed,
+                                   const std::function<bool(const std::string&)>& keep = {});
+
 }  // namespace ckpt

@@ -65,6 +65,7 @@ class FaultInjectionFileSystem final : public FileSystem {
   void remove_all(const std::string& path) override;
   std::vector<DirEntry> list_dir(const std::string& path) override { return base_.list_dir(path); }
   std::optional<FileStat> stat(const std::string& path) override { return base_.stat(path); }
+  std::optional<std::uint64_t> free_space(const std::string& path) noexcept override { return base_.free_space(path); }
 
   /// Called by the wrapped files: counts the op, throws if a fault is armed for it.
   /// Returns true when the op is a write that must be shortened.

@@ -94,6 +94,14 @@ class FileSystem {
   virtual std::vector<DirEntry> list_dir(const std::string& path) = 0;
   /// lstat: nullopt when absent.
   virtual std::optional<FileStat> stat(const std::string& path) = 0;
+  /// Bytes an unprivileged writer can still allocate on the file system holding `path`
+  /// (statvfs: f_bavail x f_frsize), or nullopt when unknown (the default: file systems
+  /// without a capacity, such as the in-memory one, and wrappers that do not forward it).
+  /// The checkpointer's pre-save rotation runs only when this is known. Never throws.
+  virtual std::optional<std::uint64_t> free_space(const std::string& path) noexcept {
+    (void)path;
+    return std::nullopt;
+  }
 };
 
 /// The real file system (POSIX calls). Thread-safe; the same object serves every caller.

@@ -1,6 +1,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -178,6 +179,12 @@ class PosixFileSystem final : public FileSystem {
       throw_errno(errno, "lstat", path);
     }
     return FileStat{type_of(st.st_mode), static_cast<std::uint64_t>(st.st_size)};
+  }
+
+  std::optional<std::uint64_t> free_space(const std::string& path) noexcept override {
+    struct statvfs sv {};
+    if (::statvfs(path.c_str(), &sv) != 0) return std::nullopt;
+    return static_cast<std::uint64_t>(sv.f_bavail) * static_cast<std::uint64_t>(sv.f_frsize);
   }
 };
 
