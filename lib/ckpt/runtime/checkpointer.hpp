@@ -89,7 +89,8 @@ struct CheckpointerOptions {
   std::optional<DurableTierOptions> durable{};
   /// Stops a loop whose saves keep failing: once this many saves in a row have failed (no
   /// commit in between), save() throws Errc::aborted naming the count and the last error
-  /// instead of starting another. 0 (default): never; the loop trains on and every failure
+  /// instead of starting another (and so does every later save(): only a commit resets the
+  /// count, so the loop is meant to stop). 0 (default): never; the loop trains on and every failure
   /// is still counted (CheckpointerStats::consecutive_failures) and logged.
   int max_consecutive_failures = 0;
 };
