@@ -663,8 +663,10 @@ struct Checkpointer::Impl {
         ++stats.failures;
         ++stats.consecutive_failures;
         stats.last_failure = outcome.error->what();
-        log_line("save of step " + std::to_string(st->step) + " failed (" + std::to_string(stats.consecutive_failures) +
-                 " in a row since the last commit): " + stats.last_failure);
+        // An abandoned checkpoint (shutdown) has had its line already.
+        if (!st->abandoned)
+          log_line("save of step " + std::to_string(st->step) + " failed (" + std::to_string(stats.consecutive_failures) +
+                   " in a row since the last commit): " + stats.last_failure);
       } else {
         ++stats.commits;
         stats.consecutive_failures = 0;
