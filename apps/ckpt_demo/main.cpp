@@ -7,6 +7,7 @@
 // accumulation, tensor-parallel heads, a failing disk.
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/json.hpp>
 #include <chrono>
 #include <cmath>
@@ -19,6 +20,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -75,6 +77,18 @@ Checks (exit 1 if any fails; exit 2 on a usage error):
       checkpoint in the durable tier verifies (full SHA-256) and carries its copy record
 A fresh run also shows, on scratch copies, the loader refusing a resume at twice the world
 size, a missing shard and a truncated shard.
+
+A failed save does not stop training: it is reported at the step that notices it, counted
+(consecutive_save_failures in --metrics, 0 again after a commit) and logged, and the next
+interval saves again.
+
+Exit status:
+  0  every check passed
+  1  a check failed, or an error stopped the run
+  2  usage error
+  4  saves failed and no checkpoint was committed since the first of them (a full or
+     unwritable root): the last line says so, naming the step and the last error; this
+     takes precedence over 1
 )";
 
 struct Options {
@@ -89,6 +103,7 @@ struct Options {
   double grace_seconds = 30;
   bool watch_signals = false;  // this run stops on a preemption signal (not check (e)'s resume)
   bool resume = false, reshard = false;
+  bool resume_auto = false;  // --resume auto: resume if there is a committed checkpoint, else start fresh
   std::optional<std::string> metrics;
   int keep = 3;
   std::optional<std::uint64_t> fail_save;
@@ -105,11 +120,12 @@ struct Options {
 }
 
 constexpr std::uint64_t kMaxStep = std::uint64_t{1} << 40;
+constexpr int kExitNoCommit = 4;  // saves failed and none committed since the first failure
 
 Options parse(int argc, char** argv) {
   Options o;
   o.train.total_steps = 20;
-  std::string backend = "threads", writer = "auto", precision = "f16";
+  std::string backend = "threads", writer = "auto", precision = "f16", resume_mode;
   CLI::App app(kDescription, "ckpt-demo");
   cli::setup(app);
   app.footer(kChecks);
@@ -144,7 +160,13 @@ Options parse(int argc, char** argv) {
                  "line naming `latest` and exits 0 (default 30)")
       ->check(CLI::NonNegativeNumber.description(""))
       ->option_text("S");
-  auto* resume = app.add_flag("--resume", o.resume, "continue from the checkpoint DIR/latest names, up to --steps");
+  auto* resume = app.add_option("--resume", resume_mode,
+                                "continue from the checkpoint DIR/latest names, up to --steps; with\n"
+                                "`auto`: the same if DIR (or --durable-dir) has a `latest`, else start\n"
+                                "fresh, saying which in one line (the mode a restart loop uses)")
+                     ->expected(0, 1)
+                     ->check(CLI::IsMember({"auto"}).description(""))
+                     ->option_text("[auto]");
   app.add_flag("--reshard", o.reshard,
                "with --resume: accept a checkpoint written at another world size and\n"
                "re-slice its optimizer state for --world-size (without it such a\n"
@@ -209,6 +231,8 @@ Options parse(int argc, char** argv) {
                  "seed of parameters, corpus and per-rank RNG (default 1234)");
   if (const auto rc = cli::parse(app, argc, argv)) std::exit(*rc);
 
+  o.resume = resume->count() > 0;
+  o.resume_auto = resume_mode == "auto";
   o.mpi = backend == "mpi";
   o.world_given = world->count() > 0;
   o.writer = writer == "io_uring" ? WriterBackend::io_uring : writer == "posix" ? WriterBackend::posix : WriterBackend::automatic;
@@ -372,6 +396,7 @@ RankRecord train_rank(const Options& o, dist::Communicator& comm, const std::str
       }
     }
     collect(false, &row);
+    if (ckpt) row.consecutive_save_failures = ckpt->stats().consecutive_failures;
     if (ckpt && o.watch_signals && g_preemption) {
       if (const PreemptionDecision d = g_preemption->agree(comm); d.stop) {
         const PreemptionSave p = save_on_preemption(*ckpt, trainer, comm, saved_now, *g_preemption, d, o.grace_seconds);
@@ -511,6 +536,13 @@ std::string fmt_bytes(std::uint64_t b) {
   return buf;
 }
 
+// Whether `root` has a `latest`: a committed checkpoint (one that does not open is reported by
+// the resume itself).
+bool has_latest(const std::string& root) {
+  std::error_code ec;
+  return fs::symlink_status(fs::path(root) / kLatestName, ec).type() != fs::file_type::not_found && !ec;
+}
+
 void copy_to_scratch(const std::string& from_root, const std::string& name, const fs::path& to_root) {
   fs::remove_all(to_root);
   fs::create_directories(to_root);
@@ -549,18 +581,29 @@ int program_main(int argc, char** argv) {
   const bool temp_root = !o.dir;
   const std::string root = o.dir ? *o.dir : (fs::temp_directory_path() / ("ckpt-demo-" + std::to_string(run_id))).string();
   if (o.resume && temp_root) usage("--resume needs --dir");
-  if (!o.resume && fs::exists(root))
-    for (const auto& e : fs::directory_iterator(root))
-      if (parse_checkpoint_dir_name(e.path().filename().string()))
-        usage(root + " already holds checkpoints: pass --resume to continue them, or another --dir");
+  // Only a committed checkpoint (a `latest`) makes a root non-empty: step directories without
+  // one were never committed, and the checkpointer removes them (with a log line).
+  std::string auto_line;
+  if (o.resume_auto) {
+    const std::optional<std::string> from = has_latest(root)                            ? std::optional(root)
+                                            : o.durable_dir && has_latest(*o.durable_dir) ? o.durable_dir
+                                                                                        : std::nullopt;
+    o.resume = from.has_value();
+    auto_line = from ? "resume auto: resuming from the checkpoint " + join_path(*from, kLatestName) + " names"
+                     : "resume auto: no committed checkpoint in " + root + (o.durable_dir ? " or " + *o.durable_dir : "") + ": starting fresh";
+  }
+  if (!o.resume && has_latest(root))
+    usage(root + " already holds committed checkpoints: pass --resume (or --resume auto) to continue them, or another --dir");
   const fs::path scratch = fs::temp_directory_path() / ("ckpt-demo-scratch-" + std::to_string(run_id));
   std::map<char, std::pair<bool, std::string>> checks;
   int exit_code = 0;
+  std::string no_commit_line;  // set when the run ends with exit status 4
 
   try {
     const auto& m = o.train.model;
     std::printf("ckpt-demo: mini GPT, %zu parameters (%d layers, dim %d, %d heads, vocab %d, seq %d, batch %d per rank)\n",
                 num_params(m), m.layers, m.dim, m.heads, m.vocab, m.seq, m.batch);
+    if (!auto_line.empty()) std::printf("%s\n", auto_line.c_str());
     // The checkpoint a resume starts from, read before this run's saves can rotate it away.
     std::optional<std::string> source_dir;
     int source_world = o.world;
@@ -619,6 +662,7 @@ int program_main(int argc, char** argv) {
                       static_cast<unsigned long long>(s.step), static_cast<double>(s.loss), static_cast<double>(s.loss), s.grad_norm,
                       s.param_norm, s.step_ms, row.stall_ms, s.skipped ? "true" : "false");
         metrics << line << "\"memory\":" << json::serialize(memory_json(rec, static_cast<std::size_t>(&row - r0.rows.data())));
+        metrics << ",\"consecutive_save_failures\":" << row.consecutive_save_failures;
         if (!row.event.empty()) metrics << ",\"event\":" << json::serialize(json::value(row.event));
         metrics << "}\n";
       }
@@ -669,6 +713,20 @@ int program_main(int argc, char** argv) {
       for (const auto& e : save_errors) ++seen[{e.step, e.message}];
       for (const auto& [key, ranks] : seen)
         std::printf("save of step %llu failed on %d rank(s): %s\n", static_cast<unsigned long long>(key.first), ranks, key.second.c_str());
+    }
+    // Exit status 4: saves failed and none committed since the first of them (`latest`, if
+    // any, is older than the first failed step): the run has nothing newer to resume from.
+    if (!save_errors.empty()) {
+      const auto first_failed = std::min_element(save_errors.begin(), save_errors.end(),
+                                                 [](const SaveFailure& a, const SaveFailure& b) { return a.step < b.step; });
+      const auto latest = read_latest(posix_file_system(), root);
+      const auto live = latest ? parse_checkpoint_dir_name(*latest) : std::nullopt;
+      std::set<std::uint64_t> failed_steps;
+      for (const auto& e : save_errors) failed_steps.insert(e.step);
+      if (!live || *live < first_failed->step)
+        no_commit_line = "ckpt-demo: no checkpoint committed since the save of step " + std::to_string(first_failed->step) + " failed (" +
+                         std::to_string(failed_steps.size()) + " failed saves; latest " + latest.value_or("none") +
+                         "; the last error: " + save_errors.back().message + "): exit status " + std::to_string(kExitNoCommit);
     }
     // Failures other than the one --fail-save asked for make checks (d) and (e) meaningless.
     const bool unexpected_failures =
@@ -884,6 +942,10 @@ int program_main(int argc, char** argv) {
   }
   if (checks.count('e') && checks['e'].first) std::printf("resume verified\n");
   if (temp_root && printer()) fs::remove_all(root);
+  if (!no_commit_line.empty()) {
+    std::printf("%s\n", no_commit_line.c_str());
+    return kExitNoCommit;
+  }
   return exit_code;
 }
 }  // namespace

@@ -84,6 +84,7 @@ std::vector<std::byte> encode(const RankRecord& r) {
     w.pod(row.stall_ms);
     w.pod(row.memory);
     w.str(row.event);
+    w.pod(row.consecutive_save_failures);
   }
   w.bytes(std::as_bytes(std::span(r.final_params)));
   w.pod(r.memory);
@@ -130,6 +131,7 @@ RankRecord decode(std::span<const std::byte> blob) {
     row.stall_ms = rd.pod<double>();
     row.memory = rd.pod<train::MemoryProfile>();
     row.event = rd.str();
+    row.consecutive_save_failures = rd.pod<std::uint64_t>();
   }
   r.final_params = rd.vec<std::uint16_t>();
   r.memory = rd.pod<train::MemoryProfile>();

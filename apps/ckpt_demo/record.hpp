@@ -23,6 +23,7 @@ struct StepRow {
   double stall_ms = 0;   ///< time save() blocked at this step (0 if no save)
   train::MemoryProfile memory;  ///< this rank's memory after the step
   std::string event;     ///< what else happened at this step (a failed save noticed, a rollback), or empty
+  std::uint64_t consecutive_save_failures = 0;  ///< CheckpointerStats::consecutive_failures after the step
 };
 
 /// A save that failed (the run trained on).

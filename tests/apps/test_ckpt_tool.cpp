@@ -161,12 +161,7 @@ std::vector<std::string> shard_hashes(const std::string& dir) {
   return out;
 }
 
-std::vector<std::string> entries(const fs::path& dir) {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
+using ckpt::test::names_in;
 }  // namespace
 
 TEST_CASE("ckpt reshard takes the demo checkpoint from 4 ranks to 8, to 3 and back to 4 byte for byte") {
@@ -234,7 +229,7 @@ TEST_CASE("ckpt reshard and consolidate of a corrupt source fail with the typed 
   const auto m = CheckpointReader::open(posix_file_system(), demo.step(20)).manifest();
   const fs::path shard = fs::path(demo.step(20)) / m.shards[3].path;
   flip(shard, m.find_tensor("optim.v", 3)->begin + 17);
-  const auto before = entries(demo.dir.path());
+  const auto before = names_in(demo.dir.path());
   for (const std::string& cmd : {"reshard " + demo.root + " " + (demo.dir / "r8").string() + " --world-size 8 --json",
                                 "consolidate " + demo.root + " " + (demo.dir / "model").string() + " --json"}) {
     CAPTURE(cmd);
@@ -244,7 +239,7 @@ TEST_CASE("ckpt reshard and consolidate of a corrupt source fail with the typed 
     CHECK(v.at("ok").as_bool() == false);
     CHECK(v.at("error").at("code").as_string() == "checksum mismatch");
     CHECK(v.at("error").at("file").as_string() == shard.string());
-    CHECK(entries(demo.dir.path()) == before);  // no output, no temporary
+    CHECK(names_in(demo.dir.path()) == before);  // no output, no temporary
   }
 }
 
@@ -357,12 +352,12 @@ TEST_CASE("ckpt prune keeps the newest K checkpoints and the one latest names") 
   auto r = ckpt_run("prune " + root + " --keep 2 --dry-run");
   CHECK(r.status == 0);
   CHECK(r.out.find("would remove step-0000000002") != std::string::npos);
-  CHECK(entries(dir.path()).size() == 8);  // with the root's .lock
+  CHECK(names_in(dir.path()).size() == 8);  // with the root's .lock
   r = ckpt_run("prune " + root + " --keep 2 --json");
   REQUIRE(r.status == 0);
   const auto v = json_of(r.out);
   CHECK(v.at("removed").as_array().size() == 2);
-  CHECK(entries(dir.path()) == std::vector<std::string>{".lock", ".tmp-step-0000000006-1-0", "latest", "step-0000000001",
+  CHECK(names_in(dir.path()) == std::vector<std::string>{".lock", ".tmp-step-0000000006-1-0", "latest", "step-0000000001",
                                                         "step-0000000004", "step-0000000005"});
   CHECK(ckpt_run("prune " + root + " --keep 0").status == 2);
   CHECK(ckpt_run("prune " + root).status == 2);
@@ -374,7 +369,7 @@ TEST_CASE("ckpt prune and ckpt reshard into a root a writer holds exit 1 with bu
   const std::string root = (dir / "eight").string();
   REQUIRE(ckpt_run("reshard " + demo.step(10) + " " + root + " --world-size 8").status == 0);
   REQUIRE(ckpt_run("reshard " + demo.step(20) + " " + root + " --world-size 8").status == 0);
-  const auto before = entries(root);
+  const auto before = names_in(root);
   const RootLock job(posix_file_system(), root);  // a job saving to the root
   const std::string pid = "pid " + std::to_string(::getpid()) + " ";
   for (const std::string& cmd : {"prune " + root + " --keep 1", "reshard " + demo.step(20) + " " + root + " --world-size 2"}) {
@@ -389,7 +384,7 @@ TEST_CASE("ckpt prune and ckpt reshard into a root a writer holds exit 1 with bu
     CHECK(v.at("error").at("code").as_string() == "busy");
     CHECK(v.at("error").at("file").as_string() == root);
     CHECK(std::string(v.at("error").at("actual").as_string()).starts_with(pid));
-    CHECK(entries(root) == before);
+    CHECK(names_in(root) == before);
   }
   // Readers take no lock.
   CHECK(ckpt_run("prune " + root + " --keep 1 --dry-run").status == 0);
@@ -397,7 +392,7 @@ TEST_CASE("ckpt prune and ckpt reshard into a root a writer holds exit 1 with bu
   CHECK(ckpt_run("verify --full " + root).status == 0);
   CHECK(ckpt_run("inspect " + root).status == 0);
   CHECK(ckpt_run("diff " + root + " " + root).status == 0);
-  CHECK(entries(root) == before);
+  CHECK(names_in(root) == before);
 }
 
 TEST_CASE("ckpt diff reports equal tensors, the largest difference, and mismatches") {
@@ -494,7 +489,7 @@ TEST_CASE("a wrong flag is a usage error of every command: exit 2, the flag name
     CHECK(r.out.find("--no-such-flag") != std::string::npos);
     CHECK(r.out.find("run 'ckpt " + cmd.substr(0, cmd.find(' ')) + " --help' for usage") != std::string::npos);
   }
-  CHECK(entries(dir.path()).empty());  // nothing ran
+  CHECK(names_in(dir.path()).empty());  // nothing ran
   const auto r = ckpt_run("frobnicate x");
   CHECK(r.status == 2);
   CHECK(r.out.find("unknown command 'frobnicate'") != std::string::npos);
@@ -578,11 +573,11 @@ TEST_CASE("ckpt consolidate creates OUT's missing parent, and removes it again w
   // A corrupt source: the parents this run made are gone again, nothing else changed.
   const auto m = CheckpointReader::open(posix_file_system(), demo.step(20)).manifest();
   flip(fs::path(demo.step(20)) / m.shards[1].path, m.find_tensor("optim.master", 1)->begin + 5);
-  const auto before = entries(demo.dir.path());
+  const auto before = names_in(demo.dir.path());
   r = ckpt_run("consolidate " + demo.root + " " + (demo.dir / "made" / "for" / "it").string() + " --json");
   CHECK(r.status == 1);
   CHECK(json_of(r.out).at("error").at("code").as_string() == "checksum mismatch");
-  CHECK(entries(demo.dir.path()) == before);
+  CHECK(names_in(demo.dir.path()) == before);
 }
 
 TEST_CASE("sizes are accepted alike by every size option: 1.5G, 500M, 64K and plain bytes; a fraction of a byte is not") {

@@ -48,7 +48,7 @@ TEST_CASE("every program given a regular file as its root prints the typed I/O e
   const std::string file = (dir / "a-file").string();
   ckpt::test::write_all(file, {'x'});
   const std::vector<Use> uses = {
-      {"ckpt-demo --steps 2 --dir " + file, "ckpt-demo: I/O error: " + file + ": directory iterator cannot open directory: Not a directory"},
+      {"ckpt-demo --steps 2 --dir " + file, "ckpt-demo: I/O error: " + file + ": mkdir -p failed: Not a directory"},
       {"ckpt-demo --steps 2 --dir " + file + "/sub", "ckpt-demo: I/O error: " + file + "/sub: mkdir -p failed: Not a directory"},
       {"ckpt-demo --steps 2 --resume --dir " + file, "ckpt-demo: I/O error: " + file},
       {"ckpt-training-loop --steps 2 --dir " + file, "ckpt-training-loop: I/O error: " + file + ": mkdir -p failed: Not a directory"},
@@ -80,7 +80,7 @@ TEST_CASE("every program given a root its user cannot read prints the typed perm
     return;
   }
   const std::vector<Use> uses = {
-      {"ckpt-demo --steps 2 --dir " + root, "ckpt-demo: I/O error: " + root + ": directory iterator cannot open directory: Permission denied"},
+      {"ckpt-demo --steps 2 --dir " + root, "ckpt-demo: I/O error: " + root + "/.lock: open failed: Permission denied"},
       {"ckpt-demo --steps 2 --resume --dir " + root, "ckpt-demo: I/O error: " + root + "/latest: lstat failed: Permission denied"},
       {"ckpt-training-loop --steps 2 --dir " + root, "ckpt-training-loop: I/O error: " + root},
       {"ckpt ls " + root, "ckpt ls: I/O error: " + root + "/latest: lstat failed: Permission denied"},

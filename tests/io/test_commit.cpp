@@ -37,12 +37,7 @@ void check_equal(const CheckpointReader& r, const test::Fixture& fx) {
   }
 }
 
-std::vector<std::string> names_in(const fs::path& root) {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(root)) out.push_back(e.path().filename().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
+using test::names_in;
 }  // namespace
 
 TEST_CASE("round trip is byte-equal for every dtype, empty and odd-sized tensors") {

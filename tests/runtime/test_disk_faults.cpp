@@ -7,9 +7,13 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <mutex>
+#include <optional>
 
 #include "ckpt/core/error.hpp"
+#include "ckpt/core/log.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/testing/fault_injection.hpp"
@@ -49,6 +53,26 @@ std::vector<std::string> save_all(Checkpointer& c, std::vector<test::RankState>&
     if (errors[static_cast<std::size_t>(r)].empty()) CHECK(used[static_cast<std::size_t>(r)] == writer);
   return errors;
 }
+
+// A small tmpfs mounted under `dir` (unmounted at the end); the test is skipped (exit 77)
+// where it cannot be mounted (not root, no mount permission).
+struct SmallDisk {
+  std::string mnt;
+  SmallDisk(const test::TempDir& dir, const char* options) : mnt((dir / "small").string()) {
+    if (::geteuid() != 0) {
+      MESSAGE("skipped: mounting a small tmpfs needs root");
+      std::exit(77);
+    }
+    fs::create_directory(mnt);
+    if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, options) != 0) {
+      MESSAGE("skipped: cannot mount tmpfs here: " << std::strerror(errno));
+      std::exit(77);
+    }
+  }
+  ~SmallDisk() { ::umount2(mnt.c_str(), MNT_DETACH); }
+  SmallDisk(const SmallDisk&) = delete;
+  SmallDisk& operator=(const SmallDisk&) = delete;
+};
 
 }  // namespace
 
@@ -110,21 +134,9 @@ TEST_CASE("an injected EIO, short write or failed fsync at every write of an asy
 }
 
 TEST_CASE("a real full disk fails the save with no_space and the run saves again once space is back") {
-  if (::geteuid() != 0) {
-    MESSAGE("skipped: mounting a small tmpfs needs root");
-    std::exit(77);
-  }
   test::TempDir dir;
-  const std::string mnt = (dir / "small").string();
-  fs::create_directory(mnt);
-  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=3m") != 0) {
-    MESSAGE("skipped: cannot mount tmpfs here: " << std::strerror(errno));
-    std::exit(77);
-  }
-  struct Unmount {
-    std::string m;
-    ~Unmount() { ::umount2(m.c_str(), MNT_DETACH); }
-  } unmount{mnt};
+  const SmallDisk disk(dir, "size=3m");
+  const std::string& mnt = disk.mnt;
   const std::string root = mnt + "/root";
   for (auto backend : test::backends()) {
     CAPTURE(test::backend_label(backend));
@@ -176,4 +188,132 @@ TEST_CASE("the writer a save reports is the one that moved its bytes: io_uring o
     CHECK(save_all(c, states, 1, "posix") == std::vector<std::string>(2));
     CHECK(open_latest(mem, "/root").name == "step-0000000001");
   }
+}
+
+TEST_CASE("a full disk frees itself: with K=3 on a small tmpfs, pre-save rotation lets saves succeed again and latest advances") {
+  test::TempDir dir;
+  const SmallDisk disk(dir, "size=6m");
+  const std::string root = disk.mnt + "/root";
+  for (auto backend : test::backends()) {
+    CAPTURE(test::backend_label(backend));
+    fs::remove_all(root);
+    fs::remove(disk.mnt + "/ballast");
+    const int world = 2;
+    std::vector<test::RankState> states{test::RankState(0, kN), test::RankState(1, kN)};  // 1.2 MB a checkpoint
+    std::vector<std::string> logged;
+    std::mutex log_mu;
+    auto previous = set_log_sink([&](std::string_view l) {
+      std::lock_guard lk(log_mu);
+      logged.emplace_back(l);
+    });
+    {
+      Checkpointer c({.root = root, .world_size = world, .keep_last = 3, .backend = backend});
+      for (std::uint64_t s = 1; s <= 3; ++s) REQUIRE(save_all(c, states, s, test::backend_label(backend)) == std::vector<std::string>(2));
+      // Fill the disk: about half a checkpoint left free.
+      {
+        const std::uint64_t free = *posix_file_system().free_space(disk.mnt);
+        REQUIRE(free > 700000);
+        std::FILE* f = std::fopen((disk.mnt + "/ballast").c_str(), "wb");
+        const std::vector<char> bytes(free - 600000, 'b');
+        REQUIRE(std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size());
+        std::fclose(f);
+      }
+      REQUIRE(*posix_file_system().free_space(disk.mnt) < 1200000);
+      // Each save now first removes the oldest checkpoint, then commits; `latest` advances.
+      for (std::uint64_t s = 4; s <= 5; ++s) {
+        CAPTURE(s);
+        CHECK(save_all(c, states, s, test::backend_label(backend)) == std::vector<std::string>(2));
+        CHECK(read_latest(posix_file_system(), root) == checkpoint_dir_name(s));
+        CHECK(test::step_dirs(root) == std::vector<std::string>{checkpoint_dir_name(s - 2), checkpoint_dir_name(s - 1), checkpoint_dir_name(s)});
+      }
+      auto st = c.stats();
+      CHECK(st.early_rotations == 2);
+      CHECK(st.early_rotated == 2);
+      CHECK(st.rotated == 0);
+      // Space back: rotation keeps the last 3 after each commit, as without a full disk.
+      fs::remove(disk.mnt + "/ballast");
+      REQUIRE(save_all(c, states, 6, test::backend_label(backend)) == std::vector<std::string>(2));
+      CHECK(test::step_dirs(root) == std::vector<std::string>{checkpoint_dir_name(4), checkpoint_dir_name(5), checkpoint_dir_name(6)});
+      st = c.stats();
+      CHECK(st.early_rotations == 2);
+      CHECK(st.rotated == 1);
+      CHECK(st.commits == 6);
+    }
+    set_log_sink(previous);
+    int said = 0;
+    for (const auto& l : logged) said += l.find("disk nearly full") != std::string::npos && l.find("removing " + root + "/step-") != std::string::npos;
+    CHECK(said == 2);
+    for (const auto& c : list_checkpoints(posix_file_system(), root, Verify::full)) CHECK(c.state == CheckpointState::complete);
+  }
+}
+
+TEST_CASE("consecutive failed saves are counted and logged, a commit resets the count, and max_consecutive_failures stops the loop") {
+  test::TempDir dir;
+  FaultInjectionFileSystem faulty(posix_file_system());
+  const int world = 2;
+  std::vector<test::RankState> states{test::RankState(0, kN), test::RankState(1, kN)};
+  std::vector<std::string> logged;
+  std::mutex log_mu;
+  auto previous = set_log_sink([&](std::string_view l) {
+    std::lock_guard lk(log_mu);
+    logged.emplace_back(l);
+  });
+  auto failing_save = [&](Checkpointer& c, std::uint64_t step) {
+    faulty.fail_nth(FaultInjectionFileSystem::Op::write, 0, EIO);
+    const auto errors = save_all(c, states, step, "posix");
+    faulty.reset();
+    return errors;
+  };
+  {
+    Checkpointer c({.root = (dir / "a").string(), .world_size = world, .backend = WriterBackend::posix, .fs = &faulty});
+    REQUIRE(save_all(c, states, 1, "posix") == std::vector<std::string>(2));
+    CHECK(c.stats().consecutive_failures == 0);
+    for (std::uint64_t s = 2; s <= 3; ++s) {
+      REQUIRE_FALSE(failing_save(c, s)[0].empty());
+      CHECK(c.stats().consecutive_failures == s - 1);
+      CHECK(c.stats().last_failure.find("I/O error") != std::string::npos);
+    }
+    REQUIRE(save_all(c, states, 4, "posix") == std::vector<std::string>(2));
+    CHECK(c.stats().consecutive_failures == 0);
+    CHECK(c.stats().failures == 2);
+  }
+  {
+    std::lock_guard lk(log_mu);
+    int first = 0, second = 0;
+    for (const auto& l : logged) {
+      first += l.find("save of step 2 failed (1 in a row since the last commit): ") != std::string::npos;
+      second += l.find("save of step 3 failed (2 in a row since the last commit): ") != std::string::npos;
+    }
+    CHECK(first == 1);
+    CHECK(second == 1);
+  }
+  {
+    const std::string root = (dir / "b").string();
+    Checkpointer c({.root = root, .world_size = world, .backend = WriterBackend::posix, .fs = &faulty, .max_consecutive_failures = 2});
+    REQUIRE(save_all(c, states, 1, "posix") == std::vector<std::string>(2));
+    REQUIRE_FALSE(failing_save(c, 2)[0].empty());
+    REQUIRE_FALSE(failing_save(c, 3)[0].empty());
+    const std::uint64_t mutations = faulty.mutations();
+    std::vector<std::optional<Error>> refused(world);
+    test::run_ranks(world, [&](int r) {
+      try {
+        c.save(r, 4, states[static_cast<std::size_t>(r)].views(), test::info_for(r, world, kN, 4));
+      } catch (const Error& e) {
+        refused[static_cast<std::size_t>(r)] = e;
+      }
+    });
+    c.wait_all();
+    for (const auto& e : refused) {
+      REQUIRE(e.has_value());
+      CHECK(e->code() == Errc::aborted);
+      CHECK(e->detail().find("2 saves in a row failed (max_consecutive_failures); the last: ") == 0);
+      CHECK(e->detail().find("I/O error") != std::string::npos);
+      CHECK(e->expected() == "fewer than 2");
+      CHECK(e->actual() == "2");
+    }
+    CHECK(faulty.mutations() == mutations);  // nothing was written for the refused step
+    CHECK(read_latest(posix_file_system(), root) == checkpoint_dir_name(1));
+    CHECK(test::temporaries(root).empty());
+  }
+  set_log_sink(previous);
 }

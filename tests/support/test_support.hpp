@@ -44,6 +44,8 @@ void write_all(const std::filesystem::path& p, const std::vector<std::uint8_t>& 
 /// that an allocation past the budget fails with std::bad_alloc. For forked children only
 /// (it cannot be raised again). Returns false if the limit could not be set.
 bool limit_address_space(std::uint64_t extra_bytes);
+/// The names of the entries of `dir`, sorted.
+std::vector<std::string> names_in(const std::filesystem::path& dir);
 
 /// Runs a shell command and returns its stdout; sets *status to the exit status.
 std::string run_command(const std::string& cmd, int* status = nullptr);

@@ -3,6 +3,7 @@
 #include "ckpt/io/commit.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
@@ -23,6 +24,32 @@ void write_small_file(FileSystem& fs, const std::string& path, std::string_view 
 
 using detail::write_small_file;
 
+namespace {
+// Renames ROOT/`name` to a temporary name, makes that durable, then removes it: a crash
+// mid-removal leaves a temporary (removed by the next prepare_root), never a half-deleted
+// directory under a checkpoint's name.
+void retire_dir(FileSystem& fs, const std::string& root, const std::string& name) {
+  const std::string doomed = join_path(root, temporary_name(name));
+  fs.rename(join_path(root, name), doomed);
+  fs.sync_dir(root);
+  fs.remove_all(doomed);
+}
+
+// The step of the last committed checkpoint: {true, nullopt} when there is no `latest` (the
+// root holds no committed checkpoint), {false, ...} when `latest` cannot be read or holds
+// something else than a checkpoint name (nothing can be told apart then).
+std::pair<bool, std::optional<std::uint64_t>> committed_step(FileSystem& fs, const std::string& root) {
+  try {
+    const auto latest = read_latest(fs, root);
+    if (!latest) return {true, std::nullopt};
+    const auto step = parse_checkpoint_dir_name(*latest);
+    return {step.has_value(), step};
+  } catch (const Error&) {
+    return {false, std::nullopt};
+  }
+}
+}  // namespace
+
 std::vector<std::string> prepare_root(FileSystem& fs, const RootLock& lock) {
   // The reasoning that makes removing other processes' temporaries safe is in commit.hpp:
   // under the lock, no other writer of this root is live.
@@ -41,6 +68,19 @@ std::vector<std::string> prepare_root(FileSystem& fs, const RootLock& lock) {
   if (!removed.empty()) {
     fs.sync_dir(root);
     log_line(root + ": removed what a writer that is gone left behind: " + owners);
+  }
+  // Step directories `latest` never named: a crash between a checkpoint's rename and the
+  // `latest` update (for the first checkpoint: no `latest` at all, so the root holds no
+  // committed checkpoint and is an empty root).
+  const auto [known, live] = committed_step(fs, root);
+  if (!known) return removed;
+  for (const auto& e : fs.list_dir(root)) {
+    const auto step = parse_checkpoint_dir_name(e.name);
+    if (e.type != EntryType::directory || !step || (live && *step <= *live)) continue;
+    log_line("removing " + join_path(root, e.name) + ": never committed (" +
+             (live ? "newer than what latest names" : "no latest: the root holds no committed checkpoint") + ")");
+    retire_dir(fs, root, e.name);
+    removed.push_back(e.name);
   }
   return removed;
 }
@@ -80,10 +120,7 @@ void check_step_free(FileSystem& fs, const std::string& root, std::uint64_t step
   // rename and the `latest` update, and the run resumed from the older checkpoint. The
   // resumed run saves step N again, so the leftover is replaced.
   log_line("replacing " + dir + ": never committed (newer than what latest names)");
-  const std::string doomed = join_path(root, temporary_name(name));
-  fs.rename(dir, doomed);
-  fs.sync_dir(root);
-  fs.remove_all(doomed);
+  retire_dir(fs, root, name);
 }
 }  // namespace
 
@@ -175,10 +212,7 @@ void remove_checkpoint(FileSystem& fs, const std::string& root, const std::strin
   if (!st || st->type != EntryType::directory) throw Error(Errc::not_found, dir, "no such checkpoint");
   if (read_latest(fs, root) == dir_name)
     throw Error(Errc::invalid_argument, dir, "refusing to remove the checkpoint `latest` names");
-  const std::string temp = join_path(root, temporary_name(dir_name));
-  fs.rename(dir, temp);
-  fs.sync_dir(root);
-  fs.remove_all(temp);
+  retire_dir(fs, root, dir_name);
   fs.sync_dir(root);
 }
 
@@ -197,6 +231,33 @@ std::vector<std::string> rotate_checkpoints(FileSystem& fs, const std::string& r
     remove_checkpoint(fs, root, others[i]);
     removed.push_back(others[i]);
   }
+  return removed;
+}
+
+std::vector<std::string> make_room(FileSystem& fs, const std::string& root, std::uint64_t needed,
+                                   const std::function<bool(const std::string&)>& keep) {
+  std::vector<std::string> removed;
+  auto free = fs.free_space(root);
+  if (!free || *free >= needed) return removed;
+  const auto [known, live] = committed_step(fs, root);
+  if (!known || !live) return removed;
+  std::vector<std::string> older;  // oldest first
+  for (const auto& e : fs.list_dir(root)) {
+    const auto step = parse_checkpoint_dir_name(e.name);
+    if (e.type == EntryType::directory && step && *step < *live && !(keep && keep(e.name))) older.push_back(e.name);
+  }
+  std::sort(older.begin(), older.end());
+  const std::string want = std::to_string(needed) + " bytes";
+  for (const auto& name : older) {
+    log_line("disk nearly full (" + std::to_string(*free) + " bytes free, the next checkpoint needs about " + want +
+             "): removing " + join_path(root, name) + " before saving");
+    remove_checkpoint(fs, root, name);
+    removed.push_back(name);
+    free = fs.free_space(root);
+    if (!free || *free >= needed) return removed;
+  }
+  log_line("disk nearly full (" + std::to_string(*free) + " bytes free, the next checkpoint needs about " + want +
+           "): nothing left to remove but the checkpoint latest names" + (keep ? " and those the durable tier still needs" : ""));
   return removed;
 }
 

@@ -2,7 +2,9 @@
 //
 //   0. take the root's writer lock (io/root_lock.hpp: ROOT/.lock, held while writing);
 //      prepare_root: create ROOT if needed; remove leftover temporaries (".tmp-*",
-//      ".latest.tmp-*") from a crashed writer; fsync ROOT.
+//      ".latest.tmp-*") from a crashed writer; fsync ROOT; remove the step directories that
+//      were never committed (newer than what `latest` names, or all of them when there is no
+//      `latest`: a root with no committed checkpoint is an empty root), with a log line each.
 //   1. begin_checkpoint: refuse a committed step and a step at or before the one `latest`
 //      names (unless allowed); mkdir ROOT/.tmp-step-N-<pid>-<n>/.
 //   2. every rank writes its shard into the temporary directory (create, write, fsync, close);
@@ -18,7 +20,8 @@
 //   A crash before (c) leaves only a temporary directory: `latest` still names the previous
 //   checkpoint, which is intact, and the next prepare_root removes the temporary. A crash
 //   between (c) and (f) leaves a complete step-N that `latest` does not name yet: the loader
-//   still opens the previous one (and `ckpt ls` shows both). An error (not a crash) between
+//   still opens the previous one (and `ckpt ls` shows both); the next prepare_root removes
+//   the uncommitted step-N (after a crash in the first save: the root is empty again). An error (not a crash) between
 //   (c) and (f) renames step-N back to its temporary name, which is then removed: a save that
 //   reports failure leaves nothing behind. After (f) the new checkpoint is live; an error in
 //   (g) is reported, but `latest` keeps naming the new checkpoint. Old checkpoints are removed
@@ -40,8 +43,13 @@
 namespace ckpt {
 
 /// Step 0, the crash cleanup: creates `lock.root()` if needed and removes every temporary in
-/// it (".tmp-*", ".latest.tmp-*"), whoever made it. Returns the names removed; one log line
-/// names them and the pids that made them. Only the holder of the root's lock may do this,
+/// it (".tmp-*", ".latest.tmp-*"), whoever made it; then the step directories that were never
+/// committed: every step-N newer than the step `latest` names, or every step-N when there is
+/// no `latest` (a crash between the first checkpoint's rename and the first `latest`: the
+/// root holds no committed checkpoint, so it is an empty root), each through a temporary name
+/// and with a log line; a `latest` that cannot be read or names no checkpoint leaves the step
+/// directories alone. Returns the names removed (temporaries first); one log line names the
+/// temporaries and the pids that made them. Only the holder of the root's lock may do this,
 /// so it takes the lock as its proof (Errc::invalid_argument if it is released): every
 /// writer takes the lock before it creates a temporary in the root and holds it until it
 /// has committed or removed that temporary, and a dead writer's lock is dropped by the
@@ -106,5 +114,16 @@ void remove_checkpoint(FileSystem& fs, const std::string& root, const std::strin
 std::vector<std::string> rotate_checkpoints(FileSystem& fs, const std::string& root, int keep_last,
                                             const std::string& committed,
                                             const std::function<bool(const std::string&)>& keep = {});
+
+/// Pre-save rotation, for a full disk: while fs.free_space(root) is known and below `needed`
+/// (the expected size of the next checkpoint), removes the oldest committed checkpoint older
+/// than the one `latest` names, never that one nor any name for which `keep` returns true
+/// (e.g. a checkpoint the durable tier still has to copy), through remove_checkpoint, and
+/// asks again; it stops once the checkpoint fits or only those are left. Nothing happens
+/// without a `latest` or when the free space is unknown. Logs a line per removal and one
+/// when the space is still short. Returns the names removed; throws a removal's error.
+/// Call between checkpoints (not between a commit and its `latest`); one writer.
+std::vector<std::string> make_room(FileSystem& fs, const std::string& root, std::uint64_t needed,
+                                   const std::function<bool(const std::string&)>& keep = {});
 
 }  // namespace ckpt

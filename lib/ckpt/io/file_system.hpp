@@ -112,6 +112,14 @@ class FileSystem {
   /// Errc::unsafe_path; a file system without locks is Errc::io_error with errno ENOSYS,
   /// EOPNOTSUPP or ENOLCK. Never blocks on another holder.
   virtual std::unique_ptr<FileLock> try_lock(const std::string& path, std::string_view record) = 0;
+  /// Bytes an unprivileged writer can still allocate on the file system holding `path`
+  /// (statvfs: f_bavail x f_frsize), or nullopt when unknown (the default: file systems
+  /// without a capacity, such as the in-memory one, and wrappers that do not forward it).
+  /// The checkpointer's pre-save rotation runs only when this is known. Never throws.
+  virtual std::optional<std::uint64_t> free_space(const std::string& path) noexcept {
+    (void)path;
+    return std::nullopt;
+  }
 };
 
 /// A FileSystem that forwards every call to `target` (which must outlive it), so that a
@@ -133,6 +141,7 @@ class FileSystemWrapper : public FileSystem {
   std::unique_ptr<FileLock> try_lock(const std::string& path, std::string_view record) override {
     return target_.try_lock(path, record);
   }
+  std::optional<std::uint64_t> free_space(const std::string& path) noexcept override { return target_.free_space(path); }
 
  private:
   FileSystem& target_;

@@ -2,6 +2,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -227,6 +228,12 @@ class PosixFileSystem final : public FileSystem {
       done += static_cast<std::size_t>(n);
     }
     return std::make_unique<PosixFileLock>(fd);
+  }
+
+  std::optional<std::uint64_t> free_space(const std::string& path) noexcept override {
+    struct statvfs sv {};
+    if (::statvfs(path.c_str(), &sv) != 0) return std::nullopt;
+    return static_cast<std::uint64_t>(sv.f_bavail) * static_cast<std::uint64_t>(sv.f_frsize);
   }
 };
 

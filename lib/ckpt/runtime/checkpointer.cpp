@@ -251,6 +251,7 @@ struct Checkpointer::Impl {
     if (opt.world_size < 1) throw_invalid("CheckpointerOptions.world_size must be >= 1");
     if (opt.keep_last < 0) throw_invalid("CheckpointerOptions.keep_last must be >= 0");
     if (opt.queue_depth < 1) throw_invalid("CheckpointerOptions.queue_depth must be >= 1");
+    if (opt.max_consecutive_failures < 0) throw_invalid("CheckpointerOptions.max_consecutive_failures must be >= 0");
     if (opt.chunk_size < 4096 || (opt.chunk_size & (opt.chunk_size - 1)) || opt.chunk_size > (1ull << 30))
       throw_invalid("CheckpointerOptions.chunk_size must be a power of two from 4096 to 2^30");
     if (!coordinator) {
@@ -379,6 +380,11 @@ struct Checkpointer::Impl {
       // The barrier: rank threads are not coroutines, so they block here; the checkpoint
       // coroutine releases it when the handles of the step in flight complete.
       cv.wait(lk, [&] { return !in_flight || in_flight->step == step; });
+      if (opt.max_consecutive_failures > 0 && stats.consecutive_failures >= static_cast<std::uint64_t>(opt.max_consecutive_failures))
+        throw Error(Errc::aborted, opt.root,
+                    std::to_string(stats.consecutive_failures) + " saves in a row failed (max_consecutive_failures); the last: " +
+                        stats.last_failure,
+                    "fewer than " + std::to_string(opt.max_consecutive_failures), std::to_string(stats.consecutive_failures));
       if (opt.when_busy == BusyPolicy::skip) skip_decisions[step] = false;
       if (!in_flight) {
         in_flight = std::make_shared<StepState>(ctx, step, opt.world_size);
@@ -459,8 +465,9 @@ struct Checkpointer::Impl {
     // 1. The temporary directory, once for all the step's shards.
     std::optional<Error> begun_badly;
     try {
-      st->temp = co_await on_work_pool([this, step = st->step] {
+      st->temp = co_await on_work_pool([this, step = st->step, needed = expected_bytes(*st)] {
         std::lock_guard lk(root_mu);
+        if (local[0]) make_room_for(needed);
         const BeginOptions older{.allow_older_than_latest = opt.allow_older_than_latest};
         return run_id.empty() ? begin_checkpoint(fs, opt.root, step, older)
                               : begin_shared_checkpoint(fs, opt.root, step, run_id, local[0], older);
@@ -608,6 +615,34 @@ struct Checkpointer::Impl {
     }
   }
 
+  // The expected size of the step's checkpoint: this process's shards staged so far, a local
+  // rank not staged yet counted as the largest of them, scaled to the world size when other
+  // processes save the other ranks.
+  std::uint64_t expected_bytes(const StepState& st) const {
+    std::lock_guard lk(mu);
+    std::uint64_t sum = 0, largest = 0;
+    int known = 0;
+    for (const auto& job : st.jobs)
+      if (job) sum += job->padded, largest = std::max(largest, job->padded), ++known;
+    sum += static_cast<std::uint64_t>(local_count - known) * largest;
+    return sum / static_cast<std::uint64_t>(local_count) * static_cast<std::uint64_t>(opt.world_size);
+  }
+
+  // Pre-save rotation (under root_mu, before begin): a failure is logged, not thrown; the
+  // save then goes on and fails on its own if the space is short.
+  void make_room_for(std::uint64_t needed) {
+    try {
+      const auto removed = replicator ? make_room(fs, opt.root, needed, [this](const std::string& name) { return replicator->pinned(name); })
+                                      : make_room(fs, opt.root, needed);
+      if (removed.empty()) return;
+      std::lock_guard slk(mu);
+      ++stats.early_rotations;
+      stats.early_rotated += removed.size();
+    } catch (const Error& e) {
+      log_line(std::string("pre-save rotation failed: ") + e.what());
+    }
+  }
+
   // Keeps the newest keep_last checkpoints (io/commit.hpp), and those the durable tier still
   // has to copy. Runs after the handles complete; a failure is logged, not thrown: the new
   // checkpoint is committed.
@@ -630,8 +665,18 @@ struct Checkpointer::Impl {
     std::vector<std::pair<std::shared_ptr<ShardJob>, SaveResult>> done;
     {
       std::lock_guard lk(mu);
-      if (outcome.error) ++stats.failures;
-      else ++stats.commits;
+      if (outcome.error) {
+        ++stats.failures;
+        ++stats.consecutive_failures;
+        stats.last_failure = outcome.error->what();
+        // An abandoned checkpoint (shutdown) has had its line already.
+        if (!st->abandoned)
+          log_line("save of step " + std::to_string(st->step) + " failed (" + std::to_string(stats.consecutive_failures) +
+                   " in a row since the last commit): " + stats.last_failure);
+      } else {
+        ++stats.commits;
+        stats.consecutive_failures = 0;
+      }
       if (!outcome.error)
         for (auto& rec : staged_records)
           if (rec && rec->step == st->step) rec->committed = true;

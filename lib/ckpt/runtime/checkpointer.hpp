@@ -17,6 +17,20 @@
 // BusyPolicy::skip, is skipped. The destructor drains every started save; a checkpoint some
 // rank never saved is abandoned with Errc::aborted on the handles of the ranks that did, and
 // a log line says so.
+//
+// A full disk frees itself: before each checkpoint, when the root's free space
+// (FileSystem::free_space) is below the expected size of the checkpoint, the oldest
+// checkpoints older than the one `latest` names are removed (never that one, never one the
+// durable tier still has to copy) until it fits or none is left (make_room, io/commit.hpp),
+// with a log line and CheckpointerStats::early_rotations / early_rotated. The expected size
+// is the sum of this process's shards of the step staged when the checkpoint begins, a
+// local rank not staged yet counted as the largest staged one; with ranks in several
+// processes only the committing process (rank 0's) does this, scaling its shards to the
+// world size. Otherwise rotation keeps the last K after each commit, as before.
+//
+// Failures cannot go unnoticed: every failed checkpoint logs a line naming how many in a
+// row have failed since the last commit (CheckpointerStats::consecutive_failures), and with
+// CheckpointerOptions::max_consecutive_failures save() refuses to go on.
 #pragma once
 
 #include <boost/json/object.hpp>
@@ -87,6 +101,12 @@ struct CheckpointerOptions {
   /// save is then logged, and commits normally; an existing committed step-N is refused even
   /// so. Also sets DurableTierOptions::allow_older_than_latest for the durable tier.
   bool allow_older_than_latest = false;
+  /// Stops a loop whose saves keep failing: once this many saves in a row have failed (no
+  /// commit in between), save() throws Errc::aborted naming the count and the last error
+  /// instead of starting another (and so does every later save(): only a commit resets the
+  /// count, so the loop is meant to stop). 0 (default): never; the loop trains on and every failure
+  /// is still counted (CheckpointerStats::consecutive_failures) and logged.
+  int max_consecutive_failures = 0;
 };
 
 /// Per-save information besides the tensors.
@@ -161,6 +181,13 @@ class SaveHandle {
 struct CheckpointerStats {
   std::uint64_t saves_started = 0, saves_skipped = 0, commits = 0, failures = 0;
   std::uint64_t rotated = 0;              ///< checkpoints removed by rotation
+  /// Pre-save rotation (a full disk, see Checkpointer): the saves before which it removed
+  /// checkpoints, and how many it removed (not counted in `rotated`).
+  std::uint64_t early_rotations = 0, early_rotated = 0;
+  /// Checkpoints that failed since the last commit (0 after a commit). Each failure logs a
+  /// line naming this count and the error.
+  std::uint64_t consecutive_failures = 0;
+  std::string last_failure;               ///< what() of the last failed checkpoint ("" if none)
   std::uint64_t staging_bytes = 0;        ///< staging memory held now (all ranks)
   std::uint64_t staging_allocations = 0;  ///< times a staging buffer was (re)allocated
   std::chrono::nanoseconds total_stall{};
@@ -186,7 +213,9 @@ class Checkpointer {
   /// (BusyPolicy::wait), then copies `tensors` into staging and returns; the caller may
   /// modify its tensors as soon as this returns. Thread-safe across ranks; one call per
   /// (rank, step). Throws Errc::invalid_argument (bad rank, step saved twice, bad tensors:
-  /// the checkpoint is then failed for every rank) or std::bad_alloc.
+  /// the checkpoint is then failed for every rank) or std::bad_alloc; Errc::aborted, before
+  /// anything is staged, once options().max_consecutive_failures saves in a row have failed
+  /// (checked after the barrier, so every rank of the step sees the same count).
   SaveHandle save(int rank, std::uint64_t step, std::span<const TensorView> tensors, const SaveInfo& info);
 
   /// save() followed by wait(): the synchronous path through the same code.

@@ -67,6 +67,7 @@ class FaultInjectionFileSystem final : public FileSystem {
   std::optional<FileStat> stat(const std::string& path) override { return base_.stat(path); }
   /// Passed through, neither counted nor faulted: the lock is not part of a save.
   std::unique_ptr<FileLock> try_lock(const std::string& path, std::string_view record) override { return base_.try_lock(path, record); }
+  std::optional<std::uint64_t> free_space(const std::string& path) noexcept override { return base_.free_space(path); }
 
   /// Called by the wrapped files: counts the op, throws if a fault is armed for it.
   /// Returns true when the op is a write that must be shortened.

@@ -9,6 +9,7 @@
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/random.hpp"
+#include "ckpt/io/layout.hpp"
 #include "ckpt/io/reshard.hpp"
 #include "ckpt/io/tiers.hpp"
 
@@ -484,6 +485,24 @@ SaveHandle start_save(Checkpointer& checkpointer, const Trainer& trainer) {
 std::uint64_t Trainer::resume_latest(const std::string& root, Verify verify, Reshard reshard) {
   return resume_from([&](std::optional<int> expect) { return open_latest(posix_file_system(), root, {.expected_world_size = expect}); },
                      root, verify, reshard);
+}
+
+std::optional<std::uint64_t> Trainer::resume_or_start(const std::string& root, Verify verify, Reshard reshard) {
+  FileSystem& fs = posix_file_system();
+  // The ranks agree on the decision before any of them enters the collective resume.
+  char mine = 0;
+  try {
+    mine = fs.stat(root) && fs.stat(join_path(root, kLatestName)) ? 1 : 0;
+  } catch (const Error&) {
+    mine = 1;  // the resume reports what is wrong with the root
+  }
+  const auto all = comm_.all_gather_bytes(std::as_bytes(std::span(&mine, 1)));
+  for (int r = 0; r < comm_.size(); ++r)
+    if (static_cast<char>(all[static_cast<std::size_t>(r)].at(0)) != mine)
+      throw Error(Errc::aborted, root, "rank " + std::to_string(r) + " sees another root (a `latest` or none)",
+                  mine ? "latest" : "no latest", mine ? "no latest" : "latest");
+  if (!mine) return std::nullopt;
+  return resume_latest(root, verify, reshard);
 }
 
 std::uint64_t Trainer::resume_from(const std::function<OpenedCheckpoint(std::optional<int>)>& open, const std::string& where,

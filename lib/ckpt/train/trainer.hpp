@@ -239,6 +239,15 @@ class Trainer {
   /// records another tensor-parallel size (none recorded: 1) is Errc::invalid_argument naming
   /// both layouts, with or without resharding. Returns the step resumed from. Collective.
   std::uint64_t resume_latest(const std::string& root, Verify verify = Verify::fast, Reshard reshard = Reshard::no);
+  /// The restart loop's resume: resume_latest(root, ...) if ROOT has a `latest` (a committed
+  /// checkpoint), else nothing (the trainer stays at step 0: start fresh) and nullopt. A
+  /// missing root is an empty one; so is a root holding only step directories that `latest`
+  /// never named (a crash in the first save: the Checkpointer's prepare_root removes them).
+  /// A `latest` naming a checkpoint that fails to load throws its error, as resume_latest
+  /// does: a committed checkpoint is never silently passed over. Every rank must see the
+  /// same root (else Errc::aborted naming the rank that differs). Returns the step resumed
+  /// from. Collective.
+  std::optional<std::uint64_t> resume_or_start(const std::string& root, Verify verify = Verify::fast, Reshard reshard = Reshard::no);
 
   // ---- two tiers (runtime/tiering.hpp) ----
   /// What resume_latest_tiered used.
