@@ -30,22 +30,10 @@ namespace {
 const std::string kMyPid = std::to_string(::getpid());
 
 // A file system whose try_lock fails as a file system without locks does.
-class NoLockFileSystem final : public FileSystem {
+class NoLockFileSystem final : public FileSystemWrapper {
  public:
-  explicit NoLockFileSystem(FileSystem& base) : base_(base) {}
-  std::unique_ptr<WritableFile> create(const std::string& p, const WriteOptions& o) override { return base_.create(p, o); }
-  std::unique_ptr<ReadableFile> open_read(const std::string& p) override { return base_.open_read(p); }
-  void create_dir(const std::string& p) override { base_.create_dir(p); }
-  void create_dirs(const std::string& p) override { base_.create_dirs(p); }
-  void sync_dir(const std::string& p) override { base_.sync_dir(p); }
-  void rename(const std::string& f, const std::string& t) override { base_.rename(f, t); }
-  void remove_all(const std::string& p) override { base_.remove_all(p); }
-  std::vector<DirEntry> list_dir(const std::string& p) override { return base_.list_dir(p); }
-  std::optional<FileStat> stat(const std::string& p) override { return base_.stat(p); }
+  using FileSystemWrapper::FileSystemWrapper;
   std::unique_ptr<FileLock> try_lock(const std::string& p, std::string_view) override { throw_errno(ENOSYS, "flock", p); }
-
- private:
-  FileSystem& base_;
 };
 
 // A child process that runs `fn` and then waits (holding whatever fn took) until killed.
