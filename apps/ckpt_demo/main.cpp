@@ -101,6 +101,7 @@ struct Options {
   std::uint64_t save_every = 10;
   std::optional<double> save_every_seconds;  // a wall-clock cadence instead of save_every
   double grace_seconds = 30;
+  int max_consecutive_failures = 0;  // 0: train on whatever fails
   bool watch_signals = false;  // this run stops on a preemption signal (not check (e)'s resume)
   bool resume = false, reshard = false;
   bool resume_auto = false;  // --resume auto: resume if there is a committed checkpoint, else start fresh
@@ -160,6 +161,9 @@ Options parse(int argc, char** argv) {
                  "line naming `latest` and exits 0 (default 30)")
       ->check(CLI::NonNegativeNumber.description(""))
       ->option_text("S");
+  add_int_option(app, "--max-consecutive-failures", o.max_consecutive_failures, 0, 1 << 20, "N",
+                 "stop training (exit status 4) when the saves of N checkpoints in a row\n"
+                 "have failed (default 0: train on, counting and logging each failure)");
   auto* resume = app.add_option("--resume", resume_mode,
                                 "continue from the checkpoint DIR/latest names, up to --steps; with\n"
                                 "`auto`: the same if DIR (or --durable-dir) has a `latest`, else start\n"
@@ -287,9 +291,10 @@ Preemption* g_preemption = nullptr;
 struct Preempted {
   PreemptionSave save;
   int signal = 0;
-  // The save, or the durable copy, is still running: destroying the checkpointer would wait
-  // for it past the budget, so the process leaves without (the root is as after a crash).
-  bool exit_now() const { return save.abandoned || save.durable_skipped; }
+  // The save (one the cancel did not stop in time), or the durable copy, is still running:
+  // destroying the checkpointer would wait for it past the budget, so the process leaves
+  // without (the root is as after a crash).
+  bool exit_now() const { return (save.abandoned && !save.cleaned) || save.durable_skipped; }
 };
 std::mutex g_preempted_mu;
 std::optional<Preempted> g_preempted;
@@ -386,7 +391,21 @@ RankRecord train_rank(const Options& o, dist::Communicator& comm, const std::str
         comm.barrier();
       }
       const auto t0 = std::chrono::steady_clock::now();
-      saved_now = start_save(*ckpt, trainer);  // returns once staged; training goes on
+      try {
+        saved_now = start_save(*ckpt, trainer);  // returns once staged; training goes on
+      } catch (const Error& e) {
+        // --max-consecutive-failures: every rank is refused at the same step (the count is
+        // checked after the barrier), and the run ends with exit status 4.
+        if (e.code() != Errc::aborted || o.max_consecutive_failures == 0 ||
+            ckpt->stats().consecutive_failures < static_cast<std::uint64_t>(o.max_consecutive_failures))
+          throw;
+        collect(true, &row);
+        row.event = "stopped: the saves of " + std::to_string(ckpt->stats().consecutive_failures) +
+                    " checkpoints in a row failed (--max-consecutive-failures)";
+        row.consecutive_save_failures = ckpt->stats().consecutive_failures;
+        rec.rows.push_back(std::move(row));
+        break;
+      }
       pending.push_back(saved_now);
       row.stall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (!rec.snapshot_step && o.fail_save != step) {
@@ -401,7 +420,7 @@ RankRecord train_rank(const Options& o, dist::Communicator& comm, const std::str
       if (const PreemptionDecision d = g_preemption->agree(comm); d.stop) {
         const PreemptionSave p = save_on_preemption(*ckpt, trainer, comm, saved_now, *g_preemption, d, o.grace_seconds);
         row.event = "preempted by " + signal_name(d.signal) + ": emergency save " + (p.committed ? "committed" : p.abandoned ? "abandoned" : "failed");
-        abandoned = p.abandoned;
+        abandoned = p.abandoned && !p.cleaned;
         rec.rows.push_back(std::move(row));
         std::lock_guard lk(g_preempted_mu);  // every rank has the same outcome
         g_preempted = Preempted{p, d.signal};
@@ -451,6 +470,7 @@ RunRecord run(const Options& o, const std::string& root, bool resume, bool saves
   if (saves) {
     CheckpointerOptions opt{.root = root, .world_size = o.world, .keep_last = o.keep, .backend = o.writer,
                             .fs = o.fail_save ? faults.get() : nullptr, .coordinator = coordinator.get()};
+    opt.max_consecutive_failures = o.max_consecutive_failures;
     if (o.durable_dir) opt.durable = DurableTierOptions{.root = *o.durable_dir, .keep_last = o.keep_durable};
     // A tiered resume may continue from the durable tier, older than what the local `latest`
     // names when that one is corrupt: its saves may then move `latest` back (logged).
@@ -672,7 +692,7 @@ int program_main(int argc, char** argv) {
       if (metrics) metrics.close();
       PreemptionSave& p = g_preempted->save;
       const bool exit_now = g_preempted->exit_now() && !is_mpi();
-      if (exit_now && p.abandoned) {
+      if (exit_now && p.abandoned && !p.cleaned) {
         // The abandoned save runs on until the process ends: read `latest` again at the last
         // moment, so the line names what the root holds (it may have committed meanwhile).
         std::fflush(stdout);

@@ -23,6 +23,26 @@ const std::string kDemo = std::string(CKPT_TEST_BINARY_DIR) + "/bin/ckpt-demo";
 
 std::string demo(const std::string& args, int& status) { return ckpt::test::run_command(kDemo + " " + args + " 2>&1", &status); }
 bool has(const std::string& out, const std::string& what) { return out.find(what) != std::string::npos; }
+
+// A 64 KiB tmpfs under `dir`, unmounted at the end: a root there fills up at the first save.
+// The test is skipped (exit 77) where it cannot be mounted.
+struct FullDisk {
+  std::string mnt;
+  explicit FullDisk(const ckpt::test::TempDir& dir) : mnt((dir / "full").string()) {
+    if (::geteuid() != 0) {
+      MESSAGE("skipped: mounting a small tmpfs needs root");
+      std::exit(77);
+    }
+    fs::create_directory(mnt);
+    if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=64k") != 0) {
+      MESSAGE("skipped: cannot mount tmpfs here: " << std::strerror(errno));
+      std::exit(77);
+    }
+  }
+  ~FullDisk() { ::umount2(mnt.c_str(), MNT_DETACH); }
+  FullDisk(const FullDisk&) = delete;
+  FullDisk& operator=(const FullDisk&) = delete;
+};
 }  // namespace
 
 TEST_CASE("ckpt-demo --resume auto starts fresh on a root a crash left without latest, then resumes what it committed") {
@@ -69,21 +89,9 @@ TEST_CASE("ckpt-demo without --resume takes a root that holds only uncommitted s
 }
 
 TEST_CASE("ckpt-demo on a full root trains on, counts the failed saves in its metrics, and exits 4 with a last line saying so") {
-  if (::geteuid() != 0) {
-    MESSAGE("skipped: mounting a small tmpfs needs root");
-    std::exit(77);
-  }
   ckpt::test::TempDir dir;
-  const std::string mnt = (dir / "full").string();
-  fs::create_directory(mnt);
-  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=64k") != 0) {
-    MESSAGE("skipped: cannot mount tmpfs here: " << std::strerror(errno));
-    std::exit(77);
-  }
-  struct Unmount {
-    std::string m;
-    ~Unmount() { ::umount2(m.c_str(), MNT_DETACH); }
-  } unmount{mnt};
+  const FullDisk full(dir);
+  const std::string& mnt = full.mnt;
   int status = -1;
   const std::string metrics = (dir / "m.jsonl").string();
   const auto out = demo("--steps 30 --save-every 10 --dir " + mnt + "/root --metrics " + metrics, status);
@@ -107,6 +115,28 @@ TEST_CASE("ckpt-demo on a full root trains on, counts the failed saves in its me
   }
   CHECK(last_step == 30);
   CHECK(max_count >= 2);
+}
+
+TEST_CASE("ckpt-demo --max-consecutive-failures 2 on a full root stops at the save after the second failure and exits 4") {
+  ckpt::test::TempDir dir;
+  const FullDisk full(dir);
+  const std::string& mnt = full.mnt;
+  int status = -1;
+  const std::string metrics = (dir / "m.jsonl").string();
+  const auto out = demo("--steps 30 --save-every 5 --max-consecutive-failures 2 --dir " + mnt + "/root --metrics " + metrics, status);
+  CAPTURE(out);
+  CHECK(status == 4);
+  const auto last = out.substr(out.rfind('\n', out.size() - 2) + 1);
+  CHECK(last.find("ckpt-demo: no checkpoint committed since the save of step 5 failed (2 failed saves; latest none; the last error: no space left: ") == 0);
+  // Steps 5 and 10 failed; the save of step 15 was refused and training stopped there.
+  const auto bytes = ckpt::test::read_all(metrics);
+  std::istringstream in(std::string(bytes.begin(), bytes.end()));
+  std::string line;
+  boost::json::object final_row;
+  while (std::getline(in, line)) final_row = boost::json::parse(line).as_object();
+  CHECK(final_row.at("step").as_int64() == 15);
+  CHECK(final_row.at("event").as_string() == "stopped: the saves of 2 checkpoints in a row failed (--max-consecutive-failures)");
+  CHECK(final_row.at("consecutive_save_failures").as_int64() == 2);
 }
 
 TEST_CASE("ckpt-demo --help documents --resume auto and the exit statuses") {

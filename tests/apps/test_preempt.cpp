@@ -250,9 +250,10 @@ TEST_CASE("ckpt-demo --grace-seconds 0: a save that cannot finish in the budget 
     CHECK(latest == step);  // it was committed by the time the ranks agreed: no need to abandon
   } else {
     CHECK(m[2].str() == "the save of step " + std::to_string(step) + " did not finish within the 0 s grace budget and was abandoned; ");
-    // The abandoned save may have got as far as renaming its directory into place (the
-    // process left as a crash would, before `latest` moved): `latest` still names the previous one.
+    // Cancelled on every rank: its temporary is gone before the process exits, and `latest`
+    // still names the previous checkpoint.
     CHECK(latest < step);
+    CHECK_FALSE(has_temporary(root));
   }
   // The next run starts from `latest`, whatever the abandoned save left behind.
   int status = 0;

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
@@ -316,4 +317,51 @@ TEST_CASE("consecutive failed saves are counted and logged, a commit resets the 
     CHECK(test::temporaries(root).empty());
   }
   set_log_sink(previous);
+}
+
+TEST_CASE("cancel() stops a save mid-write: no further write starts, every handle fails with aborted, the temporary is removed, latest stays") {
+  for (const WriterBackend backend : test::backends()) {
+    CAPTURE(test::backend_label(backend));
+    test::TempDir dir;
+    FaultInjectionFileSystem faulty(posix_file_system());
+    const std::string root = (dir / "r").string();
+    const int world = 2;
+    std::vector<test::RankState> states{test::RankState(0, kN), test::RankState(1, kN)};
+    // 4 KiB pieces: each shard takes about 150 writes, of which at most queue_depth are in flight.
+    Checkpointer c({.root = root, .world_size = world, .backend = backend, .chunk_size = 4096, .fs = &faulty});
+    REQUIRE(save_all(c, states, 1, test::backend_label(backend)) == std::vector<std::string>(2));
+    CHECK_FALSE(c.cancel("nothing is in flight").has_value());
+
+    faulty.reset();
+    faulty.hold_writes(true);
+    std::vector<SaveHandle> handles(world);
+    test::run_ranks(world, [&](int r) {
+      states[static_cast<std::size_t>(r)].set(r, 2);
+      handles[static_cast<std::size_t>(r)] = c.save(r, 2, states[static_cast<std::size_t>(r)].views(), test::info_for(r, world, kN, 2));
+    });
+    while (faulty.held_writes() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    CHECK(c.cancel("out of time") == std::optional<std::uint64_t>(2));
+    CHECK(c.cancel("a second time") == std::optional<std::uint64_t>(2));  // the same step, nothing more
+    faulty.hold_writes(false);
+    for (auto& h : handles) {
+      try {
+        h.wait();
+        FAIL("the cancelled save committed");
+      } catch (const Error& e) {
+        CHECK(e.code() == Errc::aborted);
+        CHECK(e.detail() == "save of step 2 cancelled: out of time");
+        CHECK(e.file().find("/.tmp-step-0000000002") != std::string::npos);
+      }
+    }
+    c.wait_all();
+    const std::uint64_t pieces_per_shard = (kN * sizeof(float)) / 4096;
+    CHECK(faulty.count(FaultInjectionFileSystem::Op::write) < pieces_per_shard);  // of 2 x ~150
+    CHECK(read_latest(posix_file_system(), root) == checkpoint_dir_name(1));
+    CHECK(no_temporaries(root));
+    CHECK(c.stats().consecutive_failures == 1);
+    CheckpointReader::open(posix_file_system(), join_path(root, checkpoint_dir_name(1))).verify(Verify::full);
+    // The next save is unaffected.
+    REQUIRE(save_all(c, states, 3, test::backend_label(backend)) == std::vector<std::string>(2));
+    CHECK(read_latest(posix_file_system(), root) == checkpoint_dir_name(3));
+  }
 }

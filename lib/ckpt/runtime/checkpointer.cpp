@@ -33,6 +33,7 @@
 #include "ckpt/runtime/checkpointer.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <boost/asio/append.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -184,6 +185,9 @@ struct Checkpointer::Impl {
     std::vector<std::shared_ptr<ShardJob>> jobs;  // per rank, null until it saves
     int staged = 0, reported = 0;
     bool abandoned = false;
+    // Set by cancel(): the shards start no further write (read on any thread).
+    std::atomic<bool> cancelled{false};
+    std::string cancel_reason;  // under Impl::mu, set before `cancelled`
     // Set by the commit (this process commits the step).
     std::string temp;
     bool committed_here = false;
@@ -526,7 +530,10 @@ struct Checkpointer::Impl {
   asio::awaitable<void> write_shard(std::shared_ptr<StepState> st, std::shared_ptr<ShardJob> job) {
     RankReport report{job->rank, std::nullopt, {}};
     std::unique_ptr<ShardWriter> writer;
+    const auto stopped = [&st] { return st->cancelled.load(); };
+    struct Cancelled {};
     try {
+      if (stopped()) throw Cancelled{};
       writer = co_await on_work_pool([&] {
         return std::make_unique<ShardWriter>(ShardWriter::image(fs, st->temp, shard_file_name(job->rank, opt.world_size), job->header,
                                                                 {.chunk_size = opt.chunk_size, .direct = opt.direct_io}));
@@ -535,12 +542,16 @@ struct Checkpointer::Impl {
       const auto image = staging[static_cast<std::size_t>(job->rank)].span(static_cast<std::size_t>(w.file().is_direct() ? job->padded : job->size));
       const auto t_write = Clock::now();
       auto [writer_name, hash_time] = co_await detail::both(
-          backend->write(w.file(), image, static_cast<std::size_t>(opt.chunk_size), opt.queue_depth),
-          on_work_pool([&w, bytes = image.first(static_cast<std::size_t>(job->size))] {
+          backend->write(w.file(), image, static_cast<std::size_t>(opt.chunk_size), opt.queue_depth, &st->cancelled),
+          on_work_pool([&w, &stopped, bytes = image.first(static_cast<std::size_t>(job->size))] {
+            // In pieces, so that a cancelled save stops hashing too (the shard is failed then).
+            constexpr std::size_t kPiece = 64u << 20;
             const auto t0 = Clock::now();
-            w.hash(bytes);
+            for (std::size_t off = 0; off < bytes.size() && !stopped(); off += kPiece)
+              w.hash(bytes.subspan(off, std::min(kPiece, bytes.size() - off)));
             return since(t0);
           }));
+      if (stopped()) throw Cancelled{};
       job->result.write = since(t_write);
       job->result.hash = hash_time;
       job->result.backend = std::string(writer_name);
@@ -556,6 +567,13 @@ struct Checkpointer::Impl {
       report.shard.training = job->info.training;
     } catch (...) {
       report.error = to_error(std::current_exception());
+    }
+    if (report.error && stopped()) {
+      // A shard the cancel stopped fails with the reason cancel() gave (a shard already
+      // durable when it came reports as usual).
+      std::lock_guard lk(mu);
+      report.error = Error(Errc::aborted, join_path(st->temp, shard_file_name(job->rank, opt.world_size)),
+                           "save of step " + std::to_string(st->step) + " cancelled: " + st->cancel_reason);
     }
     if (writer && report.error) co_await on_work_pool([&] { writer.reset(); });  // closes the failed file
     send(st, std::move(report));
@@ -713,6 +731,19 @@ SaveResult Checkpointer::save_sync(int rank, std::uint64_t step, std::span<const
 void Checkpointer::wait_all() {
   std::unique_lock lk(impl_->mu);
   impl_->cv.wait(lk, [&] { return !impl_->in_flight && impl_->checkpoints_running == 0; });
+}
+
+std::optional<std::uint64_t> Checkpointer::cancel(const std::string& why) {
+  std::shared_ptr<Impl::StepState> st;
+  {
+    std::lock_guard lk(impl_->mu);
+    st = impl_->in_flight;
+    if (!st || st->cancelled) return st ? std::optional(st->step) : std::nullopt;
+    st->cancel_reason = why;
+    st->cancelled = true;
+  }
+  log_line("cancelling the save of step " + std::to_string(st->step) + ": " + why);
+  return st->step;
 }
 
 std::optional<StagedSnapshot> Checkpointer::staged(int rank) const {

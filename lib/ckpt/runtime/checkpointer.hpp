@@ -226,6 +226,18 @@ class Checkpointer {
   /// rethrow save errors: the handles do.
   void wait_all();
 
+  /// Cancels the checkpoint in flight, if any (the step between its first save() and its
+  /// handles' completion): its shards start no further write or hash, each shard that had
+  /// not reported yet fails with Errc::aborted naming the shard and `why`, and the step then
+  /// fails as any failed save does: its temporary directory is removed, `latest` stays, every
+  /// handle of the step rethrows the error (counted in stats() as a failure). Returns at once,
+  /// with the step cancelled (nullopt if none was in flight); the handles complete once the
+  /// writes and system calls already in flight have returned (an fsync is not interrupted):
+  /// wait on them. A step whose shards were all durable already may still commit: its handles
+  /// say which. With several processes, a cancel in any one fails the step for every rank.
+  /// Thread-safe; a second call for the same step does nothing.
+  std::optional<std::uint64_t> cancel(const std::string& why);
+
   /// Rank `rank`'s last save, if it is committed and its staging buffer still holds it: the
   /// buffer is reused, so the snapshot lasts until this rank's next save() starts staging
   /// (a save in flight, failed or abandoned gives nullopt; so does a rank that never saved).

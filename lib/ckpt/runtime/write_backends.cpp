@@ -47,12 +47,18 @@ struct Image {
   WritableFile& file;
   std::span<const std::byte> data;
   std::size_t io_size;
+  const std::atomic<bool>* stop;
   std::size_t next = 0;  // offset of the next piece to take
   std::exception_ptr error;
 
-  // The next piece, or false once everything is taken or a lane failed.
+  // The next piece, or false once everything is taken, a lane failed or the write is stopped.
   bool take(std::size_t& off, std::size_t& len) {
     if (error || next >= data.size()) return false;
+    if (stop && stop->load(std::memory_order_relaxed)) {
+      error = std::make_exception_ptr(Error(Errc::aborted, file.path(), "write stopped (the save was cancelled)", std::to_string(data.size()) + " bytes written",
+                                            std::to_string(next) + " bytes written"));
+      return false;
+    }
     off = next;
     len = std::min(io_size, data.size() - next);
     next += len;
@@ -76,9 +82,9 @@ class PosixBackend final : public WriteBackend {
   explicit PosixBackend(asio::thread_pool& pool) : pool_(pool) {}
   std::string_view name() const noexcept override { return "posix"; }
 
-  asio::awaitable<std::string_view> write(WritableFile& file, std::span<const std::byte> data, std::size_t io_size,
-                                          int queue_depth) override {
-    Image image{file, data, io_size, 0, nullptr};
+  asio::awaitable<std::string_view> write(WritableFile& file, std::span<const std::byte> data, std::size_t io_size, int queue_depth,
+                                          const std::atomic<bool>* stop) override {
+    Image image{file, data, io_size, stop, 0, nullptr};
     co_await run_lanes(image, queue_depth, [this](Image& im) { return lane(im); });
     co_return name();
   }
@@ -103,15 +109,15 @@ class UringBackend final : public WriteBackend {
   UringBackend(asio::io_context& ctx, asio::thread_pool& pool) : ctx_(ctx), posix_(pool) {}
   std::string_view name() const noexcept override { return "io_uring"; }
 
-  asio::awaitable<std::string_view> write(WritableFile& file, std::span<const std::byte> data, std::size_t io_size,
-                                          int queue_depth) override {
+  asio::awaitable<std::string_view> write(WritableFile& file, std::span<const std::byte> data, std::size_t io_size, int queue_depth,
+                                          const std::atomic<bool>* stop) override {
     // No descriptor to hand the ring (an in-memory file): the posix writer moves the bytes.
-    if (file.native_handle() < 0) co_return co_await posix_.write(file, data, io_size, queue_depth);
+    if (file.native_handle() < 0) co_return co_await posix_.write(file, data, io_size, queue_depth, stop);
     asio::random_access_file handle(ctx_);
     boost::system::error_code ec;
     handle.assign(file.native_handle(), ec);
     if (ec) throw Error(Errc::io_error, file.path(), "io_uring file assign failed: " + ec.message());
-    Image image{file, data, io_size, 0, nullptr};
+    Image image{file, data, io_size, stop, 0, nullptr};
     std::exception_ptr failed;
     try {
       co_await run_lanes(image, queue_depth, [&handle](Image& im) { return lane(handle, im); });

@@ -35,6 +35,7 @@ class FaultyFile final : public WritableFile {
  public:
   FaultyFile(FaultInjectionFileSystem& fs, std::unique_ptr<WritableFile> f, std::uint64_t id) : fs_(fs), f_(std::move(f)), id_(id) {}
   void write_at(std::uint64_t offset, std::span<const std::byte> data) override {
+    fs_.wait_if_writes_held();
     if (fs_.before(FaultInjectionFileSystem::Op::write, f_->path())) {
       f_->write_at(offset, data.first(data.size() / 2));
       throw_errno(EIO, "pwrite (short write, injected)", f_->path());
@@ -63,6 +64,7 @@ class FaultyFile final : public WritableFile {
   // before_native_write as the posix writer does through write_at.
   int native_handle() const noexcept override { return f_->native_handle(); }
   std::size_t before_native_write(std::uint64_t, std::size_t len) override {
+    fs_.wait_if_writes_held();
     return fs_.before(FaultInjectionFileSystem::Op::write, f_->path()) ? len / 2 : len;
   }
   bool is_direct() const noexcept override { return f_->is_direct(); }
@@ -108,6 +110,27 @@ void FaultInjectionFileSystem::wait_if_held() {
   ++held_;
   hold_cv_.wait(lk, [&] { return !hold_; });
   --held_;
+}
+
+void FaultInjectionFileSystem::hold_writes(bool hold) {
+  {
+    std::lock_guard lk(mu_);
+    hold_writes_ = hold;
+  }
+  hold_cv_.notify_all();
+}
+
+int FaultInjectionFileSystem::held_writes() const {
+  std::lock_guard lk(mu_);
+  return held_writes_;
+}
+
+void FaultInjectionFileSystem::wait_if_writes_held() {
+  std::unique_lock lk(mu_);
+  if (!hold_writes_) return;
+  ++held_writes_;
+  hold_cv_.wait(lk, [&] { return !hold_writes_; });
+  --held_writes_;
 }
 
 void FaultInjectionFileSystem::reset() {

@@ -44,6 +44,11 @@ class FaultInjectionFileSystem final : public FileSystem {
   void hold_syncs(bool hold);
   /// fsyncs currently blocked by hold_syncs.
   int held_syncs() const;
+  /// The same for writes (write_at, and the io_uring writer's before_native_write, which
+  /// then blocks the writer's thread): tests use it to stop a save mid-write.
+  void hold_writes(bool hold);
+  /// Writes currently blocked by hold_writes.
+  int held_writes() const;
   /// Stops every further operation (as crash_after) and rolls the disk back to what had been
   /// made durable, as a power cut would. Returns a line per undone change, for test logs.
   std::vector<std::string> simulate_power_loss();
@@ -102,12 +107,14 @@ class FaultInjectionFileSystem final : public FileSystem {
   std::vector<TrackedFile> files_;
   std::vector<DirChange> dir_changes_;
   void log_created(const std::string& path);
-  bool hold_ = false;
-  int held_ = 0;
+  bool hold_ = false, hold_writes_ = false;
+  int held_ = 0, held_writes_ = 0;
   std::condition_variable hold_cv_;
  public:
   /// Used by the wrapped files: blocks while syncs are held.
   void wait_if_held();
+  /// Used by the wrapped files: blocks while writes are held.
+  void wait_if_writes_held();
 };
 
 }  // namespace ckpt::testing

@@ -1,5 +1,6 @@
 #include "ckpt/train/loop.hpp"
 
+#include <cstdio>
 #include <future>
 #include <memory>
 #include <thread>
@@ -46,15 +47,25 @@ PreemptionSave save_on_preemption(Checkpointer& checkpointer, const Trainer& tra
   // Handles of one step complete together, so a save done on one rank is decided for all.
   std::int32_t finished = done.wait_until(deadline) == std::future_status::ready;
   comm.all_reduce(std::span<std::int32_t>(&finished, 1), dist::ReduceOp::sum);
-  if (finished > 0) {
+  if (finished == 0) {
+    // Out of time on every rank: cancel it (every process, so every rank's shard stops),
+    // and give the writes in flight a moment to return so its temporary is removed.
+    char budget[32];
+    std::snprintf(budget, sizeof budget, "%g", grace_seconds);
+    checkpointer.cancel(std::string("the ") + budget + " s grace budget of the preemption ran out");
+    std::int32_t stopped = done.wait_for(std::chrono::duration<double>(kCancelWaitSeconds)) == std::future_status::ready;
+    comm.all_reduce(std::span<std::int32_t>(&stopped, 1), dist::ReduceOp::sum);
+    out.abandoned = true;
+    out.cleaned = stopped == comm.size();
+  }
+  if (finished > 0 || out.cleaned) {
     try {
       h.wait();
-      out.committed = true;
+      out.committed = true;  // it was past its writes when the cancel came
+      out.abandoned = out.cleaned = false;
     } catch (const Error& e) {
-      out.error = e.what();
+      if (!out.abandoned) out.error = e.what();
     }
-  } else {
-    out.abandoned = true;
   }
   const auto& durable = checkpointer.options().durable;
   out.has_durable_tier = durable.has_value();

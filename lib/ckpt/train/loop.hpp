@@ -39,6 +39,7 @@ struct PreemptionSave {
   bool reused = false;         ///< a save of that step was already in flight: no second one
   bool committed = false;      ///< the checkpoint of `step` is committed
   bool abandoned = false;      ///< it did not finish within the budget and was given up
+  bool cleaned = false;        ///< abandoned and stopped in time: its temporary is removed
   std::string error;           ///< why it failed (its ckpt::Error's message), if it did
   std::optional<std::uint64_t> latest;  ///< the step the root's `latest` names (rank 0 reads it)
   bool has_durable_tier = false;
@@ -47,16 +48,23 @@ struct PreemptionSave {
   double grace_seconds = 0;    ///< the budget it had
 };
 
+/// How long save_on_preemption waits, past the grace budget, for a cancelled save to stop.
+inline constexpr double kCancelWaitSeconds = 5.0;
+
 /// The emergency save of a preempted loop, on every rank (collective): saves the trainer's
 /// current step unless `in_flight` is a save of that step already, then waits for it for up
 /// to `grace_seconds` (the deadline). If any rank's save completed by then, every rank waits
 /// for its outcome (the ranks share one commit outcome, so this is at most a moment); else it
-/// is abandoned: the handles are left running, `latest` stays where it was, and the process
-/// should exit without destroying the checkpointer (std::_Exit after flushing its output):
-/// the root is then as after a crash, its temporary removed by the next start
-/// (io/commit.hpp). After a commit with a durable tier, rank 0 waits until the durable tier's
-/// `latest` names the step, until the deadline or a second signal (decision.hurry, or
-/// preemption.count() >= 2). Blocks in start_save while another step is in flight
+/// is abandoned: every rank cancels it (Checkpointer::cancel), `latest` stays where it was,
+/// and once the writes in flight have returned (at most kCancelWaitSeconds more, on every
+/// rank) its temporary directory is removed and the checkpointer can be destroyed as usual
+/// (`cleaned`). A cancel that came too late to stop it leaves it committed (`committed`,
+/// not `abandoned`). If it does not stop in time (a write or fsync stuck in the kernel), the
+/// handles are left running and the process should exit without destroying the
+/// checkpointer (std::_Exit after flushing its output): the root is then as after a crash,
+/// its temporary removed by the next start (io/commit.hpp). After a commit with a durable
+/// tier, rank 0 waits until the durable tier's `latest` names the step, until the deadline
+/// or a second signal (decision.hurry, or preemption.count() >= 2). Blocks in start_save while another step is in flight
 /// (BusyPolicy::wait). Throws what the communicator throws; a failed save is reported in
 /// `error`, not thrown.
 PreemptionSave save_on_preemption(Checkpointer& checkpointer, const Trainer& trainer, dist::Communicator& comm, SaveHandle in_flight,

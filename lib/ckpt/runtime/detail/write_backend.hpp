@@ -6,6 +6,7 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/thread_pool.hpp>
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <span>
@@ -22,9 +23,11 @@ class WriteBackend {
   virtual std::string_view name() const noexcept = 0;
   /// Writes all of `data` into `file` from offset 0. Returns the name of the writer that
   /// moved the bytes ("io_uring", or "posix" for a file without a descriptor); throws the
-  /// first write's ckpt::Error once every write in flight has finished.
+  /// first write's ckpt::Error once every write in flight has finished. Once `*stop` is true
+  /// no further piece is started: the write ends with Errc::aborted when the pieces in
+  /// flight are done.
   virtual boost::asio::awaitable<std::string_view> write(WritableFile& file, std::span<const std::byte> data, std::size_t io_size,
-                                                         int queue_depth) = 0;
+                                                         int queue_depth, const std::atomic<bool>* stop = nullptr) = 0;
 };
 
 /// True if this process may create an io_uring; otherwise `why` says what the kernel said.
