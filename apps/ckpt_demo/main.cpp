@@ -102,6 +102,7 @@ struct Options {
   std::optional<double> save_every_seconds;  // a wall-clock cadence instead of save_every
   double grace_seconds = 30;
   int max_consecutive_failures = 0;  // 0: train on whatever fails
+  bool deferred_staging = false;
   bool watch_signals = false;  // this run stops on a preemption signal (not check (e)'s resume)
   bool resume = false, reshard = false;
   bool resume_auto = false;  // --resume auto: resume if there is a committed checkpoint, else start fresh
@@ -161,6 +162,10 @@ Options parse(int argc, char** argv) {
                  "line naming `latest` and exits 0 (default 30)")
       ->check(CLI::NonNegativeNumber.description(""))
       ->option_text("S");
+  app.add_flag("--deferred-staging", o.deferred_staging,
+               "save() returns before the state is copied: the copy runs on ckpt's threads\n"
+               "while the next step's forward and backward run, and the optimizer step\n"
+               "waits for it (the fence); the stall column then shows save() plus that wait");
   add_int_option(app, "--max-consecutive-failures", o.max_consecutive_failures, 0, 1 << 20, "N",
                  "stop training (exit status 4) when the saves of N checkpoints in a row\n"
                  "have failed (default 0: train on, counting and logging each failure)");
@@ -355,6 +360,8 @@ RankRecord train_rank(const Options& o, dist::Communicator& comm, const std::str
   while (trainer.step_count() < last) {
     StepRow row;
     row.stats = trainer.step();
+    // A deferred save's copy the step did not hide is part of that save's stall.
+    if (row.stats.fence_ms > 0 && !rec.rows.empty() && rec.rows.back().stall_ms > 0) rec.rows.back().stall_ms += row.stats.fence_ms;
     row.memory = trainer.memory();
     const std::uint64_t step = row.stats.step;
     if (ckpt) {
@@ -471,6 +478,7 @@ RunRecord run(const Options& o, const std::string& root, bool resume, bool saves
     CheckpointerOptions opt{.root = root, .world_size = o.world, .keep_last = o.keep, .backend = o.writer,
                             .fs = o.fail_save ? faults.get() : nullptr, .coordinator = coordinator.get()};
     opt.max_consecutive_failures = o.max_consecutive_failures;
+    opt.staging = o.deferred_staging ? Staging::deferred : Staging::copy;
     if (o.durable_dir) opt.durable = DurableTierOptions{.root = *o.durable_dir, .keep_last = o.keep_durable};
     // A tiered resume may continue from the durable tier, older than what the local `latest`
     // names when that one is corrupt: its saves may then move `latest` back (logged).
@@ -897,6 +905,7 @@ int program_main(int argc, char** argv) {
       again_opts.durable_dir.reset();  // the scratch copy is the only tier of that run
       again_opts.inject_spike.reset();
       again_opts.skip_batches = r0.skipped_batches;
+      again_opts.steps = r0.last_step;  // a resume without --steps would stop 10 steps past its checkpoint
       const RunRecord again = run(again_opts, (scratch / "resume").string(), true, false);
       bool same = true;
       for (std::size_t r = 0; r < rec.ranks.size(); ++r) same &= again.ranks.at(r).final_params == rec.ranks[r].final_params;

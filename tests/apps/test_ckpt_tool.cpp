@@ -363,7 +363,7 @@ TEST_CASE("ckpt prune keeps the newest K checkpoints and the one latest names") 
   CHECK(ckpt_run("prune " + root).status == 2);
 }
 
-TEST_CASE("ckpt prune and ckpt reshard into a root a writer holds exit 1 with busy and change nothing; readers go on") {
+TEST_CASE("ckpt prune and ckpt reshard into a root a writer holds exit 1 with busy and change nothing, readers go on") {
   DemoRun demo;
   test::TempDir dir;
   const std::string root = (dir / "eight").string();
@@ -580,7 +580,7 @@ TEST_CASE("ckpt consolidate creates OUT's missing parent, and removes it again w
   CHECK(names_in(demo.dir.path()) == before);
 }
 
-TEST_CASE("sizes are accepted alike by every size option: 1.5G, 500M, 64K and plain bytes; a fraction of a byte is not") {
+TEST_CASE("sizes are accepted alike by every size option: 1.5G, 500M, 64K and plain bytes, a fraction of a byte is not") {
   DemoRun demo;
   std::vector<std::string> files;
   for (const char* size : {"40K", "40960", "0.0390625M", "40KiB"}) {

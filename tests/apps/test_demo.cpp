@@ -243,6 +243,26 @@ TEST_CASE("ckpt-demo --accumulate 2 trains on micro-batches and resumes bit-exac
   CHECK(status == 2);
 }
 
+TEST_CASE("ckpt-demo --deferred-staging reloads byte-equal, resumes bit-exactly, and trains exactly as with the copy before return") {
+  ckpt::test::TempDir dir;
+  int status = 0;
+  const std::string deferred = (dir / "d.jsonl").string(), copied = (dir / "c.jsonl").string();
+  const auto out = run(kBin + "ckpt-demo --deferred-staging --save-every 5 --keep 0 --metrics " + deferred, status);
+  CAPTURE(out);
+  CHECK(status == 0);
+  for (const char* check : {"(d) checkpoint reloads", "(e) bit-exact resume"}) {
+    const auto at = out.find(check);
+    REQUIRE(at != std::string::npos);
+    CHECK(out.substr(at, out.find('\n', at) - at).find("PASS") != std::string::npos);
+  }
+  CHECK(out.find("resume verified") != std::string::npos);
+  run(kBin + "ckpt-demo --save-every 5 --keep 0 --metrics " + copied, status);
+  REQUIRE(status == 0);
+  const auto a = losses(deferred), b = losses(copied);
+  CHECK(a.size() == 20);
+  CHECK(a == b);
+}
+
 TEST_CASE("ckpt-demo --tensor-parallel 2 splits the heads, records the layout, and a resume at another layout is refused") {
   ckpt::test::TempDir dir;
   const std::string root = (dir / "tp").string();
@@ -321,7 +341,8 @@ TEST_CASE("ckpt-demo --help lists every option it parses, with the checks in ord
   for (const char* flag : {"--dir", "--durable-dir", "--keep-durable", "--backend", "--world-size", "--steps", "--save-every", "--resume",
                            "--reshard", "--metrics", "--keep", "--inject-spike", "--accumulate", "--tensor-parallel", "--fail-save",
                            "--writer", "--precision", "--layers", "--dim", "--heads", "--seq", "--batch", "--vocab", "--lr",
-                           "--schedule-steps", "--seed", "--version"}) {
+                           "--schedule-steps", "--seed", "--version", "--deferred-staging", "--max-consecutive-failures",
+                           "--grace-seconds", "--save-every-seconds"}) {
     CAPTURE(flag);
     CHECK(out.find(std::string("  ") + flag + " ") != std::string::npos);
   }

@@ -157,7 +157,7 @@ TEST_CASE("a crash in every window of the first save, then resume_or_start: the 
   CHECK(uncommitted_step_dirs > 0);
 }
 
-TEST_CASE("resume_or_start on a missing root starts fresh; on a root whose latest names a broken checkpoint it throws that error") {
+TEST_CASE("resume_or_start on a missing root starts fresh, on a root whose latest names a broken checkpoint it throws that error") {
   test::TempDir dir;
   const std::string root = (dir.path() / "none").string();
   dist::run_ranks(kWorld, [&](dist::Communicator& comm) {

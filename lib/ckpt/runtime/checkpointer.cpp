@@ -77,6 +77,8 @@ struct SaveState {
   std::condition_variable cv;
   bool done = false;
   bool skipped = false;
+  bool staged = true;  // false while a deferred copy is pending
+  std::optional<Error> stage_error;
   std::uint64_t step = 0;
   // The error is kept by value and thrown afresh in each waiting thread: sharing one
   // exception object between threads through exception_ptr copies races in libstdc++'s
@@ -88,6 +90,15 @@ struct SaveState {
   // A copy with its own message buffer (std::runtime_error shares its message between copies
   // through the same uninstrumented reference count).
   static Error fresh(const Error& e) { return Error(e.code(), e.file(), e.detail(), e.expected(), e.actual(), e.sys_errno()); }
+
+  void mark_staged(std::optional<Error> e) {
+    {
+      std::lock_guard lk(mu);
+      stage_error = std::move(e);
+      staged = true;
+    }
+    cv.notify_all();
+  }
 
   void complete(std::optional<Error> e, SaveResult r) {
     std::vector<Handler> to_call;
@@ -129,6 +140,19 @@ const SaveResult& SaveHandle::wait() const {
   state_->cv.wait(lk, [&] { return state_->done; });
   if (state_->error) throw detail::SaveState::fresh(*state_->error);
   return state_->result;
+}
+
+void SaveHandle::wait_staged() const {
+  if (!state_) throw_invalid("wait_staged() on an empty SaveHandle");
+  std::unique_lock lk(state_->mu);
+  state_->cv.wait(lk, [&] { return state_->staged; });
+  if (state_->stage_error) throw detail::SaveState::fresh(*state_->stage_error);
+}
+
+bool SaveHandle::staged() const noexcept {
+  if (!state_) return false;
+  std::lock_guard lk(state_->mu);
+  return state_->staged;
 }
 
 void SaveHandle::on_ready(ReadyCallback h) const {
@@ -346,7 +370,7 @@ struct Checkpointer::Impl {
 
   // ---- rank thread side ----------------------------------------------------------------
 
-  SaveHandle save(int rank, std::uint64_t step, std::span<const TensorView> tensors, const SaveInfo& info) {
+  SaveHandle save(int rank, std::uint64_t step, std::span<const TensorView> tensors, const SaveInfo& info, Staging staging) {
     const auto t_call = Clock::now();
     check_rank(rank, opt.world_size, "save rank");
     if (!local[static_cast<std::size_t>(rank)])
@@ -405,21 +429,70 @@ struct Checkpointer::Impl {
       stats.total_stall += job->result.stall;
     }
 
+    if (staging == Staging::deferred) {
+      // The copy runs on the work pool; the caller's views (and, with the debug check, the
+      // XXH3 of every tensor as it is now) go with it.
+      std::vector<TensorView> views(tensors.begin(), tensors.end());
+      std::vector<std::uint64_t> sums;
+      if (opt.check_deferred_staging)
+        for (const auto& t : views) sums.push_back(xxh3_64(t.data.data(), t.data.size()));
+      job->result.deferred = true;
+      {
+        std::lock_guard lk(job->handle->mu);
+        job->handle->staged = false;
+      }
+      asio::post(work_pool, [this, st, job, views = std::move(views), sums = std::move(sums)] {
+        std::optional<Error> bad;
+        try {
+          stage_and_hand_off(st, job, views);
+          for (std::size_t i = 0; i < sums.size(); ++i) check_staged_tensor(*job, views[i], sums[i]);
+        } catch (...) {
+          bad = to_error(std::current_exception());
+        }
+        // Released before the report: a rank waiting in wait_staged() learns first.
+        job->handle->mark_staged(bad ? std::optional<Error>(detail::SaveState::fresh(*bad)) : std::nullopt);
+        if (bad) send(st, RankReport{job->rank, *bad, {}});
+        else send(st, job);
+      });
+      return SaveHandle(job->handle);
+    }
+    stage_and_hand_off(st, job, tensors);
+    send(st, job);  // the hand-off: from here on the pipeline owns the staged shard
+    return SaveHandle(job->handle);
+  }
+
+  // Copies the tensors into the rank's staging buffer and records what it holds. A failure
+  // fails the checkpoint for every rank (reported here) rather than hang it, and is rethrown.
+  void stage_and_hand_off(const std::shared_ptr<StepState>& st, const std::shared_ptr<ShardJob>& job, std::span<const TensorView> tensors) {
     const auto t_stage = Clock::now();
     try {
       stage(*job, tensors);
     } catch (...) {
-      // This rank cannot contribute: fail the checkpoint for everyone rather than hang it.
-      send(st, RankReport{rank, to_error(std::current_exception()), {}});
+      if (job->result.deferred) throw;  // the deferred path reports it (after the fence opens)
+      send(st, RankReport{job->rank, to_error(std::current_exception()), {}});
       throw;
     }
     job->result.stage = Clock::now() - t_stage;
-    {
+    std::lock_guard lk(mu);
+    staged_records[static_cast<std::size_t>(job->rank)] = StagedRecord{job->step, job->header, job->info, false};
+  }
+
+  // check_deferred_staging: the staged bytes of `t` must be what save() saw.
+  void check_staged_tensor(const ShardJob& job, const TensorView& t, std::uint64_t at_save) {
+    const ShardTensor* rec = nullptr;
+    for (const auto& h : job.header.tensors)
+      if (h.name == t.name) rec = &h;
+    const std::byte* data = staging[static_cast<std::size_t>(job.rank)].data() + job.header.data_start + rec->begin;
+    const std::uint64_t copied = xxh3_64(data, static_cast<std::size_t>(rec->end - rec->begin));
+    if (copied != at_save) {
       std::lock_guard lk(mu);
-      staged_records[static_cast<std::size_t>(rank)] = StagedRecord{step, job->header, job->info, false};
+      staged_records[static_cast<std::size_t>(job.rank)].reset();
+      throw Error(Errc::invalid_argument, {},
+                  "tensor '" + t.name + "' of rank " + std::to_string(job.rank) + " (step " + std::to_string(job.step) +
+                      ") was modified between save() and the end of its deferred copy (check_deferred_staging): the caller must not "
+                      "modify saved tensors until wait_staged() returns",
+                  "xxh3 " + xxh3_hex(at_save) + " (at save())", "xxh3 " + xxh3_hex(copied) + " (copied)");
     }
-    send(st, job);  // the hand-off: from here on the pipeline owns the staged shard
-    return SaveHandle(job->handle);
   }
 
   void stage(ShardJob& job, std::span<const TensorView> tensors) {
@@ -721,7 +794,11 @@ Checkpointer::Checkpointer(CheckpointerOptions options) : impl_(std::make_unique
 Checkpointer::~Checkpointer() = default;
 
 SaveHandle Checkpointer::save(int rank, std::uint64_t step, std::span<const TensorView> tensors, const SaveInfo& info) {
-  return impl_->save(rank, step, tensors, info);
+  return impl_->save(rank, step, tensors, info, impl_->opt.staging);
+}
+
+SaveHandle Checkpointer::save(int rank, std::uint64_t step, std::span<const TensorView> tensors, const SaveInfo& info, Staging staging) {
+  return impl_->save(rank, step, tensors, info, staging);
 }
 
 SaveResult Checkpointer::save_sync(int rank, std::uint64_t step, std::span<const TensorView> tensors, const SaveInfo& info) {

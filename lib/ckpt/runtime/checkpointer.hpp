@@ -71,6 +71,19 @@ enum class BusyPolicy {
   skip,  ///< return a handle that reports skipped(); decided once per step for all ranks
 };
 
+/// When save() copies the caller's tensors into staging.
+enum class Staging {
+  /// Before save() returns (default): the caller may modify its tensors as soon as it has.
+  copy,
+  /// On ckpt's threads, after save() returned: the caller must not modify the saved tensors
+  /// (nor free them) until SaveHandle::wait_staged() has returned, which blocks only until the
+  /// copy is done. The training thread goes on with forward and backward meanwhile and calls
+  /// the fence right before the optimizer step (the only place the saved state changes).
+  /// A modification before the fence is the caller's error: the checkpoint may then hold a
+  /// mix of old and new bytes, undetected unless CheckpointerOptions::check_deferred_staging.
+  deferred,
+};
+
 struct CheckpointerOptions {
   std::string root;                 ///< checkpoint root directory (created if missing)
   int world_size = 1;               ///< ranks that save each checkpoint
@@ -107,6 +120,13 @@ struct CheckpointerOptions {
   /// count, so the loop is meant to stop). 0 (default): never; the loop trains on and every failure
   /// is still counted (CheckpointerStats::consecutive_failures) and logged.
   int max_consecutive_failures = 0;
+  /// The default staging of save() (a per-call argument overrides it).
+  Staging staging = Staging::copy;
+  /// Debug aid for Staging::deferred: save() takes the XXH3 of every tensor before it returns
+  /// (one pass over the state on the caller's thread) and the copy compares it with what it
+  /// copied; a tensor modified before its bytes were copied fails the save with
+  /// Errc::invalid_argument naming the rank and tensor, and wait_staged() throws that error.
+  bool check_deferred_staging = false;
 };
 
 /// Per-save information besides the tensors.
@@ -127,7 +147,8 @@ struct SaveResult {
   std::string backend;         ///< "io_uring" or "posix"
   using ns = std::chrono::nanoseconds;
   ns stall{};   ///< time save() waited for the previous checkpoint (back-pressure)
-  ns stage{};   ///< time save() spent copying into staging
+  ns stage{};   ///< time spent copying into staging (by save(), or by ckpt's threads when deferred)
+  bool deferred = false;  ///< staged by ckpt's threads after save() returned (Staging::deferred)
   ns write{};   ///< writer: first write submitted to last write completed
   ns hash{};    ///< hashing of this shard (overlaps write)
   ns fsync{};   ///< fsync + close of this shard
@@ -162,6 +183,14 @@ class SaveHandle {
   std::uint64_t step() const noexcept;
   /// Blocks until ready(); returns the result or rethrows the save's ckpt::Error.
   const SaveResult& wait() const;
+  /// The fence of a deferred save (Staging::deferred): blocks until the tensors handed to
+  /// save() are copied into staging; from then on the caller may modify them. Returns at once
+  /// for a copy-before-return save, a skipped one, or a copy already done. Throws the copy's
+  /// ckpt::Error (e.g. the check_deferred_staging mismatch), and Errc::invalid_argument on an
+  /// empty handle. The save itself goes on (or has failed: wait() says which).
+  void wait_staged() const;
+  /// True once the tensors are copied (at once for a copy-before-return save). Never blocks.
+  bool staged() const noexcept;
 
   /// Called once when the save is ready(): with a null exception_ptr and the result, or with
   /// the save's ckpt::Error (a copy of its own for each callback) and an empty result.
@@ -217,6 +246,10 @@ class Checkpointer {
   /// anything is staged, once options().max_consecutive_failures saves in a row have failed
   /// (checked after the barrier, so every rank of the step sees the same count).
   SaveHandle save(int rank, std::uint64_t step, std::span<const TensorView> tensors, const SaveInfo& info);
+  /// The same with this call's staging: Staging::deferred returns after the barrier, before
+  /// the copy (the tensors' views, and the memory they name, must stay valid and unmodified
+  /// until the handle's wait_staged() returns; `info` is copied before return).
+  SaveHandle save(int rank, std::uint64_t step, std::span<const TensorView> tensors, const SaveInfo& info, Staging staging);
 
   /// save() followed by wait(): the synchronous path through the same code.
   SaveResult save_sync(int rank, std::uint64_t step, std::span<const TensorView> tensors, const SaveInfo& info);

@@ -33,7 +33,7 @@ std::optional<std::uint64_t> latest_step(const std::string& root) {
 
 }  // namespace
 
-PreemptionSave save_on_preemption(Checkpointer& checkpointer, const Trainer& trainer, dist::Communicator& comm, SaveHandle in_flight,
+PreemptionSave save_on_preemption(Checkpointer& checkpointer, Trainer& trainer, dist::Communicator& comm, SaveHandle in_flight,
                                   const Preemption& preemption, const PreemptionDecision& decision, double grace_seconds) {
   PreemptionSave out;
   out.step = trainer.step_count();

@@ -67,7 +67,7 @@ inline constexpr double kCancelWaitSeconds = 5.0;
 /// or a second signal (decision.hurry, or preemption.count() >= 2). Blocks in start_save while another step is in flight
 /// (BusyPolicy::wait). Throws what the communicator throws; a failed save is reported in
 /// `error`, not thrown.
-PreemptionSave save_on_preemption(Checkpointer& checkpointer, const Trainer& trainer, dist::Communicator& comm, SaveHandle in_flight,
+PreemptionSave save_on_preemption(Checkpointer& checkpointer, Trainer& trainer, dist::Communicator& comm, SaveHandle in_flight,
                                   const Preemption& preemption, const PreemptionDecision& decision, double grace_seconds);
 
 /// The one line a preempted program ends with, e.g.

@@ -137,6 +137,9 @@ StepStats Trainer::step() {
     lr_multiplier = lr_once_->second;
     lr_once_.reset();
   }
+  const auto t_fence = std::chrono::steady_clock::now();
+  wait_for_staging();  // the saved state changes from here on
+  const double fence_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_fence).count();
   const StepReport rep = opt_.step(grads32_, lr_multiplier);
   opt_.params_to_f32(params32_);
   comm_.all_reduce(std::span<float>(&loss, 1), dist::ReduceOp::mean);
@@ -152,6 +155,7 @@ StepStats Trainer::step() {
   s.loss_scale = rep.loss_scale;
   s.skipped = rep.skipped;
   s.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  s.fence_ms = fence_ms;
   wall_seconds_ += s.step_ms / 1000.0;
   return s;
 }
@@ -373,6 +377,7 @@ Trainer::LoadedState Trainer::load_state_resharded(const CheckpointReader& check
 }
 
 void Trainer::apply_state(const LoadedState& st) {
+  wait_for_staging();
   opt_.restore(st.master, st.m, st.v, st.adam_step, st.scaler);
   opt_.params_to_f32(params32_);
   step_ = st.step;
@@ -477,9 +482,31 @@ void SpikeGuard::rewind_to(std::uint64_t step) {
   while (!history_.empty() && history_.back().first > step) history_.pop_back();
 }
 
-SaveHandle start_save(Checkpointer& checkpointer, const Trainer& trainer) {
+SaveHandle start_save(Checkpointer& checkpointer, Trainer& trainer, std::optional<Staging> staging) {
   const auto tensors = trainer.checkpoint_tensors();
-  return checkpointer.save(trainer.rank(), trainer.step_count(), tensors, trainer.checkpoint_info());
+  SaveHandle h = checkpointer.save(trainer.rank(), trainer.step_count(), tensors, trainer.checkpoint_info(),
+                                   staging.value_or(checkpointer.options().staging));
+  trainer.stage_fence(h);
+  return h;
+}
+
+Trainer::~Trainer() {
+  try {
+    wait_for_staging();
+  } catch (const Error&) {
+    // The copy has finished (it failed its check): nothing reads the state any more.
+  }
+}
+
+void Trainer::stage_fence(SaveHandle save) {
+  wait_for_staging();
+  fence_ = std::move(save);
+}
+
+void Trainer::wait_for_staging() {
+  if (!fence_.valid()) return;
+  const SaveHandle h = std::exchange(fence_, SaveHandle());
+  h.wait_staged();
 }
 
 std::uint64_t Trainer::resume_latest(const std::string& root, Verify verify, Reshard reshard) {
@@ -507,6 +534,7 @@ std::optional<std::uint64_t> Trainer::resume_or_start(const std::string& root, V
 
 std::uint64_t Trainer::resume_from(const std::function<OpenedCheckpoint(std::optional<int>)>& open, const std::string& where,
                                    Verify verify, Reshard reshard) {
+  wait_for_staging();  // the load writes the saved state
   // Every rank loads its own part; they then agree that all of them succeeded, on the same
   // checkpoint, before any rank enters the collective restore (else one failing rank would
   // leave the others blocked in the all-gather).

@@ -76,6 +76,9 @@ struct StepStats {
   float loss_scale = 0;
   bool skipped = false;     ///< overflow: the update was skipped
   double step_ms = 0;       ///< forward, backward and optimizer step on this rank
+  /// Of step_ms: the wait at the fence of a deferred save before the optimizer step (the
+  /// part of that save's copy forward and backward did not hide; 0 without one).
+  double fence_ms = 0;
 };
 
 /// Why SpikeGuard::check tripped.
@@ -160,12 +163,27 @@ class Trainer {
   /// The data loader and the token-noise RNG run per replica (r / T): the ranks of a
   /// tensor-parallel group train on the same batch. ZeRO-1 still shards over all ranks.
   Trainer(const TrainConfig& config, dist::Communicator& comm);
+  /// Waits for a deferred copy of this trainer's state still reading it (the fence of the
+  /// save start_save registered), so the memory outlives it.
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
 
   /// One training step: forward/backward on config().accumulate micro-batches of this rank,
   /// their gradients summed and averaged, then one ZeRO-1 step. Collective. The loss is the
   /// mean over micro-batches and ranks. Before training, a step marked by
-  /// skip_batch_of_step() first consumes its batch without training (see there).
+  /// skip_batch_of_step() first consumes its batch without training (see there). The
+  /// optimizer step, the only place the saved state changes, first waits for the fence of a
+  /// deferred save (stage_fence): the copy overlaps forward and backward. Rethrows that
+  /// fence's error (CheckpointerOptions::check_deferred_staging).
   StepStats step();
+
+  /// Registers the fence of a save of this trainer's state: every later change of that state
+  /// (the next optimizer step, a restore, a rollback, a resume, the destructor) first calls
+  /// `save.wait_staged()`. start_save registers its handle; a loop that saves through
+  /// Checkpointer::save with Staging::deferred itself registers its handle here. Replaces an
+  /// earlier fence (waiting for it first).
+  void stage_fence(SaveHandle save);
 
   // ---- the loop's tools for a guarded run (docs/training.md, "Rollback") ----
   /// Multiplies the learning rate of step `step` (1-based, as StepStats::step) by `x`, once:
@@ -281,6 +299,8 @@ class Trainer {
   double wall_seconds_ = 0;
   std::optional<std::pair<std::uint64_t, float>> lr_once_;  // (step, multiplier)
   std::set<std::uint64_t> skip_steps_;
+  SaveHandle fence_;  // a deferred save still copying the state (stage_fence)
+  void wait_for_staging();
 
   // Tensor parallelism (TrainConfig::tensor_parallel); tp_comm_ only when it is > 1.
   int tp_size_ = 1;
@@ -306,8 +326,12 @@ class Trainer {
 /// in every run and for every way of resharding (load time or `ckpt reshard`).
 std::uint64_t rank_rng_seed(std::uint64_t seed, int rank, std::uint64_t step) noexcept;
 
-/// Starts saving the trainer's state through the checkpointer: returns once it is staged (the
-/// save goes on in the background; the handle reports it). The loop's only checkpoint call.
-SaveHandle start_save(Checkpointer& checkpointer, const Trainer& trainer);
+/// Starts saving the trainer's state through the checkpointer (the loop's only checkpoint
+/// call): the save goes on in the background; the handle reports it. With `staging` (default:
+/// the checkpointer's CheckpointerOptions::staging) Staging::copy it returns once the state is
+/// staged; with Staging::deferred at once, the copy running while the loop goes on with
+/// forward and backward: the handle is registered as the trainer's fence (stage_fence), so
+/// its next optimizer step waits for the copy.
+SaveHandle start_save(Checkpointer& checkpointer, Trainer& trainer, std::optional<Staging> staging = std::nullopt);
 
 }  // namespace ckpt::train
