@@ -72,9 +72,13 @@ int program_main(int argc, char** argv) {
   std::vector<float> resumed(n);
   const auto shard = latest.reader.load_shard(/*rank=*/0);
   std::memcpy(resumed.data(), shard.tensor("weights").data.data(), n * sizeof(float));
+  // Or straight into memory you own, without a shard buffer (ckpt/io/load_into.hpp).
+  std::vector<float> owned(n);
+  const ckpt::LoadTarget into[] = {{.name = "weights", .out = std::as_writable_bytes(std::span(owned)), .dtype = ckpt::DType::F32, .shape = {n}}};
+  ckpt::load_into(latest.reader, /*rank=*/0, into, ckpt::Verify::fast);
   // --- the README's example ends here ---
 
-  const bool exact = std::memcmp(resumed.data(), final_state[0].data(), n * sizeof(float)) == 0 || steps % every != 0;
+  const bool exact = (std::memcmp(resumed.data(), final_state[0].data(), n * sizeof(float)) == 0 || steps % every != 0) && owned == resumed;
   std::printf("%s: %d ranks, %llu steps, saved every %llu: %d commits per rank, %d failures, mean stall %.3f ms per save\n",
               checkpointer.backend_name().data(), world, (unsigned long long)steps, (unsigned long long)every, commits[0],
               failures[0], stall_ms[0] / std::max(1, commits[0]));

@@ -4,6 +4,8 @@
 #include <cstdarg>
 #include <cstdio>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "bench.hpp"
 
@@ -18,6 +20,14 @@ std::string f(double v, int prec = 2) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", prec, v);
   return buf;
+}
+
+// The load figures: key in the results' "load" object, and its label.
+const std::vector<std::pair<const char*, const char*>>& load_rows() {
+  static const std::vector<std::pair<const char*, const char*>> rows = {
+      {"none", "none"}, {"fast", "fast"}, {"full", "full"},
+      {"into_fast", "fast, load_into owned memory"}, {"into_full", "full, load_into owned memory"}};
+  return rows;
 }
 
 std::string printf_s(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -178,9 +188,10 @@ std::string render_table(const json::object& r) {
     const auto& lo = l->as_object();
     out += printf_s("\nload, %d ranks in parallel, page cache dropped   GB/s    /raw read  minor faults per GiB\n",
                     static_cast<int>(json_at(c, {"ranks"})));
-    for (const char* v : {"none", "fast", "full"})
-      out += printf_s("  verify %-40s %-7s %-10s %s\n", v, f(json_at(lo, {v, "gbps", "median"})).c_str(), f(json_at(lo, {v, "over_raw_read"})).c_str(),
+    for (const auto& [v, label] : load_rows())
+      out += printf_s("  verify %-40s %-7s %-10s %s\n", label, f(json_at(lo, {v, "gbps", "median"})).c_str(), f(json_at(lo, {v, "over_raw_read"})).c_str(),
                       f(json_at(lo, {v, "minor_faults_per_gib"}), 0).c_str());
+    if (lo.contains("into_engine")) out += printf_s("  load_into read with %s\n", str(lo, {"into_engine"}).c_str());
     out += printf_s("  full-verify bound min(raw read, SHA-256 x cores)  %s GB/s\n", f(json_at(lo, {"full_bound_gbps"})).c_str());
     out += printf_s("  snapshot isolation (optimizer.step of every loaded shard = the checkpoint's step, although the rank\n"
                     "  overwrote it right after save() returned): %s over %d shards\n",
@@ -280,8 +291,8 @@ std::string render_markdown(const json::object& r) {
   if (const auto* l = r.if_contains("load"); l && !l->as_object().empty()) {
     const auto& lo = l->as_object();
     out += "\n| load, ranks in parallel, page cache dropped | GB/s | / raw read | minor faults per GiB |\n|---|---|---|---|\n";
-    for (const char* v : {"none", "fast", "full"})
-      out += std::string("| verify ") + v + " | " + f(json_at(lo, {v, "gbps", "median"})) + " | " + f(json_at(lo, {v, "over_raw_read"})) + " | " +
+    for (const auto& [v, label] : load_rows())
+      out += std::string("| verify ") + label + " | " + f(json_at(lo, {v, "gbps", "median"})) + " | " + f(json_at(lo, {v, "over_raw_read"})) + " | " +
              f(json_at(lo, {v, "minor_faults_per_gib"}), 0) + " |\n";
   }
   if (const auto* l = r.if_contains("load"); l && !l->as_object().empty())

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "ckpt/io/layout.hpp"
+#include "ckpt/io/load_into.hpp"
 #include "ckpt/io/reader.hpp"
 
 namespace bench {
@@ -244,7 +245,7 @@ void Runner::attach_fs_events(Segment& seg, std::vector<FsEvent> events) const {
   }
 }
 
-void Runner::load(const std::string& root, ckpt::Verify v) {
+void Runner::load(const std::string& root, ckpt::Verify v, bool into) {
   auto& pfs = ckpt::posix_file_system();
   {
     const auto opened = ckpt::open_latest(pfs, root, {.expected_world_size = o_.ranks});
@@ -255,26 +256,54 @@ void Runner::load(const std::string& root, ckpt::Verify v) {
   const std::uint64_t f0 = minor_faults();
   const auto t0 = Clock::now();
   const auto opened = ckpt::open_latest(pfs, root, {.expected_world_size = o_.ranks});
-  on_ranks(o_.ranks, [&](int r) { shards[static_cast<std::size_t>(r)].emplace(opened.reader.load_shard(r, v)); });
+  const ckpt::Manifest& m = opened.reader.manifest();
+  std::uint64_t bytes = 0;
+  // The tensors' addresses in the step's int64 optimizer.step of each rank, for the check below.
+  std::vector<const std::byte*> step_of(static_cast<std::size_t>(o_.ranks));
+  if (into) {
+    // Into the warm memory the memcpy reference writes, every rank's shard in one call (a file
+    // per thread), tensors laid out as in the file and at the same address modulo 4096, so
+    // whole reads inside a tensor land without a bounce buffer.
+    std::vector<std::vector<ckpt::LoadTarget>> targets(static_cast<std::size_t>(o_.ranks));
+    std::vector<ckpt::RankLoad> loads;
+    for (int r = 0; r < o_.ranks; ++r) {
+      const auto ri = static_cast<std::size_t>(r);
+      std::uint64_t lo = ~0ull, hi = 0;
+      for (const auto& t : m.tensors)
+        if (t.rank == r) lo = std::min(lo, t.begin), hi = std::max(hi, t.end);
+      std::byte* base = copy_dst_[ri].data() + lo % 4096;
+      if (hi < lo || hi - lo + 4096 > copy_dst_[ri].capacity()) throw std::runtime_error("load destination too small for the shard's tensors");
+      for (const auto& t : m.tensors)
+        if (t.rank == r) {
+          targets[ri].push_back({t.name, std::span(base + (t.begin - lo), t.end - t.begin), t.dtype, t.shape, 0, std::nullopt});
+          if (t.name == "optimizer.step") step_of[ri] = base + (t.begin - lo);
+        }
+      bytes += m.shard(r).size;  // as load_shard's figure: the file's bytes
+      loads.push_back({r, targets[ri]});
+    }
+    const ckpt::LoadReport rep = ckpt::load_into(opened.reader, loads, v, {.threads = o_.ranks});
+    load_engine_ = rep.engine + (rep.direct ? ", O_DIRECT" : ", buffered") + (rep.fallback.empty() ? "" : " (" + rep.fallback + ")");
+  } else {
+    on_ranks(o_.ranks, [&](int r) { shards[static_cast<std::size_t>(r)].emplace(opened.reader.load_shard(r, v)); });
+    for (const auto& sh : shards) bytes += sh->file_bytes().size();
+    for (int r = 0; r < o_.ranks; ++r) step_of[static_cast<std::size_t>(r)] = shards[static_cast<std::size_t>(r)]->tensor("optimizer.step").data.data();
+  }
   const double s = secs(Clock::now() - t0);
   const std::uint64_t faults = minor_faults() - f0;
-  std::uint64_t bytes = 0;
-  for (const auto& sh : shards) bytes += sh->file_bytes().size();
   // Snapshot isolation: every rank wrote its step number into optimizer.step just before the
   // save and the next step's number right after save() returned, while the writer still ran.
-  for (const auto& sh : shards) {
+  for (const std::byte* p : step_of) {
     std::int64_t saved = -1;
-    const auto& t = sh->tensor("optimizer.step");
-    std::memcpy(&saved, t.data.data(), sizeof saved);
-    const bool ok = saved == static_cast<std::int64_t>(opened.reader.manifest().step);
+    std::memcpy(&saved, p, sizeof saved);
+    const bool ok = saved == static_cast<std::int64_t>(m.step);
     isolation_checks_++;
     if (!ok) isolation_failures_++;
   }
-  const std::string name = v == ckpt::Verify::none ? "none" : v == ckpt::Verify::fast ? "fast" : "full";
+  const std::string name = std::string(into ? "into_" : "") + (v == ckpt::Verify::none ? "none" : v == ckpt::Verify::fast ? "fast" : "full");
   load_gbps_[name].push_back(gb_per_s(bytes, s));
   // Minor faults per GiB loaded: 262144 means every 4 KiB page of the destination was touched
   // for the first time during the load.
-  std::fprintf(stderr, "ckpt-bench: load, verify %-4s %.2f GB/s\n", name.c_str(), load_gbps_[name].back());
+  std::fprintf(stderr, "ckpt-bench: load, verify %-9s %.2f GB/s\n", name.c_str(), load_gbps_[name].back());
   load_faults_per_gib_[name].push_back(static_cast<double>(faults) / (static_cast<double>(bytes) / (1ull << 30)));
 }
 
@@ -383,7 +412,9 @@ json::object Runner::run() {
     const auto ri = static_cast<std::size_t>(r);
     states_[ri] = std::make_unique<RankState>(layout_[ri], 0x5eed0000ull + ri);
     compute_[ri] = std::make_unique<Compute>(o_.compute_mb);
-    copy_dst_[ri] = ckpt::AlignedBuffer(static_cast<std::size_t>(states_[ri]->bytes()), /*prefault=*/true);
+    // 1 MiB more than the state: room for the shard's padding between tensors and a start at
+    // the file's offset modulo 4096 when a load writes into it (Runner::load).
+    copy_dst_[ri] = ckpt::AlignedBuffer(static_cast<std::size_t>(states_[ri]->bytes() + (1u << 20)), /*prefault=*/true);
   });
   for (const auto& s : states_) state_bytes_ += s->bytes();
   rank_bytes_ = states_[0]->bytes();
@@ -438,7 +469,8 @@ json::object Runner::run() {
     modes_.emplace(m, std::move(md));
   }
 
-  const std::vector<std::string> verifies = {"none", "fast", "full"};
+  // load_shard with each verify mode, then load_into owned memory with fast and full.
+  const std::vector<std::string> verifies = {"none", "fast", "full", "into_fast", "into_full"};
   std::string load_root;
   for (const char* m : {"async_io_uring", "async_posix", "sync"})
     if (modes_.count(m)) {
@@ -456,7 +488,8 @@ json::object Runner::run() {
     if (o_.loads && !load_root.empty())
       for (std::size_t i = 0; i < verifies.size(); ++i) {
         const std::string& v = verifies[(i + static_cast<std::size_t>(rep)) % verifies.size()];
-        load(load_root, *ckpt::parse_verify(v));
+        const bool into = v.rfind("into_", 0) == 0;
+        load(load_root, *ckpt::parse_verify(into ? v.substr(5) : v), into);
       }
   }
   if (o_.soak_saves > 0) {

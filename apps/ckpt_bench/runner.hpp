@@ -58,7 +58,7 @@ class Runner {
   void references(int rep);
   void cold_pool();
   Segment segment(const std::string& mode, int rep);
-  void load(const std::string& root, ckpt::Verify v);
+  void load(const std::string& root, ckpt::Verify v, bool into);  // into: load_into warm memory
   void soak(ModeData& md);
   boost::json::object results() const;
   boost::json::object mode_results(const std::string& mode) const;
@@ -81,6 +81,7 @@ class Runner {
   bool io_uring_ = true;
   int isolation_checks_ = 0, isolation_failures_ = 0;
   std::string io_uring_why_;
+  std::string load_engine_;  // what load_into used (engine, O_DIRECT, fallback)
 
   // References: one entry per repeat, except the CPU-only ones.
   std::vector<double> raw_write_gbps_, raw_read_gbps_, memcpy_alone_ms_, memcpy_all_ms_;

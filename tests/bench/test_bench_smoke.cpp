@@ -90,7 +90,9 @@ TEST_CASE("ckpt-bench --json holds every figure of every mode") {
       "references/memcpy_rank_all_ranks_ms/median", "references/memcpy_first_touch_gbps", "references/xxh3_gbps",
       "references/sha256_gbps", "cold_pool/first_stall_ms", "cold_pool/second_stall_ms", "load/none/gbps/median",
       "load/fast/gbps/median", "load/full/gbps/median", "load/full_bound_gbps", "soak/peak_extra_ratio", "soak/growth_bytes",
-      "ratios/sync_over_async_stall", "ratios/load_fast_over_raw_read", "ratios/load_full_over_bound"};
+      "ratios/sync_over_async_stall", "ratios/load_fast_over_raw_read", "ratios/load_full_over_bound",
+      "load/into_fast/gbps/median", "load/into_full/gbps/median", "load/into_fast/minor_faults_per_gib",
+      "ratios/load_into_fast_over_raw_read", "ratios/load_into_full_over_bound"};
   for (const auto& m : modes) {
     numbers.push_back("modes/" + m + "/step_ms");
     numbers.push_back("modes/" + m + "/writer_cpu_s");
@@ -118,8 +120,8 @@ TEST_CASE("ckpt-bench --json holds every figure of every mode") {
     ids.insert(std::string(t.at("id").as_string()));
     CHECK(t.at("pass").is_bool());
   }
-  for (const char* id : {"async_stall_posix", "async_overhead_posix", "persist_bandwidth_posix", "load_fast", "load_full", "memory_peak",
-                         "memory_flat"})
+  for (const char* id : {"async_stall_posix", "async_overhead_posix", "persist_bandwidth_posix", "load_fast", "load_full", "load_into_fast",
+                         "load_into_full", "memory_peak", "memory_flat"})
     CHECK_MESSAGE(ids.count(id), "target missing: " << id);
   if (io_uring_here())
     for (const char* id : {"async_stall", "async_overhead", "persist_bandwidth", "sync_over_async_stall"})
@@ -142,6 +144,7 @@ TEST_CASE("ckpt-bench writes an SVG timeline, markdown tables and the tensor lay
   const std::string md = slurp(r.dir / "b.md");
   CHECK(md.find("| mode |") != std::string::npos);
   CHECK(md.find("| target |") != std::string::npos);
+  CHECK(md.find("| verify fast, load_into owned memory |") != std::string::npos);
   const json::value layout = json::parse(slurp(r.dir / "layout.json"));
   REQUIRE(layout.is_array());
   CHECK(layout.as_array().size() == 4);

@@ -10,11 +10,13 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/dist/thread_comm.hpp"
 #include "ckpt/io/layout.hpp"
+#include "ckpt/io/reader.hpp"
 #include "ckpt/io/reshard.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
 #include "ckpt/train/trainer.hpp"
@@ -653,4 +655,44 @@ TEST_CASE("a rollback before any checkpoint fails on every rank with the loader'
     MESSAGE(std::string(e.what()));
     CHECK(e.code() == Errc::not_found);
   }
+}
+
+TEST_CASE("a resume reads the optimizer state into the optimizer's own buffers, and a corrupt chunk fails it on every rank naming the shard") {
+  test::TempDir dir;
+  const auto cfg = small_config(2);
+  const std::string root = dir.path().string();
+  run_training(cfg, 2, 2, root, 2);
+  // In place: the buffers keep their addresses and hold the checkpoint's bytes.
+  const auto saved = resume_only(cfg, 2, root, Reshard::no);
+  dist::run_ranks(2, [&](dist::Communicator& comm) {
+    Trainer t(cfg, comm);
+    const float* before = t.optimizer().master().data();
+    t.resume_latest(root, Verify::fast);
+    CHECK(t.optimizer().master().data() == before);
+    const auto& want = saved.tensors[static_cast<std::size_t>(comm.rank())].at("optim.master");
+    CHECK(std::memcmp(t.optimizer().master().data(), want.data(), want.size()) == 0);
+  });
+  // A flipped byte in rank 1's Adam m.
+  const auto opened = open_latest(posix_file_system(), root);
+  const std::string shard = opened.reader.shard_path(1);
+  const std::uint64_t at = opened.reader.manifest().find_tensor("optim.m", 1)->begin + 10;
+  std::string bytes = read_text(shard);
+  bytes.at(at) = static_cast<char>(bytes.at(at) ^ 0x40);
+  write_text(shard, bytes);
+  std::vector<std::optional<Error>> errors(2);
+  dist::run_ranks(2, [&](dist::Communicator& comm) {
+    Trainer t(cfg, comm);
+    try {
+      t.resume_latest(root, Verify::fast);
+    } catch (const Error& e) {
+      errors[static_cast<std::size_t>(comm.rank())] = e;
+    }
+  });
+  REQUIRE(errors[1]);
+  CHECK(errors[1]->code() == Errc::checksum_mismatch);
+  CHECK(errors[1]->file() == shard);
+  CHECK(errors[1]->detail().find("xxh3 of chunk") == 0);
+  CHECK(errors[1]->detail().find("were zeroed") != std::string::npos);
+  REQUIRE(errors[0]);
+  CHECK(errors[0]->code() == Errc::aborted);
 }

@@ -76,7 +76,8 @@ class CheckpointReader {
   /// Throws Errc::checksum_mismatch naming the file, the chunk and both values.
   void verify(Verify mode, const ProgressFn& progress = {}) const;
 
-  /// Reads, verifies and parses rank's shard.
+  /// Reads, verifies and parses rank's shard into a buffer of its own. (load_into,
+  /// io/load_into.hpp, reads a shard or some of its tensors into memory the caller owns.)
   LoadedShard load_shard(int rank, Verify mode = Verify::fast) const;
 
   /// Reads one tensor without reading the rest of its shard: only the chunks covering its

@@ -263,17 +263,14 @@ ShardRangeReader& FlatReader::shard(int rank) {
 
 std::uint64_t FlatReader::bytes_read() const noexcept { return closed_bytes_ + (current_ ? current_->bytes_read() : 0); }
 
-void FlatReader::read(std::string_view name, std::uint64_t first, std::span<std::byte> out) {
-  const DType type = dtype(name);
-  const std::uint64_t es = dtype_size(type);
-  if (out.size() % es != 0)
-    throw Error(Errc::invalid_argument, manifest_path(*checkpoint_), "read of flat tensor '" + std::string(name) + "'",
-                "a multiple of " + std::to_string(es) + " bytes", std::to_string(out.size()) + " bytes");
-  const std::uint64_t count = out.size() / es;
+std::vector<FlatReader::Piece> FlatReader::pieces(std::string_view name, std::uint64_t first, std::uint64_t count,
+                                                  std::uint64_t& padding_from) const {
+  (void)dtype(name);  // Errc::not_found unless a flat tensor
   std::uint64_t end;
   if (__builtin_add_overflow(first, count, &end)) throw_invalid("flat range overflows");
   const Manifest& m = checkpoint_->manifest();
   const std::uint64_t real_end = std::min(end, layout_.num_params);
+  std::vector<Piece> out;
   // First source shard whose range ends after `first`.
   auto it = std::partition_point(by_offset_.begin(), by_offset_.end(), [&](int r) {
     return m.shard(r).param_shard_offset + m.shard(r).param_shard_numel <= first;
@@ -282,14 +279,29 @@ void FlatReader::read(std::string_view name, std::uint64_t first, std::span<std:
     const ShardRecord& s = m.shard(*it);
     const std::uint64_t lo = std::max(pos, s.param_shard_offset), hi = std::min(real_end, s.param_shard_offset + s.param_shard_numel);
     if (lo >= hi) continue;
-    const TensorRecord* t = m.find_tensor(name, *it);
-    shard(*it).read(t->begin + (lo - s.param_shard_offset) * es,
-                    out.subspan(static_cast<std::size_t>((lo - first) * es), static_cast<std::size_t>((hi - lo) * es)));
+    out.push_back({*it, lo - s.param_shard_offset, hi - lo, lo - first});
     pos = hi;
   }
   // Padding is zero by definition: it is never read (a source may pad less than the target).
-  const std::uint64_t zero_from = std::max(first, std::min(end, layout_.num_params));
-  if (zero_from < end) std::memset(out.data() + (zero_from - first) * es, 0, static_cast<std::size_t>((end - zero_from) * es));
+  padding_from = std::max(first, std::min(end, layout_.num_params)) - first;
+  return out;
+}
+
+void FlatReader::read(std::string_view name, std::uint64_t first, std::span<std::byte> out) {
+  const DType type = dtype(name);
+  const std::uint64_t es = dtype_size(type);
+  if (out.size() % es != 0)
+    throw Error(Errc::invalid_argument, manifest_path(*checkpoint_), "read of flat tensor '" + std::string(name) + "'",
+                "a multiple of " + std::to_string(es) + " bytes", std::to_string(out.size()) + " bytes");
+  const std::uint64_t count = out.size() / es;
+  std::uint64_t padding_from = 0;
+  for (const Piece& p : pieces(name, first, count, padding_from)) {
+    const TensorRecord* t = checkpoint_->manifest().find_tensor(name, p.rank);
+    shard(p.rank).read(t->begin + p.source_first * es,
+                       out.subspan(static_cast<std::size_t>(p.out_first * es), static_cast<std::size_t>(p.count * es)));
+  }
+  if (padding_from < count)
+    std::memset(out.data() + padding_from * es, 0, static_cast<std::size_t>((count - padding_from) * es));
 }
 
 // ---- per-rank metadata ----------------------------------------------------------------

@@ -112,6 +112,18 @@ class FlatReader {
   /// Bytes read from shard files so far.
   std::uint64_t bytes_read() const noexcept;
 
+  /// Where read(name, first, out) finds elements [first, first + count): one piece per
+  /// source shard holding some of them, in order (elements [source_first, source_first +
+  /// count) of that rank's tensor `name` go to elements [out_first, ...) of the output), and
+  /// the elements from `padding_from` (relative to `first`) on lie at or past num_params
+  /// (zero, never read). For loading the pieces into one's own memory (load_into.hpp). Reads
+  /// nothing; Errc::not_found for a name that is not a flat tensor.
+  struct Piece {
+    int rank = 0;
+    std::uint64_t source_first = 0, count = 0, out_first = 0;
+  };
+  std::vector<Piece> pieces(std::string_view name, std::uint64_t first, std::uint64_t count, std::uint64_t& padding_from) const;
+
  private:
   ShardRangeReader& shard(int rank);
 

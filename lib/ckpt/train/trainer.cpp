@@ -10,6 +10,7 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/random.hpp"
 #include "ckpt/io/layout.hpp"
+#include "ckpt/io/load_into.hpp"
 #include "ckpt/io/reshard.hpp"
 #include "ckpt/io/tiers.hpp"
 
@@ -236,7 +237,8 @@ SaveInfo Trainer::checkpoint_info() const {
 }
 
 struct Trainer::LoadedState {
-  std::vector<float> master, m, v;
+  std::vector<float> master, m, v;  // empty when in_place
+  bool in_place = false;            // the optimizer's own buffers already hold master, m and v
   std::uint64_t step = 0, adam_step = 0, data_position = 0;
   LossScaler scaler;
   std::array<std::uint64_t, 4> rng{};
@@ -325,12 +327,17 @@ void Trainer::check_shard_range(const std::string& where, std::uint64_t offset, 
                 std::to_string(offset) + "+" + std::to_string(numel));
 }
 
-Trainer::LoadedState Trainer::load_state(const LoadedShard& shard, const Manifest& manifest) const {
-  const std::string where = "checkpoint of step " + std::to_string(manifest.step);
+void Trainer::check_restorable(const Manifest& manifest) const {
   check_parallel(manifest.training, manifest.step, manifest.world_size);
   if (manifest.world_size != comm_.size())
-    throw Error(Errc::world_size_mismatch, where, "world size", std::to_string(comm_.size()), std::to_string(manifest.world_size));
+    throw Error(Errc::world_size_mismatch, "checkpoint of step " + std::to_string(manifest.step), "world size", std::to_string(comm_.size()),
+                std::to_string(manifest.world_size));
   check_config(manifest.training, manifest.step);
+}
+
+Trainer::LoadedState Trainer::load_state(const LoadedShard& shard, const Manifest& manifest) const {
+  const std::string where = "checkpoint of step " + std::to_string(manifest.step);
+  check_restorable(manifest);
   check_shard_range(where, shard.record.param_shard_offset, shard.record.param_shard_numel);
   LoadedState st;
   const std::size_t n = opt_.shard().numel;
@@ -343,7 +350,27 @@ Trainer::LoadedState Trainer::load_state(const LoadedShard& shard, const Manifes
   return st;
 }
 
-Trainer::LoadedState Trainer::load_state_resharded(const CheckpointReader& checkpoint, Verify verify) const {
+Trainer::LoadedState Trainer::load_state_into(const CheckpointReader& checkpoint, Verify verify) {
+  const Manifest& manifest = checkpoint.manifest();
+  const std::string where = "checkpoint of step " + std::to_string(manifest.step);
+  check_restorable(manifest);
+  const ShardRecord& record = manifest.shard(comm_.rank());
+  check_shard_range(where, record.param_shard_offset, record.param_shard_numel);
+  // Everything that can be refused is, before a byte lands in the optimizer's buffers.
+  LoadedState st;
+  load_global_state(where, manifest.training, record.metadata, cfg_.seed, data_parallel_rank(), st.step, st.adam_step, st.scaler,
+                    st.data_position, st.rng, st.skip_steps);
+  st.wall_seconds = manifest.wall_clock_seconds;
+  const std::uint64_t n = opt_.shard().numel;
+  const LoadTarget targets[] = {{"optim.master", std::as_writable_bytes(opt_.master()), DType::F32, {n}, 0, std::nullopt},
+                                {"optim.m", std::as_writable_bytes(opt_.adam_m()), DType::F32, {n}, 0, std::nullopt},
+                                {"optim.v", std::as_writable_bytes(opt_.adam_v()), DType::F32, {n}, 0, std::nullopt}};
+  load_into(checkpoint, comm_.rank(), targets, verify);
+  st.in_place = true;
+  return st;
+}
+
+Trainer::LoadedState Trainer::load_state_resharded(const CheckpointReader& checkpoint, Verify verify) {
   const Manifest& manifest = checkpoint.manifest();
   check_parallel(manifest.training, manifest.step, manifest.world_size);
   check_config(manifest.training, manifest.step);
@@ -360,10 +387,6 @@ Trainer::LoadedState Trainer::load_state_resharded(const CheckpointReader& check
     if (flat.dtype(name) != DType::F32)
       throw Error(Errc::invalid_argument, checkpoint.dir(), std::string("dtype of ") + name, "F32", std::string(dtype_name(flat.dtype(name))));
   LoadedState st;
-  for (auto [name, vec] : {std::pair{"optim.master", &st.master}, std::pair{"optim.m", &st.m}, std::pair{"optim.v", &st.v}}) {
-    vec->resize(slice.numel);
-    flat.read(name, slice.offset, std::as_writable_bytes(std::span(*vec)));
-  }
   // Rank-local metadata (the RNG) continues source rank r's if it exists; the data position
   // is global, the same on every source rank.
   json::object meta = manifest.shard(0).metadata;
@@ -373,12 +396,30 @@ Trainer::LoadedState Trainer::load_state_resharded(const CheckpointReader& check
   load_global_state(checkpoint.dir(), manifest.training, meta, cfg_.seed, data_parallel_rank(), st.step, st.adam_step, st.scaler, st.data_position,
                     st.rng, st.skip_steps);
   st.wall_seconds = manifest.wall_clock_seconds;
+  // The slice's pieces of the source shards go straight into the optimizer's buffers, every
+  // source file read at once; the SHA-256s were shared out above, so the ranges are checked
+  // chunk by chunk (fast).
+  std::vector<std::vector<LoadTarget>> targets(static_cast<std::size_t>(manifest.world_size));
+  for (auto [name, buf] : {std::pair{"optim.master", opt_.master()}, std::pair{"optim.m", opt_.adam_m()}, std::pair{"optim.v", opt_.adam_v()}}) {
+    const auto bytes = std::as_writable_bytes(buf);
+    std::uint64_t padding_from = 0;
+    for (const auto& p : flat.pieces(name, slice.offset, slice.numel, padding_from))
+      targets[static_cast<std::size_t>(p.rank)].push_back({name, bytes.subspan(p.out_first * sizeof(float), p.count * sizeof(float)), DType::F32,
+                                                           manifest.find_tensor(name, p.rank)->shape, p.source_first, p.count});
+    std::fill(buf.begin() + static_cast<std::ptrdiff_t>(padding_from), buf.end(), 0.0f);
+  }
+  std::vector<RankLoad> loads;
+  for (int r = 0; r < manifest.world_size; ++r)
+    if (!targets[static_cast<std::size_t>(r)].empty()) loads.push_back({r, targets[static_cast<std::size_t>(r)]});
+  load_into(checkpoint, loads, verify == Verify::none ? Verify::none : Verify::fast);
+  st.in_place = true;
   return st;
 }
 
 void Trainer::apply_state(const LoadedState& st) {
-  wait_for_staging();
-  opt_.restore(st.master, st.m, st.v, st.adam_step, st.scaler);
+  wait_for_staging();  // (resume_from has waited before an in-place load already)
+  if (st.in_place) opt_.restore(opt_.master(), opt_.adam_m(), opt_.adam_v(), st.adam_step, st.scaler);
+  else opt_.restore(st.master, st.m, st.v, st.adam_step, st.scaler);
   opt_.params_to_f32(params32_);
   step_ = st.step;
   loader_.set_position(st.data_position);
@@ -547,7 +588,7 @@ std::uint64_t Trainer::resume_from(const std::function<OpenedCheckpoint(std::opt
     opened.emplace(open(expect));
     const Manifest& m = opened->reader.manifest();
     if (m.world_size == comm_.size())
-      state.emplace(load_state(opened->reader.load_shard(comm_.rank(), verify), m));
+      state.emplace(load_state_into(opened->reader, verify));
     else
       state.emplace(load_state_resharded(opened->reader, verify));
     mine = "ok " + opened->reader.dir();

@@ -256,6 +256,12 @@ class Trainer {
   /// tensor-parallel group keep drawing the same noise). A checkpoint whose training.parallel
   /// records another tensor-parallel size (none recorded: 1) is Errc::invalid_argument naming
   /// both layouts, with or without resharding. Returns the step resumed from. Collective.
+  /// The optimizer shard (master, m, v) is read straight into the optimizer's own buffers
+  /// (load_into, io/load_into.hpp), after every check that needs no shard bytes (world size,
+  /// layout, configuration, manifest state). So a throw after those checks may leave this
+  /// rank's optimizer buffers holding part of the checkpoint (verified bytes, zeros where a
+  /// chunk failed, as load_into documents) under the old step and scaler: resume again (or
+  /// start afresh) before training on. A throw before them leaves the trainer as it was.
   std::uint64_t resume_latest(const std::string& root, Verify verify = Verify::fast, Reshard reshard = Reshard::no);
   /// The restart loop's resume: resume_latest(root, ...) if ROOT has a `latest` (a committed
   /// checkpoint), else nothing (the trainer stays at step 0: start fresh) and nullopt. A
@@ -315,9 +321,12 @@ class Trainer {
   void check_shard_range(const std::string& where, std::uint64_t offset, std::uint64_t numel) const;
   std::uint64_t resume_from(const std::function<OpenedCheckpoint(std::optional<int>)>& open, const std::string& where, Verify verify,
                             Reshard reshard);  // collective
+  void check_restorable(const Manifest& manifest) const;  // same world size, layout and configuration
   LoadedState load_state(const LoadedShard& shard, const Manifest& manifest) const;
   LoadedState load_state(const StagedSnapshot& snapshot) const;
-  LoadedState load_state_resharded(const CheckpointReader& checkpoint, Verify verify) const;
+  // Load straight into the optimizer's buffers (load_into.hpp): the state is in_place.
+  LoadedState load_state_into(const CheckpointReader& checkpoint, Verify verify);
+  LoadedState load_state_resharded(const CheckpointReader& checkpoint, Verify verify);
   void apply_state(const LoadedState& state);  // collective
 };
 

@@ -127,9 +127,10 @@ void Zero1Optimizer::restore(std::span<const float> master, std::span<const floa
     if (s->size() != shard_.numel)
       throw Error(Errc::invalid_argument, {}, "optimizer shard size on rank " + std::to_string(comm_.rank()),
                   std::to_string(shard_.numel), std::to_string(s->size()));
-  std::copy(master.begin(), master.end(), master_.begin());
-  std::copy(m.begin(), m.end(), m_.begin());
-  std::copy(v.begin(), v.end(), v_.begin());
+  // The state may already be in place (loaded straight into master(), adam_m(), adam_v()).
+  if (master.data() != master_.data()) std::copy(master.begin(), master.end(), master_.begin());
+  if (m.data() != m_.data()) std::copy(m.begin(), m.end(), m_.begin());
+  if (v.data() != v_.data()) std::copy(v.begin(), v.end(), v_.begin());
   adam_step_ = adam_step;
   scaler_ = scaler;
   gather_params();

@@ -110,7 +110,8 @@ class Zero1Optimizer {
   const LrSchedule& schedule() const noexcept { return schedule_; }
 
   /// Restores a saved state (same world size): master/m/v shard, Adam step count, loss scaler.
-  /// Rebuilds the 16-bit parameters from the master shards (all-gather). Collective.
+  /// Rebuilds the 16-bit parameters from the master shards (all-gather). master, m and v may
+  /// be master(), adam_m() and adam_v() themselves (a state loaded in place). Collective.
   void restore(std::span<const float> master, std::span<const float> m, std::span<const float> v,
                std::uint64_t adam_step, LossScaler scaler);
 
