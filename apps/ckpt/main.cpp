@@ -7,10 +7,12 @@
 //   ckpt consolidate SRC OUT             the full model as Hugging Face safetensors
 //   ckpt prune ROOT --keep K             remove all but the newest K checkpoints
 //   ckpt diff A B                        per-tensor equal / max abs difference
+//   ckpt get DIR TENSOR --out FILE.npy   one tensor as a NumPy .npy file, reading only its chunks
 //
 // Every command takes --json and --help; `ckpt --help` documents the exit codes. Each
 // command is declared once (declare_<command>: its arguments, options, help text) and runs in
 // its own function (cmd_<command>).
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,10 +35,11 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/io/commit.hpp"
 #include "ckpt/io/layout.hpp"
+#include "ckpt/io/mapped.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/io/reshard.hpp"
-#include "ckpt/io/range_reader.hpp"
 #include "cli.hpp"
+#include "npy.hpp"
 #include "table.hpp"
 
 namespace json = boost::json;
@@ -582,18 +585,17 @@ struct TensorDiff {
   std::uint64_t differing = 0;
 };
 
+// The bytes of elements [first, first + n) of one side of a comparison: a view of a mapped
+// shard, or a buffer a reader filled. Valid until the next call.
+using PieceFn = std::function<std::span<const std::byte>(std::uint64_t first, std::uint64_t n)>;
+
 // Compares two byte streams of `numel` elements of type `t`, fetched piece by piece.
-void compare_stream(DType t, std::uint64_t numel, const std::function<void(std::uint64_t, std::span<std::byte>)>& read_a,
-                    const std::function<void(std::uint64_t, std::span<std::byte>)>& read_b, TensorDiff& d) {
+void compare_stream(DType t, std::uint64_t numel, const PieceFn& piece_a, const PieceFn& piece_b, TensorDiff& d) {
   constexpr std::uint64_t kPieceBytes = 8ull << 20;
   const std::uint64_t es = dtype_size(t), per = kPieceBytes / es;
-  std::vector<std::byte> pa, pb;
   for (std::uint64_t done = 0; done < numel;) {
     const std::uint64_t n = std::min(per, numel - done);
-    pa.resize(static_cast<std::size_t>(n * es));
-    pb.resize(pa.size());
-    read_a(done, pa);
-    read_b(done, pb);
+    const std::span<const std::byte> pa = piece_a(done, n), pb = piece_b(done, n);
     if (std::memcmp(pa.data(), pb.data(), pa.size()) != 0) {
       for (std::uint64_t i = 0; i < n; ++i) {
         if (std::memcmp(pa.data() + i * es, pb.data() + i * es, es) == 0) continue;
@@ -607,6 +609,39 @@ void compare_stream(DType t, std::uint64_t numel, const std::function<void(std::
     done += n;
   }
   d.status = d.differing ? "differs" : "equal";
+}
+
+// A flat tensor's elements, read into a buffer of one piece.
+PieceFn flat_pieces(FlatReader& reader, const std::string& name) {
+  auto buffer = std::make_shared<std::vector<std::byte>>();
+  const std::uint64_t es = dtype_size(reader.dtype(name));
+  return [&reader, name, buffer, es](std::uint64_t first, std::uint64_t n) {
+    buffer->resize(static_cast<std::size_t>(n * es));
+    reader.read(name, first, *buffer);
+    return std::span<const std::byte>(*buffer);
+  };
+}
+
+// The mapped shards of one checkpoint, each mapped when first needed (a mapping reads
+// nothing; its chunks are checked as views cover them).
+class MappedShards {
+ public:
+  explicit MappedShards(const CheckpointReader& reader) : reader_(reader) {}
+  const MappedShard& operator[](int rank) {
+    auto it = shards_.find(rank);
+    if (it == shards_.end()) it = shards_.emplace(rank, MappedShard(reader_, rank, Verify::fast)).first;
+    return it->second;
+  }
+
+ private:
+  const CheckpointReader& reader_;
+  std::map<int, MappedShard> shards_;
+};
+
+// A tensor's elements, as views of its mapped shard.
+PieceFn mapped_pieces(const MappedShard& shard, const TensorRecord& t) {
+  const std::uint64_t es = dtype_size(t.dtype);
+  return [&shard, begin = t.begin, es](std::uint64_t first, std::uint64_t n) { return shard.bytes(begin + first * es, n * es); };
 }
 
 struct DiffArgs : Common {
@@ -642,19 +677,13 @@ int cmd_diff(const DiffArgs& a) {
       d.status = "dtype mismatch";
       d.detail = std::string(dtype_name(ta)) + " vs " + std::string(dtype_name(tb));
     } else {
-      compare_stream(
-          ta, fa->layout().num_params, [&](std::uint64_t at, std::span<std::byte> out) { fa->read(name, at, out); },
-          [&](std::uint64_t at, std::span<std::byte> out) { fb->read(name, at, out); }, d);
+      compare_stream(ta, fa->layout().num_params, flat_pieces(*fa, name), flat_pieces(*fb, name), d);
     }
     diffs.push_back(std::move(d));
   }
   // Everything else by (name, rank), in A's index order, then what only B has.
   std::map<std::pair<std::string, int>, bool> seen;
-  std::optional<ShardRangeReader> sa, sb;
-  auto reader_for = [](std::optional<ShardRangeReader>& cur, const CheckpointReader& r, int rank) -> ShardRangeReader& {
-    if (!cur || cur->rank() != rank) cur.emplace(r, rank, Verify::fast);
-    return *cur;
-  };
+  MappedShards sa(ra), sb(rb);  // compared in place: no copy of either side
   for (const auto& t : ma.tensors) {
     if (is_flat(t.name)) continue;
     seen[{t.name, t.rank}] = true;
@@ -669,11 +698,7 @@ int cmd_diff(const DiffArgs& a) {
       d.status = "shape mismatch";
       d.detail = shape_str(t.shape) + " vs " + shape_str(u->shape);
     } else {
-      const std::uint64_t es = dtype_size(t.dtype);
-      compare_stream(
-          t.dtype, (t.end - t.begin) / es,
-          [&](std::uint64_t at, std::span<std::byte> out) { reader_for(sa, ra, t.rank).read(t.begin + at * es, out); },
-          [&](std::uint64_t at, std::span<std::byte> out) { reader_for(sb, rb, u->rank).read(u->begin + at * es, out); }, d);
+      compare_stream(t.dtype, (t.end - t.begin) / dtype_size(t.dtype), mapped_pieces(sa[t.rank], t), mapped_pieces(sb[u->rank], *u), d);
     }
     diffs.push_back(std::move(d));
   }
@@ -736,6 +761,118 @@ example:
   return bind(c, a, cmd_diff);
 }
 
+// ---- get ------------------------------------------------------------------------------
+
+struct GetArgs : Common {
+  std::string dir, tensor, out, verify = "fast";
+  std::optional<int> rank;
+};
+
+// Writes `parts` to `path` whole, or nothing: into a temporary beside it, renamed over it at
+// the end (an existing file is replaced only by a complete one). Errors name `path`.
+void write_file_atomically(const std::string& path, std::initializer_list<std::span<const std::byte>> parts) {
+  const std::string temp = path + ".tmp-" + std::to_string(::getpid());
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) throw_errno(errno, "open for writing", path);
+  auto fail = [&](int err, const char* action) {
+    ::close(fd);
+    ::unlink(temp.c_str());
+    throw_errno(err, action, path);
+  };
+  for (auto part : parts) {
+    while (!part.empty()) {
+      const ssize_t n = ::write(fd, part.data(), part.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) fail(errno, "write");
+      part = part.subspan(static_cast<std::size_t>(n));
+    }
+  }
+  if (::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(temp.c_str());
+    throw_errno(err, "close", path);
+  }
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(temp.c_str());
+    throw_errno(err, "rename", path);
+  }
+}
+
+int cmd_get(const GetArgs& a) {
+  const Verify mode = verify_of(a.verify);
+  const auto reader = open_dir_or_root(a.dir);
+  const Manifest& m = reader.manifest();
+  // Without --rank: the lowest rank holding the tensor (rank 0 if none does: its error lists
+  // what rank 0 holds).
+  int rank = 0;
+  if (a.rank) {
+    rank = *a.rank;
+  } else {
+    for (int r = m.world_size - 1; r >= 0; --r)
+      if (m.find_tensor(a.tensor, r)) rank = r;
+  }
+  const MappedShard shard(reader, rank, mode);
+  const TensorView v = shard.tensor(a.tensor);
+  const auto preamble = tool::npy_preamble(v.dtype, v.shape);
+  if (!preamble)
+    throw Error(Errc::invalid_argument, a.out, "a .npy version 1.0 header for tensor '" + a.tensor + "'", "at most 65535 bytes",
+                std::to_string(v.shape.size()) + " dimensions");
+  write_file_atomically(a.out, {std::as_bytes(std::span(preamble->data(), preamble->size())), v.data});
+  const MappedShardStats st = shard.stats();
+  const std::string descr(tool::npy_descr(v.dtype));
+  const bool bf16 = v.dtype == DType::BF16;
+  if (a.json) {
+    json::array shape;
+    for (const auto d : v.shape) shape.push_back(d);
+    print_json(json::object{{"ok", true}, {"dir", reader.dir()}, {"tensor", v.name}, {"rank", rank},
+                            {"dtype", dtype_name(v.dtype)}, {"descr", descr}, {"bf16_as_raw_u2", bf16},
+                            {"shape", shape}, {"bytes", v.data.size()}, {"out", a.out}, {"verify", a.verify},
+                            {"mapped", shard.is_mapped()}, {"chunks_checked", st.chunks_checked},
+                            {"bytes_checked", st.bytes_checked}});
+    return kExitOk;
+  }
+  std::printf("wrote %s (rank %d, %s %s, %s) to %s as '%s'\n", v.name.c_str(), rank, std::string(dtype_name(v.dtype)).c_str(),
+              shape_str(v.shape).c_str(), human_bytes(v.data.size()).c_str(), a.out.c_str(), descr.c_str());
+  if (mode == Verify::fast)
+    std::printf("verified: %llu chunk%s (%s) of %s checked, xxh3\n", static_cast<unsigned long long>(st.chunks_checked),
+                st.chunks_checked == 1 ? "" : "s", human_bytes(st.bytes_checked).c_str(), human_bytes(shard.size()).c_str());
+  else if (mode == Verify::full)
+    std::printf("verified: the whole shard (%s), xxh3 per chunk + sha256\n", human_bytes(shard.size()).c_str());
+  else
+    std::printf("not verified (--verify none)\n");
+  if (bf16) std::printf("note: numpy has no bfloat16: the raw bits are written as '<u2' (see ckpt get --help)\n");
+  return kExitOk;
+}
+
+Command declare_get(CLI::App& app) {
+  auto a = std::make_shared<GetArgs>();
+  CLI::App* c = add_command(app, "get", "write one tensor as a NumPy .npy file (--out FILE), reading only\nthe chunks that hold it", R"(
+Write tensor TENSOR of checkpoint DIR (a step-N directory, or a root: its latest) to FILE in
+the NumPy .npy format (version 1.0), readable with numpy.load. The shard is memory-mapped and
+only the checksum chunks that cover the tensor are read and checked (--verify fast, the
+default); --verify full checks the whole shard's SHA-256 first, --verify none nothing. Without
+--rank the lowest rank that holds TENSOR is used. FILE is replaced only by a complete file.
+dtypes map to numpy's: F16 '<f2', F32 '<f4', F64 '<f8', I8..I64 '|i1'..'<i8', U8..U64
+'|u1'..'<u8', BOOL '|b1'. BF16 has no numpy dtype: its raw bits are written as '<u2'
+(ml_dtypes.bfloat16 views them as numbers; or (a.astype('<u4') << 16).view('<f4')).
+A missing tensor is exit 1, with the tensors the rank holds in the message.
+
+example:
+  ckpt get /ckpts/run1 model.wte --rank 0 --out wte.npy
+  python3 -c 'import numpy; print(numpy.load("wte.npy").shape)'
+)",
+                            *a);
+  add_path(*c, "DIR", a->dir, "a checkpoint directory, or a root (its latest)");
+  add_path(*c, "TENSOR", a->tensor, "the tensor's name (ckpt inspect lists them)");
+  c->add_option_function<int>("--rank", [a](int r) { a->rank = r; }, "the rank whose shard holds it (default: the lowest that does)")
+      ->check(CLI::Range(0, (1 << 20) - 1).description(""))
+      ->option_text("R");
+  c->add_option("--out", a->out, "the .npy file to write")->required()->option_text("FILE");
+  add_verify_option(*c, a->verify, "fast (default): the XXH3 of the chunks holding the tensor; full:\nalso the whole shard's SHA-256 first; none: no checksum");
+  return bind(c, a, cmd_get);
+}
+
 // ---- the command line -----------------------------------------------------------------
 
 // A usage error, as text on stderr, and with --json anywhere on the command line also as the
@@ -772,7 +909,7 @@ int main(int argc, char** argv) {
   app.footer(kFooter);
   app.require_subcommand(1);
   std::vector<Command> commands = {declare_ls(app),          declare_inspect(app), declare_verify(app), declare_reshard(app),
-                                   declare_consolidate(app), declare_prune(app),   declare_diff(app)};
+                                   declare_consolidate(app), declare_prune(app),   declare_diff(app),   declare_get(app)};
   commands.push_back(declare_help(app, commands));
   const auto report = usage_reporter(argc, argv);
   if (const auto rc = cli::parse(app, argc, argv, report)) return *rc;
