@@ -38,6 +38,7 @@
 #include "ckpt/io/mapped.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/io/reshard.hpp"
+#include "ckpt/io/range_reader.hpp"
 #include "cli.hpp"
 #include "npy.hpp"
 #include "table.hpp"
@@ -585,17 +586,18 @@ struct TensorDiff {
   std::uint64_t differing = 0;
 };
 
-// The bytes of elements [first, first + n) of one side of a comparison: a view of a mapped
-// shard, or a buffer a reader filled. Valid until the next call.
-using PieceFn = std::function<std::span<const std::byte>(std::uint64_t first, std::uint64_t n)>;
-
 // Compares two byte streams of `numel` elements of type `t`, fetched piece by piece.
-void compare_stream(DType t, std::uint64_t numel, const PieceFn& piece_a, const PieceFn& piece_b, TensorDiff& d) {
+void compare_stream(DType t, std::uint64_t numel, const std::function<void(std::uint64_t, std::span<std::byte>)>& read_a,
+                    const std::function<void(std::uint64_t, std::span<std::byte>)>& read_b, TensorDiff& d) {
   constexpr std::uint64_t kPieceBytes = 8ull << 20;
   const std::uint64_t es = dtype_size(t), per = kPieceBytes / es;
+  std::vector<std::byte> pa, pb;
   for (std::uint64_t done = 0; done < numel;) {
     const std::uint64_t n = std::min(per, numel - done);
-    const std::span<const std::byte> pa = piece_a(done, n), pb = piece_b(done, n);
+    pa.resize(static_cast<std::size_t>(n * es));
+    pb.resize(pa.size());
+    read_a(done, pa);
+    read_b(done, pb);
     if (std::memcmp(pa.data(), pb.data(), pa.size()) != 0) {
       for (std::uint64_t i = 0; i < n; ++i) {
         if (std::memcmp(pa.data() + i * es, pb.data() + i * es, es) == 0) continue;
@@ -609,39 +611,6 @@ void compare_stream(DType t, std::uint64_t numel, const PieceFn& piece_a, const 
     done += n;
   }
   d.status = d.differing ? "differs" : "equal";
-}
-
-// A flat tensor's elements, read into a buffer of one piece.
-PieceFn flat_pieces(FlatReader& reader, const std::string& name) {
-  auto buffer = std::make_shared<std::vector<std::byte>>();
-  const std::uint64_t es = dtype_size(reader.dtype(name));
-  return [&reader, name, buffer, es](std::uint64_t first, std::uint64_t n) {
-    buffer->resize(static_cast<std::size_t>(n * es));
-    reader.read(name, first, *buffer);
-    return std::span<const std::byte>(*buffer);
-  };
-}
-
-// The mapped shards of one checkpoint, each mapped when first needed (a mapping reads
-// nothing; its chunks are checked as views cover them).
-class MappedShards {
- public:
-  explicit MappedShards(const CheckpointReader& reader) : reader_(reader) {}
-  const MappedShard& operator[](int rank) {
-    auto it = shards_.find(rank);
-    if (it == shards_.end()) it = shards_.emplace(rank, MappedShard(reader_, rank, Verify::fast)).first;
-    return it->second;
-  }
-
- private:
-  const CheckpointReader& reader_;
-  std::map<int, MappedShard> shards_;
-};
-
-// A tensor's elements, as views of its mapped shard.
-PieceFn mapped_pieces(const MappedShard& shard, const TensorRecord& t) {
-  const std::uint64_t es = dtype_size(t.dtype);
-  return [&shard, begin = t.begin, es](std::uint64_t first, std::uint64_t n) { return shard.bytes(begin + first * es, n * es); };
 }
 
 struct DiffArgs : Common {
@@ -677,13 +646,19 @@ int cmd_diff(const DiffArgs& a) {
       d.status = "dtype mismatch";
       d.detail = std::string(dtype_name(ta)) + " vs " + std::string(dtype_name(tb));
     } else {
-      compare_stream(ta, fa->layout().num_params, flat_pieces(*fa, name), flat_pieces(*fb, name), d);
+      compare_stream(
+          ta, fa->layout().num_params, [&](std::uint64_t at, std::span<std::byte> out) { fa->read(name, at, out); },
+          [&](std::uint64_t at, std::span<std::byte> out) { fb->read(name, at, out); }, d);
     }
     diffs.push_back(std::move(d));
   }
   // Everything else by (name, rank), in A's index order, then what only B has.
   std::map<std::pair<std::string, int>, bool> seen;
-  MappedShards sa(ra), sb(rb);  // compared in place: no copy of either side
+  std::optional<ShardRangeReader> sa, sb;
+  auto reader_for = [](std::optional<ShardRangeReader>& cur, const CheckpointReader& r, int rank) -> ShardRangeReader& {
+    if (!cur || cur->rank() != rank) cur.emplace(r, rank, Verify::fast);
+    return *cur;
+  };
   for (const auto& t : ma.tensors) {
     if (is_flat(t.name)) continue;
     seen[{t.name, t.rank}] = true;
@@ -698,7 +673,11 @@ int cmd_diff(const DiffArgs& a) {
       d.status = "shape mismatch";
       d.detail = shape_str(t.shape) + " vs " + shape_str(u->shape);
     } else {
-      compare_stream(t.dtype, (t.end - t.begin) / dtype_size(t.dtype), mapped_pieces(sa[t.rank], t), mapped_pieces(sb[u->rank], *u), d);
+      const std::uint64_t es = dtype_size(t.dtype);
+      compare_stream(
+          t.dtype, (t.end - t.begin) / es,
+          [&](std::uint64_t at, std::span<std::byte> out) { reader_for(sa, ra, t.rank).read(t.begin + at * es, out); },
+          [&](std::uint64_t at, std::span<std::byte> out) { reader_for(sb, rb, u->rank).read(u->begin + at * es, out); }, d);
     }
     diffs.push_back(std::move(d));
   }
