@@ -313,6 +313,33 @@ TEST_CASE("threads viewing a corrupt chunk at once all get the checksum error") 
   CHECK(shard.stats().chunks_checked == 1);
 }
 
+TEST_CASE("threads viewing through the read fallback read each chunk once and all see the saved bytes") {
+  Saved s;
+  CountingFileSystem counting(posix_file_system());
+  const auto reader = CheckpointReader::open(counting, s.ckpt_dir().string());
+  const std::uint64_t cs = s.m.chunk_size, size = s.m.shards[0].size;
+  std::set<std::uint64_t> covered;
+  for (const auto& t : s.m.tensors) {
+    const auto [k0, k1] = chunks_of(t, cs);
+    for (std::uint64_t k = k0; t.rank == 0 && k <= k1 && k0 <= k1; ++k) covered.insert(k);
+  }
+  std::uint64_t bytes = 0;
+  for (const auto k : covered) bytes += std::min(cs, size - k * cs);
+  const MappedShard shard(reader, 0, Verify::fast);
+  const std::uint64_t before = counting.bytes;
+  std::atomic<int> mismatches{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 6; ++i)
+    threads.emplace_back([&] {
+      for (const auto& t : s.fx.request.ranks[0].tensors)
+        if (!equal_bytes(shard.tensor(t.name).data, t.data)) ++mismatches;
+    });
+  for (auto& t : threads) t.join();
+  CHECK(mismatches == 0);
+  CHECK(counting.bytes - before == bytes);
+  CHECK(shard.stats().chunks_checked == covered.size());
+}
+
 namespace {
 // A checkpoint of one rank, 48 MiB in 1 MiB chunks, with a 1000-byte tensor in the middle.
 struct Large {
