@@ -7,10 +7,12 @@
 //   ckpt consolidate SRC OUT             the full model as Hugging Face safetensors
 //   ckpt prune ROOT --keep K             remove all but the newest K checkpoints
 //   ckpt diff A B                        per-tensor equal / max abs difference
+//   ckpt get DIR TENSOR --out FILE.npy   one tensor as a NumPy .npy file, reading only its chunks
 //
 // Every command takes --json and --help; `ckpt --help` documents the exit codes. Each
 // command is declared once (declare_<command>: its arguments, options, help text) and runs in
 // its own function (cmd_<command>).
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,10 +35,12 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/io/commit.hpp"
 #include "ckpt/io/layout.hpp"
+#include "ckpt/io/mapped.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/io/reshard.hpp"
 #include "ckpt/io/range_reader.hpp"
 #include "cli.hpp"
+#include "npy.hpp"
 #include "table.hpp"
 
 namespace json = boost::json;
@@ -736,6 +740,118 @@ example:
   return bind(c, a, cmd_diff);
 }
 
+// ---- get ------------------------------------------------------------------------------
+
+struct GetArgs : Common {
+  std::string dir, tensor, out, verify = "fast";
+  std::optional<int> rank;
+};
+
+// Writes `parts` to `path` whole, or nothing: into a temporary beside it, renamed over it at
+// the end (an existing file is replaced only by a complete one). Errors name `path`.
+void write_file_atomically(const std::string& path, std::initializer_list<std::span<const std::byte>> parts) {
+  const std::string temp = path + ".tmp-" + std::to_string(::getpid());
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) throw_errno(errno, "open for writing", path);
+  auto fail = [&](int err, const char* action) {
+    ::close(fd);
+    ::unlink(temp.c_str());
+    throw_errno(err, action, path);
+  };
+  for (auto part : parts) {
+    while (!part.empty()) {
+      const ssize_t n = ::write(fd, part.data(), part.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) fail(errno, "write");
+      part = part.subspan(static_cast<std::size_t>(n));
+    }
+  }
+  if (::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(temp.c_str());
+    throw_errno(err, "close", path);
+  }
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(temp.c_str());
+    throw_errno(err, "rename", path);
+  }
+}
+
+int cmd_get(const GetArgs& a) {
+  const Verify mode = verify_of(a.verify);
+  const auto reader = open_dir_or_root(a.dir);
+  const Manifest& m = reader.manifest();
+  // Without --rank: the lowest rank holding the tensor (rank 0 if none does: its error lists
+  // what rank 0 holds).
+  int rank = 0;
+  if (a.rank) {
+    rank = *a.rank;
+  } else {
+    for (int r = m.world_size - 1; r >= 0; --r)
+      if (m.find_tensor(a.tensor, r)) rank = r;
+  }
+  const MappedShard shard(reader, rank, mode);
+  const TensorView v = shard.tensor(a.tensor);
+  const auto preamble = tool::npy_preamble(v.dtype, v.shape);
+  if (!preamble)
+    throw Error(Errc::invalid_argument, a.out, "a .npy version 1.0 header for tensor '" + a.tensor + "'", "at most 65535 bytes",
+                std::to_string(v.shape.size()) + " dimensions");
+  write_file_atomically(a.out, {std::as_bytes(std::span(preamble->data(), preamble->size())), v.data});
+  const MappedShardStats st = shard.stats();
+  const std::string descr(tool::npy_descr(v.dtype));
+  const bool bf16 = v.dtype == DType::BF16;
+  if (a.json) {
+    json::array shape;
+    for (const auto d : v.shape) shape.push_back(d);
+    print_json(json::object{{"ok", true}, {"dir", reader.dir()}, {"tensor", v.name}, {"rank", rank},
+                            {"dtype", dtype_name(v.dtype)}, {"descr", descr}, {"bf16_as_raw_u2", bf16},
+                            {"shape", shape}, {"bytes", v.data.size()}, {"out", a.out}, {"verify", a.verify},
+                            {"mapped", shard.is_mapped()}, {"chunks_checked", st.chunks_checked},
+                            {"bytes_checked", st.bytes_checked}});
+    return kExitOk;
+  }
+  std::printf("wrote %s (rank %d, %s %s, %s) to %s as '%s'\n", v.name.c_str(), rank, std::string(dtype_name(v.dtype)).c_str(),
+              shape_str(v.shape).c_str(), human_bytes(v.data.size()).c_str(), a.out.c_str(), descr.c_str());
+  if (mode == Verify::fast)
+    std::printf("verified: %llu chunk%s (%s) of %s checked, xxh3\n", static_cast<unsigned long long>(st.chunks_checked),
+                st.chunks_checked == 1 ? "" : "s", human_bytes(st.bytes_checked).c_str(), human_bytes(shard.size()).c_str());
+  else if (mode == Verify::full)
+    std::printf("verified: the whole shard (%s), xxh3 per chunk + sha256\n", human_bytes(shard.size()).c_str());
+  else
+    std::printf("not verified (--verify none)\n");
+  if (bf16) std::printf("note: numpy has no bfloat16: the raw bits are written as '<u2' (see ckpt get --help)\n");
+  return kExitOk;
+}
+
+Command declare_get(CLI::App& app) {
+  auto a = std::make_shared<GetArgs>();
+  CLI::App* c = add_command(app, "get", "write one tensor as a NumPy .npy file (--out FILE), reading only\nthe chunks that hold it", R"(
+Write tensor TENSOR of checkpoint DIR (a step-N directory, or a root: its latest) to FILE in
+the NumPy .npy format (version 1.0), readable with numpy.load. The shard is memory-mapped and
+only the checksum chunks that cover the tensor are read and checked (--verify fast, the
+default); --verify full checks the whole shard's SHA-256 first, --verify none nothing. Without
+--rank the lowest rank that holds TENSOR is used. FILE is replaced only by a complete file.
+dtypes map to numpy's: F16 '<f2', F32 '<f4', F64 '<f8', I8..I64 '|i1'..'<i8', U8..U64
+'|u1'..'<u8', BOOL '|b1'. BF16 has no numpy dtype: its raw bits are written as '<u2'
+(ml_dtypes.bfloat16 views them as numbers; or (a.astype('<u4') << 16).view('<f4')).
+A missing tensor is exit 1, with the tensors the rank holds in the message.
+
+example:
+  ckpt get /ckpts/run1 model.wte --rank 0 --out wte.npy
+  python3 -c 'import numpy; print(numpy.load("wte.npy").shape)'
+)",
+                            *a);
+  add_path(*c, "DIR", a->dir, "a checkpoint directory, or a root (its latest)");
+  add_path(*c, "TENSOR", a->tensor, "the tensor's name (ckpt inspect lists them)");
+  c->add_option_function<int>("--rank", [a](int r) { a->rank = r; }, "the rank whose shard holds it (default: the lowest that does)")
+      ->check(CLI::Range(0, (1 << 20) - 1).description(""))
+      ->option_text("R");
+  c->add_option("--out", a->out, "the .npy file to write")->required()->option_text("FILE");
+  add_verify_option(*c, a->verify, "fast (default): the XXH3 of the chunks holding the tensor; full:\nalso the whole shard's SHA-256 first; none: no checksum");
+  return bind(c, a, cmd_get);
+}
+
 // ---- the command line -----------------------------------------------------------------
 
 // A usage error, as text on stderr, and with --json anywhere on the command line also as the
@@ -772,7 +888,7 @@ int main(int argc, char** argv) {
   app.footer(kFooter);
   app.require_subcommand(1);
   std::vector<Command> commands = {declare_ls(app),          declare_inspect(app), declare_verify(app), declare_reshard(app),
-                                   declare_consolidate(app), declare_prune(app),   declare_diff(app)};
+                                   declare_consolidate(app), declare_prune(app),   declare_diff(app),   declare_get(app)};
   commands.push_back(declare_help(app, commands));
   const auto report = usage_reporter(argc, argv);
   if (const auto rc = cli::parse(app, argc, argv, report)) return *rc;

@@ -30,6 +30,7 @@
 #include "ckpt/io/file_system.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/load_into.hpp"
+#include "ckpt/io/mapped.hpp"
 #include "ckpt/io/range_reader.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/io/reshard.hpp"

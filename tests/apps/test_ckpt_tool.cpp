@@ -21,32 +21,16 @@
 #include "ckpt/io/reader.hpp"
 #include "ckpt/io/range_reader.hpp"
 #include "ckpt/io/shard_writer.hpp"
+#include "apps/ckpt_tool_fixture.hpp"
 #include "cli.hpp"
 
 using namespace ckpt;
 namespace fs = std::filesystem;
 
 namespace {
-const std::string kTool = std::string(CKPT_TEST_BINARY_DIR) + "/bin/ckpt";
-
-struct Run {
-  int status;
-  std::string out;
-};
-Run ckpt_run(const std::string& args) {
-  int status = 0;
-  std::string out = test::run_command(kTool + " " + args + " 2>&1", &status);
-  return {status, out};
-}
-
-struct Saved {
-  test::TempDir dir;
-  test::Fixture fx{2, 10};
-  Manifest m;
-  Saved() { m = save_checkpoint_sync(posix_file_system(), dir.path().string(), fx.request); }
-  fs::path ckpt() const { return dir / "step-0000000010"; }
-  fs::path shard(int r) const { return ckpt() / m.shards[static_cast<std::size_t>(r)].path; }
-};
+using test::ckpt_run;
+using test::kTool;
+using test::Saved;
 
 void flip(const fs::path& p, std::size_t at) {
   auto b = test::read_all(p);
@@ -442,6 +426,7 @@ TEST_CASE("every ckpt command answers --json with one JSON object") {
                                          "reshard " + demo.root + " " + (demo.dir / "r2").string() + " --world-size 2",
                                          "consolidate " + demo.root + " " + (demo.dir / "m").string(),
                                          "diff " + demo.root + " " + (demo.dir / "r2").string(),
+                                         "get " + demo.root + " optim.master --out " + (demo.dir / "m.npy").string(),
                                          "prune " + demo.root + " --keep 1"};
   for (const auto& c : cmds) {
     CAPTURE(c);
@@ -455,7 +440,7 @@ TEST_CASE("every ckpt command answers --json with one JSON object") {
 TEST_CASE("ckpt --help documents every command and exit code, and each command has its own help") {
   const auto top = ckpt_run("--help");
   CHECK(top.status == 0);
-  for (const char* cmd : {"ls", "inspect", "verify", "reshard", "consolidate", "prune", "diff"}) {
+  for (const char* cmd : {"ls", "inspect", "verify", "reshard", "consolidate", "prune", "diff", "get"}) {
     CAPTURE(cmd);
     CHECK(top.out.find(std::string("  ") + cmd + " ") != std::string::npos);
     for (const std::string& form : {std::string(cmd) + " --help", std::string("help ") + cmd}) {
@@ -479,7 +464,8 @@ TEST_CASE("a wrong flag is a usage error of every command: exit 2, the flag name
   test::TempDir dir;
   const std::string d = dir.path().string();
   for (const std::string& cmd : {"ls " + d, "inspect " + d, "verify " + d, "reshard " + d + " " + d + "/x --world-size 2",
-                                 "consolidate " + d + " " + d + "/x", "prune " + d + " --keep 1", "diff " + d + " " + d}) {
+                                 "consolidate " + d + " " + d + "/x", "prune " + d + " --keep 1", "diff " + d + " " + d,
+                                 "get " + d + " t --out " + d + "/t.npy"}) {
     CAPTURE(cmd);
     int status = 0;
     const std::string out = test::run_command(kTool + " " + cmd + " --no-such-flag 2>/dev/null", &status);

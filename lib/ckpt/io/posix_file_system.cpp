@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "ckpt/core/error.hpp"
+#include "ckpt/io/detail/posix_open.hpp"
 #include "ckpt/io/file_system.hpp"
 
 namespace ckpt {
@@ -61,6 +62,31 @@ class PosixWritableFile final : public WritableFile {
   std::string path_;
   bool direct_;
 };
+
+}  // namespace
+
+detail::OpenedFd detail::open_regular_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ELOOP) throw Error(Errc::unsafe_path, path, "is a symlink", "regular file", "symlink");
+    if (err == ENOENT) throw Error(Errc::not_found, path, "open failed: no such file", {}, {}, err);
+    throw_errno(err, "open", path);
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw_errno(err, "fstat", path);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error(Errc::unsafe_path, path, "not a regular file", "regular file", "other file type");
+  }
+  return {fd, static_cast<std::uint64_t>(st.st_size)};
+}
+
+namespace {
 
 class PosixReadableFile final : public ReadableFile {
  public:
@@ -122,24 +148,8 @@ class PosixFileSystem final : public FileSystem {
     return std::make_unique<PosixWritableFile>(fd, path, direct);
   }
   std::unique_ptr<ReadableFile> open_read(const std::string& path) override {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) {
-      const int err = errno;
-      if (err == ELOOP) throw Error(Errc::unsafe_path, path, "is a symlink", "regular file", "symlink");
-      if (err == ENOENT) throw Error(Errc::not_found, path, "open failed: no such file", {}, {}, err);
-      throw_errno(err, "open", path);
-    }
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-      const int err = errno;
-      ::close(fd);
-      throw_errno(err, "fstat", path);
-    }
-    if (!S_ISREG(st.st_mode)) {
-      ::close(fd);
-      throw Error(Errc::unsafe_path, path, "not a regular file", "regular file", "other file type");
-    }
-    return std::make_unique<PosixReadableFile>(fd, path, static_cast<std::uint64_t>(st.st_size));
+    const detail::OpenedFd f = detail::open_regular_file(path);
+    return std::make_unique<PosixReadableFile>(f.fd, path, f.size);
   }
   void create_dir(const std::string& path) override {
     if (::mkdir(path.c_str(), 0755) != 0) throw_errno(errno, "mkdir", path);

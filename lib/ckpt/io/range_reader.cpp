@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/hash/xxh3.hpp"
+#include "ckpt/io/detail/chunk_check.hpp"
 
 namespace ckpt {
 
@@ -19,13 +19,7 @@ ShardRangeReader::ShardRangeReader(const CheckpointReader& checkpoint, int rank,
 }
 
 void ShardRangeReader::check_chunk(std::uint64_t k, std::span<const std::byte> bytes) const {
-  const std::uint64_t h = xxh3_64(bytes.data(), bytes.size());
-  if (h == record_->chunk_xxh3[k]) return;
-  const std::uint64_t begin = k * chunk_size_;
-  throw Error(Errc::checksum_mismatch, path_,
-              "xxh3 of chunk " + std::to_string(k) + " of " + std::to_string(record_->chunk_xxh3.size()) + " (bytes " +
-                  std::to_string(begin) + "-" + std::to_string(begin + bytes.size()) + ")",
-              xxh3_hex(record_->chunk_xxh3[k]), xxh3_hex(h));
+  detail::check_chunk_xxh3(path_, record_->chunk_xxh3, k, chunk_size_, bytes);
 }
 
 void ShardRangeReader::read(std::uint64_t offset, std::span<std::byte> out) {
