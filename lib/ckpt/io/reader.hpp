@@ -60,6 +60,8 @@ using ProgressFn = std::function<void(std::uint64_t, std::uint64_t)>;
 /// Receives a shard's bytes chunk by chunk: (offset in the file, the chunk).
 using ChunkSink = std::function<void(std::uint64_t, std::span<const std::byte>)>;
 
+/// An opened checkpoint. Copyable and movable (copies share the decoded manifest, which
+/// nothing modifies), not assignable.
 class CheckpointReader {
  public:
   /// Opens the checkpoint in `dir` (a step-N directory). With `expected_world_size`, a
