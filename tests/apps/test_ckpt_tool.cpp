@@ -74,6 +74,20 @@ TEST_CASE("ckpt verify rejects each corrupted variant with its typed error") {
   }
 }
 
+TEST_CASE("ckpt verify of a 48 MB manifest past its allowance exits 1 with the typed error naming the manifest") {
+  Saved s;
+  const fs::path mpath = s.ckpt() / "manifest.json";
+  auto text = test::read_all(mpath);
+  text.insert(text.begin() + static_cast<std::ptrdiff_t>(text.size() - 2), 48u << 20, ' ');
+  test::write_all(mpath, text);
+  const auto r = ckpt_run("verify " + s.ckpt().string());
+  CHECK(r.status == 1);
+  CHECK(r.out.find("malformed manifest") != std::string::npos);
+  CHECK(r.out.find(mpath.string()) != std::string::npos);
+  CHECK(r.out.find("file size against what its content needs") != std::string::npos);
+  CHECK(r.out.find("bad_alloc") == std::string::npos);
+}
+
 TEST_CASE("ckpt verify --full catches what only SHA-256 sees and reports JSON") {
   Saved s;
   flip(s.shard(0), s.m.tensors.back().begin);

@@ -10,6 +10,7 @@
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/format/detail/json_util.hpp"
+#include "ckpt/format/detail/manifest_parse.hpp"
 #include "ckpt/hash/file_digest.hpp"
 #include "ckpt/hash/xxh3.hpp"
 
@@ -154,9 +155,10 @@ Manifest assemble_manifest(std::uint64_t step, std::uint64_t chunk_size, std::ve
   return m;
 }
 
-Manifest decode_manifest(std::string_view text, std::string_view file) {
+namespace {
+// The field checks, on a document parse_manifest_json bounded.
+Manifest decode_manifest_value(const json::value& root, std::string_view file) {
   const detail::JsonContext c{Errc::malformed_manifest, file};
-  const json::value root = detail::json_parse(c, text, "manifest JSON");
   const json::object& o = detail::json_obj(c, root, "manifest");
   Manifest m;
 
@@ -257,6 +259,18 @@ Manifest decode_manifest(std::string_view text, std::string_view file) {
     if (!names.insert({t.rank, t.name}).second)
       c.fail("tensors", "unique names per rank", "'" + t.name + "' repeated on rank " + std::to_string(t.rank));
   return m;
+}
+
+}  // namespace
+
+Manifest decode_manifest(std::uint64_t size, const ManifestTextSource& source, std::string_view file) {
+  Manifest m;
+  detail::parse_manifest_json(size, source, file, [&](const json::value& root) { m = decode_manifest_value(root, file); });
+  return m;
+}
+
+Manifest decode_manifest(std::string_view text, std::string_view file) {
+  return decode_manifest(text.size(), [text](std::uint64_t offset) { return text.substr(static_cast<std::size_t>(offset)); }, file);
 }
 
 }  // namespace ckpt

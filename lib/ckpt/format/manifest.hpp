@@ -6,6 +6,7 @@
 
 #include <boost/json/object.hpp>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -85,11 +86,21 @@ boost::json::object tensor_to_json(const TensorRecord& t);
 /// Serialises a manifest (pretty enough to read with cat, stable field order).
 std::string encode_manifest(const Manifest& m);
 
-/// Parses and validates manifest text read from `file`. Throws Errc::unsupported_schema for a
-/// schema_version other than 1, Errc::unsafe_path for a shard path that is not a plain file
-/// name, Errc::malformed_manifest for anything else, each naming the file, field, expected
-/// and actual value.
+/// Supplies manifest text a piece at a time: returns the text from byte `offset` on (at least
+/// one byte while `offset` is before the end; as many as it likes), valid until the next call.
+/// The reader passes one that reads the file into a reused 1 MiB buffer.
+using ManifestTextSource = std::function<std::string_view(std::uint64_t offset)>;
+
+/// Parses and validates manifest text read from `file`, within the limits of
+/// manifest_limits.hpp (checked while parsing, before the memory is spent). Throws
+/// Errc::unsupported_schema for a schema_version other than 1, Errc::unsafe_path for a shard
+/// path that is not a plain file name, Errc::malformed_manifest for anything else (invalid
+/// JSON, a limit crossed, a bad field), each naming the file, field, expected and actual
+/// value. Thread-safe (nothing shared but a counter).
 Manifest decode_manifest(std::string_view text, std::string_view file);
+/// The same for `size` bytes of text from `source`, of which it never holds more than one
+/// piece at a time; `source` is read twice (manifest_limits.hpp: scan, then parse).
+Manifest decode_manifest(std::uint64_t size, const ManifestTextSource& source, std::string_view file);
 
 /// True if `name` is safe as a file name inside a checkpoint directory: non-empty, at most 255
 /// bytes, no '/', no NUL, not "." or "..", not starting with '.' (reserved for temporaries).

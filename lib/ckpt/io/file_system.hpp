@@ -68,6 +68,13 @@ struct DirEntry {
 struct FileStat {
   EntryType type;
   std::uint64_t size;
+  /// The file's identity, where the file system offers one (0 where it does not): st_dev,
+  /// st_ino and st_mtim in nanoseconds on POSIX; the in-memory file system numbers its
+  /// files and their versions. The reader's manifest cache keys on it (reader.cpp), and
+  /// caches nothing for a file whose inode is 0.
+  std::uint64_t device = 0;
+  std::uint64_t inode = 0;
+  std::int64_t mtime_ns = 0;
 };
 
 /// An advisory lock taken by FileSystem::try_lock; released when destroyed (or when the

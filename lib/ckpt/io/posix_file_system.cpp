@@ -199,7 +199,11 @@ class PosixFileSystem final : public FileSystem {
       if (errno == ENOENT || errno == ENOTDIR) return std::nullopt;
       throw_errno(errno, "lstat", path);
     }
-    return FileStat{type_of(st.st_mode), static_cast<std::uint64_t>(st.st_size)};
+    return FileStat{.type = type_of(st.st_mode),
+                    .size = static_cast<std::uint64_t>(st.st_size),
+                    .device = static_cast<std::uint64_t>(st.st_dev),
+                    .inode = static_cast<std::uint64_t>(st.st_ino),
+                    .mtime_ns = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec};
   }
   std::unique_ptr<FileLock> try_lock(const std::string& path, std::string_view record) override {
     // O_NONBLOCK: a FIFO planted under the lock's name must not hang the open.

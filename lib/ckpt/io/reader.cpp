@@ -2,9 +2,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <future>
+#include <map>
+#include <mutex>
 #include <unordered_map>
 
 #include "ckpt/core/error.hpp"
+#include "ckpt/format/manifest_limits.hpp"
 #include "ckpt/hash/file_digest.hpp"
 #include "ckpt/io/detail/small_file.hpp"
 #include "ckpt/io/layout.hpp"
@@ -13,18 +17,26 @@
 namespace ckpt {
 
 namespace detail {
-std::string read_small_file(FileSystem& fs, const std::string& path, std::uint64_t limit, Errc too_big) {
+OpenedSmallFile open_small_file(FileSystem& fs, const std::string& path, std::uint64_t limit, Errc too_big) {
   // Only a regular file is opened: open(2) of a FIFO named manifest.json or latest blocks
   // until a writer appears, i.e. forever.
-  if (const auto st = fs.stat(path); st && st->type != EntryType::file) {
-    const bool link = st->type == EntryType::symlink;
+  OpenedSmallFile out;
+  out.stat = fs.stat(path);
+  if (out.stat && out.stat->type != EntryType::file) {
+    const bool link = out.stat->type == EntryType::symlink;
     throw Error(Errc::unsafe_path, path, link ? "is a symlink" : "not a regular file", "regular file", link ? "symlink" : "other file type");
   }
-  auto f = fs.open_read(path);
-  if (f->size() > limit)
-    throw Error(too_big, path, "file size", "at most " + std::to_string(limit) + " bytes", std::to_string(f->size()) + " bytes");
-  std::string text(static_cast<std::size_t>(f->size()), '\0');
-  f->read_at(0, std::as_writable_bytes(std::span(text.data(), text.size())));
+  out.file = fs.open_read(path);
+  out.size = out.file->size();
+  if (out.size > limit)
+    throw Error(too_big, path, "file size", "at most " + std::to_string(limit) + " bytes", std::to_string(out.size) + " bytes");
+  return out;
+}
+
+std::string read_small_file(FileSystem& fs, const std::string& path, std::uint64_t limit, Errc too_big) {
+  const OpenedSmallFile f = open_small_file(fs, path, limit, too_big);
+  std::string text(static_cast<std::size_t>(f.size), '\0');
+  f.file->read_at(0, std::as_writable_bytes(std::span(text.data(), text.size())));
   return text;
 }
 }  // namespace detail
@@ -32,8 +44,6 @@ std::string read_small_file(FileSystem& fs, const std::string& path, std::uint64
 using detail::read_small_file;
 
 namespace {
-constexpr std::uint64_t kMaxManifestBytes = 256ull << 20;
-
 std::string chunk_label(std::uint64_t k, std::uint64_t n, std::uint64_t begin, std::uint64_t end) {
   return "chunk " + std::to_string(k) + " of " + std::to_string(n) + " (bytes " + std::to_string(begin) + "-" +
          std::to_string(end) + ")";
@@ -65,20 +75,108 @@ void refuse_symlinked_dir(FileSystem& fs, const std::string& dir) {
 }
 }  // namespace
 
+namespace {
+constexpr std::size_t kManifestPiece = 1u << 20;
+
+// Decodes manifest.json reading it in kManifestPiece pieces into one reused buffer (the scan
+// and the parse each read it once; format/manifest_limits.hpp).
+std::shared_ptr<const Manifest> decode_manifest_file(ReadableFile& f, std::uint64_t size, const std::string& mpath) {
+  std::string piece(static_cast<std::size_t>(std::min<std::uint64_t>(size, kManifestPiece)), '\0');
+  const ManifestTextSource source = [&](std::uint64_t offset) {
+    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(piece.size(), size - offset));
+    f.read_at(offset, std::as_writable_bytes(std::span(piece.data(), n)));
+    return std::string_view(piece.data(), n);
+  };
+  return std::make_shared<const Manifest>(decode_manifest(size, source, mpath));
+}
+
+// The process-wide cache of decoded manifests, so that the N rank threads of a process that
+// open one checkpoint decode its manifest once. A committed manifest is never modified in
+// place: commit_checkpoint writes it into the step's temporary directory and renames the
+// directory into place, and a manifest written again is a new file (a new inode). So a file
+// with the same path, device, inode, size and modification time as one decoded before holds
+// the same bytes, and (file system, path, device, inode, size, mtime) identifies what was
+// decoded. Entries are weak: a manifest lives as long as a reader holds it. A decode under
+// way is shared: the threads that ask for it meanwhile wait for its result (or its error).
+class ManifestCache {
+ public:
+  using Ptr = std::shared_ptr<const Manifest>;
+
+  Ptr get(FileSystem& fs, const std::string& mpath, const FileStat& st, const std::function<Ptr()>& decode) {
+    if (st.inode == 0) return decode();  // no identity to key on
+    const std::string key = std::to_string(reinterpret_cast<std::uintptr_t>(&fs)) + ":" + std::to_string(st.device) + ":" +
+                            std::to_string(st.inode) + ":" + std::to_string(st.size) + ":" + std::to_string(st.mtime_ns) + ":" + mpath;
+    std::promise<Ptr> mine;
+    std::shared_future<Ptr> pending;
+    {
+      std::lock_guard lk(mu_);
+      auto it = entries_.find(key);
+      if (it != entries_.end()) {
+        if (Ptr hit = it->second.done.lock()) return hit;
+        if (it->second.pending.valid()) pending = it->second.pending;
+      }
+      if (!pending.valid()) {
+        prune();
+        entries_[key] = Entry{{}, mine.get_future().share()};
+      }
+    }
+    if (pending.valid()) return pending.get();  // another thread decodes it
+    Ptr m;
+    try {
+      m = decode();
+    } catch (...) {
+      mine.set_exception(std::current_exception());
+      std::lock_guard lk(mu_);
+      entries_.erase(key);
+      throw;
+    }
+    mine.set_value(m);
+    std::lock_guard lk(mu_);
+    entries_[key] = Entry{m, {}};
+    return m;
+  }
+
+ private:
+  struct Entry {
+    std::weak_ptr<const Manifest> done;
+    std::shared_future<Ptr> pending;  // valid while the decode runs
+  };
+  void prune() {
+    for (auto it = entries_.begin(); it != entries_.end();)
+      it = !it->second.pending.valid() && it->second.done.expired() ? entries_.erase(it) : std::next(it);
+  }
+  std::mutex mu_;
+  std::map<std::string, Entry> entries_;
+};
+
+ManifestCache& manifest_cache() {
+  static ManifestCache cache;
+  return cache;
+}
+
+std::shared_ptr<const Manifest> read_manifest(FileSystem& fs, const std::string& mpath) {
+  const detail::OpenedSmallFile f = detail::open_small_file(fs, mpath, kMaxManifestBytes, Errc::malformed_manifest);
+  auto decode = [&] { return decode_manifest_file(*f.file, f.size, mpath); };
+  // A file replaced between the stat and the open is decoded without being cached.
+  if (!f.stat || f.stat->size != f.size) return decode();
+  return manifest_cache().get(fs, mpath, *f.stat, decode);
+}
+}  // namespace
+
 CheckpointReader CheckpointReader::open(FileSystem& fs, const std::string& dir, std::optional<int> expected_world_size) {
   refuse_symlinked_dir(fs, dir);
   const std::string mpath = join_path(dir, kManifestName);
-  std::string text;
+  std::shared_ptr<const Manifest> manifest;
   try {
-    text = with_typed_errors(mpath, [&] { return read_small_file(fs, mpath, kMaxManifestBytes, Errc::malformed_manifest); });
+    // A manifest within the limits can still need more memory than there is: the failure
+    // names the manifest, not just std::bad_alloc.
+    manifest = with_typed_errors(mpath, [&] { return read_manifest(fs, mpath); });
   } catch (const Error& e) {
     if (e.code() == Errc::not_found)
       throw Error(Errc::not_found, mpath, "no manifest: not a complete checkpoint", "manifest.json present", "missing");
     throw;
   }
-  // A manifest within the size limit can still need more memory than there is (a 200 MB one
-  // of 16M keys): the failure names the manifest, not just std::bad_alloc.
-  Manifest m = with_typed_errors(mpath, [&] { return decode_manifest(text, mpath); });
+  const Manifest& m = *manifest;
   // The directory name is the step the commit gave it (docs/format.md): a manifest that says
   // otherwise was moved, copied or edited, and must not pass for this step.
   std::string_view base = dir;
@@ -101,7 +199,7 @@ CheckpointReader CheckpointReader::open(FileSystem& fs, const std::string& dir, 
     if (st->type != EntryType::file) throw Error(Errc::unsafe_path, path, "shard is not a regular file", "regular file", "other");
     check_size(s.size, st->size, "shard size", path);
   }
-  return CheckpointReader(fs, dir, std::move(m));
+  return CheckpointReader(fs, dir, std::move(manifest));
 }
 
 std::string CheckpointReader::shard_path(int rank) const { return join_path(dir_, manifest_.shard(rank).path); }

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -59,13 +60,19 @@ using ProgressFn = std::function<void(std::uint64_t, std::uint64_t)>;
 /// Receives a shard's bytes chunk by chunk: (offset in the file, the chunk).
 using ChunkSink = std::function<void(std::uint64_t, std::span<const std::byte>)>;
 
+/// An opened checkpoint. Copyable and movable (copies share the decoded manifest, which
+/// nothing modifies), not assignable.
 class CheckpointReader {
  public:
   /// Opens the checkpoint in `dir` (a step-N directory). With `expected_world_size`, a
   /// different world_size is Errc::world_size_mismatch naming both sizes. Throws
   /// Errc::not_found (no manifest), the manifest's decode errors, Errc::missing_shard,
   /// Errc::unsafe_path (`dir` itself, the manifest or a shard is a symlink, or a shard is not
-  /// a regular file), Errc::size_mismatch.
+  /// a regular file), Errc::size_mismatch. The manifest is decoded within the limits of
+  /// format/manifest_limits.hpp, reading it in 1 MiB pieces, and once per process: readers
+  /// of the same manifest file (same file system, path, device, inode, size and mtime) share
+  /// one decoded Manifest, and threads opening it at once wait for the one decode.
+  /// Thread-safe.
   static CheckpointReader open(FileSystem& fs, const std::string& dir, std::optional<int> expected_world_size = {});
 
   const Manifest& manifest() const noexcept { return manifest_; }
@@ -106,7 +113,8 @@ class CheckpointReader {
   FileSystem& file_system() const noexcept { return *fs_; }
 
  private:
-  CheckpointReader(FileSystem& fs, std::string dir, Manifest m) : fs_(&fs), dir_(std::move(dir)), manifest_(std::move(m)) {}
+  CheckpointReader(FileSystem& fs, std::string dir, std::shared_ptr<const Manifest> m)
+      : fs_(&fs), dir_(std::move(dir)), manifest_owner_(std::move(m)), manifest_(*manifest_owner_) {}
   void read_verified(int rank, Verify mode, std::span<std::byte> out, const ProgressFn& progress,
                      std::uint64_t done_before, std::uint64_t total, const ChunkSink& sink = {}) const;
   void check_header(int rank, std::span<const std::byte> file, LoadedShard* out) const;
@@ -115,7 +123,10 @@ class CheckpointReader {
 
   FileSystem* fs_;
   std::string dir_;
-  Manifest manifest_;
+  // The decoded manifest, shared with the other readers of the same file (open()'s cache);
+  // manifest_ names what manifest_owner_ keeps alive (a copy or move keeps both).
+  std::shared_ptr<const Manifest> manifest_owner_;
+  const Manifest& manifest_;
 };
 
 /// Options for opening the live checkpoint of a root.

@@ -1,5 +1,6 @@
 #include "ckpt/testing/memory_file_system.hpp"
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -26,6 +27,17 @@ struct Node {
   std::string target;           // symlink
   std::map<std::string, std::shared_ptr<Node>, std::less<>> children;  // directory, sorted by name
   bool locked = false;          // a FileLock holds it (try_lock); not copied by clone()
+  // FileStat's identity: inode numbers unique across every instance (a cache keyed on them
+  // never takes one tree's file for another's), and a version bumped by every change of
+  // the bytes, standing for the modification time.
+  std::uint64_t inode = next_number();
+  std::uint64_t version = next_number();
+
+  static std::uint64_t next_number() {
+    static std::atomic<std::uint64_t> counter{0};
+    return ++counter;
+  }
+  void touch() { version = next_number(); }
 };
 
 std::shared_ptr<Node> make_node(EntryType t) {
@@ -152,6 +164,7 @@ class MemoryWritableFile final : public WritableFile {
     if (__builtin_add_overflow(offset, data.size(), &end) || end > kMaxFileBytes) throw_errno(EFBIG, "pwrite", path_);
     if (end > node_->data.size()) node_->data.resize(static_cast<std::size_t>(end));
     if (!data.empty()) std::memcpy(node_->data.data() + offset, data.data(), data.size());
+    node_->touch();
   }
   void allocate(std::uint64_t size) override {
     std::lock_guard lk(mu_);
@@ -159,12 +172,14 @@ class MemoryWritableFile final : public WritableFile {
     // posix_fallocate extends the file to `size` when it is shorter, never shrinks it.
     if (size > kMaxFileBytes) throw_errno(EFBIG, "fallocate", path_);
     if (size > node_->data.size()) node_->data.resize(static_cast<std::size_t>(size));
+    node_->touch();
   }
   void truncate(std::uint64_t size) override {
     std::lock_guard lk(mu_);
     check_open("ftruncate");
     if (size > kMaxFileBytes) throw_errno(EFBIG, "ftruncate", path_);
     node_->data.resize(static_cast<std::size_t>(size));
+    node_->touch();
   }
   void sync() override {
     std::lock_guard lk(mu_);
@@ -372,9 +387,11 @@ std::optional<FileStat> MemoryFileSystem::stat(const std::string& path) {
   }
   if (!r.node) return std::nullopt;
   switch (r.node->type) {
-    case EntryType::file: return FileStat{EntryType::file, r.node->data.size()};
-    case EntryType::symlink: return FileStat{EntryType::symlink, r.node->target.size()};
-    default: return FileStat{r.node->type, 0};
+    case EntryType::file:
+      return FileStat{.type = EntryType::file, .size = r.node->data.size(), .inode = r.node->inode,
+                      .mtime_ns = static_cast<std::int64_t>(r.node->version)};
+    case EntryType::symlink: return FileStat{.type = EntryType::symlink, .size = r.node->target.size(), .inode = r.node->inode};
+    default: return FileStat{.type = r.node->type, .size = 0, .inode = r.node->inode};
   }
 }
 
@@ -393,6 +410,7 @@ std::unique_ptr<FileLock> MemoryFileSystem::try_lock(const std::string& path, st
   r.node->locked = true;
   const auto bytes = std::as_bytes(std::span(record.data(), record.size()));
   r.node->data.assign(bytes.begin(), bytes.end());
+  r.node->touch();
   return std::make_unique<MemoryFileLock>(state_, state_->mu, r.node);
 }
 

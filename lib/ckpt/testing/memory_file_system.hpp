@@ -7,7 +7,9 @@
 // rename replaces a file or an empty directory atomically and refuses to move a directory
 // into itself; list_dir is sorted by name; an open file keeps its bytes after a rename or a
 // removal (handles hold the inode, as on POSIX); try_lock locks a file node as flock locks an
-// inode. What it leaves out: permissions, O_DIRECT (every file is buffered: is_direct() is
+// inode; stat reports an identity (FileStat::inode unique across all instances, mtime_ns a
+// version that every change of a file's bytes moves on), so a cache keyed on it sees a
+// rewritten file as a new one. What it leaves out: permissions, O_DIRECT (every file is buffered: is_direct() is
 // false), durability (sync and sync_dir only check that their target exists;
 // fault_injection.hpp models lost writes), hard links, other processes.
 //

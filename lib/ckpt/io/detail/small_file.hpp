@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -17,5 +19,14 @@ void write_small_file(FileSystem& fs, const std::string& path, std::string_view 
 /// Reads a regular file of at most `limit` bytes (a larger one is `too_big`, a symlink or
 /// other type Errc::unsafe_path: open(2) of a FIFO would block forever).
 std::string read_small_file(FileSystem& fs, const std::string& path, std::uint64_t limit, Errc too_big);
+
+/// The checks of read_small_file without the read: the file open, its size and what stat
+/// said of it before the open (absent only if it appeared between the two).
+struct OpenedSmallFile {
+  std::unique_ptr<ReadableFile> file;
+  std::uint64_t size = 0;
+  std::optional<FileStat> stat;
+};
+OpenedSmallFile open_small_file(FileSystem& fs, const std::string& path, std::uint64_t limit, Errc too_big);
 
 }  // namespace ckpt::detail
