@@ -316,7 +316,7 @@ TEST_CASE("a checkpoint whose training holds a trainer's param_layout of 100k te
   CHECK(st.counts.free_form_values < kFreeFormValues * 3 / 4);
 }
 
-TEST_CASE("readers of one manifest share one decode; threads opening it at once wait for it") {
+TEST_CASE("readers of one manifest share one decode, threads opening it at once wait for it") {
   ManyTensors c(2000);
   const std::uint64_t before = detail::manifest_decode_count();
   std::vector<std::optional<CheckpointReader>> readers(8);
