@@ -42,8 +42,10 @@ constexpr bool kSanitized = false;
 #else
 constexpr bool kSanitized = false;
 #endif
-// Sanitizers slow everything down about tenfold; the bounds are for the plain build.
-constexpr double kTimeScale = kSanitized ? 10.0 : 1.0;
+// Sanitizers slow everything down about tenfold; the bounds are for the plain build, with
+// room for a machine shared with parallel tests (2.17 s against 2 s was seen at load 7): they
+// catch quadratic work on 100k entries (minutes), not a slow moment.
+constexpr double kTimeScale = kSanitized ? 10.0 : 2.5;
 
 const hostile::GoodRoot& good() {
   static const hostile::GoodRoot g = hostile::make_good_root();
