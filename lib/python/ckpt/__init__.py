@@ -1,0 +1,238 @@
+"""ckpt: asynchronous, sharded, verified checkpoints for Python and PyTorch training loops.
+
+    with ckpt.Checkpointer("/ckpts/run1") as c:
+        h = c.save(0, step, {"w": w, "b": b}, metadata={"epoch": 3}, deferred=True)
+        ...                      # forward, backward
+        h.wait_staged()          # before the optimizer step modifies w and b
+    r = ckpt.open_latest("/ckpts/run1")
+    r.load_into(0, {"w": w, "b": b})
+
+The whole API is in docs/python.md. Tensors are torch CPU tensors or numpy arrays, contiguous;
+no copy is made on the way in (a deferred save copies on ckpt's threads) nor on the way out
+(read() maps the shard). The GIL is released while ckpt copies, waits, loads and verifies.
+"""
+
+import json as _json
+import time as _time
+
+from . import _core
+from ._tensors import describe_all as _describe_all
+from .errors import (Aborted, Busy, ChecksumMismatch, CommError, Error, InvalidArgument, IoError,  # noqa: F401
+                     MalformedManifest, MalformedShard, MissingShard, NoSpace, NotFound, SizeMismatch, UnsafePath,
+                     UnsupportedSchema, WorldSizeMismatch)
+from .state import rng_state, set_rng_state, state_dict_to_tensors, tensors_to_state_dict  # noqa: F401
+
+__version__ = _core.__version__
+
+
+class SaveResult:
+    """What a committed save reports: ``dir`` (the committed checkpoint directory), ``step``,
+    ``bytes`` (this rank's shard size), ``backend`` ("io_uring" or "posix"), ``stall_s``
+    (seconds save() waited for the previous checkpoint), ``stage_s`` (the copy into staging),
+    ``deferred``, ``write_s``, ``hash_s``, ``fsync_s``, ``commit_s``, ``total_s``."""
+
+    def __init__(self, d):
+        self.__dict__.update(d)
+
+    def __repr__(self):
+        return f"SaveResult(step={self.step}, dir={self.dir!r}, bytes={self.bytes}, backend={self.backend!r})"
+
+
+class SaveHandle:
+    """Completion of one rank's save (returned by Checkpointer.save)."""
+
+    def __init__(self, core):
+        self._h = core
+
+    @property
+    def step(self):
+        return self._h.step
+
+    def done(self):
+        """True once the checkpoint is committed, has failed, or the save was skipped. Never blocks."""
+        return self._h.done()
+
+    def staged(self):
+        """True once the tensors are copied into staging (at once for a non-deferred save)."""
+        return self._h.staged()
+
+    def skipped(self):
+        """True if the save was skipped (when_busy="skip")."""
+        return self._h.skipped()
+
+    def wait(self):
+        """Blocks until the checkpoint is committed; returns its SaveResult or raises the save's
+        ckpt.Error. None for a skipped save."""
+        if self._h.skipped():
+            return None
+        return SaveResult(self._h.wait())
+
+    def wait_staged(self):
+        """The fence of a deferred save: blocks until the tensors are copied; after it the caller
+        may modify them. Returns at once for a non-deferred save. Raises the copy's error."""
+        self._h.wait_staged()
+
+
+class Checkpointer:
+    """The asynchronous checkpointer of a root directory (a context manager: exit drains).
+
+    root: the checkpoint root (created if missing). world_size: ranks saving each checkpoint
+    (ranks are threads of this process, or with ``coordinator`` processes of a
+    torch.distributed job: see ckpt.distributed). keep_last: rotation (0 keeps all).
+    writer: "auto", "io_uring" or "posix". when_busy: "wait" (a save blocks while the previous
+    checkpoint persists) or "skip". durable_root: a second, durable tier each committed
+    checkpoint is copied to in the background (durable_keep_last of them kept).
+    allow_older_than_latest: allow saving a step at or before `latest` (a resumed run that
+    fell back). Raises ckpt.Busy if another writer holds the root.
+    """
+
+    def __init__(self, root, world_size=None, keep_last=3, writer="auto", when_busy="wait", durable_root=None,
+                 durable_keep_last=10, allow_older_than_latest=False, coordinator=None):
+        self._coordinator = coordinator
+        core_coord = None
+        if coordinator is not None:
+            core_coord = coordinator._core
+            if world_size is None:
+                world_size = coordinator.world_size
+            elif world_size != coordinator.world_size:
+                raise InvalidArgument(f"world_size {world_size} differs from the coordinator's {coordinator.world_size}",
+                                      expected=str(coordinator.world_size), actual=str(world_size))
+        if world_size is None:
+            world_size = 1
+        self.root = str(root)
+        self.world_size = world_size
+        self._start = _time.monotonic()
+        self._c = _core.Checkpointer(self.root, world_size, keep_last, writer, when_busy,
+                                     None if durable_root is None else str(durable_root), durable_keep_last,
+                                     allow_older_than_latest, core_coord)
+
+    def save(self, rank, step, tensors, metadata=None, deferred=False, training=None):
+        """Saves rank's shard of checkpoint `step`: `tensors` a flat dict name -> tensor or array
+        (CPU, contiguous), `metadata` a JSON-serialisable dict stored with the rank, `training`
+        one stored for the whole checkpoint (rank 0's is kept). Blocks while the previous
+        checkpoint is still persisting (when_busy="wait"). Without `deferred` the tensors are
+        copied before this returns; with it the copy runs on ckpt's threads and the caller must
+        not modify the tensors until the handle's wait_staged() returns (the handle keeps them
+        alive until then). Returns a SaveHandle. TypeError for a tensor ckpt cannot take."""
+        views, keep = _describe_all(tensors)
+        meta = "" if metadata is None else _json.dumps(metadata, allow_nan=False)
+        train = "" if training is None else _json.dumps(training, allow_nan=False)
+        return SaveHandle(self._c.save(rank, int(step), views, keep, meta, train, bool(deferred),
+                                       _time.monotonic() - self._start))
+
+    def save_sync(self, rank, step, tensors, metadata=None, training=None):
+        """save() then wait(): returns the SaveResult once committed."""
+        return self.save(rank, step, tensors, metadata=metadata, training=training).wait()
+
+    def wait_all(self):
+        """Blocks until no checkpoint is in flight (does not raise save errors: handles do)."""
+        self._c.wait_all()
+
+    def wait_durable(self):
+        """wait_all(), then until the durable tier has caught up."""
+        self._c.wait_durable()
+
+    @property
+    def backend(self):
+        return self._c.backend
+
+    def stats(self):
+        """Counters: saves_started, commits, failures, rotated, total_stall_s, ..."""
+        return self._c.stats()
+
+    def close(self):
+        """Drains every started save and releases the root. Idempotent."""
+        self._c.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+class Reader:
+    """An opened checkpoint (from open_latest or open_step)."""
+
+    def __init__(self, core):
+        self._r = core
+
+    @property
+    def step(self):
+        return self._r.step
+
+    @property
+    def world_size(self):
+        return self._r.world_size
+
+    @property
+    def dir(self):
+        return self._r.dir
+
+    @property
+    def fell_back(self):
+        """True if `latest` was unusable and an older checkpoint was opened (fallback=True)."""
+        return self._r.fell_back
+
+    def metadata(self, rank):
+        """The metadata dict rank saved."""
+        return _json.loads(self._r.metadata_json(rank))
+
+    @property
+    def training(self):
+        """The checkpoint's training dict (rank 0's `training`)."""
+        return _json.loads(self._r.training_json())
+
+    def tensor_names(self, rank):
+        """Names of rank's tensors, in the manifest's order."""
+        return [n for n, _, _ in self._r.tensors(rank)]
+
+    def tensor_info(self, rank):
+        """{name: (dtype, shape)} of rank's tensors; dtype as ckpt names it ("F32", "BF16", ...)."""
+        return {n: (d, tuple(s)) for n, d, s in self._r.tensors(rank)}
+
+    def read(self, rank, name, verify=None):
+        """Tensor `name` of rank as a read-only numpy array over the mapped shard (no copy); its
+        chunks are checked per `verify` (default: the reader's) the first time they are read.
+        BF16 comes as uint16 (its bits): torch.from_numpy(a.copy()).view(torch.bfloat16)."""
+        return self._r.read(rank, name, verify)
+
+    def read_all(self, rank, verify=None):
+        """{name: read(rank, name)} for every tensor of rank."""
+        return {n: self.read(rank, n, verify) for n in self.tensor_names(rank)}
+
+    def load_into(self, rank, tensors, verify=None):
+        """Fills the existing tensors or arrays of the dict name -> tensor in place with rank's
+        tensors of those names (dtype and shape must match: ckpt.InvalidArgument otherwise;
+        an unknown name is ckpt.NotFound). Returns a dict of what the load did."""
+        views, keep = _describe_all(tensors, writable=True)
+        r = self._r.load_into(rank, views, verify)
+        del keep
+        return r
+
+    def verify(self, verify="full"):
+        """Reads every shard and checks its checksums."""
+        self._r.verify(verify)
+
+
+def open_latest(root, world_size=None, verify="fast", fallback=False):
+    """Opens the checkpoint root's `latest` names. With world_size, another world size is
+    ckpt.WorldSizeMismatch. ckpt.NotFound if there is none. `verify` ("none", "fast",
+    "full") is the default of read() and load_into(). fallback: if `latest` is unusable, open
+    the newest good checkpoint instead (Reader.fell_back)."""
+    return Reader(_core.Reader(str(root), world_size, verify, fallback, None))
+
+
+def open_step(root, step, world_size=None, verify="fast"):
+    """Opens ROOT/step-N."""
+    return Reader(_core.Reader(str(root), world_size, verify, False, int(step)))
+
+
+def __getattr__(name):
+    # ckpt.distributed imports torch: only when asked for.
+    if name in ("distributed", "TorchCoordinator"):
+        import importlib
+        distributed = importlib.import_module(__name__ + ".distributed")
+        return distributed if name == "distributed" else distributed.TorchCoordinator
+    raise AttributeError(f"module 'ckpt' has no attribute {name!r}")

@@ -1,0 +1,695 @@
+// ckpt._core: the C++ side of the Python package (lib/python/ckpt/ is the rest; docs/python.md
+// the API). It sees tensors only as (name, dtype name, shape, address, byte count) tuples that
+// ckpt/_tensors.py makes from torch tensors and numpy arrays, so it links no libtorch and no
+// numpy C API beyond pybind11's array type. Every call that copies, waits, loads or verifies
+// releases the GIL; ckpt::Error becomes the ckpt.Error subclass of its code (ckpt/errors.py).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <boost/json.hpp>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <string>
+#include <tuple>
+#include <unistd.h>
+#include <vector>
+
+#include "ckpt/core/dtype.hpp"
+#include "ckpt/core/error.hpp"
+#include "ckpt/format/safetensors.hpp"
+#include "ckpt/io/file_system.hpp"
+#include "ckpt/io/load_into.hpp"
+#include "ckpt/io/mapped.hpp"
+#include "ckpt/io/reader.hpp"
+#include "ckpt/runtime/checkpointer.hpp"
+#include "ckpt/runtime/coordinator.hpp"
+#include "ckpt/runtime/detail/wire.hpp"
+#include "ckpt/version.hpp"
+
+namespace py = pybind11;
+namespace json = boost::json;
+
+namespace {
+
+// ---- errors -------------------------------------------------------------------------------
+
+const char* errc_id(ckpt::Errc c) {
+  using ckpt::Errc;
+  switch (c) {
+    case Errc::world_size_mismatch: return "world_size_mismatch";
+    case Errc::missing_shard: return "missing_shard";
+    case Errc::size_mismatch: return "size_mismatch";
+    case Errc::checksum_mismatch: return "checksum_mismatch";
+    case Errc::malformed_manifest: return "malformed_manifest";
+    case Errc::malformed_shard: return "malformed_shard";
+    case Errc::unsupported_schema: return "unsupported_schema";
+    case Errc::unsafe_path: return "unsafe_path";
+    case Errc::io_error: return "io_error";
+    case Errc::no_space: return "no_space";
+    case Errc::not_found: return "not_found";
+    case Errc::invalid_argument: return "invalid_argument";
+    case Errc::aborted: return "aborted";
+    case Errc::comm_error: return "comm_error";
+    case Errc::busy: return "busy";
+  }
+  return "io_error";
+}
+
+// Sets the Python error for `e`: an instance of ckpt.errors' class for its code.
+void raise_ckpt_error(const ckpt::Error& e) {
+  try {
+    py::object make = py::module_::import("ckpt.errors").attr("_from_core");
+    py::object exc = make(errc_id(e.code()), e.what(), e.file(), e.detail(), e.expected(), e.actual(), e.sys_errno());
+    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+  } catch (py::error_already_set& err) {
+    err.restore();
+  }
+}
+
+ckpt::DType dtype_of(const std::string& name) {
+  auto d = ckpt::parse_dtype(name);
+  if (!d) throw ckpt::Error(ckpt::Errc::invalid_argument, {}, "dtype", "F16, BF16, F32, F64, I8..I64, U8..U64 or BOOL", name);
+  return *d;
+}
+
+ckpt::Verify verify_of(const std::string& name) {
+  auto v = ckpt::parse_verify(name);
+  if (!v) throw ckpt::Error(ckpt::Errc::invalid_argument, {}, "verify", "none, fast or full", name);
+  return *v;
+}
+
+json::object object_of(const std::string& text, const char* what) {
+  if (text.empty()) return {};
+  json::value v;
+  try {
+    v = json::parse(text);
+  } catch (const std::exception& e) {
+    throw ckpt::Error(ckpt::Errc::invalid_argument, {}, std::string(what) + ": not JSON", "a JSON object", e.what());
+  }
+  if (!v.is_object()) throw ckpt::Error(ckpt::Errc::invalid_argument, {}, what, "a JSON object", json::serialize(v));
+  return v.as_object();
+}
+
+// (name, dtype, shape, address, nbytes), as ckpt/_tensors.py describes a tensor.
+using TensorTuple = std::tuple<std::string, std::string, std::vector<std::uint64_t>, std::uintptr_t, std::uint64_t>;
+
+std::vector<ckpt::TensorView> views_of(const std::vector<TensorTuple>& tensors) {
+  std::vector<ckpt::TensorView> out;
+  out.reserve(tensors.size());
+  for (const auto& [name, dtype, shape, addr, nbytes] : tensors)
+    out.push_back(ckpt::TensorView{.name = name,
+                                   .dtype = dtype_of(dtype),
+                                   .shape = shape,
+                                   .data = {reinterpret_cast<const std::byte*>(addr), static_cast<std::size_t>(nbytes)}});
+  return out;
+}
+
+// ---- the multi-process coordinator ---------------------------------------------------------
+
+// A CommitCoordinator whose channel is a Python thread (ckpt/distributed.py): report() and
+// start_run() queue an item and return (start_run waits for its answer); the thread takes
+// items with next_item(), runs the collectives over torch.distributed (a gloo group of its
+// own), and hands the results back with commit() (rank 0), deliver(), answer_start() or
+// fail(). One rank per process, as with MPI. No call here holds the GIL while it waits or
+// runs ckpt code.
+class QueueCoordinator final : public ckpt::CommitCoordinator {
+ public:
+  QueueCoordinator(int rank, int world) : rank_(rank), world_(world) {
+    ckpt::check_rank(rank, world, "QueueCoordinator rank");
+  }
+
+  int world_size() const noexcept override { return world_; }
+  std::vector<int> local_ranks() const override { return {rank_}; }
+
+  std::string start_run(const std::function<void()>& prepare) override {
+    std::string msg;
+    if (rank_ == 0) {
+      try {
+        prepare();
+        std::random_device rd;
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "py%x%08x", static_cast<unsigned>(::getpid()), rd());
+        msg = std::string("+") + buf;
+      } catch (...) {
+        msg = "-" + ckpt::error_to_json(ckpt::to_error(std::current_exception()));
+      }
+    }
+    std::unique_lock lk(mu_);
+    start_answer_.reset();
+    queue_.push_back(Item{"start", 0, msg});
+    cv_.notify_all();
+    cv_.wait(lk, [&] { return start_answer_.has_value() || closed_; });
+    if (!start_answer_)
+      throw ckpt::Error(ckpt::Errc::aborted, {}, "the checkpoint coordinator was closed before the run started");
+    const std::string a = *start_answer_;
+    start_answer_.reset();
+    if (a.empty() || a[0] == '-') throw ckpt::error_from_json(a.empty() ? "" : a.substr(1));
+    return a.substr(1);
+  }
+
+  void report(std::uint64_t step, ckpt::RankReport report, CommitFn commit, OutcomeFn on_outcome) override {
+    if (report.rank != rank_)
+      throw ckpt::Error(ckpt::Errc::invalid_argument, {}, "report rank: this process hosts only its own rank",
+                        std::to_string(rank_), std::to_string(report.rank));
+    std::unique_lock lk(mu_);
+    if (auto it = abandoned_.find(step); it != abandoned_.end()) {
+      const ckpt::CommitOutcome outcome = it->second;
+      lk.unlock();
+      on_outcome(outcome);
+      return;
+    }
+    if (outcome_fns_.contains(step))
+      throw ckpt::Error(ckpt::Errc::invalid_argument, {}, "rank " + std::to_string(rank_) + " reported step " + std::to_string(step) + " twice");
+    outcome_fns_[step] = std::move(on_outcome);
+    if (rank_ == 0) commits_[step] = std::move(commit);
+    queue_.push_back(Item{"report", step, ckpt::detail::encode_rank_report(step, report)});
+    cv_.notify_all();
+  }
+
+  void abandon(std::uint64_t step, const ckpt::CommitOutcome& outcome) override {
+    std::unique_lock lk(mu_);
+    abandoned_[step] = outcome;
+    commits_.erase(step);
+    auto it = outcome_fns_.find(step);
+    if (it == outcome_fns_.end()) return;
+    OutcomeFn fn = std::move(it->second);
+    outcome_fns_.erase(it);
+    lk.unlock();
+    fn(outcome);
+  }
+
+  std::vector<int> reported(std::uint64_t step) const override {
+    std::lock_guard lk(mu_);
+    if (outcome_fns_.contains(step)) return {rank_};
+    return {};
+  }
+
+  // ---- the Python thread's side ----
+
+  // Blocks (GIL released by the binding) until an item is queued or close(): (kind, step,
+  // text), kind "start" (text: rank 0's "+run id" or "-error json", empty elsewhere) or
+  // "report" (text: this rank's encoded report). nullopt once closed.
+  std::optional<std::tuple<std::string, std::uint64_t, std::string>> next_item() {
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [&] { return !queue_.empty() || closed_; });
+    if (queue_.empty()) return std::nullopt;
+    Item it = std::move(queue_.front());
+    queue_.pop_front();
+    return std::make_tuple(it.kind, it.step, it.text);
+  }
+
+  void answer_start(const std::string& text) {
+    std::lock_guard lk(mu_);
+    start_answer_ = text;
+    cv_.notify_all();
+  }
+
+  // Rank 0: every rank's encoded report of `step`, in rank order; runs the commit and returns
+  // the encoded outcome for every rank.
+  std::string commit(std::uint64_t step, const std::vector<std::string>& texts) {
+    CommitFn fn;
+    {
+      std::lock_guard lk(mu_);
+      auto it = commits_.find(step);
+      if (it != commits_.end()) {
+        fn = std::move(it->second);
+        commits_.erase(it);
+      }
+    }
+    ckpt::CommitOutcome outcome;
+    if (!fn) {
+      outcome.error = ckpt::Error(ckpt::Errc::comm_error, {}, "step " + std::to_string(step) + ": rank 0 has no commit for it");
+    } else if (static_cast<int>(texts.size()) != world_) {
+      outcome.error = ckpt::Error(ckpt::Errc::comm_error, {}, "step " + std::to_string(step) + ": reports",
+                                  std::to_string(world_), std::to_string(texts.size()));
+    } else {
+      std::vector<ckpt::RankReport> reports;
+      for (int r = 0; r < world_; ++r) {
+        ckpt::RankReport rep;
+        try {
+          rep = ckpt::detail::decode_rank_report(texts[static_cast<std::size_t>(r)]);
+        } catch (const ckpt::Error& e) {
+          rep.error = e;
+        }
+        rep.rank = r;  // the sender is the rank, whatever the message says
+        reports.push_back(std::move(rep));
+      }
+      try {
+        outcome = fn(reports);
+      } catch (...) {
+        outcome.error = ckpt::to_error(std::current_exception());
+      }
+    }
+    return ckpt::detail::encode_outcome(outcome);
+  }
+
+  // Rank 0, when the reports disagree on the step or could not be gathered: drops the
+  // commit and returns a failed outcome naming `why`.
+  std::string failed_outcome(std::uint64_t step, const std::string& why) {
+    {
+      std::lock_guard lk(mu_);
+      commits_.erase(step);
+    }
+    ckpt::CommitOutcome outcome;
+    outcome.error = ckpt::Error(ckpt::Errc::comm_error, {}, why);
+    return ckpt::detail::encode_outcome(outcome);
+  }
+
+  // Hands this rank the outcome of `step`.
+  void deliver(std::uint64_t step, const std::string& text) {
+    ckpt::CommitOutcome outcome;
+    try {
+      outcome = ckpt::detail::decode_outcome(text);
+    } catch (const ckpt::Error& e) {
+      outcome.error = e;
+    }
+    deliver_outcome(step, outcome);
+  }
+
+  // The channel failed while handling an item: a start fails with `why`, a report's step
+  // fails on this rank with Errc::comm_error naming `why`.
+  void fail(const std::string& kind, std::uint64_t step, const std::string& why) {
+    const ckpt::Error e(ckpt::Errc::comm_error, {}, why);
+    if (kind == "start") {
+      answer_start("-" + ckpt::error_to_json(e));
+      return;
+    }
+    {
+      std::lock_guard lk(mu_);
+      commits_.erase(step);
+    }
+    ckpt::CommitOutcome outcome;
+    outcome.error = e;
+    deliver_outcome(step, outcome);
+  }
+
+  void close() {
+    std::lock_guard lk(mu_);
+    closed_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  struct Item {
+    std::string kind;
+    std::uint64_t step = 0;
+    std::string text;
+  };
+
+  void deliver_outcome(std::uint64_t step, const ckpt::CommitOutcome& outcome) {
+    OutcomeFn fn;
+    {
+      std::lock_guard lk(mu_);
+      auto it = outcome_fns_.find(step);
+      if (it == outcome_fns_.end()) return;
+      fn = std::move(it->second);
+      outcome_fns_.erase(it);
+    }
+    fn(outcome);
+  }
+
+  const int rank_, world_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;
+  std::optional<std::string> start_answer_;
+  bool closed_ = false;
+  std::map<std::uint64_t, OutcomeFn> outcome_fns_;
+  std::map<std::uint64_t, CommitFn> commits_;
+  std::map<std::uint64_t, ckpt::CommitOutcome> abandoned_;
+};
+
+// ---- saving -------------------------------------------------------------------------------
+
+py::dict result_dict(const ckpt::SaveResult& r) {
+  using secs = std::chrono::duration<double>;
+  py::dict d;
+  d["step"] = r.step;
+  d["dir"] = r.dir;
+  d["bytes"] = r.bytes;
+  d["backend"] = r.backend;
+  d["deferred"] = r.deferred;
+  d["stall_s"] = secs(r.stall).count();
+  d["stage_s"] = secs(r.stage).count();
+  d["write_s"] = secs(r.write).count();
+  d["hash_s"] = secs(r.hash).count();
+  d["fsync_s"] = secs(r.fsync).count();
+  d["commit_s"] = secs(r.commit).count();
+  d["total_s"] = secs(r.total).count();
+  return d;
+}
+
+// One save's handle. Holds the Python objects whose memory the save reads (`keep`) until the
+// copy into staging is done; destroying the handle of a deferred save before then waits for
+// the copy, so that memory can never be freed under it.
+class Handle {
+ public:
+  Handle(ckpt::SaveHandle h, py::object keep) : h_(std::move(h)), keep_(std::move(keep)) {}
+  ~Handle() {
+    if (keep_ && h_.valid() && !h_.staged()) {
+      py::gil_scoped_release nogil;
+      try {
+        h_.wait_staged();
+      } catch (...) {
+      }
+    }
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+
+  bool done() {
+    const bool r = h_.ready();
+    release_if_staged();
+    return r;
+  }
+  bool staged() {
+    const bool s = h_.staged();
+    release_if_staged();
+    return s;
+  }
+  bool skipped() const { return h_.skipped(); }
+  std::uint64_t step() const { return h_.step(); }
+  py::dict wait() {
+    const ckpt::SaveResult* r = nullptr;
+    std::exception_ptr err;
+    {
+      py::gil_scoped_release nogil;
+      try {
+        r = &h_.wait();
+      } catch (...) {
+        err = std::current_exception();
+      }
+    }
+    keep_ = py::object();  // ready: staged or failed, the memory is no longer read
+    if (err) std::rethrow_exception(err);
+    return result_dict(*r);
+  }
+  void wait_staged() {
+    std::exception_ptr err;
+    {
+      py::gil_scoped_release nogil;
+      try {
+        h_.wait_staged();
+      } catch (...) {
+        err = std::current_exception();
+      }
+    }
+    release_if_staged();
+    if (err) std::rethrow_exception(err);
+    keep_ = py::object();
+  }
+
+ private:
+  void release_if_staged() {
+    if (keep_ && h_.staged()) keep_ = py::object();
+  }
+  ckpt::SaveHandle h_;
+  py::object keep_;
+};
+
+ckpt::WriterBackend writer_of(const std::string& w) {
+  if (w == "auto") return ckpt::WriterBackend::automatic;
+  if (w == "io_uring") return ckpt::WriterBackend::io_uring;
+  if (w == "posix") return ckpt::WriterBackend::posix;
+  throw ckpt::Error(ckpt::Errc::invalid_argument, {}, "writer", "auto, io_uring or posix", w);
+}
+
+ckpt::BusyPolicy busy_of(const std::string& b) {
+  if (b == "wait") return ckpt::BusyPolicy::wait;
+  if (b == "skip") return ckpt::BusyPolicy::skip;
+  throw ckpt::Error(ckpt::Errc::invalid_argument, {}, "when_busy", "wait or skip", b);
+}
+
+class PyCheckpointer {
+ public:
+  PyCheckpointer(const std::string& root, int world_size, int keep_last, const std::string& writer, const std::string& when_busy,
+                 const std::optional<std::string>& durable_root, int durable_keep_last, bool allow_older_than_latest,
+                 std::shared_ptr<QueueCoordinator> coordinator)
+      : coordinator_(std::move(coordinator)) {
+    ckpt::CheckpointerOptions o{.root = root,
+                                .world_size = world_size,
+                                .keep_last = keep_last,
+                                .backend = writer_of(writer),
+                                .when_busy = busy_of(when_busy),
+                                .coordinator = coordinator_.get(),
+                                .allow_older_than_latest = allow_older_than_latest};
+    if (durable_root) o.durable = ckpt::DurableTierOptions{.root = *durable_root, .keep_last = durable_keep_last};
+    py::gil_scoped_release nogil;  // a multi-process start_run waits for the coordinator's Python thread
+    cp_ = std::make_unique<ckpt::Checkpointer>(std::move(o));
+  }
+  ~PyCheckpointer() { close(); }
+
+  // Drains (waits for every started save) and releases the root's lock.
+  void close() {
+    if (!cp_) return;
+    py::gil_scoped_release nogil;
+    cp_.reset();
+  }
+
+  std::unique_ptr<Handle> save(int rank, std::uint64_t step, const std::vector<TensorTuple>& tensors, py::object keep,
+                               const std::string& metadata, const std::string& training, bool deferred,
+                               double wall_clock_seconds) {
+    ckpt::Checkpointer& c = get();
+    const std::vector<ckpt::TensorView> views = views_of(tensors);
+    ckpt::SaveInfo info;
+    info.metadata = object_of(metadata, "metadata");
+    info.training = object_of(training, "training");
+    info.wall_clock_seconds = wall_clock_seconds;
+    ckpt::SaveHandle h;
+    {
+      py::gil_scoped_release nogil;
+      h = c.save(rank, step, views, info, deferred ? ckpt::Staging::deferred : ckpt::Staging::copy);
+    }
+    return std::make_unique<Handle>(std::move(h), deferred ? std::move(keep) : py::object());
+  }
+
+  void wait_all() {
+    ckpt::Checkpointer& c = get();
+    py::gil_scoped_release nogil;
+    c.wait_all();
+  }
+  void wait_durable() {
+    ckpt::Checkpointer& c = get();
+    py::gil_scoped_release nogil;
+    c.wait_all();
+    c.wait_durable();
+  }
+  std::string backend() { return std::string(get().backend_name()); }
+  py::dict stats() {
+    const ckpt::CheckpointerStats s = get().stats();
+    py::dict d;
+    d["saves_started"] = s.saves_started;
+    d["saves_skipped"] = s.saves_skipped;
+    d["commits"] = s.commits;
+    d["failures"] = s.failures;
+    d["rotated"] = s.rotated;
+    d["consecutive_failures"] = s.consecutive_failures;
+    d["last_failure"] = s.last_failure;
+    d["staging_bytes"] = s.staging_bytes;
+    d["total_stall_s"] = std::chrono::duration<double>(s.total_stall).count();
+    d["durable_copies"] = s.durable.copies;
+    return d;
+  }
+  bool closed() const { return !cp_; }
+
+ private:
+  ckpt::Checkpointer& get() {
+    if (!cp_) throw ckpt::Error(ckpt::Errc::invalid_argument, {}, "the Checkpointer is closed");
+    return *cp_;
+  }
+  std::shared_ptr<QueueCoordinator> coordinator_;  // outlives cp_ (declared first)
+  std::unique_ptr<ckpt::Checkpointer> cp_;
+};
+
+// ---- reading ------------------------------------------------------------------------------
+
+py::dtype numpy_dtype(ckpt::DType d) {
+  using ckpt::DType;
+  switch (d) {
+    case DType::F16: return py::dtype("float16");
+    case DType::BF16: return py::dtype("uint16");  // numpy has no bfloat16: the raw bits
+    case DType::F32: return py::dtype("float32");
+    case DType::F64: return py::dtype("float64");
+    case DType::I8: return py::dtype("int8");
+    case DType::I16: return py::dtype("int16");
+    case DType::I32: return py::dtype("int32");
+    case DType::I64: return py::dtype("int64");
+    case DType::U8: return py::dtype("uint8");
+    case DType::U16: return py::dtype("uint16");
+    case DType::U32: return py::dtype("uint32");
+    case DType::U64: return py::dtype("uint64");
+    case DType::BOOL: return py::dtype("bool");
+  }
+  return py::dtype("uint8");
+}
+
+class PyReader {
+ public:
+  PyReader(const std::string& root, std::optional<int> world_size, const std::string& verify, bool fallback,
+           std::optional<std::uint64_t> step)
+      : verify_(verify_of(verify)) {
+    py::gil_scoped_release nogil;
+    if (step) {
+      opened_ = std::make_unique<ckpt::OpenedCheckpoint>(ckpt::OpenedCheckpoint{
+          .reader = ckpt::open_step(ckpt::posix_file_system(), root, *step, world_size), .name = {}});
+    } else {
+      opened_ = std::make_unique<ckpt::OpenedCheckpoint>(ckpt::open_latest(
+          ckpt::posix_file_system(), root,
+          ckpt::OpenLatestOptions{.expected_world_size = world_size, .fallback = fallback, .verify = verify_}));
+    }
+  }
+
+  const ckpt::Manifest& manifest() const { return opened_->reader.manifest(); }
+  std::uint64_t step() const { return manifest().step; }
+  int world_size() const { return manifest().world_size; }
+  std::string dir() const { return opened_->reader.dir(); }
+  bool fell_back() const { return opened_->fell_back; }
+  std::string verify_name() const { return verify_ == ckpt::Verify::none ? "none" : verify_ == ckpt::Verify::fast ? "fast" : "full"; }
+  std::string metadata(int rank) const { return json::serialize(manifest().shard(rank).metadata); }
+  std::string training() const { return json::serialize(manifest().training); }
+
+  // (name, dtype name, shape) of rank's tensors, in the manifest's order.
+  std::vector<std::tuple<std::string, std::string, std::vector<std::uint64_t>>> tensors(int rank) const {
+    ckpt::check_rank(rank, world_size(), "rank", dir());
+    std::vector<std::tuple<std::string, std::string, std::vector<std::uint64_t>>> out;
+    for (const auto& t : manifest().tensors)
+      if (t.rank == rank) out.emplace_back(t.name, std::string(ckpt::dtype_name(t.dtype)), t.shape);
+    return out;
+  }
+
+  // A read-only numpy array over the mapped shard (zero copy); its chunks are verified per
+  // `verify` the first time a view covers them. The array keeps the mapping alive.
+  py::array read(int rank, const std::string& name, const std::optional<std::string>& verify) {
+    const ckpt::Verify mode = verify ? verify_of(*verify) : verify_;
+    std::shared_ptr<ckpt::MappedShard> shard;
+    ckpt::TensorView v;
+    {
+      py::gil_scoped_release nogil;
+      shard = mapped(rank, mode);
+      v = shard->tensor(name);
+    }
+    std::vector<py::ssize_t> shape(v.shape.begin(), v.shape.end());
+    auto* keep = new std::shared_ptr<ckpt::MappedShard>(shard);
+    py::capsule base(keep, [](void* p) { delete static_cast<std::shared_ptr<ckpt::MappedShard>*>(p); });
+    py::array a(numpy_dtype(v.dtype), shape, v.data.empty() ? nullptr : v.data.data(), base);
+    a.attr("setflags")(py::arg("write") = false);
+    return a;
+  }
+
+  py::dict load_into(int rank, const std::vector<TensorTuple>& targets, const std::optional<std::string>& verify) {
+    const ckpt::Verify mode = verify ? verify_of(*verify) : verify_;
+    std::vector<ckpt::LoadTarget> ts;
+    ts.reserve(targets.size());
+    for (const auto& [name, dtype, shape, addr, nbytes] : targets)
+      ts.push_back(ckpt::LoadTarget{.name = name,
+                                    .out = {reinterpret_cast<std::byte*>(addr), static_cast<std::size_t>(nbytes)},
+                                    .dtype = dtype_of(dtype),
+                                    .shape = shape});
+    ckpt::LoadReport rep;
+    {
+      py::gil_scoped_release nogil;
+      rep = ckpt::load_into(opened_->reader, rank, ts, mode);
+    }
+    py::dict d;
+    d["engine"] = rep.engine;
+    d["direct"] = rep.direct;
+    d["fallback"] = rep.fallback;
+    d["bytes_read"] = rep.bytes_read;
+    d["chunks_read"] = rep.chunks_read;
+    return d;
+  }
+
+  void verify(const std::optional<std::string>& verify) {
+    const ckpt::Verify mode = verify ? verify_of(*verify) : ckpt::Verify::full;
+    py::gil_scoped_release nogil;
+    opened_->reader.verify(mode);
+  }
+
+ private:
+  // One mapping per (rank, mode), made on first use. Called without the GIL.
+  std::shared_ptr<ckpt::MappedShard> mapped(int rank, ckpt::Verify mode) {
+    std::lock_guard lk(mu_);
+    auto key = std::make_pair(rank, static_cast<int>(mode));
+    auto it = shards_.find(key);
+    if (it != shards_.end()) return it->second;
+    auto s = std::make_shared<ckpt::MappedShard>(opened_->reader, rank, mode);
+    shards_.emplace(key, s);
+    return s;
+  }
+
+  ckpt::Verify verify_;
+  std::unique_ptr<ckpt::OpenedCheckpoint> opened_;
+  std::mutex mu_;
+  std::map<std::pair<int, int>, std::shared_ptr<ckpt::MappedShard>> shards_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "ckpt's C++ core (see the ckpt package for the API)";
+  m.attr("__version__") = std::string(ckpt::version());
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const ckpt::Error& e) {
+      raise_ckpt_error(e);
+    }
+  });
+
+  py::class_<Handle>(m, "Handle")
+      .def("done", &Handle::done)
+      .def("staged", &Handle::staged)
+      .def("skipped", &Handle::skipped)
+      .def_property_readonly("step", &Handle::step)
+      .def("wait", &Handle::wait)
+      .def("wait_staged", &Handle::wait_staged);
+
+  py::class_<QueueCoordinator, std::shared_ptr<QueueCoordinator>>(m, "QueueCoordinator")
+      .def(py::init<int, int>(), py::arg("rank"), py::arg("world_size"))
+      .def("next_item", &QueueCoordinator::next_item, py::call_guard<py::gil_scoped_release>())
+      .def("answer_start", &QueueCoordinator::answer_start)
+      .def("commit", &QueueCoordinator::commit, py::call_guard<py::gil_scoped_release>())
+      .def("failed_outcome", &QueueCoordinator::failed_outcome)
+      .def("deliver", &QueueCoordinator::deliver, py::call_guard<py::gil_scoped_release>())
+      .def("fail", &QueueCoordinator::fail, py::call_guard<py::gil_scoped_release>())
+      .def("close", &QueueCoordinator::close)
+      .def_property_readonly("world_size", &QueueCoordinator::world_size);
+
+  py::class_<PyCheckpointer>(m, "Checkpointer")
+      .def(py::init<const std::string&, int, int, const std::string&, const std::string&, const std::optional<std::string>&, int,
+                    bool, std::shared_ptr<QueueCoordinator>>(),
+           py::arg("root"), py::arg("world_size"), py::arg("keep_last"), py::arg("writer"), py::arg("when_busy"),
+           py::arg("durable_root"), py::arg("durable_keep_last"), py::arg("allow_older_than_latest"), py::arg("coordinator"))
+      .def("save", &PyCheckpointer::save, py::arg("rank"), py::arg("step"), py::arg("tensors"), py::arg("keep"),
+           py::arg("metadata"), py::arg("training"), py::arg("deferred"), py::arg("wall_clock_seconds"))
+      .def("wait_all", &PyCheckpointer::wait_all)
+      .def("wait_durable", &PyCheckpointer::wait_durable)
+      .def("close", &PyCheckpointer::close)
+      .def_property_readonly("closed", &PyCheckpointer::closed)
+      .def_property_readonly("backend", &PyCheckpointer::backend)
+      .def("stats", &PyCheckpointer::stats);
+
+  py::class_<PyReader>(m, "Reader")
+      .def(py::init<const std::string&, std::optional<int>, const std::string&, bool, std::optional<std::uint64_t>>(),
+           py::arg("root"), py::arg("world_size"), py::arg("verify"), py::arg("fallback"), py::arg("step"))
+      .def_property_readonly("step", &PyReader::step)
+      .def_property_readonly("world_size", &PyReader::world_size)
+      .def_property_readonly("dir", &PyReader::dir)
+      .def_property_readonly("fell_back", &PyReader::fell_back)
+      .def_property_readonly("verify_mode", &PyReader::verify_name)
+      .def("metadata_json", &PyReader::metadata)
+      .def("training_json", &PyReader::training)
+      .def("tensors", &PyReader::tensors)
+      .def("read", &PyReader::read, py::arg("rank"), py::arg("name"), py::arg("verify") = py::none())
+      .def("load_into", &PyReader::load_into, py::arg("rank"), py::arg("targets"), py::arg("verify") = py::none())
+      .def("verify", &PyReader::verify, py::arg("verify") = py::none());
+}
