@@ -1,0 +1,64 @@
+# examples/pytorch/train.py, a 4-process DDP job: an uninterrupted run and a run SIGKILLed at a
+# random step then resumed give the same losses and final parameters bit for bit; a resume at
+# another world size is refused with WorldSizeMismatch.
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import ckpt
+
+pytest.importorskip("torch")
+SRC = os.environ.get("CKPT_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+TRAIN = os.path.join(SRC, "examples", "pytorch", "train.py")
+STEPS, EVERY, WORLD = 12, 3, 4
+
+
+def cmd(d, metrics, *extra):
+    return [sys.executable, TRAIN, "--dir", str(d), "--steps", str(STEPS), "--save-every", str(EVERY),
+            "--world-size", str(WORLD), "--metrics", str(metrics), *extra]
+
+
+def lines(path):
+    with open(path) as f:
+        return [json.loads(x) for x in f if x.strip()]
+
+
+def test_a_run_killed_at_a_random_step_and_resumed_equals_an_uninterrupted_run_bit_for_bit(tmp_path):
+    full = subprocess.run(cmd(tmp_path / "a", tmp_path / "a.jsonl"), capture_output=True, text=True, timeout=300)
+    assert full.returncode == 0, full.stderr
+    want = lines(tmp_path / "a.jsonl")
+    assert [x["step"] for x in want[:-1]] == list(range(1, STEPS + 1)) and want[-1]["final"]
+
+    kill_at = random.Random(os.environ.get("CKPT_TEST_SEED")).randint(7, STEPS - 1)
+    print("killing at step", kill_at)
+    b = tmp_path / "b.jsonl"
+    p = subprocess.Popen(cmd(tmp_path / "b", b), start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and p.poll() is None:
+        if b.exists() and any(x.get("step") == kill_at for x in lines(b) if "loss_hex" in x):
+            break
+        time.sleep(0.01)
+    assert p.poll() is None, "the run ended before it could be killed"
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    latest = ckpt.open_latest(tmp_path / "b" / "ckpt", world_size=WORLD).step
+    assert latest % EVERY == 0 and kill_at - EVERY <= latest <= kill_at
+
+    res = subprocess.run(cmd(tmp_path / "b", tmp_path / "c.jsonl", "--resume"), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    got = [x for x in lines(b) if x["step"] <= latest] + lines(tmp_path / "c.jsonl")
+    assert [x["loss_hex"] for x in got[:-1]] == [x["loss_hex"] for x in want[:-1]]
+    assert got[-1]["params_sha256"] == want[-1]["params_sha256"]
+
+    two = [sys.executable, TRAIN, "--dir", str(tmp_path / "b"), "--steps", str(STEPS), "--save-every", str(EVERY),
+           "--world-size", "2", "--resume"]
+    other = subprocess.run(two, capture_output=True, text=True, timeout=300)
+    assert other.returncode == 3, other.stderr
+    assert "WorldSizeMismatch" in other.stderr and "world size 4" in other.stderr
+    assert ckpt.open_latest(tmp_path / "b" / "ckpt", world_size=WORLD).step == STEPS
