@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""ckpt's Python module against torch's own ways, on the same tensors, in one run.
+
+    PYTHONPATH=build/release/python python3 bench/python_bench.py --dir /var/tmp/pybench --mb 1024
+
+Measures, for a state of --mb MiB in --tensors float32 tensors:
+  clone          {k: v.clone()}: torch's cheapest isolated snapshot
+  stall/deferred time ckpt's save(deferred=True) blocks the caller (the copy runs after)
+  stall/copy     time ckpt's save() blocks the caller (copy into staging before returning)
+  durable/ckpt   save() call to checkpoint committed (fsynced, manifest, latest)
+  durable/torch  torch.save to a file + fsync
+  load/ckpt      Reader.load_into into existing tensors (verify="fast")
+  load/torch     torch.load of that file
+and the ratios the issue sets as targets: deferred stall <= 0.2x clone, durable >= 3x faster
+than torch.save + fsync, load_into >= 2x faster than torch.load. Each figure is the median of
+--repeat runs. The page cache is not dropped (run as root with --drop-caches to drop it
+before each load). --json prints one JSON object instead of the table.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+
+import torch
+
+import ckpt
+
+
+def timed(fn):
+    t = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t, out
+
+
+def drop_caches():
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dir", required=True)
+    p.add_argument("--mb", type=float, default=1024)
+    p.add_argument("--tensors", type=int, default=64)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--drop-caches", action="store_true")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    torch.set_num_threads(1)
+    shutil.rmtree(a.dir, ignore_errors=True)
+    os.makedirs(a.dir)
+    numel = max(1, int(a.mb * (1 << 20) / 4 / a.tensors))
+    g = torch.Generator().manual_seed(0)
+    state = {f"layer{i}.weight": torch.randn(numel, generator=g) for i in range(a.tensors)}
+    nbytes = sum(v.numel() * v.element_size() for v in state.values())
+
+    res = {k: [] for k in ("clone", "stall_deferred", "stall_copy", "durable_ckpt", "durable_torch", "load_ckpt",
+                           "load_torch")}
+    root = os.path.join(a.dir, "ckpt")
+    step = 0
+    with ckpt.Checkpointer(root, keep_last=2) as c:
+        backend = c.backend
+        for _ in range(a.repeat):
+            res["clone"].append(timed(lambda: {k: v.clone() for k, v in state.items()})[0])
+            step += 1
+            t0 = time.perf_counter()
+            h = c.save(0, step, state, deferred=True)
+            res["stall_deferred"].append(time.perf_counter() - t0)
+            h.wait()
+            res["durable_ckpt"].append(time.perf_counter() - t0)
+            step += 1
+            t0 = time.perf_counter()
+            h = c.save(0, step, state)
+            res["stall_copy"].append(time.perf_counter() - t0)
+            h.wait()
+
+            path = os.path.join(a.dir, "state.pt")
+
+            def torch_save():
+                with open(path, "wb") as f:
+                    torch.save(state, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+            res["durable_torch"].append(timed(torch_save)[0])
+
+            dst = {k: torch.empty_like(v) for k, v in state.items()}
+            if a.drop_caches:
+                drop_caches()
+            r = ckpt.open_latest(root)
+            res["load_ckpt"].append(timed(lambda: r.load_into(0, dst))[0])
+            if a.drop_caches:
+                drop_caches()
+            res["load_torch"].append(timed(lambda: torch.load(path))[0])
+            assert all(torch.equal(dst[k], state[k]) for k in state)
+    med = {k: statistics.median(v) for k, v in res.items()}
+    ratios = {
+        "stall_deferred / clone": (med["stall_deferred"] / med["clone"], "<= 0.2"),
+        "durable torch / ckpt": (med["durable_torch"] / med["durable_ckpt"], ">= 3"),
+        "load torch / ckpt": (med["load_torch"] / med["load_ckpt"], ">= 2"),
+    }
+    if a.json:
+        print(json.dumps({"bytes": nbytes, "tensors": a.tensors, "median_s": med,
+                          "ratios": {k: v[0] for k, v in ratios.items()}, "backend": backend}))
+    else:
+        print(f"state: {a.tensors} float32 tensors, {nbytes / (1 << 20):.1f} MiB; writer {backend}; median of {a.repeat}")
+        for k, v in med.items():
+            print(f"  {k:16s} {v * 1e3:10.2f} ms  {nbytes / v / (1 << 30) if v else float('inf'):8.2f} GiB/s")
+        for k, (v, target) in ratios.items():
+            print(f"  {k:24s} {v:8.2f}x  (target {target})")
+    shutil.rmtree(a.dir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
