@@ -31,6 +31,7 @@
 #include "ckpt/io/reader.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
 #include "ckpt/runtime/coordinator.hpp"
+#include "ckpt/runtime/detail/local_outcomes.hpp"
 #include "ckpt/runtime/detail/wire.hpp"
 #include "ckpt/version.hpp"
 
@@ -160,15 +161,11 @@ class QueueCoordinator final : public ckpt::CommitCoordinator {
       throw ckpt::Error(ckpt::Errc::invalid_argument, {}, "report rank: this process hosts only its own rank",
                         std::to_string(rank_), std::to_string(report.rank));
     std::unique_lock lk(mu_);
-    if (auto it = abandoned_.find(step); it != abandoned_.end()) {
-      const ckpt::CommitOutcome outcome = it->second;
+    if (auto abandoned = outcomes_.add(step, rank_, on_outcome)) {
       lk.unlock();
-      on_outcome(outcome);
+      on_outcome(*abandoned);
       return;
     }
-    if (outcome_fns_.contains(step))
-      throw ckpt::Error(ckpt::Errc::invalid_argument, {}, "rank " + std::to_string(rank_) + " reported step " + std::to_string(step) + " twice");
-    outcome_fns_[step] = std::move(on_outcome);
     if (rank_ == 0) commits_[step] = std::move(commit);
     queue_.push_back(Item{"report", step, ckpt::detail::encode_rank_report(step, report)});
     cv_.notify_all();
@@ -176,19 +173,15 @@ class QueueCoordinator final : public ckpt::CommitCoordinator {
 
   void abandon(std::uint64_t step, const ckpt::CommitOutcome& outcome) override {
     std::unique_lock lk(mu_);
-    abandoned_[step] = outcome;
+    OutcomeFn fn = outcomes_.abandon(step, outcome);
     commits_.erase(step);
-    auto it = outcome_fns_.find(step);
-    if (it == outcome_fns_.end()) return;
-    OutcomeFn fn = std::move(it->second);
-    outcome_fns_.erase(it);
     lk.unlock();
-    fn(outcome);
+    if (fn) fn(outcome);
   }
 
   std::vector<int> reported(std::uint64_t step) const override {
     std::lock_guard lk(mu_);
-    if (outcome_fns_.contains(step)) return {rank_};
+    if (outcomes_.pending.contains(step)) return {rank_};
     return {};
   }
 
@@ -308,12 +301,9 @@ class QueueCoordinator final : public ckpt::CommitCoordinator {
     OutcomeFn fn;
     {
       std::lock_guard lk(mu_);
-      auto it = outcome_fns_.find(step);
-      if (it == outcome_fns_.end()) return;
-      fn = std::move(it->second);
-      outcome_fns_.erase(it);
+      fn = outcomes_.take(step);
     }
-    fn(outcome);
+    if (fn) fn(outcome);
   }
 
   const int rank_, world_;
@@ -322,9 +312,8 @@ class QueueCoordinator final : public ckpt::CommitCoordinator {
   std::deque<Item> queue_;
   std::optional<std::string> start_answer_;
   bool closed_ = false;
-  std::map<std::uint64_t, OutcomeFn> outcome_fns_;
-  std::map<std::uint64_t, CommitFn> commits_;
-  std::map<std::uint64_t, ckpt::CommitOutcome> abandoned_;
+  ckpt::detail::LocalOutcomes outcomes_;
+  std::map<std::uint64_t, CommitFn> commits_;  // rank 0: the commit of each reported step
 };
 
 // ---- saving -------------------------------------------------------------------------------

@@ -20,6 +20,7 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
 #include "ckpt/dist/mpi/mpi_comm.hpp"
+#include "ckpt/runtime/detail/local_outcomes.hpp"
 #include "ckpt/runtime/detail/wire.hpp"
 
 namespace ckpt::dist {
@@ -92,15 +93,11 @@ class MpiCoordinator final : public CommitCoordinator {
       throw Error(Errc::invalid_argument, {}, "report rank: this process hosts only its own MPI rank", std::to_string(rank_),
                   std::to_string(rank));
     std::unique_lock lk(mu_);
-    if (auto it = abandoned_.find(step); it != abandoned_.end()) {
-      const CommitOutcome outcome = it->second;
+    if (auto abandoned = outcomes_.add(step, rank, on_outcome)) {
       lk.unlock();
-      on_outcome(outcome);
+      on_outcome(*abandoned);
       return;
     }
-    if (outcome_fns_.contains(step))
-      throw Error(Errc::invalid_argument, {}, "rank " + std::to_string(rank) + " reported step " + std::to_string(step) + " twice");
-    outcome_fns_[step] = std::move(on_outcome);
     if (rank_ != 0) {
       send(0, kReportTag, pack(step, detail::encode_rank_report(step, report)));
       return;
@@ -113,14 +110,10 @@ class MpiCoordinator final : public CommitCoordinator {
 
   void abandon(std::uint64_t step, const CommitOutcome& outcome) override {
     std::unique_lock lk(mu_);
-    abandoned_[step] = outcome;
+    OutcomeFn fn = outcomes_.abandon(step, outcome);
     steps_.erase(step);
-    auto it = outcome_fns_.find(step);
-    if (it == outcome_fns_.end()) return;
-    OutcomeFn fn = std::move(it->second);
-    outcome_fns_.erase(it);
     lk.unlock();
-    fn(outcome);
+    if (fn) fn(outcome);
   }
 
   std::vector<int> reported(std::uint64_t step) const override {
@@ -129,7 +122,7 @@ class MpiCoordinator final : public CommitCoordinator {
     if (rank_ == 0) {
       if (auto it = steps_.find(step); it != steps_.end())
         for (const auto& [r, report] : it->second.reports) out.push_back(r);
-    } else if (outcome_fns_.contains(step)) {
+    } else if (outcomes_.pending.contains(step)) {
       out.push_back(rank_);
     }
     return out;
@@ -156,7 +149,7 @@ class MpiCoordinator final : public CommitCoordinator {
   // Rank 0: records a report; the one that completes the step commits and answers everyone.
   void collect(std::uint64_t step, int from, RankReport report) {
     std::unique_lock lk(mu_);
-    if (auto it = abandoned_.find(step); it != abandoned_.end()) {
+    if (auto it = outcomes_.abandoned.find(step); it != outcomes_.abandoned.end()) {
       if (from != 0) send(from, kOutcomeTag, pack(step, detail::encode_outcome(it->second)));
       return;
     }
@@ -181,12 +174,9 @@ class MpiCoordinator final : public CommitCoordinator {
     OutcomeFn fn;
     {
       std::lock_guard lk(mu_);
-      auto it = outcome_fns_.find(step);
-      if (it == outcome_fns_.end()) return;
-      fn = std::move(it->second);
-      outcome_fns_.erase(it);
+      fn = outcomes_.take(step);
     }
-    fn(outcome);
+    if (fn) fn(outcome);
   }
 
   void run() {
@@ -249,8 +239,7 @@ class MpiCoordinator final : public CommitCoordinator {
   std::atomic<bool> stop_{false};
   mutable std::mutex mu_;
   std::map<std::uint64_t, Step> steps_;              // rank 0: reports so far
-  std::map<std::uint64_t, OutcomeFn> outcome_fns_;   // this rank's reported, undelivered steps
-  std::map<std::uint64_t, CommitOutcome> abandoned_;
+  detail::LocalOutcomes outcomes_;                   // this rank's reported, undelivered and abandoned steps
   std::list<Pending> pending_;
   std::thread progress_;
 };
