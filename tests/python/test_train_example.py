@@ -1,6 +1,7 @@
 # examples/pytorch/train.py, a 4-process DDP job: an uninterrupted run and a run SIGKILLed at a
 # random step then resumed give the same losses and final parameters bit for bit; a resume at
 # another world size is refused with WorldSizeMismatch.
+import importlib.util
 import json
 import os
 import random
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 import ckpt
@@ -62,3 +64,52 @@ def test_a_run_killed_at_a_random_step_and_resumed_equals_an_uninterrupted_run_b
     assert other.returncode == 3, other.stderr
     assert "WorldSizeMismatch" in other.stderr and "world size 4" in other.stderr
     assert ckpt.open_latest(tmp_path / "b" / "ckpt", world_size=WORLD).step == STEPS
+
+    check_model_export(tmp_path / "b" / "ckpt", tmp_path / "hf")
+
+
+def load_train_module():
+    spec = importlib.util.spec_from_file_location("ckpt_example_train", TRAIN)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        data = f.read()
+    dtypes = {"F32": np.float32, "BF16": np.uint16, "F16": np.float16}
+    return {k: np.frombuffer(data[v["data_offsets"][0]:v["data_offsets"][1]], dtypes[v["dtype"]]).reshape(v["shape"])
+            for k, v in header.items() if k != "__metadata__"}
+
+
+def check_model_export(root, out):
+    # The model's tensors, saved under "model." + its state_dict() names, load into the same
+    # torch model by name and shape.
+    import torch
+    model = load_train_module().GPT()
+    r = ckpt.open_latest(root)
+    saved = {n[len("model."):]: r.read(0, n) for n in r.tensor_names(0) if n.startswith("model.")}
+    assert {k: tuple(v.shape) for k, v in model.state_dict().items()} == {k: v.shape for k, v in saved.items()}
+    model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in saved.items()}, strict=True)
+    # `ckpt consolidate` (Hugging Face layout) of this job's layout: the model is replicated
+    # (saved by rank 0), not partitioned, and consolidate reads partitioned (ZeRO) layouts
+    # only: until it takes replicated tensors it refuses, saying why; once it does, its
+    # output must load into the same model.
+    tool = os.path.join(os.environ.get("CKPT_BIN_DIR", ""), "ckpt")
+    if not os.path.exists(tool):
+        return
+    res = subprocess.run([tool, "consolidate", str(root), str(out)], capture_output=True, text=True, timeout=120)
+    if res.returncode != 0:
+        assert "flat_tensors" in res.stderr, res.stderr
+        return
+    files = sorted(out.glob("*.safetensors"))
+    tensors = {}
+    for f in files:
+        tensors.update(read_safetensors(f))
+    names = {k[len("model."):] if k.startswith("model.") else k: v for k, v in tensors.items()}
+    sd = model.state_dict()
+    assert {k: tuple(v.shape) for k, v in sd.items()} == {k: v.shape for k, v in names.items() if k in sd}
+    model.load_state_dict({k: torch.from_numpy(np.array(names[k], dtype=np.float32)) for k in sd}, strict=True)
