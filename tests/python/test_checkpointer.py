@@ -127,6 +127,14 @@ def test_a_deferred_save_keeps_its_tensors_alive_until_they_are_copied(root):
     assert np.all(ckpt.open_latest(root).read(0, "w") == 3.0)
 
 
+def test_dropping_the_handle_of_a_deferred_save_waits_for_its_copy_first(root):
+    w = torch.full((1 << 18,), 5.0)
+    with ckpt.Checkpointer(root) as c:
+        c.save(0, 4, {"w": w}, deferred=True)  # the handle is dropped at once
+        w.fill_(-1)  # allowed: the dropped handle waited for the copy
+    assert np.all(ckpt.open_latest(root).read(0, "w") == 5.0)
+
+
 def test_leaving_the_with_block_drains_the_saves_in_flight_and_rotation_keeps_the_last_two(root):
     with ckpt.Checkpointer(root, keep_last=2) as c:
         for step in range(1, 6):
