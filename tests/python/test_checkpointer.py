@@ -264,3 +264,38 @@ def test_metadata_must_be_json(root):
         with pytest.raises(ValueError):
             c.save(0, 1, {"a": np.zeros(1)}, metadata={"x": float("nan")})
         c.save_sync(0, 1, {"a": np.zeros(1)}, metadata={"x": 1})
+
+
+def test_loads_verification_and_copying_saves_release_the_gil(root):
+    # Another thread keeps noting the time; with the GIL held through a call it could note
+    # none inside the call's middle third.
+    import time
+    big = {"w": np.ones(8 << 20, dtype=np.float32)}  # 32 MiB
+    stamps, stop = [], threading.Event()
+
+    def spin():
+        n = 0
+        while not stop.is_set():
+            n += 1
+            if n % 64 == 0:
+                stamps.append(time.perf_counter())
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        spans = {}
+
+        def during(name, fn):
+            t0 = time.perf_counter()
+            fn()
+            spans[name] = (t0, time.perf_counter())
+        with ckpt.Checkpointer(root) as c:
+            during("save", lambda: c.save(0, 1, big).wait())
+        r = ckpt.open_latest(root)
+        during("load_into", lambda: r.load_into(0, {"w": np.zeros(8 << 20, dtype=np.float32)}))
+        during("verify", lambda: r.verify("full"))
+    finally:
+        stop.set()
+        t.join()
+    for name, (t0, t1) in spans.items():
+        lo, hi = t0 + (t1 - t0) / 3, t1 - (t1 - t0) / 3
+        assert any(lo < s < hi for s in stamps), (name, t1 - t0)
