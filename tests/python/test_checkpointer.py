@@ -299,3 +299,14 @@ def test_loads_verification_and_copying_saves_release_the_gil(root):
     for name, (t0, t1) in spans.items():
         lo, hi = t0 + (t1 - t0) / 3, t1 - (t1 - t0) / 3
         assert any(lo < s < hi for s in stamps), (name, t1 - t0)
+
+
+def test_when_busy_skip_skips_a_step_that_arrives_while_another_is_in_flight(root):
+    with ckpt.Checkpointer(root, world_size=2, when_busy="skip") as c:
+        h1 = c.save(0, 1, {"a": np.zeros(2)})  # in flight until rank 1 saves step 1
+        h2 = c.save(0, 2, {"a": np.zeros(2)})
+        assert h2.skipped() and h2.done() and h2.wait() is None
+        c.save(1, 1, {"a": np.ones(2)})
+        assert h1.wait().step == 1
+        assert c.save(1, 2, {"a": np.ones(2)}).skipped()  # decided once for every rank of the step
+    assert ckpt.open_latest(root).step == 1
