@@ -455,6 +455,12 @@ ReshardResult reshard_checkpoint(FileSystem& fs, const CheckpointReader& source,
         }
       }
       ShardReport w = writer.finish(r);
+      // The flat tensors are 1-D slices of the padded flat space (docs/format.md).
+      for (auto& rec : w.tensors)
+        if (contains(layout.tensors, rec.name))
+          rec.sharding = slice_of(rec.name, {padded_numel(layout.num_params, world)}, {slice.offset}, {slice.numel});
+        else if (const TensorRecord* from = src.find_tensor(rec.name, 0); from && from->sharding && from->sharding->kind == TensorSharding::Kind::rank_local)
+          rec.sharding = from->sharding;
       w.shard.param_shard_offset = slice.offset;
       w.shard.param_shard_numel = slice.numel;
       w.shard.metadata = metadata[static_cast<std::size_t>(r)];

@@ -62,6 +62,7 @@
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/io/shard_writer.hpp"
+#include "ckpt/io/sharded_save.hpp"
 #include "ckpt/runtime/detail/offload.hpp"
 #include "ckpt/runtime/detail/write_backend.hpp"
 
@@ -187,6 +188,7 @@ struct Checkpointer::Impl {
     std::uint64_t size = 0;    // file bytes
     std::uint64_t padded = 0;  // size rounded up to 4096 (what O_DIRECT writes)
     ShardHeader header;
+    ShardingByName sharding;  // the tensors' descriptions, for the manifest index
     SaveInfo info;
     std::shared_ptr<detail::SaveState> handle;
     SaveResult result;  // rank-local timings, filled as the job goes
@@ -370,9 +372,11 @@ struct Checkpointer::Impl {
 
   // ---- rank thread side ----------------------------------------------------------------
 
-  SaveHandle save(int rank, std::uint64_t step, std::span<const TensorView> tensors, const SaveInfo& info, Staging staging) {
+  SaveHandle save(int rank, std::uint64_t step, std::span<const TensorView> given, const SaveInfo& info, Staging staging) {
     const auto t_call = Clock::now();
     check_rank(rank, opt.world_size, "save rank");
+    const std::vector<TensorView> kept = tensors_to_write(rank, opt.world_size, given);  // replicated: the lowest holder's only
+    const std::span<const TensorView> tensors = kept;
     if (!local[static_cast<std::size_t>(rank)])
       throw Error(Errc::invalid_argument, {}, "save rank: not one of this process's ranks (the coordinator's local_ranks)",
                   "a local rank", std::to_string(rank));
@@ -383,6 +387,7 @@ struct Checkpointer::Impl {
     job->t_call = t_call;
     job->info = info;
     job->header = plan_shard(tensors, shard_header_metadata(rank, opt.world_size, step));
+    job->sharding = sharding_by_name(tensors);
     job->size = job->header.file_size();
     job->padded = (job->size + 4095) / 4096 * 4096;
     job->handle = std::make_shared<detail::SaveState>();
@@ -631,6 +636,7 @@ struct Checkpointer::Impl {
       w.mark_written(image.size());
       const auto t_sync = Clock::now();
       report.shard = co_await on_work_pool([&w, rank = job->rank] { return w.finish(rank); });
+      attach_sharding(report.shard.tensors, job->sharding);
       job->result.fsync = since(t_sync);
       report.shard.shard.param_shard_offset = job->info.param_shard_offset;
       report.shard.shard.param_shard_numel = job->info.param_shard_numel;
@@ -831,7 +837,7 @@ std::optional<StagedSnapshot> Checkpointer::staged(int rank) const {
   const std::byte* data = impl_->staging[static_cast<std::size_t>(rank)].data() + rec->header.data_start;
   StagedSnapshot snap{rec->step, {}, rec->info};
   for (const auto& t : rec->header.tensors)
-    snap.tensors.push_back({t.name, t.dtype, t.shape, std::span(data + t.begin, static_cast<std::size_t>(t.end - t.begin))});
+    snap.tensors.push_back({t.name, t.dtype, t.shape, std::span(data + t.begin, static_cast<std::size_t>(t.end - t.begin)), std::nullopt});
   return snap;
 }
 

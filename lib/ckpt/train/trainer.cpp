@@ -184,14 +184,20 @@ std::vector<float> Trainer::parameters() const { return params32_; }
 
 std::vector<TensorView> Trainer::checkpoint_tensors() const {
   const std::uint64_t n = opt_.shard().numel;
-  std::vector<TensorView> out{{"optim.master", DType::F32, {n}, std::as_bytes(opt_.master())},
-                              {"optim.m", DType::F32, {n}, std::as_bytes(opt_.adam_m())},
-                              {"optim.v", DType::F32, {n}, std::as_bytes(opt_.adam_v())}};
+  // The flat ZeRO tensors are 1-D slices of 1-D global tensors of the padded flat size, of
+  // the same names (docs/format.md, "Sharded tensors"); training.param_layout still says
+  // where each model tensor lives in them.
+  const auto flat = [&](const char* name) {
+    return slice_of(name, {opt_.padded_numel()}, {opt_.shard().offset}, {n});
+  };
+  std::vector<TensorView> out{{"optim.master", DType::F32, {n}, std::as_bytes(opt_.master()), flat("optim.master")},
+                              {"optim.m", DType::F32, {n}, std::as_bytes(opt_.adam_m()), flat("optim.m")},
+                              {"optim.v", DType::F32, {n}, std::as_bytes(opt_.adam_v()), flat("optim.v")}};
   if (comm_.rank() == 0) {
     const auto p16 = opt_.params16();
     for (const auto& t : layout_) {
       std::vector<std::uint64_t> shape(t.shape.begin(), t.shape.end());
-      out.push_back({"model." + t.name, opt_.dtype16(), std::move(shape), std::as_bytes(p16.subspan(t.offset, t.numel))});
+      out.push_back({"model." + t.name, opt_.dtype16(), std::move(shape), std::as_bytes(p16.subspan(t.offset, t.numel)), std::nullopt});
     }
   }
   return out;
