@@ -425,7 +425,7 @@ TEST_CASE("a corrupt source shard makes reshard fail with a checksum mismatch an
   CHECK(files_of(dir / "old") == before);  // nothing added (no temporary), nothing changed
 }
 
-TEST_CASE("reshard refuses a checkpoint that does not record its flat tensors") {
+TEST_CASE("reshard refuses per-rank tensors that say neither that they are flat nor what they are") {
   test::TempDir dir;
   test::Fixture fx(2, 10);
   save_checkpoint_sync(posix_file_system(), (dir / "src").string(), fx.request);
@@ -434,7 +434,8 @@ TEST_CASE("reshard refuses a checkpoint that does not record its flat tensors") 
     FAIL("no throw");
   } catch (const Error& e) {
     CHECK(e.code() == Errc::invalid_argument);
-    CHECK(e.expected() == "training.flat_tensors");
+    CHECK(e.expected() == "a sharding description, or training.flat_tensors");
+    CHECK(e.detail().find("has its name on several ranks and no sharding description") != std::string::npos);
   }
   CHECK(!fs::exists(dir / "dst"));
 }

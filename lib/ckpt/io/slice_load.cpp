@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <functional>
 #include <set>
 
 #include "ckpt/core/error.hpp"
@@ -25,7 +26,10 @@ std::vector<GlobalTensor> global_tensors(const Manifest& m, std::string_view fil
   std::map<std::string_view, int> plain_ranks;  // undescribed names: on how many ranks
   for (const auto& t : m.tensors)
     if (!t.sharding) ++plain_ranks[t.name];
-  // Schema 1 flat ZeRO tensors: the flat space's ranges, as 1-D slices.
+  // Flat ZeRO tensors without descriptions: the flat space's ranges, as 1-D slices. Those
+  // training.flat_tensors names, and any undescribed tensor of one name on every rank (of
+  // several) that is 1-D with its rank's param_shard_numel elements (what a save that fills
+  // param_shard_offset / numel, as the README's does, means), if the ranges tile the space.
   std::set<std::string> flat;
   if (m.training.contains("flat_tensors")) {
     const FlatLayout layout = flat_layout(m, file);
@@ -33,6 +37,25 @@ std::vector<GlobalTensor> global_tensors(const Manifest& m, std::string_view fil
       bool described = false;
       for (const auto& t : m.tensors) described = described || (t.name == n && t.sharding);
       if (!described) flat.insert(n);
+    }
+  } else if (m.world_size > 1 && m.param_numel > 0) {
+    std::map<std::string_view, std::vector<const TensorRecord*>> same;
+    for (const auto& t : m.tensors)
+      if (!t.sharding && plain_ranks[t.name] == m.world_size) same[t.name].push_back(&t);
+    for (const auto& [name, ts] : same) {
+      std::vector<SliceBox> boxes;
+      std::vector<std::vector<std::uint64_t>> offs;
+      offs.reserve(ts.size());
+      bool fits = true;
+      for (const TensorRecord* t : ts) {
+        const ShardRecord& s = m.shard(t->rank);
+        fits = fits && t->dtype == ts.front()->dtype && t->shape == std::vector<std::uint64_t>{s.param_shard_numel};
+        offs.push_back({s.param_shard_offset});
+      }
+      if (!fits) continue;
+      for (std::size_t i = 0; i < ts.size(); ++i) boxes.push_back({ts[i]->rank, offs[i], ts[i]->shape});
+      const std::vector<std::uint64_t> space{m.param_numel};
+      if (!tiling_problem(space, boxes)) flat.insert(std::string(name));
     }
   }
   for (const auto& t : m.tensors) {
@@ -166,9 +189,63 @@ std::vector<SliceRun> plan_slice_reads(std::span<const GlobalTensor> globals, st
   return runs;
 }
 
+std::vector<SliceBox64> boxes_of_range(std::span<const std::uint64_t> shape, std::uint64_t first, std::uint64_t count) {
+  std::vector<SliceBox64> out;
+  const std::size_t nd = shape.size();
+  if (count == 0) return out;
+  if (nd == 0) {
+    out.push_back({});
+    return out;
+  }
+  std::vector<std::uint64_t> inner(nd, 1);  // elements of one index of dimension d
+  for (std::size_t d = nd - 1; d > 0; --d) inner[d - 1] = inner[d] * shape[d];
+  // Elements [first, first + count) of the sub-tensor at `base` (dimensions before d fixed).
+  const auto emit = [&](std::vector<std::uint64_t> base, std::size_t d, std::uint64_t lo, std::uint64_t n) {
+    SliceBox64 b;
+    b.offsets = std::move(base);
+    b.lengths.assign(b.offsets.size(), 1);
+    b.offsets.push_back(lo);
+    b.lengths.push_back(n);
+    for (std::size_t e = d + 1; e < nd; ++e) {
+      b.offsets.push_back(0);
+      b.lengths.push_back(shape[e]);
+    }
+    out.push_back(std::move(b));
+  };
+  const std::function<void(std::vector<std::uint64_t>, std::size_t, std::uint64_t, std::uint64_t)> rec =
+      [&](std::vector<std::uint64_t> base, std::size_t d, std::uint64_t f, std::uint64_t n) {
+        if (n == 0) return;
+        const std::uint64_t in = inner[d];
+        if (f % in != 0) {  // the partial index at the start
+          const std::uint64_t take = std::min(n, in - f % in);
+          auto b = base;
+          b.push_back(f / in);
+          rec(std::move(b), d + 1, f % in, take);
+          f += take;
+          n -= take;
+        }
+        if (n / in > 0) {  // whole indices of dimension d
+          emit(base, d, f / in, n / in);
+          f += n / in * in;
+          n -= n / in * in;
+        }
+        if (n > 0) {  // the partial index at the end
+          base.push_back(f / in);
+          rec(std::move(base), d + 1, 0, n);
+        }
+      };
+  rec({}, 0, first, count);
+  return out;
+}
+
 LoadReport load_slices(const CheckpointReader& checkpoint, std::span<const SliceTarget> targets, Verify mode, const LoadOptions& options) {
   const std::string file = checkpoint.dir() + "/" + std::string(kManifestName);
-  const auto globals = global_tensors(checkpoint.manifest(), file);
+  return load_slices(checkpoint, global_tensors(checkpoint.manifest(), file), targets, mode, options);
+}
+
+LoadReport load_slices(const CheckpointReader& checkpoint, std::span<const GlobalTensor> globals, std::span<const SliceTarget> targets,
+                       Verify mode, const LoadOptions& options) {
+  const std::string file = checkpoint.dir() + "/" + std::string(kManifestName);
   const auto runs = plan_slice_reads(globals, targets, file);
   std::map<int, std::vector<LoadTarget>> by_rank;
   for (const SliceRun& r : runs) {

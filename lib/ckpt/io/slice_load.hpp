@@ -47,10 +47,12 @@ struct GlobalTensor {
 
 /// The global tensors of `manifest`, sorted by name: the global tensor of every slice
 /// description; every replicated tensor under its name; every tensor without description
-/// whose name appears on one rank only (unless a sliced global tensor has that name); and,
-/// for a checkpoint whose flat tensors (training.flat_tensors) carry no slice description
-/// (schema 1), each of them as 1-D slices of [param_numel] at the shards'
-/// param_shard_offset. Left out: rank-local tensors, and undescribed tensors of one name on
+/// whose name appears on one rank only (unless a sliced global tensor has that name); and
+/// flat tensors without slice descriptions as 1-D slices of [param_numel] at the shards'
+/// param_shard_offset: those training.flat_tensors names (schema 1 trainer checkpoints), or,
+/// without training.flat_tensors, every tensor of one name on all of several ranks that is
+/// 1-D with its rank's param_shard_numel elements, if their ranges tile [0, param_numel)
+/// (the README's synchronous save and the training-loop example). Left out: rank-local tensors, and undescribed tensors of one name on
 /// several ranks (per-rank state). Throws Errc::malformed_manifest naming `file` if a schema 1
 /// flat tensor's shards do not tile [0, param_numel) or training.flat_tensors is malformed.
 std::vector<GlobalTensor> global_tensors(const Manifest& manifest, std::string_view file = kManifestName);
@@ -89,5 +91,16 @@ std::vector<SliceRun> plan_slice_reads(std::span<const GlobalTensor> globals, st
 /// describes. Blocks; thread-safe as load_into (targets must not overlap).
 LoadReport load_slices(const CheckpointReader& checkpoint, std::span<const SliceTarget> targets, Verify mode,
                        const LoadOptions& options = {});
+/// The same with the checkpoint's global_tensors() already at hand (many small loads).
+LoadReport load_slices(const CheckpointReader& checkpoint, std::span<const GlobalTensor> globals, std::span<const SliceTarget> targets,
+                       Verify mode, const LoadOptions& options = {});
+
+/// A box: offsets and lengths per dimension.
+struct SliceBox64 {
+  std::vector<std::uint64_t> offsets, lengths;
+};
+/// Elements [first, first + count) of a row-major tensor of `shape` as boxes, in order (at
+/// most 2 per dimension, plus one): what streaming a global tensor piece by piece reads.
+std::vector<SliceBox64> boxes_of_range(std::span<const std::uint64_t> shape, std::uint64_t first, std::uint64_t count);
 
 }  // namespace ckpt
