@@ -166,4 +166,19 @@ TEST_CASE("a tensor-parallel style checkpoint reshards 2 to 3 to 2 byte-identica
   CHECK(tensor_of(dir / "model" / "model.safetensors", "qkv") == qkv);
   CHECK(tensor_of(dir / "model" / "model.safetensors", "proj") == proj);
   CHECK(tensor_of(dir / "model" / "model.safetensors", "bias") == bias);
+  // An independent reader (numpy, written from docs/format.md alone) reassembles the same.
+  int status = -1;
+  test::run_command("/usr/bin/python3 -c 'import numpy' >/dev/null 2>&1", &status);
+  if (status != 0) {
+    MESSAGE("no python3 with numpy: the independent reassembly is skipped");
+    return;
+  }
+  const std::string out = test::run_command("/usr/bin/python3 " + std::string(CKPT_SOURCE_DIR) + "/tests/tools/reassemble_numpy.py " +
+                                                (dir / "tp3" / "step-0000000005").string() + " " + (dir / "model" / "model.safetensors").string() + " 2>&1",
+                                            &status);
+  INFO(out);
+  CHECK(status == 0);
+  CHECK(out.find("qkv: equal [6, 8]") != std::string::npos);
+  CHECK(out.find("proj: equal [8, 6]") != std::string::npos);
+  CHECK(out.find("bias: equal [6]") != std::string::npos);
 }

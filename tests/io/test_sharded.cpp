@@ -13,6 +13,8 @@
 #include "ckpt/io/save.hpp"
 #include "ckpt/io/slice_load.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
+#include "ckpt/runtime/coordinator.hpp"
+#include "ckpt/runtime/detail/wire.hpp"
 #include "ckpt/testing/memory_file_system.hpp"
 #include "support/test_support.hpp"
 
@@ -299,4 +301,24 @@ TEST_CASE("targets outside the global shape, of another dtype, size or name are 
   e = err({"V", DType::F32, {}, {}, bytes});
   CHECK(e.code() == Errc::not_found);
   CHECK(out == std::vector<float>(8, 7.0f));  // nothing written
+}
+
+TEST_CASE("a rank's report to the coordinator carries its sharding descriptions across processes") {
+  RankReport r;
+  r.rank = 1;
+  r.shard.shard.rank = 1;
+  r.shard.shard.path = "rank-00001-of-00002.safetensors";
+  r.shard.shard.size = 8192;
+  r.shard.shard.sha256 = std::string(64, 'a');
+  r.shard.shard.chunk_xxh3 = {1, 2};
+  r.shard.chunk_size = 4096;
+  r.shard.tensors.push_back({"w", 1, DType::F32, {2, 4}, 4096, 4128, row_slice("W", 4, 4, 1, 2)});
+  r.shard.tensors.push_back({"rng", 1, DType::U64, {1}, 4128, 4136, rank_local()});
+  r.shard.tensors.push_back({"b", 1, DType::F32, {2}, 4136, 4144, replicated({1, 3})});
+  const RankReport d = detail::decode_rank_report(detail::encode_rank_report(7, r));
+  REQUIRE(d.shard.tensors.size() == 3);
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK(d.shard.tensors[i].rank == 1);
+    CHECK(d.shard.tensors[i].sharding == r.shard.tensors[i].sharding);
+  }
 }

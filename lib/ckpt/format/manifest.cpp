@@ -102,30 +102,31 @@ json::array u64_array(std::span<const std::uint64_t> v) {
 }
 }  // namespace
 
+json::object sharding_to_json(const TensorSharding& s) {
+  switch (s.kind) {
+    case TensorSharding::Kind::slice:
+      return json::object{{"slice", json::object{{"global", s.global},
+                                                 {"global_shape", u64_array(s.global_shape)},
+                                                 {"offsets", u64_array(s.offsets)},
+                                                 {"lengths", u64_array(s.lengths)}}}};
+    case TensorSharding::Kind::replicated: {
+      json::array h;
+      for (int r : s.holders) h.emplace_back(r);
+      return json::object{{"replicated", json::object{{"holders", std::move(h)}}}};
+    }
+    case TensorSharding::Kind::rank_local: break;
+  }
+  return json::object{{"rank_local", true}};
+}
+
 json::object tensor_to_json(const TensorRecord& t) {
   json::object o{{"name", t.name},
                  {"rank", t.rank},
                  {"dtype", dtype_name(t.dtype)},
                  {"shape", u64_array(t.shape)},
                  {"byte_range", json::array{t.begin, t.end}}};
-  if (t.sharding) {
-    const TensorSharding& s = *t.sharding;
-    switch (s.kind) {
-      case TensorSharding::Kind::slice:
-        o["slice"] = json::object{{"global", s.global},
-                                  {"global_shape", u64_array(s.global_shape)},
-                                  {"offsets", u64_array(s.offsets)},
-                                  {"lengths", u64_array(s.lengths)}};
-        break;
-      case TensorSharding::Kind::replicated: {
-        json::array h;
-        for (int r : s.holders) h.emplace_back(r);
-        o["replicated"] = json::object{{"holders", std::move(h)}};
-        break;
-      }
-      case TensorSharding::Kind::rank_local: o["rank_local"] = true; break;
-    }
-  }
+  if (t.sharding)
+    for (auto& kv : sharding_to_json(*t.sharding)) o[kv.key()] = kv.value();
   return o;
 }
 
@@ -203,17 +204,14 @@ std::vector<std::uint64_t> dims_field(const detail::JsonContext& c, const json::
   return out;
 }
 
-// A tensor entry's optional sharding description (schema 2): at most one of `slice`,
-// `replicated`, `rank_local`, each checked for its own fields; the tiling of slices is
-// checked across entries afterwards (check_slices).
-void decode_sharding(const detail::JsonContext& c, const json::object& to, const std::string& where, const Manifest& m, TensorRecord& t) {
+// The sharding field of a tensor entry on its own (what does not depend on the entry or the
+// other entries): at most one of `slice`, `replicated`, `rank_local`, each well-formed.
+std::optional<TensorSharding> parse_sharding(const detail::JsonContext& c, const json::object& to, const std::string& where) {
   const auto* slice = to.if_contains("slice");
   const auto* rep = to.if_contains("replicated");
   const auto* local = to.if_contains("rank_local");
   const int given = (slice != nullptr) + (rep != nullptr) + (local != nullptr);
-  if (given == 0) return;
-  const std::string which = slice ? "slice" : rep ? "replicated" : "rank_local";
-  if (m.schema_version < 2) c.fail(where + "." + which, "no sharding description in schema_version 1", "one given");
+  if (given == 0) return std::nullopt;
   if (given > 1) c.fail(where, "at most one of slice, replicated, rank_local", std::to_string(given) + " given");
   TensorSharding s;
   if (slice) {
@@ -228,17 +226,6 @@ void decode_sharding(const detail::JsonContext& c, const json::object& to, const
     if (s.offsets.size() != s.global_shape.size() || s.lengths.size() != s.global_shape.size())
       c.fail(w, std::to_string(s.global_shape.size()) + " offsets and lengths (global_shape's dimensions)",
              std::to_string(s.offsets.size()) + " offsets, " + std::to_string(s.lengths.size()) + " lengths");
-    if (s.lengths != t.shape) c.fail(w + ".lengths", "the tensor's shape " + format_index(t.shape), format_index(s.lengths));
-    std::uint64_t numel = 1;
-    for (std::size_t d = 0; d < s.global_shape.size(); ++d) {
-      std::uint64_t end;
-      if (__builtin_add_overflow(s.offsets[d], s.lengths[d], &end) || end > s.global_shape[d])
-        c.fail(w, "offsets + lengths within global_shape " + format_index(s.global_shape),
-               "offsets " + format_index(s.offsets) + ", lengths " + format_index(s.lengths) + " on rank " + std::to_string(t.rank));
-      if (__builtin_mul_overflow(numel, s.global_shape[d], &numel)) c.fail(w + ".global_shape", "element count within 64 bits", "overflow");
-    }
-    std::uint64_t gbytes;
-    if (__builtin_mul_overflow(numel, dtype_size(t.dtype), &gbytes)) c.fail(w + ".global_shape", "byte size within 64 bits", "overflow");
   } else if (rep) {
     const std::string w = where + ".replicated";
     const json::object& ro = detail::json_obj(c, *rep, w);
@@ -246,16 +233,45 @@ void decode_sharding(const detail::JsonContext& c, const json::object& to, const
     const auto& h = detail::json_arr(c, detail::json_field(c, ro, "holders", w + "."), w + ".holders");
     if (h.empty()) c.fail(w + ".holders", "at least one rank", "none");
     for (const auto& r : h) {
-      const auto v = detail::json_u64(c, r, w + ".holders", static_cast<std::uint64_t>(m.world_size - 1));
+      const auto v = detail::json_u64(c, r, w + ".holders", static_cast<std::uint64_t>(kMaxWorldSize - 1));
       if (!s.holders.empty() && static_cast<int>(v) <= s.holders.back())
         c.fail(w + ".holders", "ascending ranks, each once", "rank " + std::to_string(v) + " after " + std::to_string(s.holders.back()));
       s.holders.push_back(static_cast<int>(v));
     }
-    if (s.holders.front() != t.rank)
-      c.fail(w + ".holders", "the lowest holder is the entry's rank " + std::to_string(t.rank), "rank " + std::to_string(s.holders.front()));
   } else {
     if (!local->is_bool() || !local->get_bool()) c.fail(where + ".rank_local", "true", detail::json_kind(*local));
     s.kind = TensorSharding::Kind::rank_local;
+  }
+  return s;
+}
+
+// A tensor entry's optional sharding description (schema 2), checked against its entry and
+// the manifest; the tiling of slices is checked across entries afterwards (check_slices).
+void decode_sharding(const detail::JsonContext& c, const json::object& to, const std::string& where, const Manifest& m, TensorRecord& t) {
+  const bool any = to.contains("slice") || to.contains("replicated") || to.contains("rank_local");
+  if (any && m.schema_version < 2)
+    c.fail(where + "." + (to.contains("slice") ? "slice" : to.contains("replicated") ? "replicated" : "rank_local"),
+           "no sharding description in schema_version 1", "one given");
+  auto s = parse_sharding(c, to, where);
+  if (!s) return;
+  if (s->kind == TensorSharding::Kind::slice) {
+    const std::string w = where + ".slice";
+    if (s->lengths != t.shape) c.fail(w + ".lengths", "the tensor's shape " + format_index(t.shape), format_index(s->lengths));
+    std::uint64_t numel = 1;
+    for (std::size_t d = 0; d < s->global_shape.size(); ++d) {
+      std::uint64_t end;
+      if (__builtin_add_overflow(s->offsets[d], s->lengths[d], &end) || end > s->global_shape[d])
+        c.fail(w, "offsets + lengths within global_shape " + format_index(s->global_shape),
+               "offsets " + format_index(s->offsets) + ", lengths " + format_index(s->lengths) + " on rank " + std::to_string(t.rank));
+      if (__builtin_mul_overflow(numel, s->global_shape[d], &numel)) c.fail(w + ".global_shape", "element count within 64 bits", "overflow");
+    }
+    std::uint64_t gbytes;
+    if (__builtin_mul_overflow(numel, dtype_size(t.dtype), &gbytes)) c.fail(w + ".global_shape", "byte size within 64 bits", "overflow");
+  } else if (s->kind == TensorSharding::Kind::replicated) {
+    const std::string w = where + ".replicated.holders";
+    if (s->holders.back() > m.world_size - 1) c.fail(w, "at most " + std::to_string(m.world_size - 1), std::to_string(s->holders.back()));
+    if (s->holders.front() != t.rank)
+      c.fail(w, "the lowest holder is the entry's rank " + std::to_string(t.rank), "rank " + std::to_string(s->holders.front()));
   }
   t.sharding = std::move(s);
 }
@@ -402,6 +418,13 @@ Manifest decode_manifest_value(const json::value& root, std::string_view file) {
 }
 
 }  // namespace
+
+TensorSharding sharding_from_json(const json::object& entry, std::string_view file, std::string_view where) {
+  const detail::JsonContext c{Errc::malformed_manifest, file};
+  auto s = parse_sharding(c, entry, std::string(where));
+  if (!s) c.fail(where, "one of slice, replicated, rank_local", "none");
+  return *s;
+}
 
 Manifest decode_manifest(std::uint64_t size, const ManifestTextSource& source, std::string_view file) {
   Manifest m;

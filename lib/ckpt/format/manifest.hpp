@@ -93,6 +93,13 @@ Manifest assemble_manifest(std::uint64_t step, std::uint64_t chunk_size, std::ve
 /// The JSON objects encode_manifest writes for one shard entry and one tensor index entry.
 boost::json::object shard_to_json(const ShardRecord& s);
 boost::json::object tensor_to_json(const TensorRecord& t);
+/// The sharding field of a tensor entry: {"slice": {...}}, {"replicated": {...}} or
+/// {"rank_local": true}.
+boost::json::object sharding_to_json(const TensorSharding& s);
+/// The one sharding field of `entry` (an object as sharding_to_json writes it), checked on
+/// its own, as decode_manifest checks it before the checks against its entry and the other
+/// entries: Errc::malformed_manifest naming `file` and `where` otherwise.
+TensorSharding sharding_from_json(const boost::json::object& entry, std::string_view file, std::string_view where);
 
 /// Serialises a manifest (pretty enough to read with cat, stable field order), as
 /// m.schema_version says (2 by default; a schema 1 manifest with sharding descriptions is
