@@ -454,7 +454,8 @@ int cmd_consolidate(const ConsolidateArgs& a) {
     }
     print_json(json::object{{"ok", true}, {"source", source.dir()}, {"dir", r.dir}, {"dtype", dtype_name(r.dtype)},
                             {"tensor", from}, {"tensors", tensors}, {"total_size", r.total_size},
-                            {"index", r.index ? json::value(*r.index) : json::value(nullptr)}, {"files", files},
+                            {"index", r.index ? json::value(*r.index) : json::value(nullptr)},
+                            {"config", r.config ? json::value(*r.config) : json::value(nullptr)}, {"files", files},
                             {"bytes_read", r.bytes_read}, {"seconds", secs}});
     return kExitOk;
   }

@@ -75,6 +75,7 @@ TEST_CASE("the README's synchronous-core checkpoint consolidates, reshards and c
   std::vector<float> expect(4000);
   std::iota(expect.begin(), expect.end(), 0.0f);
   CHECK(whole == expect);
+  CHECK_FALSE(fs::exists(dir / "model" / "config.json"));  // no training.config recorded
   r = ckpt_run("reshard " + (dir / "run1").string() + " " + (dir / "run3").string() + " --world-size 3");
   REQUIRE(r.status == 0);
   const auto three = CheckpointReader::open(posix_file_system(), (dir / "run3" / "step-0000000010").string());

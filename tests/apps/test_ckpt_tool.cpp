@@ -192,6 +192,12 @@ TEST_CASE("ckpt consolidate writes the demo model as safetensors with a weight-m
   const auto v = json_of(r.out);
   CHECK(v.at("index").as_string() == "model.safetensors.index.json");
   CHECK(v.at("dtype").as_string() == "F32");
+  CHECK(v.at("config").as_string() == "config.json");
+  {
+    const auto b = test::read_all(fs::path(out) / "config.json");
+    const auto reader = CheckpointReader::open(posix_file_system(), demo.step(20));
+    CHECK(boost::json::parse(std::string(b.begin(), b.end())) == reader.manifest().training.at("config"));
+  }
   const auto index = boost::json::parse([&] {
                        const auto b = test::read_all(fs::path(out) / "model.safetensors.index.json");
                        return std::string(b.begin(), b.end());

@@ -593,6 +593,14 @@ ReshardResult reshard_checkpoint(FileSystem& fs, const CheckpointReader& source,
 
 namespace {
 
+// Writes `text` as the new file `path`, fsynced.
+void write_small_file(FileSystem& fs, const std::string& path, std::string_view text) {
+  auto f = fs.create(path, {});
+  f->write_at(0, std::as_bytes(std::span(text.data(), text.size())));
+  f->sync();
+  f->close();
+}
+
 // Removes what killed consolidates into PARENT/out_name left: their temporaries, when made on
 // this host by a process that no longer exists.
 void remove_abandoned_outputs(FileSystem& fs, const std::string& parent, const std::string& out_name) {
@@ -751,10 +759,12 @@ ConsolidateResult consolidate_checkpoint(FileSystem& fs, const CheckpointReader&
       const std::string text =
           json::serialize(json::object{{"metadata", {{"total_size", total_size}}}, {"weight_map", std::move(weight_map)}}) + "\n";
       result.index = "model.safetensors.index.json";
-      auto f = fs.create(join_path(temp, *result.index), {});
-      f->write_at(0, std::as_bytes(std::span(text.data(), text.size())));
-      f->sync();
-      f->close();
+      write_small_file(fs, join_path(temp, *result.index), text);
+    }
+    // The model's configuration, when the training metadata carries one (the trainer's).
+    if (const auto* cfg = src.training.if_contains("config"); cfg && cfg->is_object()) {
+      result.config = "config.json";
+      write_small_file(fs, join_path(temp, *result.config), json::serialize(*cfg) + "\n");
     }
     fs.sync_dir(temp);
     fs.rename(temp, out_dir);

@@ -200,6 +200,7 @@ struct ConsolidateResult {
   DType dtype = DType::F32;
   std::vector<ConsolidatedFile> files;
   std::optional<std::string> index;  ///< "model.safetensors.index.json" when several files
+  std::optional<std::string> config;  ///< "config.json": training.config, when the checkpoint records it
   std::uint64_t total_size = 0;      ///< tensor bytes (the index's metadata.total_size)
   std::uint64_t bytes_read = 0;
 };
@@ -209,7 +210,12 @@ struct ConsolidateResult {
 /// cast to options.dtype, into `model.safetensors`, or (when the tensors exceed
 /// max_file_size) `model-0000k-of-0000n.safetensors` files filled in layout order plus
 /// `model.safetensors.index.json` ({"metadata": {"total_size"}, "weight_map"}). Headers carry
-/// {"format": "pt"}. `out_dir` must not exist (invalid_argument) and its parent must
+/// {"format": "pt"}. When the checkpoint's training metadata holds a `config` object (the
+/// trainer's model and run configuration), it is written beside them as `config.json`.
+/// A checkpoint without training.flat_tensors exports its global tensors instead
+/// (slice_load.hpp: every sliced, replicated and single tensor under its global name, float
+/// ones cast to options.dtype, others as they are; rank-local tensors left out), in name
+/// order; Errc::not_found if it has none. `out_dir` must not exist (invalid_argument) and its parent must
 /// (Errc::not_found); everything is written under a temporary name in that parent
 /// (host_temporary_name: ".tmp-OUT@HOST-<pid>-<n>"), fsynced, and renamed at the end; on any
 /// failure the temporary is removed. A temporary a killed consolidate into the same OUT left
