@@ -5,8 +5,9 @@
       Builds the state ckpt-bench describes in LAYOUT.json (same names, dtypes, shapes) and
       times, in an order rotated by --round: torch.save + fsync, torch.load, dcp.save,
       dcp.async_save (time to return, time until durable, does a mutation made right after
-      it returns leak into the checkpoint?), dcp.load, safetensors save_file + fsync and
-      load_file. The page cache of the files is dropped before every load.
+      it returns leak into the checkpoint?), dcp.load, safetensors save_file + fsync,
+      load_file, and safe_open (lazy: one small tensor, then every tensor). The page cache
+      of the files is dropped before every load.
 
   peers.py combine --ckpt A.json [B.json ...] --peers P.json [Q.json ...] [--json OUT] [--markdown OUT]
       Medians over rounds, and ckpt's figures (from ckpt-bench --json runs interleaved with
@@ -22,6 +23,10 @@ import statistics
 import sys
 import tempfile
 import time
+
+
+# The small tensor both sides read alone (ckpt-bench: MappedShard of rank 0; here: safe_open).
+SMALL_TENSOR = "model.layers.0.input_norm.weight"
 
 
 def drop_cache(path):
@@ -56,6 +61,7 @@ def run(args):
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     import safetensors
+    from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
     dtypes = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64, "I64": torch.int64,
@@ -152,6 +158,32 @@ def run(args):
         s, loaded = timed(load)
         out["safetensors_load_s"] = s
         del loaded
+        # safe_open: the lazy, memory-mapped reader; one small tensor (the one ckpt-bench reads
+        # through MappedShard), then every tensor, each after the page cache is dropped.
+        small = "rank0." + SMALL_TENSOR
+        drop_cache(p)
+        settle()
+        def one():
+            with safe_open(p, framework="pt") as f:
+                t = f.get_tensor(small)
+                touch([t])
+                return t.numel()
+        s, _ = timed(one)
+        out["safe_open_one_s"] = s
+        out["safe_open_one_tensor"] = small
+        drop_cache(p)
+        settle()
+        def every():
+            with safe_open(p, framework="pt") as f:
+                n = 0
+                for k in f.keys():
+                    t = f.get_tensor(k)
+                    touch([t])
+                    n += 1
+                return n
+        s, n = timed(every)
+        out["safe_open_all_s"] = s
+        assert n == len(state)
         os.remove(p)
 
     def dcp_save_load():
@@ -264,6 +296,11 @@ def combine(args):
         "ckpt_load_none_gbps": ckv("load", "none", "gbps", "median"),
         "ckpt_load_fast_gbps": ckv("load", "fast", "gbps", "median"),
         "ckpt_load_full_gbps": ckv("load", "full", "gbps", "median"),
+        # Resume: open_latest + load_into the model's own (warm) memory + verify fast.
+        "ckpt_resume_gbps": ckv("load", "into_fast", "gbps", "median"),
+        # MappedShard (verify fast): one small tensor (open_latest to its bytes), every tensor.
+        "ckpt_mapped_one_ms": ckv("load", "mapped_one_tensor", "ms", "median"),
+        "ckpt_mapped_all_gbps": ckv("load", "mapped", "gbps", "median"),
         "raw_write_gbps": ckv("references", "raw_write_gbps", "median"),
         "raw_read_gbps": ckv("references", "raw_read_gbps", "median"),
         "torch_save_fsync_gbps": gbps(pv("torch_save_fsync_s")),
@@ -272,6 +309,8 @@ def combine(args):
         "dcp_load_gbps": gbps(pv("dcp_load_s")),
         "safetensors_save_fsync_gbps": gbps(pv("safetensors_save_fsync_s")),
         "safetensors_load_gbps": gbps(pv("safetensors_load_s")),
+        "safe_open_one_ms": (pv("safe_open_one_s") or 0) * 1e3 or None,
+        "safe_open_all_gbps": gbps(pv("safe_open_all_s")),
         "dcp_async_return_ms": (pv("dcp_async_default_return_s") or 0) * 1e3 or None,
         "dcp_async_durable_ms": (pv("dcp_async_default_durable_s") or 0) * 1e3 or None,
         "dcp_async_mutation_leaked": any(p.get("dcp_async_default_mutation_leaked", False) for p in pe),
@@ -297,6 +336,13 @@ def combine(args):
         "load_fast_vs_torch_load": ratio(fig["ckpt_load_fast_gbps"], fig["torch_load_gbps"]),
         "load_fast_vs_dcp_load": ratio(fig["ckpt_load_fast_gbps"], fig["dcp_load_gbps"]),
         "load_fast_vs_safetensors_load": ratio(fig["ckpt_load_fast_gbps"], fig["safetensors_load_gbps"]),
+        "resume_vs_torch_load": ratio(fig["ckpt_resume_gbps"], fig["torch_load_gbps"]),
+        "resume_vs_dcp_load": ratio(fig["ckpt_resume_gbps"], fig["dcp_load_gbps"]),
+        "resume_vs_safetensors_load_file": ratio(fig["ckpt_resume_gbps"], fig["safetensors_load_gbps"]),
+        "resume_vs_safe_open_all": ratio(fig["ckpt_resume_gbps"], fig["safe_open_all_gbps"]),
+        "mapped_all_vs_safe_open_all": ratio(fig["ckpt_mapped_all_gbps"], fig["safe_open_all_gbps"]),
+        # Speed-up of ckpt's one-tensor read over safe_open's (their time / ckpt's).
+        "mapped_one_speedup_vs_safe_open_one": ratio(fig["safe_open_one_ms"], fig["ckpt_mapped_one_ms"]),
     }
     targets = []
 
@@ -317,6 +363,8 @@ def combine(args):
            "dcp clone variant leaked: %s" % ("YES" if fig["dcp_async_clone_mutation_leaked"] else "no"))
     target("load (fast verify) >= 2x torch.load", r["load_fast_vs_torch_load"], ">=", 2)
     target("load (fast verify) >= 2x dcp.load", r["load_fast_vs_dcp_load"], ">=", 2)
+    target("resume (open + load_into + verify fast) >= 2x torch.load", r["resume_vs_torch_load"], ">=", 2)
+    target("resume (open + load_into + verify fast) >= 1.2x safetensors load_file", r["resume_vs_safetensors_load_file"], ">=", 1.2)
     res = {"figures": fig, "ratios": r, "targets": targets}
     if args.json:
         with open(args.json, "w") as f:
@@ -355,6 +403,18 @@ def combine(args):
                           ("safetensors load_file", "safetensors_load_gbps", "load_fast_vs_safetensors_load")):
         lines.append(f"| {name} | {f(fig[key])} | {f(r[rk])} |")
     lines.append(f"| raw O_DIRECT read (reference) | {f(fig['raw_read_gbps'])} | |")
+    lines.append("\n| resume and lazy reads (page cache dropped) | ckpt | peer | ckpt / peer |\n|---|---|---|---|")
+    for name, a, b, rk in (("resume (open + load_into + verify fast) vs torch.load, GB/s", "ckpt_resume_gbps", "torch_load_gbps",
+                            "resume_vs_torch_load"),
+                           ("resume vs dcp.load, GB/s", "ckpt_resume_gbps", "dcp_load_gbps", "resume_vs_dcp_load"),
+                           ("resume vs safetensors load_file, GB/s", "ckpt_resume_gbps", "safetensors_load_gbps",
+                            "resume_vs_safetensors_load_file"),
+                           ("every tensor: MappedShard (verify fast) vs safe_open, GB/s", "ckpt_mapped_all_gbps", "safe_open_all_gbps",
+                            "mapped_all_vs_safe_open_all")):
+        lines.append(f"| {name} | {f(fig[a])} | {f(fig[b])} | {f(r[rk])} |")
+    lines.append(f"| one small tensor ({SMALL_TENSOR} of rank 0), open to its bytes: MappedShard (verify fast) vs safe_open, "
+                 f"ms (last column: safe_open ms / ckpt ms) | {f(fig['ckpt_mapped_one_ms'])} | {f(fig['safe_open_one_ms'])} | "
+                 f"{f(r['mapped_one_speedup_vs_safe_open_one'])} |")
     lines.append("\n| target | value | threshold | result | note |\n|---|---|---|---|---|")
     for t in targets:
         lines.append(f"| {t['text']} | {f(t['value'], 3)} | {t['op']} {t['threshold']} | {'PASS' if t['pass'] else '**FAIL**'} | {t['note']} |")

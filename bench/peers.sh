@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # ckpt against what users run today, on the same tensors and the same disk, interleaved:
 # each round runs ckpt-bench (sync and async io_uring saves, loads) and then bench/peers.py
-# (torch.save + fsync, torch.load, dcp.save, dcp.async_save, dcp.load, safetensors), and the
-# end prints ckpt's figures as ratios to theirs. See bench/README.md.
+# (torch.save + fsync, torch.load, dcp.save, dcp.async_save, dcp.load, safetensors load_file and
+# safe_open), and the end prints ckpt's figures as ratios to theirs. See bench/README.md.
 #
 #   bench/peers.sh [--size 1G] [--rounds 5] [--dir DIR] [--out DIR] [--bench PATH]
 #
@@ -25,7 +25,7 @@ while [ $# -gt 0 ]; do
     --dir) dir=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --bench) bench=$2; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "peers.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done

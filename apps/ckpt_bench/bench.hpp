@@ -130,9 +130,16 @@ std::uint64_t rss_bytes();       // VmRSS
 std::uint64_t hwm_bytes();       // VmHWM
 bool reset_hwm();                // clear_refs 5: VmHWM := VmRSS
 double process_cpu_s();
-/// CPU seconds all processes spent busy (user, nice, system, irq, softirq, steal) since boot,
-/// from /proc/stat; with process_cpu_s() this tells how much of the machine others used.
-double machine_busy_cpu_s();
+/// CPU seconds of all cores since boot, from /proc/stat: busy (user, nice, system, irq,
+/// softirq, steal; with process_cpu_s() this tells how much of the machine others used) and
+/// idle (idle + iowait: cores nothing ran on). Both 0 if /proc/stat is unreadable.
+struct MachineCpu {
+  double busy = 0, idle = 0;
+};
+MachineCpu machine_cpu_s();
+/// Bytes this process caused to be read from storage (read_bytes of /proc/self/io: page-cache
+/// misses, including those of a mapped file's page faults); 0 if unavailable.
+std::uint64_t process_read_bytes();
 double thread_cpu_s();
 std::uint64_t minor_faults();
 /// Drops the page cache of a file (clean pages), so the next read comes from the disk.
@@ -173,6 +180,9 @@ struct Segment {
   // Per checkpoint: ms from its handles' completion to the start of the rotation it caused
   // (the first removal of an older checkpoint after its commit); positive = after.
   std::vector<std::optional<double>> rotation_after_complete_ms;
+  // The machine's idle CPU seconds (MachineCpu::idle), sampled every few ms during the
+  // segment: the cores idle over any window of it, by interpolation.
+  std::vector<std::pair<Clock::time_point, double>> idle_samples;
   double writer_cpu_s = 0;                   // process CPU minus rank and main threads
   double rank_cpu_s = 0;
   std::uint64_t rss_start = 0, hwm = 0;

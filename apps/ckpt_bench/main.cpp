@@ -27,7 +27,10 @@ fp32 matrices and many small tensors), run a memory-bound compute kernel per ste
 checkpoint every EVERY steps. Modes run interleaved over REPEATS rounds: none (no checkpoint),
 sync (save_sync), async_io_uring and async_posix (save(), the two writers). References in the
 same run: raw O_DIRECT write/read of the directory's disk (own io_uring loop), memcpy of the
-state, single-core XXH3 and SHA-256. Loads are measured with verify none / fast / full.)";
+state, single-core XXH3 and SHA-256, and the hashing bound (SHA-256 x the cores a save can hash
+on). Also: saves with deferred staging (blocked time against the memcpy), loads with verify
+none / fast / full, into owned memory (load_into) and through MappedShard (one small tensor,
+and everything).)";
 
 const char* kFooter = R"(
 SIZE is a byte count: 1024, 64K, 500M, 1.5G (binary units, K = 1024).

@@ -26,7 +26,8 @@ std::string f(double v, int prec = 2) {
 const std::vector<std::pair<const char*, const char*>>& load_rows() {
   static const std::vector<std::pair<const char*, const char*>> rows = {
       {"none", "none"}, {"fast", "fast"}, {"full", "full"},
-      {"into_fast", "fast, load_into owned memory"}, {"into_full", "full, load_into owned memory"}};
+      {"into_fast", "fast, load_into owned memory"}, {"into_full", "full, load_into owned memory"},
+      {"mapped", "fast, MappedShard of every tensor"}};
   return rows;
 }
 
@@ -94,6 +95,69 @@ Row mode_row(const json::object& r, const std::string& m) {
   return row;
 }
 
+// The hashing bound, the deferred staging and the mapped one-tensor read, as (label, value)
+// lines: the table and the markdown render the same rows.
+std::vector<std::pair<std::string, std::string>> bound_rows(const json::object& r) {
+  std::vector<std::pair<std::string, std::string>> rows;
+  const auto* hv = r.if_contains("hashing_bound");
+  if (!hv) return rows;
+  const auto& h = hv->as_object();
+  rows.emplace_back("SHA-256 of one core x cores (at most one per shard: a file's SHA-256 is sequential)",
+                    f(json_at(h, {"sha256_gbps"})) + " GB/s x " + f(json_at(h, {"cores"}), 0) + " cores, " + f(json_at(h, {"shards"}), 0) +
+                        " shards");
+  rows.emplace_back("sync save: all cores, " + f(json_at(h, {"sync_cores"}), 0) + " hashing (measured free: idle " +
+                        f(json_at(h, {"sync_idle_cores"})) + " + ckpt " + f(json_at(h, {"sync_writer_cores"})) + ")",
+                    f(json_at(h, {"sync_sha256_gbps"})) +
+                        " GB/s; raw write " + f(json_at(h, {"raw_write_gbps"})) + " GB/s; bound min(raw write, that) " +
+                        f(json_at(h, {"sync_bound_gbps"})) + " GB/s");
+  for (const char* m : {"async_io_uring", "async_posix"}) {
+    const std::string k(m);
+    if (!h.contains(k + "_cores")) continue;
+    rows.emplace_back(k + ": idle " + f(json_at(h, {k + "_idle_cores"})) + " + writer " + f(json_at(h, {k + "_writer_cores"})) + " cores",
+                      f(json_at(h, {k + "_sha256_gbps"})) + " GB/s; bound min(raw write, that) " + f(json_at(h, {k + "_bound_gbps"})) + " GB/s");
+  }
+  rows.emplace_back("load: " + f(json_at(h, {"load_cores"}), 0) + " cores hashing", "bound min(raw read " + f(json_at(h, {"raw_read_gbps"})) +
+                                                                                      ", SHA-256 x cores) " + f(json_at(h, {"load_bound_gbps"})) +
+                                                                                      " GB/s");
+  return rows;
+}
+
+std::vector<std::pair<std::string, std::string>> deferred_rows(const json::object& r) {
+  std::vector<std::pair<std::string, std::string>> rows;
+  const auto* dv = r.if_contains("deferred_staging");
+  if (!dv) return rows;
+  for (const char* model : {"accelerator", "cpu"}) {
+    const auto* mv = dv->as_object().if_contains(model);
+    if (!mv) continue;
+    const auto& d = mv->as_object();
+    const std::string m(model);
+    const std::string what = m == "cpu" ? "CPU forward + backward" : "forward + backward on an accelerator";
+    rows.emplace_back(what + ": blocked per save, save() + wait_staged(), median / p99",
+                      f(json_at(d, {"stall_ms", "median"})) + " / " + f(json_at(d, {"stall_ms", "p99"})) + " ms (save() " +
+                          f(json_at(d, {"save_ms", "median"})) + ", fence " + f(json_at(d, {"fence_ms", "median"})) + ")");
+    rows.emplace_back(what + ": its duration / the copy on ckpt's threads",
+                      f(json_at(d, {"compute_ms", "median"}), 1) + " / " + f(json_at(d, {"stage_ms", "median"}), 1) + " ms");
+    rows.emplace_back(what + ": blocked over memcpy of the rank's state, all ranks at once / alone",
+                      f(json_at(r, {"ratios", "deferred_stall_over_memcpy_all_ranks_" + m}), 3) + " / " +
+                          f(json_at(r, {"ratios", "deferred_stall_over_memcpy_alone_" + m}), 3));
+  }
+  return rows;
+}
+
+std::vector<std::pair<std::string, std::string>> mapped_rows(const json::object& r) {
+  std::vector<std::pair<std::string, std::string>> rows;
+  const auto* ov = r.if_contains("load");
+  const auto* mv = ov ? ov->as_object().if_contains("mapped_one_tensor") : nullptr;
+  if (!mv) return rows;
+  const auto& m = mv->as_object();
+  rows.emplace_back("one small tensor (" + str(m, {"tensor"}) + ", " + f(json_at(m, {"tensor_bytes"}), 0) + " bytes), open_latest to its bytes",
+                    f(json_at(m, {"ms", "median"})) + " ms");
+  rows.emplace_back("chunks checked / covering it; KiB read from storage / covering",
+                    f(json_at(m, {"chunks_checked"}), 0) + " / " + f(json_at(m, {"chunks_covering"}), 0) + "; " +
+                        f(json_at(m, {"storage_bytes_read"}) / 1024, 0) + " / " + f(json_at(m, {"bytes_covering"}) / 1024, 0));
+  return rows;
+}
+
 }  // namespace
 
 std::string render_table(const json::object& r) {
@@ -132,6 +196,12 @@ std::string render_table(const json::object& r) {
                   f(json_at(ref, {"xxh3_gbps"})).c_str());
   out += printf_s("  SHA-256, one core                                %7s GB/s\n", f(json_at(ref, {"sha256_gbps"})).c_str());
 
+  auto section = [&out](const char* title, const std::vector<std::pair<std::string, std::string>>& rows) {
+    if (rows.empty()) return;
+    out += printf_s("\n%s\n", title);
+    for (const auto& [k, v] : rows) out += printf_s("  %-78s %s\n", k.c_str(), v.c_str());
+  };
+  section("hashing bound of a save (SHA-256 x the cores it can hash on, against the raw disk)", bound_rows(r));
   out += "\nsaves            stall ms per save       step    step      durable  persist  persist  peak extra  writer CPU\n";
   out += "                 min    steady  p99      ms      overhead  ms       GB/s     /raw wr  x ckpt      s/save cores\n";
   for (const auto& m : mode_names(r)) {
@@ -184,6 +254,7 @@ std::string render_table(const json::object& r) {
     out += printf_s("  %-15s pre-faulted pool: first save %s ms, steady median %s ms\n", m.c_str(),
                     f(json_at(mo, {"first_save_stall_ms"}), 1).c_str(), f(json_at(mo, {"steady_stall_ms", "median"}), 1).c_str());
   }
+  section("deferred staging (save(..., Staging::deferred), the step's compute, wait_staged())", deferred_rows(r));
   if (const auto* l = r.if_contains("load"); l && !l->as_object().empty()) {
     const auto& lo = l->as_object();
     out += printf_s("\nload, %d ranks in parallel, page cache dropped   GB/s    /raw read  minor faults per GiB\n",
@@ -193,6 +264,7 @@ std::string render_table(const json::object& r) {
                       f(json_at(lo, {v, "minor_faults_per_gib"}), 0).c_str());
     if (lo.contains("into_engine")) out += printf_s("  load_into read with %s\n", str(lo, {"into_engine"}).c_str());
     out += printf_s("  full-verify bound min(raw read, SHA-256 x cores)  %s GB/s\n", f(json_at(lo, {"full_bound_gbps"})).c_str());
+    for (const auto& [k, v] : mapped_rows(r)) out += printf_s("  mapped: %-70s %s\n", k.c_str(), v.c_str());
     out += printf_s("  snapshot isolation (optimizer.step of every loaded shard = the checkpoint's step, although the rank\n"
                     "  overwrote it right after save() returned): %s over %d shards\n",
                     str(lo, {"snapshot_isolated"}) == "yes" ? "held" : "BROKEN", static_cast<int>(json_at(lo, {"snapshot_checks"})));
@@ -243,6 +315,14 @@ std::string render_markdown(const json::object& r) {
          f(json_at(ref, {"memcpy_first_touch_gbps"})) + " GB/s |\n";
   out += "| XXH3 / SHA-256, one core | " + f(json_at(ref, {"xxh3_gbps"})) + " / " + f(json_at(ref, {"sha256_gbps"})) + " GB/s |\n\n";
 
+  auto md_section = [&out](const char* title, const std::vector<std::pair<std::string, std::string>>& rows) {
+    if (rows.empty()) return;
+    out += std::string("| ") + title + " | value |\n|---|---|\n";
+    for (const auto& [k, v] : rows) out += "| " + k + " | " + v + " |\n";
+    out += "\n";
+  };
+  md_section("hashing bound of a save", bound_rows(r));
+  md_section("deferred staging", deferred_rows(r));
   out += "| mode | stall min / steady median / p99 (ms) | step ms | overhead | durable ms | persist GB/s | persist / raw write | peak extra mem (x ckpt) | writer CPU s/save |\n";
   out += "|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& m : mode_names(r)) {
@@ -294,6 +374,10 @@ std::string render_markdown(const json::object& r) {
     for (const auto& [v, label] : load_rows())
       out += std::string("| verify ") + label + " | " + f(json_at(lo, {v, "gbps", "median"})) + " | " + f(json_at(lo, {v, "over_raw_read"})) + " | " +
              f(json_at(lo, {v, "minor_faults_per_gib"}), 0) + " |\n";
+  }
+  if (const auto rows = mapped_rows(r); !rows.empty()) {
+    out += "\n";
+    md_section("mapped read of one tensor (MappedShard, verify fast, page cache dropped)", rows);
   }
   if (const auto* l = r.if_contains("load"); l && !l->as_object().empty())
     out += "\nSnapshot isolation (optimizer.step of every loaded shard equals the checkpoint's step although each rank overwrote it right "

@@ -1,5 +1,6 @@
 // Process probes: resident memory from /proc/self/status, CPU time from the POSIX clocks,
-// page faults from getrusage.
+// page faults from getrusage, the machine's busy and idle CPU from /proc/stat, storage reads
+// from /proc/self/io.
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -39,14 +40,21 @@ bool reset_hwm() {
   return static_cast<bool>(out);
 }
 
-double machine_busy_cpu_s() {
+MachineCpu machine_cpu_s() {
   std::ifstream in("/proc/stat");
   std::string cpu;
   unsigned long long user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
   in >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
-  if (cpu != "cpu") return 0;
+  if (cpu != "cpu") return {};
   const double hz = static_cast<double>(sysconf(_SC_CLK_TCK));
-  return static_cast<double>(user + nice + system + irq + softirq + steal) / hz;
+  return {static_cast<double>(user + nice + system + irq + softirq + steal) / hz, static_cast<double>(idle + iowait) / hz};
+}
+
+std::uint64_t process_read_bytes() {
+  std::ifstream in("/proc/self/io");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("read_bytes:", 0) == 0) return std::stoull(line.substr(11));
+  return 0;
 }
 
 double process_cpu_s() { return clock_s(CLOCK_PROCESS_CPUTIME_ID); }

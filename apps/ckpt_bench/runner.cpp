@@ -18,6 +18,7 @@
 
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/load_into.hpp"
+#include "ckpt/io/mapped.hpp"
 #include "ckpt/io/reader.hpp"
 
 namespace bench {
@@ -140,6 +141,16 @@ Segment Runner::segment(const std::string& mode, int rep) {
   seg.hwm_valid = reset_hwm();
   seg.rss_start = rss_bytes();
   const double cpu0 = process_cpu_s(), main0 = thread_cpu_s();
+  // The machine's idle CPU every 5 ms, until every save of the segment is durable: the cores
+  // idle during each save (the hashing bound of an async save).
+  std::optional<std::jthread> sampler;
+  sampler.emplace([&seg](std::stop_token stop) {
+    while (!stop.stop_requested()) {
+      seg.idle_samples.emplace_back(Clock::now(), machine_cpu_s().idle);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    seg.idle_samples.emplace_back(Clock::now(), machine_cpu_s().idle);
+  });
   on_ranks(o_.ranks, [&](int r) {
     const auto ri = static_cast<std::size_t>(r);
     const double c0 = thread_cpu_s();
@@ -170,6 +181,7 @@ Segment Runner::segment(const std::string& mode, int rep) {
     g_sink.store(local, std::memory_order_relaxed);
   });
   if (ck) ck->wait_all();
+  sampler.reset();  // stops and joins it
   const double cpu1 = process_cpu_s(), main1 = thread_cpu_s();
   seg.hwm = hwm_bytes();
   seg.start = seg.step_end.front();
@@ -307,6 +319,145 @@ void Runner::load(const std::string& root, ckpt::Verify v, bool into) {
   load_faults_per_gib_[name].push_back(static_cast<double>(faults) / (static_cast<double>(bytes) / (1ull << 30)));
 }
 
+// Deferred staging as a trainer uses it: save(..., Staging::deferred) returns before the copy,
+// the rank runs its step's forward and backward while ckpt's threads copy, then calls
+// wait_staged() right before its optimizer step, the first thing to modify the saved tensors.
+// Blocked = time in save() + time in wait_staged(). Forward + backward is either the
+// accelerator model (the rank waits max(--step-ms, 2x the all-ranks memcpy of this run) with
+// the host's cores free, as while a GPU computes) or the CPU kernel of a step (cpu_compute:
+// its calibrated passes, competing with the copy for the cores). Each save is waited for (off
+// the clock) before the next, as the save interval of training leaves it time to persist; the
+// optimizer step's mutation after the fence must not reach the checkpoint (the loads check).
+void Runner::deferred(bool cpu_compute) {
+  ModeData* md = nullptr;
+  for (const char* m : {"async_io_uring", "async_posix"})
+    if (modes_.count(m)) {
+      md = &modes_.at(m);
+      deferred_mode_ = m;
+      break;
+    }
+  if (!md || (cpu_compute && passes_ == 0)) return;
+  const auto wait_for = std::chrono::duration<double, std::milli>(std::max(o_.step_ms, 2 * summarize(memcpy_all_ms_).median));
+  DeferredData& dd = deferred_[cpu_compute ? "cpu" : "accelerator"];
+  ckpt::Checkpointer& ck = *md->ck;
+  const std::uint64_t base = md->next_step;
+  md->next_step += static_cast<std::uint64_t>(o_.saves);
+  std::barrier start(o_.ranks);
+  std::mutex mu;
+  md->fs->take();
+  on_ranks(o_.ranks, [&](int r) {
+    const auto ri = static_cast<std::size_t>(r);
+    double local = 0;
+    for (int k = 1; k <= o_.saves; ++k) {
+      const std::uint64_t step = base + static_cast<std::uint64_t>(k);
+      states_[ri]->mutate(step);
+      start.arrive_and_wait();  // every rank saves at the same step
+      const auto t0 = Clock::now();
+      ckpt::SaveHandle h = ck.save(r, step, states_[ri]->views(), save_info(r), ckpt::Staging::deferred);
+      const auto t1 = Clock::now();
+      if (cpu_compute) local += compute_[ri]->run(passes_);  // forward + backward
+      else std::this_thread::sleep_for(wait_for);
+      const auto t2 = Clock::now();
+      h.wait_staged();
+      const auto t3 = Clock::now();
+      states_[ri]->mutate(step + 1);  // the optimizer step
+      const ckpt::SaveResult res = h.wait();
+      std::lock_guard lk(mu);
+      dd.save_ms.push_back(ms(t1 - t0));
+      dd.fence_ms.push_back(ms(t3 - t2));
+      dd.stall_ms.push_back(ms(t1 - t0) + ms(t3 - t2));
+      dd.compute_ms.push_back(ms(t2 - t1));
+      dd.stage_ms.push_back(ms(res.stage));
+    }
+    g_sink.store(local, std::memory_order_relaxed);
+  });
+  ck.wait_all();
+  md->fs->take();
+  std::fprintf(stderr, "ckpt-bench: deferred staging (%s): blocked %.1f ms per save (save %.1f + fence %.1f), compute %.1f ms, copy %.1f ms\n",
+               cpu_compute ? "cpu" : "accelerator", summarize(dd.stall_ms).median, summarize(dd.save_ms).median,
+               summarize(dd.fence_ms).median, summarize(dd.compute_ms).median, summarize(dd.stage_ms).median);
+}
+
+namespace {
+// Reads one byte of every page of a view, as a user of a mapped tensor would (and as the peers
+// script does for safetensors' mapped loads).
+std::uint64_t touch_pages(std::span<const std::byte> b) {
+  std::uint64_t sum = 0;
+  for (std::size_t i = 0; i < b.size(); i += 4096) sum += static_cast<std::uint64_t>(b[i]);
+  if (!b.empty()) sum += static_cast<std::uint64_t>(b.back());
+  return sum;
+}
+
+const std::string kSmallTensor = "model.layers.0.input_norm.weight";
+}  // namespace
+
+// One small tensor of rank 0 through MappedShard (verify fast), page cache dropped: the time
+// from open_latest to the tensor's bytes read, and what was read for it: chunks hashed, and
+// the bytes the process read from storage, against the chunks that cover the tensor.
+void Runner::mapped_one(const std::string& root) {
+  auto& pfs = ckpt::posix_file_system();
+  {
+    const auto opened = ckpt::open_latest(pfs, root, {.expected_world_size = o_.ranks});
+    for (int r = 0; r < o_.ranks; ++r) drop_file_cache(opened.reader.shard_path(r));
+  }
+  if (o_.load_settle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o_.load_settle_ms));
+  const auto t0 = Clock::now();
+  const auto opened = ckpt::open_latest(pfs, root, {.expected_world_size = o_.ranks});
+  ckpt::MappedShard shard(opened.reader, 0, ckpt::Verify::fast);
+  const std::uint64_t io0 = process_read_bytes();
+  const ckpt::TensorView v = shard.tensor(kSmallTensor);
+  g_sink.store(static_cast<double>(touch_pages(v.data)), std::memory_order_relaxed);
+  const std::uint64_t io1 = process_read_bytes();
+  const double took = ms(Clock::now() - t0);
+  mapped_one_ms_.push_back(took);
+  const ckpt::TensorRecord* rec = shard.find(kSmallTensor);
+  const std::uint64_t chunk = opened.reader.manifest().chunk_size;
+  const std::uint64_t first = rec->begin / chunk, last = rec->end > rec->begin ? (rec->end - 1) / chunk : first;
+  const std::uint64_t covering = last - first + 1;
+  const std::uint64_t covering_bytes = std::min(shard.size(), (last + 1) * chunk) - first * chunk;
+  const ckpt::MappedShardStats st = shard.stats();
+  mapped_one_ = {{"tensor", kSmallTensor},
+                 {"tensor_bytes", rec->end - rec->begin},
+                 {"mapped", shard.is_mapped()},
+                 {"chunks_covering", covering},
+                 {"bytes_covering", covering_bytes},
+                 {"chunks_checked", st.chunks_checked},
+                 {"bytes_checked", st.bytes_checked},
+                 {"bytes_read_fallback", st.bytes_read},
+                 {"storage_bytes_read", io1 - io0},
+                 {"shard_bytes", shard.size()}};
+  std::fprintf(stderr, "ckpt-bench: mapped, one tensor: %.2f ms, %llu of %llu covering chunks checked, %.1f KiB read from storage\n", took,
+               static_cast<unsigned long long>(st.chunks_checked), static_cast<unsigned long long>(covering),
+               static_cast<double>(io1 - io0) / 1024);
+}
+
+// Every tensor of every rank through MappedShard (verify fast, a thread per rank), one byte of
+// every page read, page cache dropped: a lazy load of everything.
+void Runner::mapped_all(const std::string& root) {
+  auto& pfs = ckpt::posix_file_system();
+  {
+    const auto opened = ckpt::open_latest(pfs, root, {.expected_world_size = o_.ranks});
+    for (int r = 0; r < o_.ranks; ++r) drop_file_cache(opened.reader.shard_path(r));
+  }
+  if (o_.load_settle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o_.load_settle_ms));
+  const std::uint64_t f0 = minor_faults();
+  const auto t0 = Clock::now();
+  const auto opened = ckpt::open_latest(pfs, root, {.expected_world_size = o_.ranks});
+  std::vector<std::uint64_t> sums(static_cast<std::size_t>(o_.ranks));
+  std::uint64_t bytes = 0;
+  for (int r = 0; r < o_.ranks; ++r) bytes += opened.reader.manifest().shard(r).size;
+  on_ranks(o_.ranks, [&](int r) {
+    ckpt::MappedShard shard(opened.reader, r, ckpt::Verify::fast);
+    for (const auto& t : shard.tensors()) sums[static_cast<std::size_t>(r)] += touch_pages(shard.tensor(t.name).data);
+  });
+  const double s = secs(Clock::now() - t0);
+  const std::uint64_t faults = minor_faults() - f0;
+  g_sink.store(static_cast<double>(sums[0]), std::memory_order_relaxed);
+  load_gbps_["mapped"].push_back(gb_per_s(bytes, s));
+  load_faults_per_gib_["mapped"].push_back(static_cast<double>(faults) / (static_cast<double>(bytes) / (1ull << 30)));
+  std::fprintf(stderr, "ckpt-bench: load, mapped (fast)  %.2f GB/s\n", load_gbps_["mapped"].back());
+}
+
 void Runner::soak(ModeData& md) {
   const int n = o_.soak_saves;
   std::vector<double> series(static_cast<std::size_t>(n));
@@ -379,7 +530,7 @@ std::string loadavg() {
 
 json::object Runner::run() {
   const auto t_run = Clock::now();
-  const double busy0 = machine_busy_cpu_s(), ours0 = process_cpu_s();
+  const double busy0 = machine_cpu_s().busy, ours0 = process_cpu_s();
   loadavg_start_ = loadavg();
   // Directory: ours if not given; subdirectories we own are cleared first.
   bool own_dir = false;
@@ -469,8 +620,9 @@ json::object Runner::run() {
     modes_.emplace(m, std::move(md));
   }
 
-  // load_shard with each verify mode, then load_into owned memory with fast and full.
-  const std::vector<std::string> verifies = {"none", "fast", "full", "into_fast", "into_full"};
+  // load_shard with each verify mode, load_into owned memory with fast and full, MappedShard of
+  // one small tensor and of everything.
+  const std::vector<std::string> verifies = {"none", "fast", "full", "into_fast", "into_full", "mapped_one", "mapped"};
   std::string load_root;
   for (const char* m : {"async_io_uring", "async_posix", "sync"})
     if (modes_.count(m)) {
@@ -485,9 +637,19 @@ json::object Runner::run() {
       Segment seg = segment(m, rep);
       segments_.push_back(std::move(seg));
     }
+    // Deferred staging, both models of forward + backward, in alternating order.
+    for (int k = 0; k < 2; ++k) deferred((k + rep) % 2 == 1);
     if (o_.loads && !load_root.empty())
       for (std::size_t i = 0; i < verifies.size(); ++i) {
         const std::string& v = verifies[(i + static_cast<std::size_t>(rep)) % verifies.size()];
+        if (v == "mapped_one") {
+          mapped_one(load_root);
+          continue;
+        }
+        if (v == "mapped") {
+          mapped_all(load_root);
+          continue;
+        }
         const bool into = v.rfind("into_", 0) == 0;
         load(load_root, *ckpt::parse_verify(into ? v.substr(5) : v), into);
       }
@@ -502,7 +664,7 @@ json::object Runner::run() {
   }
   wall_s_ = secs(Clock::now() - t_run);
   ours_cpu_s_ = process_cpu_s() - ours0;
-  others_cpu_s_ = std::max(0.0, machine_busy_cpu_s() - busy0 - ours_cpu_s_);
+  others_cpu_s_ = std::max(0.0, machine_cpu_s().busy - busy0 - ours_cpu_s_);
   loadavg_end_ = loadavg();
   json::object res = results();
   for (auto& [name, md] : modes_) md.ck.reset();

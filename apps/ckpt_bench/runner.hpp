@@ -59,6 +59,10 @@ class Runner {
   void cold_pool();
   Segment segment(const std::string& mode, int rep);
   void load(const std::string& root, ckpt::Verify v, bool into);  // into: load_into warm memory
+  void deferred(bool cpu_compute);     // saves with Staging::deferred, forward + backward before the fence
+  void mapped_one(const std::string& root);  // MappedShard: one small tensor
+  void mapped_all(const std::string& root);  // MappedShard: every tensor of every rank
+  boost::json::object hashing_bound(const boost::json::object& modes) const;
   void soak(ModeData& md);
   boost::json::object results() const;
   boost::json::object mode_results(const std::string& mode) const;
@@ -89,6 +93,19 @@ class Runner {
   double memcpy_cold_gbps_ = 0, xxh3_gbps_ = 0, sha256_gbps_ = 0, raw_read_fresh_gbps_ = 0;
   boost::json::object cold_pool_, soak_;
   std::map<std::string, std::vector<double>> load_gbps_, load_faults_per_gib_;
+  // Deferred staging, per rank and save: time blocked in save() and in wait_staged(), their
+  // sum, the compute that ran between them, and the copy's own duration.
+  // Two models of forward + backward between save() and the fence: "accelerator" (the rank
+  // waits the step's time with the host's cores free, as while a GPU computes) and "cpu" (the
+  // benchmark's CPU kernel, which competes with the copy for the cores).
+  struct DeferredData {
+    std::vector<double> save_ms, fence_ms, stall_ms, compute_ms, stage_ms;
+  };
+  std::string deferred_mode_;
+  std::map<std::string, DeferredData> deferred_;
+  // MappedShard: one small tensor of rank 0 (per round) and every tensor of every rank.
+  std::vector<double> mapped_one_ms_;
+  boost::json::object mapped_one_;  // the last round's counters
 };
 
 }  // namespace bench

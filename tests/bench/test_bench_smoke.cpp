@@ -92,7 +92,22 @@ TEST_CASE("ckpt-bench --json holds every figure of every mode") {
       "load/fast/gbps/median", "load/full/gbps/median", "load/full_bound_gbps", "soak/peak_extra_ratio", "soak/growth_bytes",
       "ratios/sync_over_async_stall", "ratios/load_fast_over_raw_read", "ratios/load_full_over_bound",
       "load/into_fast/gbps/median", "load/into_full/gbps/median", "load/into_fast/minor_faults_per_gib",
-      "ratios/load_into_fast_over_raw_read", "ratios/load_into_full_over_bound"};
+      "ratios/load_into_fast_over_raw_read", "ratios/load_into_full_over_bound",
+      // The hashing bound: SHA-256 x cores beside the raw disk, for sync, async and loads.
+      "hashing_bound/sha256_gbps", "hashing_bound/cores", "hashing_bound/sync_cores", "hashing_bound/sync_sha256_gbps",
+      "hashing_bound/raw_write_gbps", "hashing_bound/sync_bound_gbps", "hashing_bound/sync_idle_cores", "hashing_bound/load_bound_gbps",
+      "hashing_bound/async_posix_idle_cores", "hashing_bound/async_posix_cores", "hashing_bound/async_posix_bound_gbps",
+      "ratios/persist_over_hash_bound_sync", "modes/sync/idle_cores_while_persisting",
+      // Deferred staging, both models of forward + backward.
+      "deferred_staging/accelerator/stall_ms/median", "deferred_staging/accelerator/save_ms/median",
+      "deferred_staging/accelerator/fence_ms/median", "deferred_staging/accelerator/compute_ms/median",
+      "deferred_staging/accelerator/stage_ms/median", "deferred_staging/cpu/stall_ms/median", "deferred_staging/cpu/compute_ms/median",
+      "ratios/deferred_stall_over_memcpy_all_ranks_accelerator", "ratios/deferred_stall_over_memcpy_all_ranks_cpu",
+      // MappedShard: one small tensor, and everything.
+      "load/mapped/gbps/median", "load/mapped/minor_faults_per_gib", "ratios/load_mapped_over_raw_read",
+      "load/mapped_one_tensor/ms/median", "load/mapped_one_tensor/tensor_bytes", "load/mapped_one_tensor/chunks_checked",
+      "load/mapped_one_tensor/chunks_covering", "load/mapped_one_tensor/bytes_covering", "load/mapped_one_tensor/storage_bytes_read",
+      "ratios/mapped_one_tensor_chunks_over_covering"};
   for (const auto& m : modes) {
     numbers.push_back("modes/" + m + "/step_ms");
     numbers.push_back("modes/" + m + "/writer_cpu_s");
@@ -119,13 +134,34 @@ TEST_CASE("ckpt-bench --json holds every figure of every mode") {
   for (const auto& t : targets->as_array()) {
     ids.insert(std::string(t.at("id").as_string()));
     CHECK(t.at("pass").is_bool());
+    CHECK(t.at("text").is_string());
+    CHECK(t.at("threshold").is_number());
+    CHECK((t.at("value").is_number() || t.at("value").is_null()));
   }
   for (const char* id : {"async_stall_posix", "async_overhead_posix", "persist_bandwidth_posix", "load_fast", "load_full", "load_into_fast",
-                         "load_into_full", "memory_peak", "memory_flat"})
+                         "load_into_full", "memory_peak", "memory_flat", "sync_persist", "deferred_stall", "deferred_stall_cpu",
+                         "mapped_one_tensor"})
     CHECK_MESSAGE(ids.count(id), "target missing: " << id);
   if (io_uring_here())
     for (const char* id : {"async_stall", "async_overhead", "persist_bandwidth", "sync_over_async_stall"})
       CHECK_MESSAGE(ids.count(id), "target missing: " << id);
+  if (io_uring_here())
+    for (const char* p : {"hashing_bound/async_io_uring_cores", "hashing_bound/async_io_uring_bound_gbps"})
+      CHECK_MESSAGE((find(r.doc, p) && find(r.doc, p)->is_number()), "missing: " << p);
+  // Not timings: a view of one small tensor hashes only the chunks that cover it, whatever the
+  // machine; the deferred saves kept their snapshot too (the loads read the last of them).
+  const json::value* checked = find(r.doc, "load/mapped_one_tensor/chunks_checked");
+  const json::value* covering = find(r.doc, "load/mapped_one_tensor/chunks_covering");
+  REQUIRE((checked && covering));
+  CHECK(checked->to_number<double>() >= 1);
+  CHECK(checked->to_number<double>() <= covering->to_number<double>());
+  REQUIRE(find(r.doc, "load/snapshot_isolated"));
+  CHECK(find(r.doc, "load/snapshot_isolated")->as_bool());
+  // Every rank's every deferred save of every round is counted.
+  const double per_model = find(r.doc, "config/ranks")->to_number<double>() * find(r.doc, "config/repeats")->to_number<double>() *
+                           find(r.doc, "config/saves_per_repeat")->to_number<double>();
+  for (const char* model : {"accelerator", "cpu"})
+    CHECK(find(r.doc, std::string("deferred_staging/") + model + "/saves")->to_number<double>() == per_model);
   CHECK(find(r.doc, "timeline/sync/steps"));
   REQUIRE(find(r.doc, "config/size_bytes"));
   CHECK(find(r.doc, "config/size_bytes")->to_number<std::uint64_t>() == 32ull << 20);  // --size 0.03125G
@@ -145,6 +181,12 @@ TEST_CASE("ckpt-bench writes an SVG timeline, markdown tables and the tensor lay
   CHECK(md.find("| mode |") != std::string::npos);
   CHECK(md.find("| target |") != std::string::npos);
   CHECK(md.find("| verify fast, load_into owned memory |") != std::string::npos);
+  CHECK(md.find("| verify fast, MappedShard of every tensor |") != std::string::npos);
+  CHECK(md.find("| hashing bound of a save | value |") != std::string::npos);
+  CHECK(md.find("| deferred staging | value |") != std::string::npos);
+  CHECK(md.find("sync persist with both checksums") != std::string::npos);
+  CHECK(md.find("deferred staging stall") != std::string::npos);
+  CHECK(md.find("reading one small tensor from the checkpoint reads at most the chunks that cover it") != std::string::npos);
   const json::value layout = json::parse(slurp(r.dir / "layout.json"));
   REQUIRE(layout.is_array());
   CHECK(layout.as_array().size() == 4);

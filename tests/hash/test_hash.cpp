@@ -75,6 +75,30 @@ TEST_CASE("file hasher gives per-chunk digests independent of how the stream is 
   CHECK(da.size == data.size());
 }
 
+TEST_CASE("file hasher feeds pieces longer than its fused piece to every digest exactly once") {
+  // Chunks that are not a multiple of the fused piece, and updates that span several pieces
+  // and chunk boundaries: every digest must equal its one-shot value.
+  const std::uint64_t chunk = 3 * FileHasher::kFusedPiece + 4099;
+  const auto data = test::random_bytes(static_cast<std::size_t>(4 * chunk + 777), 11);
+  FileHasher whole(chunk), split(chunk);
+  whole.update(bytes(data));
+  const std::size_t step = static_cast<std::size_t>(FileHasher::kFusedPiece * 2 + 333);
+  for (std::size_t off = 0; off < data.size(); off += step) split.update(bytes(data).subspan(off, std::min(step, data.size() - off)));
+  const auto a = whole.finish(), b = split.finish();
+  REQUIRE(a.chunk_xxh3.size() == 5);
+  for (std::size_t k = 0; k < 5; ++k) {
+    const std::size_t begin = static_cast<std::size_t>(k * chunk);
+    const std::size_t len = std::min(static_cast<std::size_t>(chunk), data.size() - begin);
+    CHECK(a.chunk_xxh3[k] == xxh3_64(data.data() + begin, len));
+  }
+  CHECK(b.chunk_xxh3 == a.chunk_xxh3);
+  CHECK(a.xxh3 == xxh3_64(data.data(), data.size()));
+  CHECK(b.xxh3 == a.xxh3);
+  CHECK(a.sha256 == to_hex(sha256(data.data(), data.size())));
+  CHECK(b.sha256 == a.sha256);
+  CHECK(a.size == data.size());
+}
+
 TEST_CASE("file hasher handles empty and exact-multiple sizes") {
   FileHasher empty(4096);
   auto d = empty.finish();

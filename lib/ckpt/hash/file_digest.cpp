@@ -12,12 +12,18 @@ FileHasher::FileHasher(std::uint64_t chunk_size, bool with_sha256) : chunk_size_
 }
 
 void FileHasher::update(std::span<const std::byte> data) {
-  whole_.update(data);
-  if (sha_) sha_->update(data);
+  // One pass: every piece of kFusedPiece bytes goes through the whole-file XXH3, the chunk's
+  // XXH3 and SHA-256 while it is in L1/L2, so memory is read once however many digests the
+  // file gets (hashing each digest over the caller's whole span would stream it from memory
+  // three times).
   while (!data.empty()) {
     const std::uint64_t in_chunk = size_ % chunk_size_;
-    const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_size_ - in_chunk, data.size()));
-    chunk_.update(data.first(take));
+    const std::size_t take =
+        static_cast<std::size_t>(std::min<std::uint64_t>({chunk_size_ - in_chunk, data.size(), kFusedPiece}));
+    const auto piece = data.first(take);
+    whole_.update(piece);
+    chunk_.update(piece);
+    if (sha_) sha_->update(piece);
     size_ += take;
     data = data.subspan(take);
     if (size_ % chunk_size_ == 0) {

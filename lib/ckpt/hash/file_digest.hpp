@@ -27,9 +27,14 @@ constexpr std::uint64_t chunk_count(std::uint64_t size, std::uint64_t chunk_size
   return chunk_size == 0 ? 0 : size / chunk_size + (size % chunk_size != 0);
 }
 
-/// Streams bytes in pieces of any length and produces a FileDigest. Not thread-safe.
+/// Streams bytes in pieces of any length and produces a FileDigest, in one pass: each piece
+/// of at most kFusedPiece bytes is fed to all three digests while it is in cache. A file's
+/// SHA-256 and whole-file XXH3 are sequential (one thread per file); files hash in parallel
+/// on as many threads as their writers give them. Not thread-safe.
 class FileHasher {
  public:
+  /// Bytes fed to every digest before the next piece: small enough to stay in L2.
+  static constexpr std::uint64_t kFusedPiece = 128u << 10;
   /// chunk_size > 0 (invalid_argument otherwise). SHA-256 is skipped when with_sha256 is false.
   explicit FileHasher(std::uint64_t chunk_size, bool with_sha256 = true);
   void update(std::span<const std::byte> data);

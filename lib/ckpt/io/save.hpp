@@ -37,8 +37,8 @@ struct SaveRequest {
 /// Blocks until the checkpoint is durable and `latest` names it: takes the root's writer lock
 /// for the whole save (Errc::busy, with nothing touched, if another writer holds it), prepares
 /// the root, writes
-/// every rank's shard in turn into a temporary directory (hashing while writing), then
-/// commits. On any failure the temporary directory is removed, `latest` and earlier
+/// the ranks' shards into a temporary directory (hashing while writing), in parallel on up to
+/// one thread per core (fs is used from those threads at once), then commits. On any failure the temporary directory is removed, `latest` and earlier
 /// checkpoints are untouched, and the error is rethrown (Errc::invalid_argument for a bad
 /// request or a committed step, the file system's errors otherwise). Returns the committed
 /// manifest.

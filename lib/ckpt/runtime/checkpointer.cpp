@@ -622,6 +622,10 @@ struct Checkpointer::Impl {
       auto [writer_name, hash_time] = co_await detail::both(
           backend->write(w.file(), image, static_cast<std::size_t>(opt.chunk_size), opt.queue_depth, &st->cancelled),
           on_work_pool([&w, &stopped, bytes = image.first(static_cast<std::size_t>(job->size))] {
+            // One pass (FileHasher feeds XXH3 and SHA-256 each cache-sized piece). A file's
+            // SHA-256 is sequential, so a shard hashes on one thread; the step's shards hash
+            // in parallel on the work pool (a thread per core), and a process saving one
+            // shard is bounded by one core's SHA-256.
             // In pieces, so that a cancelled save stops hashing too (the shard is failed then).
             constexpr std::size_t kPiece = 64u << 20;
             const auto t0 = Clock::now();
