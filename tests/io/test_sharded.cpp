@@ -303,6 +303,31 @@ TEST_CASE("targets outside the global shape, of another dtype, size or name are 
   CHECK(out == std::vector<float>(8, 7.0f));  // nothing written
 }
 
+TEST_CASE("a target asking to convert gets the stored floats in its own dtype, across the ranks' slices") {
+  const RowSliced ck(6, 4, 3);  // W[i, j] = i * 1000 + j, rows split 2/2/2
+  const CheckpointReader& a = ck.reader;
+  // Rows 1..4 span three ranks' slices; as F64 (exact) and as BF16 (rounded once).
+  std::vector<double> wide(16, -1.0);
+  std::vector<std::uint16_t> narrow(16, 0);
+  const SliceTarget targets[] = {{"W", DType::F64, {1, 0}, {4, 4}, std::as_writable_bytes(std::span(wide)), true},
+                                 {"W", DType::BF16, {1, 0}, {4, 4}, std::as_writable_bytes(std::span(narrow)), true}};
+  load_slices(a, targets, Verify::fast);
+  for (std::uint64_t i = 0; i < 4; ++i)
+    for (std::uint64_t j = 0; j < 4; ++j) {
+      const float v = ck.w[(i + 1) * 4 + j];
+      CHECK(wide[i * 4 + j] == static_cast<double>(v));
+      CHECK(narrow[i * 4 + j] == f32_to_bf16(v));
+    }
+  // Only float types convert: asked for I32, still refused, and nothing is written.
+  std::vector<std::int32_t> ints(16, 9);
+  const SliceTarget bad{"W", DType::I32, {1, 0}, {4, 4}, std::as_writable_bytes(std::span(ints)), true};
+  const Error e = test::error_of([&] { load_slices(a, std::span(&bad, 1), Verify::fast); });
+  CHECK(e.code() == Errc::invalid_argument);
+  CHECK(e.detail() == "dtype conversion of the target of global tensor 'W' (float types only)");
+  CHECK(e.actual() == "F32 to I32");
+  CHECK(ints == std::vector<std::int32_t>(16, 9));
+}
+
 TEST_CASE("a rank's report to the coordinator carries its sharding descriptions across processes") {
   RankReport r;
   r.rank = 1;

@@ -125,9 +125,12 @@ std::vector<SliceRun> plan_slice_reads(std::span<const GlobalTensor> globals, st
       throw Error(Errc::not_found, std::string(file), "no global tensor '" + tg.global + "' in the checkpoint");
     const GlobalTensor& g = *git;
     const std::string what = "target of global tensor '" + g.name + "'";
-    if (tg.dtype != g.dtype)
-      throw Error(Errc::invalid_argument, std::string(file), "dtype of the " + what + " (no conversion on load)", std::string(dtype_name(g.dtype)),
-                  std::string(dtype_name(tg.dtype)));
+    if (tg.dtype != g.dtype && !tg.convert)
+      throw Error(Errc::invalid_argument, std::string(file), "dtype of the " + what + " (no conversion on load unless asked)",
+                  std::string(dtype_name(g.dtype)), std::string(dtype_name(tg.dtype)));
+    if (tg.dtype != g.dtype && (!dtype_is_float(tg.dtype) || !dtype_is_float(g.dtype)))
+      throw Error(Errc::invalid_argument, std::string(file), "dtype conversion of the " + what + " (float types only)",
+                  "F16, BF16, F32 or F64 on both sides", std::string(dtype_name(g.dtype)) + " to " + std::string(dtype_name(tg.dtype)));
     const std::size_t nd = g.shape.size();
     const bool whole = tg.offsets.empty() && tg.lengths.empty();
     const std::vector<std::uint64_t> to = whole ? std::vector<std::uint64_t>(nd, 0) : tg.offsets;
@@ -143,7 +146,7 @@ std::vector<SliceRun> plan_slice_reads(std::span<const GlobalTensor> globals, st
                     "offsets " + format_index(to) + ", lengths " + format_index(tl));
       numel *= tl[d];
     }
-    check_size(numel * dtype_size(g.dtype), tg.out.size(), "size of the " + what, std::string(file));
+    check_size(numel * dtype_size(tg.dtype), tg.out.size(), "size of the " + what, std::string(file));
     if (numel == 0) continue;
     const auto tstride = strides_of(tl);
     for (const GlobalTensor::Piece& p : g.pieces) {
@@ -247,17 +250,27 @@ LoadReport load_slices(const CheckpointReader& checkpoint, std::span<const Globa
                        Verify mode, const LoadOptions& options) {
   const std::string file = checkpoint.dir() + "/" + std::string(kManifestName);
   const auto runs = plan_slice_reads(globals, targets, file);
+  // A converting target is read in its stored dtype into a temporary, converted after.
+  std::vector<std::vector<std::byte>> staged(targets.size());
+  std::vector<DType> stored(targets.size(), DType::U8);
+  for (const SliceRun& r : runs) stored[r.target] = r.record->dtype;
+  for (std::size_t i = 0; i < targets.size(); ++i)
+    if (targets[i].dtype != stored[i] && !targets[i].out.empty())
+      staged[i].resize(targets[i].out.size() / dtype_size(targets[i].dtype) * dtype_size(stored[i]));
   std::map<int, std::vector<LoadTarget>> by_rank;
   for (const SliceRun& r : runs) {
     const std::uint64_t es = dtype_size(r.record->dtype);
-    by_rank[r.record->rank].push_back({r.record->name, targets[r.target].out.subspan(static_cast<std::size_t>(r.out_first * es),
-                                                                                     static_cast<std::size_t>(r.count * es)),
+    const std::span<std::byte> out = staged[r.target].empty() ? targets[r.target].out : std::span<std::byte>(staged[r.target]);
+    by_rank[r.record->rank].push_back({r.record->name, out.subspan(static_cast<std::size_t>(r.out_first * es), static_cast<std::size_t>(r.count * es)),
                                        r.record->dtype, r.record->shape, r.source_first, r.count});
   }
   std::vector<RankLoad> loads;
   for (const auto& [rank, t] : by_rank) loads.push_back({rank, t});
   if (loads.empty()) return {};
-  return load_into(checkpoint, loads, mode, options);
+  LoadReport report = load_into(checkpoint, loads, mode, options);
+  for (std::size_t i = 0; i < targets.size(); ++i)
+    if (!staged[i].empty()) convert_floats(stored[i], staged[i], targets[i].dtype, targets[i].out);
+  return report;
 }
 
 }  // namespace ckpt

@@ -58,12 +58,15 @@ struct GlobalTensor {
 std::vector<GlobalTensor> global_tensors(const Manifest& manifest, std::string_view file = kManifestName);
 
 /// A box of a global tensor, and the memory it goes to (row-major, product(lengths) elements
-/// of `dtype`). Empty offsets and lengths: the whole tensor.
+/// of `dtype`). Empty offsets and lengths: the whole tensor. A `dtype` other than the stored
+/// one is refused unless `convert` is set; then both must be float types (F16, BF16, F32,
+/// F64) and the elements are converted as convert_floats (core/dtype.hpp) says.
 struct SliceTarget {
   std::string global;
   DType dtype = DType::U8;
   std::vector<std::uint64_t> offsets, lengths;
   std::span<std::byte> out;
+  bool convert = false;  ///< allow a float dtype other than the stored one
 };
 
 /// One contiguous run: elements [source_first, source_first + count) of stored tensor
@@ -77,7 +80,8 @@ struct SliceRun {
 /// The runs that fill `targets` from `globals` (global_tensors of the checkpoint), in the
 /// order of the targets, then of the pieces. Refuses, before anything is read, with errors
 /// naming `file`: an unknown global tensor (Errc::not_found); another dtype than the
-/// checkpoint's (Errc::invalid_argument, expected the stored dtype: no conversion); offsets
+/// checkpoint's (Errc::invalid_argument, expected the stored dtype) unless the target asks to
+/// convert, and then a dtype that is not a float type on either side (invalid_argument); offsets
 /// and lengths of another number of dimensions, or a box outside the global shape
 /// (Errc::invalid_argument, naming the tensor, its shape and the box); an `out` of another
 /// size than the box (Errc::size_mismatch, in bytes). Reads nothing.
@@ -88,7 +92,8 @@ std::vector<SliceRun> plan_slice_reads(std::span<const GlobalTensor> globals, st
 /// the runs with load_into (all ranks' files at once, options.threads of them in parallel),
 /// so that only the chunks covering the runs are read (all of each file with Verify::full)
 /// and each is checked as load_into says; the buffers after a failure are as load_into
-/// describes. Blocks; thread-safe as load_into (targets must not overlap).
+/// describes. A converting target is read into a temporary of the box's stored size, then
+/// converted into `out` (so it costs that memory and one pass more). Blocks; thread-safe as load_into (targets must not overlap).
 LoadReport load_slices(const CheckpointReader& checkpoint, std::span<const SliceTarget> targets, Verify mode,
                        const LoadOptions& options = {});
 /// The same with the checkpoint's global_tensors() already at hand (many small loads).
