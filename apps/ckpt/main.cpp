@@ -446,16 +446,23 @@ int cmd_consolidate(const ConsolidateArgs& a) {
   // What was exported: a trainer checkpoint's flat tensor, or every global tensor.
   const std::string from = source.manifest().training.contains("flat_tensors") ? opt.tensor : "global tensors";
   if (a.json) {
-    json::array files;
-    for (const auto& f : r.files) {
-      json::array names;
-      for (const auto& t : f.tensors) names.emplace_back(t);
-      files.push_back(json::object{{"name", f.name}, {"size", f.size}, {"tensors", names}});
-    }
+    const auto listed = [](const std::vector<ConsolidatedFile>& fs) {
+      json::array out;
+      for (const auto& f : fs) {
+        json::array names;
+        for (const auto& t : f.tensors) names.emplace_back(t);
+        out.push_back(json::object{{"name", f.name}, {"size", f.size}, {"tensors", names}});
+      }
+      return out;
+    };
+    const json::array files = listed(r.files), optimizer_files = listed(r.optimizer_files);
     print_json(json::object{{"ok", true}, {"source", source.dir()}, {"dir", r.dir}, {"dtype", dtype_name(r.dtype)},
                             {"tensor", from}, {"tensors", tensors}, {"total_size", r.total_size},
                             {"index", r.index ? json::value(*r.index) : json::value(nullptr)},
                             {"config", r.config ? json::value(*r.config) : json::value(nullptr)}, {"files", files},
+                            {"optimizer_files", optimizer_files}, {"optimizer_size", r.optimizer_size},
+                            {"optimizer_index", r.optimizer_index ? json::value(*r.optimizer_index) : json::value(nullptr)},
+                            {"left_out", r.left_out},
                             {"bytes_read", r.bytes_read}, {"seconds", secs}});
     return kExitOk;
   }
@@ -464,7 +471,14 @@ int cmd_consolidate(const ConsolidateArgs& a) {
   Table table({{"FILE"}, {"SIZE", true}, {"TENSORS"}}, "  ");
   for (const auto& f : r.files) table.row({f.name, human_bytes(f.size), std::to_string(f.tensors.size()) + " tensors"});
   if (r.index) table.row({*r.index, "", "weight map of " + std::to_string(tensors) + " tensors"});
+  std::size_t optimizer_tensors = 0;
+  for (const auto& f : r.optimizer_files) {
+    table.row({f.name, human_bytes(f.size), std::to_string(f.tensors.size()) + " optimizer tensors"});
+    optimizer_tensors += f.tensors.size();
+  }
+  if (r.optimizer_index) table.row({*r.optimizer_index, "", "weight map of " + std::to_string(optimizer_tensors) + " tensors"});
   table.print();
+  if (r.left_out) std::printf("left out %zu optimizer tensors (--with-optimizer keeps them)\n", r.left_out);
   return kExitOk;
 }
 
@@ -477,7 +491,9 @@ reassembled from the shards of the flat tensor NAME (default optim.master, the f
 weights); for any other, every global tensor (sliced, replicated, or stored whole on one
 rank; rank-local tensors left out) under its global name. Float tensors are cast to
 --dtype. Into OUT/model.safetensors, or, when the tensors exceed SIZE bytes, into
-OUT/model-0000k-of-0000n.safetensors plus OUT/model.safetensors.index.json. Streams through
+OUT/model-0000k-of-0000n.safetensors plus OUT/model.safetensors.index.json. Optimizer
+state (the trainer's other flat tensors, tensors named optim.*) is left out unless
+--with-optimizer: then it goes into OUT/optimizer*.safetensors the same way. Streams through
 a bounded buffer; OUT appears only when complete, and its parent is created if absent.
 
 example:
@@ -491,6 +507,9 @@ example:
       ->option_text("T");
   cli::add_size_option(*c, "--max-file-size", a->opt.max_file_size, "tensor bytes per file, e.g. 5G, 1.5G, 500M, 64K (default: one\nfile)");
   c->add_option("--tensor", a->opt.tensor, "the flat tensor to export (default " + a->opt.tensor + ")")->option_text("NAME");
+  auto* weights = c->add_flag("--only-weights", "leave the optimizer state out (the default)");
+  c->add_flag("--with-optimizer", a->opt.with_optimizer, "also write the optimizer state, in its own dtype, into\noptimizer.safetensors (or optimizer-0000k-of-0000n + index)")
+      ->excludes(weights);
   add_buffer_option(*c, a->opt.buffer_bytes);
   add_verify_option(*c, a->verify, "of the source, as for reshard (default fast)");
   return bind(c, a, cmd_consolidate);

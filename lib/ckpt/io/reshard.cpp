@@ -66,43 +66,6 @@ void require_dir(FileSystem& fs, const std::string& dir, std::string_view what) 
   if (st->type != EntryType::directory) throw Error(Errc::invalid_argument, dir, std::string(what) + " is not a directory");
 }
 
-float load_as_f32(DType t, const std::byte* p) noexcept {
-  switch (t) {
-    case DType::F16: {
-      std::uint16_t h;
-      std::memcpy(&h, p, 2);
-      return f16_to_f32(h);
-    }
-    case DType::BF16: {
-      std::uint16_t h;
-      std::memcpy(&h, p, 2);
-      return bf16_to_f32(h);
-    }
-    case DType::F64: {
-      double d;
-      std::memcpy(&d, p, 8);
-      return static_cast<float>(d);
-    }
-    default: {
-      float f;
-      std::memcpy(&f, p, 4);
-      return f;
-    }
-  }
-}
-
-void store_from_f32(DType t, float f, std::byte* p) noexcept {
-  if (t == DType::F16) {
-    const std::uint16_t h = f32_to_f16(f);
-    std::memcpy(p, &h, 2);
-  } else if (t == DType::BF16) {
-    const std::uint16_t h = f32_to_bf16(f);
-    std::memcpy(p, &h, 2);
-  } else {
-    std::memcpy(p, &f, 4);
-  }
-}
-
 }  // namespace
 
 // ---- layout ---------------------------------------------------------------------------
@@ -591,6 +554,8 @@ ReshardResult reshard_checkpoint(FileSystem& fs, const CheckpointReader& source,
 
 // ---- consolidate ----------------------------------------------------------------------
 
+bool is_optimizer_state(std::string_view name) noexcept { return name.starts_with("optim.") || name.starts_with("optimizer."); }
+
 namespace {
 
 // Writes `text` as the new file `path`, fsynced.
@@ -628,19 +593,22 @@ ConsolidateResult consolidate_checkpoint(FileSystem& fs, const CheckpointReader&
   // What is exported: a trainer checkpoint's model tensors, cut out of the flat tensor
   // opt.tensor by training.param_layout; any other checkpoint's global tensors
   // (slice_load.hpp: sliced, replicated, single and flat ones), each under its global name.
+  // Optimizer state (the trainer's other flat tensors; global tensors named "optim.*") is
+  // left out, or, with opt.with_optimizer, written into files of its own.
   struct Export {
     std::string name;
     std::vector<std::uint64_t> shape;
     std::uint64_t numel = 0;
     DType in_type = DType::F32, out_type = DType::F32;
-    std::uint64_t flat_offset = 0;           // flat path: where it lies in opt.tensor
+    std::string flat_tensor;                 // flat path: the flat tensor it is cut out of
+    std::uint64_t flat_offset = 0;           //   and where it lies in it
     const GlobalTensor* global = nullptr;    // global path
   };
-  std::vector<Export> exports;
+  std::vector<Export> weights, optimizer;
   std::optional<FlatReader> flat;
   std::vector<GlobalTensor> globals;
-  const auto is_float = [](DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::F64; };
-  const auto out_of = [&](DType in) { return is_float(in) ? opt.dtype.value_or(in == DType::F64 ? DType::F32 : in) : in; };
+  const auto out_of = [&](DType in) { return dtype_is_float(in) ? opt.dtype.value_or(in == DType::F64 ? DType::F32 : in) : in; };
+  std::size_t left_out = 0;
   if (src.training.contains("flat_tensors")) {
     const FlatLayout layout = flat_layout(src, src_file);
     if (!contains(layout.tensors, opt.tensor))
@@ -648,50 +616,78 @@ ConsolidateResult consolidate_checkpoint(FileSystem& fs, const CheckpointReader&
                   "'" + opt.tensor + "'");
     flat.emplace(source, layout, opt.verify);
     const DType in_type = flat->dtype(opt.tensor);
-    if (!is_float(in_type))
+    if (!dtype_is_float(in_type))
       throw Error(Errc::invalid_argument, src_file, "flat tensor '" + opt.tensor + "' dtype", "a float type",
                   std::string(dtype_name(in_type)));
-    for (const ParamSlice& p : param_layout(src, layout, opt.tensor, src_file))
-      exports.push_back({p.name, p.shape, p.numel, in_type, out_of(in_type), p.offset, nullptr});
+    const std::vector<ParamSlice> params = param_layout(src, layout, opt.tensor, src_file);
+    for (const ParamSlice& p : params) weights.push_back({p.name, p.shape, p.numel, in_type, out_of(in_type), opt.tensor, p.offset, nullptr});
+    // The other flat tensors (the optimizer's moments), per model tensor, in their own dtype.
+    for (const std::string& t : layout.tensors) {
+      if (t == opt.tensor) continue;
+      if (!opt.with_optimizer) {
+        left_out += params.size();
+        continue;
+      }
+      const DType type = flat->dtype(t);
+      for (const ParamSlice& p : params) optimizer.push_back({t + "." + p.name, p.shape, p.numel, type, type, t, p.offset, nullptr});
+    }
   } else {
     globals = global_tensors(src, src_file);
-    if (globals.empty())
-      throw Error(Errc::not_found, src_file, "no global tensor to consolidate (every tensor is rank-local, or per-rank without a sharding description)",
-                  "at least one", "none");
-    for (const GlobalTensor& g : globals) exports.push_back({g.name, g.shape, shape_numel(g.shape), g.dtype, out_of(g.dtype), 0, &g});
+    for (const GlobalTensor& g : globals) {
+      const bool is_optimizer = is_optimizer_state(g.name);
+      if (is_optimizer && !opt.with_optimizer) {
+        ++left_out;
+        continue;
+      }
+      (is_optimizer ? optimizer : weights)
+          .push_back({g.name, g.shape, shape_numel(g.shape), g.dtype, is_optimizer ? g.dtype : out_of(g.dtype), {}, 0, &g});
+    }
   }
+  if (weights.empty() && optimizer.empty())
+    throw Error(Errc::not_found, src_file,
+                left_out ? "no weight tensor to consolidate (only optimizer state, left out without --with-optimizer)"
+                         : "no global tensor to consolidate (every tensor is rank-local, or per-rank without a sharding description)",
+                "at least one", "none");
   verify_headers(source, opt.verify);
   // With full, verify_headers checked every file's SHA-256: the pieces are then read chunk-checked.
   const Verify piece_mode = opt.verify == Verify::none ? Verify::none : Verify::fast;
 
-  // Files are filled in export order; a new one starts when the next tensor would pass the
-  // limit (a tensor larger than the limit gets a file of its own), as Hugging Face shards.
-  std::vector<std::vector<std::size_t>> groups(1);
-  std::uint64_t in_group = 0, total_size = 0;
-  for (std::size_t i = 0; i < exports.size(); ++i) {
-    const std::uint64_t bytes = exports[i].numel * dtype_size(exports[i].out_type);
-    if (opt.max_file_size && !groups.back().empty() && in_group + bytes > opt.max_file_size) groups.emplace_back(), in_group = 0;
-    groups.back().push_back(i);
-    in_group += bytes;
-    total_size += bytes;
+  // One set of files per kind ("model", "optimizer"): filled in export order; a new file
+  // starts when the next tensor would pass the limit (a tensor larger than the limit gets a
+  // file of its own), as Hugging Face shards; an index when a set has several files.
+  struct Set {
+    std::string prefix;
+    const std::vector<Export>* exports;
+    std::vector<std::vector<TensorSpec>> specs;
+    std::uint64_t total_size = 0;
+    std::string file_name(std::size_t k) const {
+      if (specs.size() == 1) return prefix + ".safetensors";
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "-%05zu-of-%05zu.safetensors", k + 1, specs.size());
+      return prefix + buf;
+    }
+  };
+  std::vector<Set> sets;
+  std::uint64_t progress_total = 0;
+  for (const auto& [prefix, exports] : {std::pair{"model", &weights}, std::pair{"optimizer", &optimizer}}) {
+    if (exports->empty()) continue;
+    Set set{prefix, exports, std::vector<std::vector<TensorSpec>>(1), 0};
+    std::uint64_t in_file = 0;
+    for (const Export& e : *exports) {
+      const std::uint64_t bytes = e.numel * dtype_size(e.out_type);
+      if (opt.max_file_size && !set.specs.back().empty() && in_file + bytes > opt.max_file_size) set.specs.emplace_back(), in_file = 0;
+      set.specs.back().push_back({e.name, e.out_type, e.shape});
+      in_file += bytes;
+      set.total_size += bytes;
+    }
+    for (const auto& f : set.specs) progress_total += plan_shard_specs(f).data_size;
+    sets.push_back(std::move(set));
   }
   ConsolidateResult result;
   result.dir = out_dir;
-  result.dtype = exports.empty() ? opt.dtype.value_or(DType::F32) : exports.front().out_type;
-  result.total_size = total_size;
-  const std::size_t n_files = groups.size();
-  auto file_name = [&](std::size_t k) {
-    if (n_files == 1) return std::string("model.safetensors");
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", k + 1, n_files);
-    return std::string(buf);
-  };
-  std::uint64_t progress_total = 0;
-  std::vector<std::vector<TensorSpec>> specs(n_files);
-  for (std::size_t k = 0; k < n_files; ++k) {
-    for (std::size_t i : groups[k]) specs[k].push_back({exports[i].name, exports[i].out_type, exports[i].shape});
-    progress_total += plan_shard_specs(specs[k]).data_size;
-  }
+  result.dtype = weights.empty() ? opt.dtype.value_or(DType::F32) : weights.front().out_type;
+  for (const Set& set : sets) (set.exports == &weights ? result.total_size : result.optimizer_size) = set.total_size;
+  result.left_out = left_out;
 
   const std::string parent = parent_of(out_dir);
   require_dir(fs, parent, "the parent of the output directory");
@@ -707,60 +703,72 @@ ConsolidateResult consolidate_checkpoint(FileSystem& fs, const CheckpointReader&
     // Source and converted elements share the buffer: [source piece | output piece].
     AlignedBuffer buffer(static_cast<std::size_t>(opt.buffer_bytes));
     std::uint64_t written = 0, global_bytes_read = 0;
-    for (std::size_t k = 0; k < n_files; ++k) {
-      ShardWriter writer =
-          ShardWriter::stream(fs, temp, file_name(k), specs[k], {{"format", "pt"}}, {.chunk_size = src.chunk_size, .sha256 = false});
-      ConsolidatedFile cf;
-      cf.name = file_name(k);
-      for (const auto& t : writer.header().tensors) {
-        const Export& p = *std::find_if(exports.begin(), exports.end(), [&](const Export& e) { return e.name == t.name; });
-        cf.tensors.push_back(p.name);
-        const std::uint64_t in_es = dtype_size(p.in_type), out_es = dtype_size(p.out_type);
-        const std::uint64_t per_piece = opt.buffer_bytes / (in_es + (p.in_type == p.out_type ? 0 : out_es));
-        for (std::uint64_t done = 0; done < p.numel;) {
-          const std::uint64_t n = std::min(per_piece, p.numel - done);
-          const auto in = buffer.span(static_cast<std::size_t>(n * in_es));
-          if (p.global) {
-            // Elements [done, done + n) of the global tensor, as a few boxes, back to back.
-            std::vector<SliceTarget> targets;
-            std::uint64_t at = 0;
-            for (auto& b : boxes_of_range(p.shape, done, n)) {
-              const std::uint64_t bytes = shape_numel(b.lengths) * in_es;
-              targets.push_back({p.name, p.in_type, std::move(b.offsets), std::move(b.lengths), in.subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(bytes))});
-              at += bytes;
+    for (const Set& set : sets) {
+      std::vector<ConsolidatedFile> files;
+      for (std::size_t k = 0; k < set.specs.size(); ++k) {
+        ShardWriter writer = ShardWriter::stream(fs, temp, set.file_name(k), set.specs[k], {{"format", "pt"}},
+                                                 {.chunk_size = src.chunk_size, .sha256 = false});
+        ConsolidatedFile cf;
+        cf.name = set.file_name(k);
+        for (const auto& t : writer.header().tensors) {
+          const Export& p = *std::find_if(set.exports->begin(), set.exports->end(), [&](const Export& e) { return e.name == t.name; });
+          cf.tensors.push_back(p.name);
+          const std::uint64_t in_es = dtype_size(p.in_type), out_es = dtype_size(p.out_type);
+          const std::uint64_t per_piece = opt.buffer_bytes / (in_es + (p.in_type == p.out_type ? 0 : out_es));
+          for (std::uint64_t done = 0; done < p.numel;) {
+            const std::uint64_t n = std::min(per_piece, p.numel - done);
+            const auto in = buffer.span(static_cast<std::size_t>(n * in_es));
+            if (p.global) {
+              // Elements [done, done + n) of the global tensor, as a few boxes, back to back.
+              std::vector<SliceTarget> targets;
+              std::uint64_t at = 0;
+              for (auto& b : boxes_of_range(p.shape, done, n)) {
+                const std::uint64_t bytes = shape_numel(b.lengths) * in_es;
+                targets.push_back({p.name, p.in_type, std::move(b.offsets), std::move(b.lengths),
+                                   in.subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(bytes))});
+                at += bytes;
+              }
+              global_bytes_read += load_slices(source, globals, targets, piece_mode).bytes_read;
+            } else {
+              flat->read(p.flat_tensor, p.flat_offset + done, in);
             }
-            global_bytes_read += load_slices(source, globals, targets, piece_mode).bytes_read;
-          } else {
-            flat->read(opt.tensor, p.flat_offset + done, in);
+            std::span<const std::byte> piece = in;
+            if (p.in_type != p.out_type) {
+              std::byte* o = buffer.data() + n * in_es;
+              convert_floats(p.in_type, in, p.out_type, std::span<std::byte>(o, static_cast<std::size_t>(n * out_es)));
+              piece = std::span<const std::byte>(o, static_cast<std::size_t>(n * out_es));
+            }
+            writer.write(piece);
+            written += piece.size();
+            if (opt.progress) opt.progress(written, progress_total);
+            done += n;
           }
-          std::span<const std::byte> piece = in;
-          if (p.in_type != p.out_type) {
-            std::byte* o = buffer.data() + n * in_es;
-            for (std::uint64_t i = 0; i < n; ++i) store_from_f32(p.out_type, load_as_f32(p.in_type, in.data() + i * in_es), o + i * out_es);
-            piece = std::span<const std::byte>(o, static_cast<std::size_t>(n * out_es));
-          }
-          writer.write(piece);
-          written += piece.size();
-          if (opt.progress) opt.progress(written, progress_total);
-          done += n;
         }
+        cf.size = writer.finish(0).shard.size;
+        files.push_back(std::move(cf));
       }
-      cf.size = writer.finish(0).shard.size;
-      result.files.push_back(std::move(cf));
+      std::optional<std::string> index;
+      if (files.size() > 1) {
+        json::object weight_map;
+        std::vector<std::pair<std::string, std::string>> entries;
+        for (const auto& f : files)
+          for (const auto& t : f.tensors) entries.emplace_back(t, f.name);
+        std::sort(entries.begin(), entries.end());
+        for (const auto& [t, f] : entries) weight_map[t] = f;
+        const std::string text =
+            json::serialize(json::object{{"metadata", {{"total_size", set.total_size}}}, {"weight_map", std::move(weight_map)}}) + "\n";
+        index = set.prefix + ".safetensors.index.json";
+        write_small_file(fs, join_path(temp, *index), text);
+      }
+      if (set.exports == &weights) {
+        result.files = std::move(files);
+        result.index = std::move(index);
+      } else {
+        result.optimizer_files = std::move(files);
+        result.optimizer_index = std::move(index);
+      }
     }
     result.bytes_read = global_bytes_read;
-    if (n_files > 1) {
-      json::object weight_map;
-      std::vector<std::pair<std::string, std::string>> entries;
-      for (const auto& f : result.files)
-        for (const auto& t : f.tensors) entries.emplace_back(t, f.name);
-      std::sort(entries.begin(), entries.end());
-      for (const auto& [t, f] : entries) weight_map[t] = f;
-      const std::string text =
-          json::serialize(json::object{{"metadata", {{"total_size", total_size}}}, {"weight_map", std::move(weight_map)}}) + "\n";
-      result.index = "model.safetensors.index.json";
-      write_small_file(fs, join_path(temp, *result.index), text);
-    }
     // The model's configuration, when the training metadata carries one (the trainer's).
     if (const auto* cfg = src.training.if_contains("config"); cfg && cfg->is_object()) {
       result.config = "config.json";
