@@ -450,7 +450,7 @@ struct Checkpointer::Impl {
         std::optional<Error> bad;
         try {
           stage_and_hand_off(st, job, views);
-          for (std::size_t i = 0; i < sums.size(); ++i) check_staged_tensor(*job, views[i], sums[i]);
+          check_staged_tensors(*job, views, sums);
         } catch (...) {
           bad = to_error(std::current_exception());
         }
@@ -482,13 +482,18 @@ struct Checkpointer::Impl {
     staged_records[static_cast<std::size_t>(job->rank)] = StagedRecord{job->step, job->header, job->info, false};
   }
 
-  // check_deferred_staging: the staged bytes of `t` must be what save() saw.
-  void check_staged_tensor(const ShardJob& job, const TensorView& t, std::uint64_t at_save) {
-    const ShardTensor* rec = nullptr;
-    for (const auto& h : job.header.tensors)
-      if (h.name == t.name) rec = &h;
-    const std::byte* data = staging[static_cast<std::size_t>(job.rank)].data() + job.header.data_start + rec->begin;
-    const std::uint64_t copied = xxh3_64(data, static_cast<std::size_t>(rec->end - rec->begin));
+  // check_deferred_staging: the staged bytes of each of `views` must be what save() saw
+  // (`at_save`, their XXH3 then, in the same order).
+  void check_staged_tensors(const ShardJob& job, std::span<const TensorView> views, std::span<const std::uint64_t> at_save) {
+    if (at_save.empty()) return;  // the option is off
+    std::unordered_map<std::string_view, const ShardTensor*> by_name;
+    for (const auto& h : job.header.tensors) by_name.emplace(h.name, &h);
+    for (std::size_t i = 0; i < at_save.size(); ++i) check_staged_tensor(job, views[i], *by_name.at(views[i].name), at_save[i]);
+  }
+
+  void check_staged_tensor(const ShardJob& job, const TensorView& t, const ShardTensor& rec, std::uint64_t at_save) {
+    const std::byte* data = staging[static_cast<std::size_t>(job.rank)].data() + job.header.data_start + rec.begin;
+    const std::uint64_t copied = xxh3_64(data, static_cast<std::size_t>(rec.end - rec.begin));
     if (copied != at_save) {
       std::lock_guard lk(mu);
       staged_records[static_cast<std::size_t>(job.rank)].reset();
