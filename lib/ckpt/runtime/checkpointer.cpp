@@ -237,8 +237,12 @@ struct Checkpointer::Impl {
 
   asio::io_context ctx{1};
   asio::executor_work_guard<asio::io_context::executor_type> guard{ctx.get_executor()};
-  asio::thread_pool work_pool;  // hashing, and every blocking file-system call but pwrite
+  asio::thread_pool work_pool;  // deferred copies, hashing, and the shards' blocking file-system calls but pwrite
   asio::thread_pool io_pool;    // pwrite (posix writer)
+  // The root directory's own calls (begin, commit, abort, rotation), one at a time: removing
+  // an old checkpoint can take hundreds of ms (a discard-mounted disk frees its extents at
+  // the journal commit), and must never hold up the next save's copies and hashing.
+  asio::thread_pool root_pool{1};
   std::unique_ptr<detail::WriteBackend> backend;
   std::thread io_thread;
 
@@ -368,6 +372,7 @@ struct Checkpointer::Impl {
     io_thread.join();
     work_pool.join();
     io_pool.join();
+    root_pool.join();
   }
 
   // ---- rank thread side ----------------------------------------------------------------
@@ -545,6 +550,10 @@ struct Checkpointer::Impl {
   auto on_work_pool(F f) {
     return detail::offload(work_pool.get_executor(), std::move(f));
   }
+  template <typename F>
+  auto on_root_pool(F f) {
+    return detail::offload(root_pool.get_executor(), std::move(f));
+  }
 
   // ---- the checkpoint coroutine (one per step, on the io_context) ----------------------
 
@@ -552,7 +561,7 @@ struct Checkpointer::Impl {
     // 1. The temporary directory, once for all the step's shards.
     std::optional<Error> begun_badly;
     try {
-      st->temp = co_await on_work_pool([this, step = st->step, needed = expected_bytes(*st)] {
+      st->temp = co_await on_root_pool([this, step = st->step, needed = expected_bytes(*st)] {
         std::lock_guard lk(root_mu);
         if (local[0]) make_room_for(needed);
         const BeginOptions older{.allow_older_than_latest = opt.allow_older_than_latest};
@@ -583,7 +592,7 @@ struct Checkpointer::Impl {
     CommitOutcome outcome;
     if (abandoned) {
       outcome.error = *abandoned;
-      co_await on_work_pool([&] {
+      co_await on_root_pool([&] {
         if (!st->temp.empty()) {
           std::lock_guard lk(root_mu);
           abort_checkpoint(fs, opt.root, st->temp);
@@ -599,7 +608,7 @@ struct Checkpointer::Impl {
     complete(st, outcome);
 
     // 5. Rotation, off the path of the next save, which may already be staging.
-    if (st->committed_here && !outcome.error) co_await on_work_pool([this, step = st->step] { rotate(checkpoint_dir_name(step)); });
+    if (st->committed_here && !outcome.error) co_await on_root_pool([this, step = st->step] { rotate(checkpoint_dir_name(step)); });
 
     {
       std::lock_guard lk(mu);
@@ -668,7 +677,7 @@ struct Checkpointer::Impl {
   }
 
   // Hands this process's reports to the coordinator and awaits the outcome. The last report
-  // of the world runs the commit (in-process: on the work pool, here; under MPI: on rank 0's
+  // of the world runs the commit (in-process: on the root thread, here; under MPI: on rank 0's
   // process), and every rank's outcome comes back through its callback.
   asio::awaitable<CommitOutcome> exchange(const std::shared_ptr<StepState>& st, std::vector<RankReport> reports) {
     return asio::async_initiate<const asio::use_awaitable_t<>&, void(CommitOutcome)>(
@@ -680,7 +689,7 @@ struct Checkpointer::Impl {
             std::size_t left;
           };
           auto waiting = std::make_shared<Waiting>(std::move(handler), reports.size());
-          asio::post(work_pool, [this, st, waiting, reports = std::move(reports)]() mutable {
+          asio::post(root_pool, [this, st, waiting, reports = std::move(reports)]() mutable {
             for (auto& r : reports)
               coordinator->report(
                   st->step, std::move(r), [this, st](std::vector<RankReport>& all) { return commit(*st, all); },
