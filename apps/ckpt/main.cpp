@@ -507,7 +507,7 @@ example:
       ->option_text("T");
   cli::add_size_option(*c, "--max-file-size", a->opt.max_file_size, "tensor bytes per file, e.g. 5G, 1.5G, 500M, 64K (default: one\nfile)");
   c->add_option("--tensor", a->opt.tensor, "the flat tensor to export (default " + a->opt.tensor + ")")->option_text("NAME");
-  auto* weights = c->add_flag("--only-weights", "leave the optimizer state out (the default)");
+  auto* weights = c->add_flag("--only-weights")->description("leave the optimizer state out (the default)");
   c->add_flag("--with-optimizer", a->opt.with_optimizer, "also write the optimizer state, in its own dtype, into\noptimizer.safetensors (or optimizer-0000k-of-0000n + index)")
       ->excludes(weights);
   add_buffer_option(*c, a->opt.buffer_bytes);

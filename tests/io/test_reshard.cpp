@@ -538,7 +538,7 @@ TEST_CASE("consolidate leaves the optimizer state out unless asked, then writes 
   CHECK(res.optimizer_size == 2 * model.P * 4);
   REQUIRE(res.optimizer_index);
   CHECK(*res.optimizer_index == "optimizer.safetensors.index.json");
-  std::map<std::string, std::vector<std::byte>> stored;  // every optimizer tensor, from the files
+  std::map<std::string, std::vector<std::uint8_t>> stored;  // every optimizer tensor, from the files
   for (const auto& f : res.optimizer_files) {
     CHECK(f.name.starts_with("optimizer-"));
     const auto st = test::parse_safetensors_independently(test::read_all(dir / "full" / f.name));

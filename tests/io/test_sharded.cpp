@@ -197,7 +197,7 @@ TEST_CASE("save refuses descriptions that cannot be right and slices that do not
 }
 
 TEST_CASE("row and column slices round-trip N to M to N byte-identical for 2, 3 and 4 ranks, even and uneven") {
-  for (const auto [R, C] : {std::pair<std::uint64_t, std::uint64_t>{12, 12}, {7, 5}}) {
+  for (const auto& [R, C] : {std::pair<std::uint64_t, std::uint64_t>{12, 12}, {7, 5}}) {
     for (const Split s : {Split::rows, Split::columns}) {
       for (int n : {2, 3, 4}) {
         for (int mw : {2, 3, 4}) {
