@@ -27,6 +27,7 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <set>
 #include <memory>
 #include <optional>
 #include <string>
@@ -38,6 +39,7 @@
 #include "ckpt/io/mapped.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/io/reshard.hpp"
+#include "ckpt/io/slice_load.hpp"
 #include "ckpt/io/range_reader.hpp"
 #include "cli.hpp"
 #include "npy.hpp"
@@ -378,9 +380,11 @@ Command declare_reshard(CLI::App& app) {
   CLI::App* c = add_command(app, "reshard", "write checkpoint SRC at another world size (--world-size M) as a new\ncheckpoint under the root DST, streaming through a bounded buffer", R"(
 Write checkpoint SRC (written at any world size N) as a new checkpoint at world size M,
 with the same step, under the root DST (created if absent; its `latest` then names the new
-checkpoint). Each new rank's shard holds its slice of the flat optimizer state (the
-tensors training.flat_tensors names, padded with zeros to a multiple of M), rank 0 also the
-replicated tensors; per-rank metadata is remapped (docs/resharding.md). The new checkpoint
+checkpoint). A trainer checkpoint's new ranks each hold their slice of the flat optimizer
+state (the tensors training.flat_tensors names, padded with zeros to a multiple of M), rank
+0 also its other tensors. Any other checkpoint's sliced tensors are re-split along the
+dimension they were split on, replicated tensors stay replicated (written once), rank-local
+ones stay on their rank while it exists; per-rank metadata is remapped (docs/resharding.md). The new checkpoint
 has its own checksums and goes through the durable commit; a corrupt source fails with the
 typed error and leaves nothing behind.
 
@@ -439,25 +443,42 @@ int cmd_consolidate(const ConsolidateArgs& a) {
   const double secs = seconds_since(t0);
   std::size_t tensors = 0;
   for (const auto& f : r.files) tensors += f.tensors.size();
+  // What was exported: a trainer checkpoint's flat tensor, or every global tensor.
+  const std::string from = source.manifest().training.contains("flat_tensors") ? opt.tensor : "global tensors";
   if (a.json) {
-    json::array files;
-    for (const auto& f : r.files) {
-      json::array names;
-      for (const auto& t : f.tensors) names.emplace_back(t);
-      files.push_back(json::object{{"name", f.name}, {"size", f.size}, {"tensors", names}});
-    }
+    const auto listed = [](const std::vector<ConsolidatedFile>& fs) {
+      json::array out;
+      for (const auto& f : fs) {
+        json::array names;
+        for (const auto& t : f.tensors) names.emplace_back(t);
+        out.push_back(json::object{{"name", f.name}, {"size", f.size}, {"tensors", names}});
+      }
+      return out;
+    };
+    const json::array files = listed(r.files), optimizer_files = listed(r.optimizer_files);
     print_json(json::object{{"ok", true}, {"source", source.dir()}, {"dir", r.dir}, {"dtype", dtype_name(r.dtype)},
-                            {"tensor", opt.tensor}, {"tensors", tensors}, {"total_size", r.total_size},
-                            {"index", r.index ? json::value(*r.index) : json::value(nullptr)}, {"files", files},
+                            {"tensor", from}, {"tensors", tensors}, {"total_size", r.total_size},
+                            {"index", r.index ? json::value(*r.index) : json::value(nullptr)},
+                            {"config", r.config ? json::value(*r.config) : json::value(nullptr)}, {"files", files},
+                            {"optimizer_files", optimizer_files}, {"optimizer_size", r.optimizer_size},
+                            {"optimizer_index", r.optimizer_index ? json::value(*r.optimizer_index) : json::value(nullptr)},
+                            {"left_out", r.left_out},
                             {"bytes_read", r.bytes_read}, {"seconds", secs}});
     return kExitOk;
   }
   std::printf("consolidated %zu tensors of %s (%s, %s of %s) into %s in %.2f s\n", tensors, source.dir().c_str(),
-              opt.tensor.c_str(), human_bytes(r.total_size).c_str(), std::string(dtype_name(r.dtype)).c_str(), r.dir.c_str(), secs);
+              from.c_str(), human_bytes(r.total_size).c_str(), std::string(dtype_name(r.dtype)).c_str(), r.dir.c_str(), secs);
   Table table({{"FILE"}, {"SIZE", true}, {"TENSORS"}}, "  ");
   for (const auto& f : r.files) table.row({f.name, human_bytes(f.size), std::to_string(f.tensors.size()) + " tensors"});
   if (r.index) table.row({*r.index, "", "weight map of " + std::to_string(tensors) + " tensors"});
+  std::size_t optimizer_tensors = 0;
+  for (const auto& f : r.optimizer_files) {
+    table.row({f.name, human_bytes(f.size), std::to_string(f.tensors.size()) + " optimizer tensors"});
+    optimizer_tensors += f.tensors.size();
+  }
+  if (r.optimizer_index) table.row({*r.optimizer_index, "", "weight map of " + std::to_string(optimizer_tensors) + " tensors"});
   table.print();
+  if (r.left_out) std::printf("left out %zu optimizer tensors (--with-optimizer keeps them)\n", r.left_out);
   return kExitOk;
 }
 
@@ -465,10 +486,14 @@ Command declare_consolidate(CLI::App& app) {
   auto a = std::make_shared<ConsolidateArgs>();
   CLI::App* c = add_command(app, "consolidate", "write the full model (fp32 master weights by default) as safetensors\nin the Hugging Face layout, one file or several plus an index", R"(
 Write the full model of checkpoint SRC into the new directory OUT in the Hugging Face
-layout: every tensor of the model (training.param_layout) reassembled from the shards of
-the flat tensor NAME (default optim.master, the fp32 master weights), cast to --dtype,
-into OUT/model.safetensors, or, when the tensors exceed SIZE bytes, into
-OUT/model-0000k-of-0000n.safetensors plus OUT/model.safetensors.index.json. Streams through
+layout: for a trainer checkpoint, every tensor of the model (training.param_layout)
+reassembled from the shards of the flat tensor NAME (default optim.master, the fp32 master
+weights); for any other, every global tensor (sliced, replicated, or stored whole on one
+rank; rank-local tensors left out) under its global name. Float tensors are cast to
+--dtype. Into OUT/model.safetensors, or, when the tensors exceed SIZE bytes, into
+OUT/model-0000k-of-0000n.safetensors plus OUT/model.safetensors.index.json. Optimizer
+state (the trainer's other flat tensors, tensors named optim.*) is left out unless
+--with-optimizer: then it goes into OUT/optimizer*.safetensors the same way. Streams through
 a bounded buffer; OUT appears only when complete, and its parent is created if absent.
 
 example:
@@ -482,6 +507,9 @@ example:
       ->option_text("T");
   cli::add_size_option(*c, "--max-file-size", a->opt.max_file_size, "tensor bytes per file, e.g. 5G, 1.5G, 500M, 64K (default: one\nfile)");
   c->add_option("--tensor", a->opt.tensor, "the flat tensor to export (default " + a->opt.tensor + ")")->option_text("NAME");
+  auto* weights = c->add_flag("--only-weights")->description("leave the optimizer state out (the default)");
+  c->add_flag("--with-optimizer", a->opt.with_optimizer, "also write the optimizer state, in its own dtype, into\noptimizer.safetensors (or optimizer-0000k-of-0000n + index)")
+      ->excludes(weights);
   add_buffer_option(*c, a->opt.buffer_bytes);
   add_verify_option(*c, a->verify, "of the source, as for reshard (default fast)");
   return bind(c, a, cmd_consolidate);
@@ -617,6 +645,18 @@ struct DiffArgs : Common {
   std::string a, b;
 };
 
+// Records a dtype or shape mismatch of A's (ta, sa) and B's (tb, sb) in `d`; false if none.
+bool type_mismatch(DType ta, const std::vector<std::uint64_t>& sa, DType tb, const std::vector<std::uint64_t>& sb, TensorDiff& d) {
+  if (ta != tb) {
+    d.status = "dtype mismatch";
+    d.detail = std::string(dtype_name(ta)) + " vs " + std::string(dtype_name(tb));
+  } else if (sa != sb) {
+    d.status = "shape mismatch";
+    d.detail = shape_str(sa) + " vs " + shape_str(sb);
+  }
+  return !d.status.empty();
+}
+
 int cmd_diff(const DiffArgs& a) {
   const auto ra = open_dir_or_root(a.a), rb = open_dir_or_root(a.b);
   const Manifest &ma = ra.manifest(), &mb = rb.manifest();
@@ -635,10 +675,47 @@ int cmd_diff(const DiffArgs& a) {
       flat_note = "flat layouts differ: flat tensors compared rank by rank";
     }
   } catch (const Error& e) {
-    if (e.code() != Errc::invalid_argument) throw;  // no flat layout recorded: compare by rank
+    if (e.code() != Errc::invalid_argument) throw;  // no flat layout recorded: compare global tensors
   }
   auto is_flat = [&](const std::string& n) { return std::find(flat.begin(), flat.end(), n) != flat.end(); };
   std::vector<TensorDiff> diffs;
+  // Without flat layouts on both sides: the global tensors (sliced, replicated, single) are
+  // compared whole, whatever world size and split stored them; the rest by name and rank.
+  std::set<const TensorRecord*> covered;
+  std::vector<GlobalTensor> ga, gb;
+  if (!fa && flat_note.empty()) {
+    ga = global_tensors(ma);
+    gb = global_tensors(mb);
+    const auto read_global = [](const CheckpointReader& r, const std::vector<GlobalTensor>& gs, const GlobalTensor& g) {
+      return [&r, &gs, &g](std::uint64_t at, std::span<std::byte> out) {
+        const std::uint64_t es = dtype_size(g.dtype);
+        std::vector<SliceTarget> targets;
+        std::uint64_t pos = 0;
+        for (auto& b : boxes_of_range(g.shape, at, out.size() / es)) {
+          const std::uint64_t n = shape_numel(b.lengths) * es;
+          targets.push_back({g.name, g.dtype, std::move(b.offsets), std::move(b.lengths), out.subspan(pos, n)});
+          pos += n;
+        }
+        load_slices(r, gs, targets, Verify::fast);
+      };
+    };
+    for (const auto& g : gb)
+      for (const auto& p : g.pieces) covered.insert(p.record);
+    for (const auto& g : ga) {
+      for (const auto& p : g.pieces) covered.insert(p.record);
+      TensorDiff d{g.name, std::nullopt, "", "", 0, 0};
+      const auto u = std::find_if(gb.begin(), gb.end(), [&](const GlobalTensor& h) { return h.name == g.name; });
+      if (u == gb.end()) {
+        d.status = "only in A";
+      } else if (!type_mismatch(g.dtype, g.shape, u->dtype, u->shape, d)) {
+        compare_stream(g.dtype, shape_numel(g.shape), read_global(ra, ga, g), read_global(rb, gb, *u), d);
+      }
+      diffs.push_back(std::move(d));
+    }
+    for (const auto& g : gb)
+      if (std::none_of(ga.begin(), ga.end(), [&](const GlobalTensor& h) { return h.name == g.name; }))
+        diffs.push_back({g.name, std::nullopt, "only in B", "", 0, 0});
+  }
   for (const auto& name : flat) {
     TensorDiff d{name, std::nullopt, "", "", 0, 0};
     const DType ta = fa->dtype(name), tb = fb->dtype(name);
@@ -660,19 +737,13 @@ int cmd_diff(const DiffArgs& a) {
     return *cur;
   };
   for (const auto& t : ma.tensors) {
-    if (is_flat(t.name)) continue;
+    if (is_flat(t.name) || covered.count(&t)) continue;
     seen[{t.name, t.rank}] = true;
     TensorDiff d{t.name, t.rank, "", "", 0, 0};
     const TensorRecord* u = mb.find_tensor(t.name, t.rank);
     if (!u) {
       d.status = "only in A";
-    } else if (t.dtype != u->dtype) {
-      d.status = "dtype mismatch";
-      d.detail = std::string(dtype_name(t.dtype)) + " vs " + std::string(dtype_name(u->dtype));
-    } else if (t.shape != u->shape) {
-      d.status = "shape mismatch";
-      d.detail = shape_str(t.shape) + " vs " + shape_str(u->shape);
-    } else {
+    } else if (!type_mismatch(t.dtype, t.shape, u->dtype, u->shape, d)) {
       const std::uint64_t es = dtype_size(t.dtype);
       compare_stream(
           t.dtype, (t.end - t.begin) / es,
@@ -682,7 +753,7 @@ int cmd_diff(const DiffArgs& a) {
     diffs.push_back(std::move(d));
   }
   for (const auto& t : mb.tensors)
-    if (!is_flat(t.name) && !seen.count({t.name, t.rank})) diffs.push_back({t.name, t.rank, "only in B", "", 0, 0});
+    if (!is_flat(t.name) && !covered.count(&t) && !seen.count({t.name, t.rank})) diffs.push_back({t.name, t.rank, "only in B", "", 0, 0});
 
   bool equal = true;
   for (const auto& d : diffs) equal &= d.status == "equal";
@@ -713,7 +784,7 @@ int cmd_diff(const DiffArgs& a) {
     n_equal += d.status == "equal";
     char extra[96] = "";
     if (d.status == "differs") std::snprintf(extra, sizeof extra, "%.6g (%llu)", d.max_abs, static_cast<unsigned long long>(d.differing));
-    table.row({d.name, d.rank ? std::to_string(*d.rank) : "flat", d.status, extra + d.detail});
+    table.row({d.name, d.rank ? std::to_string(*d.rank) : (fa ? "flat" : "global"), d.status, extra + d.detail});
   }
   table.print();
   std::printf("\n%zu of %zu tensors equal: %s\n", n_equal, diffs.size(), equal ? "the checkpoints are equal" : "the checkpoints differ");
@@ -725,8 +796,10 @@ Command declare_diff(CLI::App& app) {
   auto a = std::make_shared<DiffArgs>();
   CLI::App* c = add_command(app, "diff", "compare two checkpoints tensor by tensor: equal, or the largest\nabsolute difference; shape and dtype mismatches are reported", R"(
 Compare two checkpoints tensor by tensor. The flat optimizer tensors (training.flat_tensors)
-are compared over the whole flat space, so checkpoints of different world sizes compare
-(a checkpoint and its reshard are equal); other tensors by name and rank. Each tensor is
+are compared over the whole flat space; in checkpoints without them, every global tensor
+(sliced, replicated, or stored whole on one rank: docs/format.md) is compared whole under
+its global name; so checkpoints of different world sizes and splits compare (a checkpoint
+and its reshard are equal). Other tensors (rank-local ones) by name and rank. Each tensor is
 equal, differs (float types: the largest absolute difference and the number of differing
 elements; a NaN against a number counts as an infinite difference), has a shape or dtype
 mismatch, or is only in A or only in B. Exit 0 if everything is equal, 3 if not.

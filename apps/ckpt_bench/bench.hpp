@@ -66,11 +66,15 @@ struct TensorSpec {
   ckpt::DType dtype;
   std::vector<std::uint64_t> shape;
   std::uint64_t bytes = 0;
+  std::optional<ckpt::TensorSharding> sharding;  // what the tensor is of the job's global state
 };
 
 /// Per rank, the tensors of its state: a few large bf16/fp32 matrices (parameters and the fp32
 /// master / Adam moments of a ZeRO-1 shard) and many small tensors (norms, biases), adding up
 /// to `total / ranks` bytes per rank. Deterministic, so the peers script rebuilds it exactly.
+/// Every tensor but the step and the RNG state (rank-local) is described as rank r's slice
+/// of a global tensor (rows of the matrices, a range of the vectors), so the checkpoints
+/// consolidate and reshard like a real job's.
 std::vector<std::vector<TensorSpec>> make_layout(std::uint64_t total, int ranks);
 boost::json::array layout_to_json(const std::vector<std::vector<TensorSpec>>& layout);
 

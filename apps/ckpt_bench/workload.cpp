@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "bench.hpp"
+#include "ckpt/format/sharding.hpp"
 
 namespace bench {
 
@@ -22,7 +23,17 @@ std::uint64_t splitmix(std::uint64_t& s) {
 TensorSpec spec(std::string name, DType t, std::vector<std::uint64_t> shape) {
   std::uint64_t n = 1;
   for (auto d : shape) n *= d;
-  return {std::move(name), t, std::move(shape), n * ckpt::dtype_size(t)};
+  return {std::move(name), t, std::move(shape), n * ckpt::dtype_size(t), std::nullopt};
+}
+
+// Rank r's part of a global tensor made of `ranks` equal parts along the first dimension.
+TensorSpec part(std::string name, DType t, std::vector<std::uint64_t> shape, int r, int ranks) {
+  TensorSpec s = spec(name, t, shape);
+  std::vector<std::uint64_t> global = shape, offsets(shape.size(), 0);
+  global[0] *= static_cast<std::uint64_t>(ranks);
+  offsets[0] = shape[0] * static_cast<std::uint64_t>(r);
+  s.sharding = ckpt::slice_of(std::move(name), std::move(global), std::move(offsets), std::move(shape));
+  return s;
 }
 
 }  // namespace
@@ -43,23 +54,24 @@ std::vector<std::vector<TensorSpec>> make_layout(std::uint64_t total, int ranks)
       const std::string p = "model.layers." + std::to_string(l) + ".";
       // Sizes vary a little from layer to layer, as real ones do.
       const std::uint64_t d = small_each + static_cast<std::uint64_t>((l * 7) % 5) * 16;
-      v.push_back(spec(p + "input_norm.weight", DType::F32, {d}));
-      v.push_back(spec(p + "post_norm.weight", DType::F32, {d}));
-      v.push_back(spec(p + "mlp.bias", DType::BF16, {d}));
+      v.push_back(part(p + "input_norm.weight", DType::F32, {d}, r, ranks));
+      v.push_back(part(p + "post_norm.weight", DType::F32, {d}, r, ranks));
+      v.push_back(part(p + "mlp.bias", DType::BF16, {d}, r, ranks));
     }
     v.push_back(spec("optimizer.step", DType::I64, {1}));
     v.push_back(spec("rng.state", DType::U8, {5056}));
+    v[v.size() - 2].sharding = v.back().sharding = ckpt::rank_local();
     for (const auto& t : v) used += t.bytes;
     const std::uint64_t rest = per_rank > used ? per_rank - used : 0;
     // rest = 14 units: 4 bf16 matrices of 0.5 unit each (2 units), 3 fp32 matrices of 4 units.
     const std::uint64_t unit = rest / 14;
     const std::uint64_t bf16_rows = std::max<std::uint64_t>(1, unit / 2 / (kCols * 2));
     for (int j = 0; j < 4; ++j)
-      v.push_back(spec("model.blocks." + std::to_string(j) + ".weight", DType::BF16, {bf16_rows, kCols}));
+      v.push_back(part("model.blocks." + std::to_string(j) + ".weight", DType::BF16, {bf16_rows, kCols}, r, ranks));
     const std::uint64_t f32_rows = std::max<std::uint64_t>(1, unit * 4 / (kCols * 4));
-    v.push_back(spec("optimizer.master", DType::F32, {f32_rows, kCols}));
-    v.push_back(spec("optimizer.exp_avg", DType::F32, {f32_rows, kCols}));
-    v.push_back(spec("optimizer.exp_avg_sq", DType::F32, {f32_rows, kCols}));
+    v.push_back(part("optimizer.master", DType::F32, {f32_rows, kCols}, r, ranks));
+    v.push_back(part("optimizer.exp_avg", DType::F32, {f32_rows, kCols}, r, ranks));
+    v.push_back(part("optimizer.exp_avg_sq", DType::F32, {f32_rows, kCols}, r, ranks));
   }
   return out;
 }
@@ -90,7 +102,7 @@ RankState::RankState(const std::vector<TensorSpec>& specs, std::uint64_t seed) {
   for (std::size_t i = 0; i < buf_.capacity() / 8; ++i) words[i] = splitmix(seed);
   for (std::size_t i = 0; i < specs.size(); ++i)
     views_.push_back({specs[i].name, specs[i].dtype, specs[i].shape,
-                      std::span<const std::byte>(buf_.data() + offsets_[i], static_cast<std::size_t>(specs[i].bytes))});
+                      std::span<const std::byte>(buf_.data() + offsets_[i], static_cast<std::size_t>(specs[i].bytes)), specs[i].sharding});
 }
 
 void RankState::mutate(std::uint64_t step) {

@@ -23,13 +23,6 @@ inline Run ckpt_run(const std::string& args) {
 }
 
 /// The io fixture's checkpoint of 2 ranks at step 10 (every dtype), saved in a fresh root.
-struct Saved {
-  TempDir dir;
-  Fixture fx{2, 10};
-  Manifest m;
-  Saved() { m = save_checkpoint_sync(posix_file_system(), dir.path().string(), fx.request); }
-  std::filesystem::path ckpt() const { return dir / "step-0000000010"; }
-  std::filesystem::path shard(int r) const { return ckpt() / m.shards[static_cast<std::size_t>(r)].path; }
-};
+using Saved = SavedCheckpoint;
 
 }  // namespace ckpt::test

@@ -56,7 +56,7 @@ TEST_CASE("ckpt get writes every dtype as a .npy file whose header and data are 
   for (const auto& t : s.fx.request.ranks[1].tensors) {
     CAPTURE(t.name);
     const std::string npy = (out / (t.name + ".npy")).string(), raw = (out / (t.name + ".bin")).string();
-    const auto r = get(s.ckpt().string() + " " + t.name + " --rank 1 --out " + npy);
+    const auto r = get(s.ckpt_dir().string() + " " + t.name + " --rank 1 --out " + npy);
     REQUIRE(r.status == 0);
     CHECK(r.out.find("wrote " + t.name + " (rank 1, ") == 0);
     const auto file = test::read_all(npy);
@@ -98,7 +98,7 @@ TEST_CASE("ckpt get reads and checks only the chunks covering the tensor, the wh
   for (std::uint64_t k = u8.begin / cs; k <= (u8.end - 1) / cs; ++k) ++chunks, bytes += std::min(cs, size - k * cs);
   REQUIRE(bytes < size);  // the check below would pass for a whole-file read otherwise
   auto json = [&](const std::string& verify) {
-    const auto r = get(s.ckpt().string() + " u8 --out " + npy + " --json --verify " + verify);
+    const auto r = get(s.ckpt_dir().string() + " u8 --out " + npy + " --json --verify " + verify);
     REQUIRE(r.status == 0);
     return boost::json::parse(r.out).as_object();
   };
@@ -112,14 +112,14 @@ TEST_CASE("ckpt get reads and checks only the chunks covering the tensor, the wh
   CHECK(v.at("bytes_checked").as_int64() == static_cast<std::int64_t>(size));
   v = json("none");
   CHECK(v.at("bytes_checked").as_int64() == 0);
-  const auto r = get(s.ckpt().string() + " u8 --out " + npy);
+  const auto r = get(s.ckpt_dir().string() + " u8 --out " + npy);
   CHECK(r.out.find("verified: " + std::to_string(chunks) + " chunks") != std::string::npos);
 }
 
 TEST_CASE("ckpt get of a bf16 tensor writes its raw bits as '<u2' and says so") {
   Saved s;
   test::TempDir out;
-  const auto r = get(s.ckpt().string() + " bf16 --out " + (out / "b.npy").string());
+  const auto r = get(s.ckpt_dir().string() + " bf16 --out " + (out / "b.npy").string());
   CHECK(r.status == 0);
   CHECK(r.out.find("as '<u2'") != std::string::npos);
   CHECK(r.out.find("note: numpy has no bfloat16: the raw bits are written as '<u2' (see ckpt get --help)") != std::string::npos);
@@ -129,26 +129,26 @@ TEST_CASE("ckpt get refuses a missing tensor, a rank out of range, an unwritable
   Saved s;
   test::TempDir out;
   const std::string npy = (out / "t.npy").string();
-  auto r = get(s.ckpt().string() + " nope --rank 1 --out " + npy);
+  auto r = get(s.ckpt_dir().string() + " nope --rank 1 --out " + npy);
   CHECK(r.status == 1);
   CHECK(r.out == "ckpt get: not found: " + s.shard(1).string() +
                      ": no tensor 'nope' on rank 1: expected one of the 9 tensors of rank 1: f64, i64, f32, i32, empty, scalar, f16, "
                      "bf16, u8, actual 'nope'\n");
-  r = get(s.ckpt().string() + " nope --out " + npy);  // no rank holds it: rank 0's tensors are listed
+  r = get(s.ckpt_dir().string() + " nope --out " + npy);  // no rank holds it: rank 0's tensors are listed
   CHECK(r.status == 1);
   CHECK(r.out.find("no tensor 'nope' on rank 0: expected one of the 9 tensors of rank 0: ") != std::string::npos);
-  r = get(s.ckpt().string() + " f32 --rank 2 --out " + npy);
+  r = get(s.ckpt_dir().string() + " f32 --rank 2 --out " + npy);
   CHECK(r.status == 1);
-  CHECK(r.out == "ckpt get: invalid argument: " + s.ckpt().string() + ": rank: expected 0..1, actual 2\n");
-  r = get(s.ckpt().string() + " f32 --out " + out.path().string() + "/no-such-dir/t.npy");
+  CHECK(r.out == "ckpt get: invalid argument: " + s.ckpt_dir().string() + ": rank: expected 0..1, actual 2\n");
+  r = get(s.ckpt_dir().string() + " f32 --out " + out.path().string() + "/no-such-dir/t.npy");
   CHECK(r.status == 1);
   CHECK(r.out == "ckpt get: I/O error: " + out.path().string() + "/no-such-dir/t.npy: open for writing failed: No such file or directory\n");
-  r = get(s.ckpt().string() + " f32 --out " + out.path().string());  // a directory
+  r = get(s.ckpt_dir().string() + " f32 --out " + out.path().string());  // a directory
   CHECK(r.status == 1);
   CHECK(r.out.find("ckpt get: I/O error: " + out.path().string() + ": rename failed: ") == 0);
-  r = get(s.ckpt().string() + " f32 --rank -1 --out " + npy);
+  r = get(s.ckpt_dir().string() + " f32 --rank -1 --out " + npy);
   CHECK(r.status == 2);
-  r = get(s.ckpt().string() + " f32");
+  r = get(s.ckpt_dir().string() + " f32");
   CHECK(r.status == 2);
   CHECK(r.out.find("--out is required") != std::string::npos);
   // A flipped byte in the tensor: checksum mismatch naming the shard and chunk, and no output.
@@ -156,13 +156,13 @@ TEST_CASE("ckpt get refuses a missing tensor, a rank out of range, an unwritable
   auto bytes = test::read_all(s.shard(1));
   bytes.at(static_cast<std::size_t>(f32.begin + 7)) ^= 1;
   test::write_all(s.shard(1), bytes);
-  r = get(s.ckpt().string() + " f32 --rank 1 --out " + npy);
+  r = get(s.ckpt_dir().string() + " f32 --rank 1 --out " + npy);
   CHECK(r.status == 1);
   CHECK(r.out.find("ckpt get: checksum mismatch: " + s.shard(1).string() + ": xxh3 of chunk " + std::to_string(f32.begin / s.m.chunk_size) + " of ") ==
         0);
   CHECK(test::names_in(out.path()).empty());
   // --json: the error as the one JSON object.
-  r = get(s.ckpt().string() + " f32 --rank 1 --json --out " + npy);
+  r = get(s.ckpt_dir().string() + " f32 --rank 1 --json --out " + npy);
   CHECK(r.status == 1);
   CHECK(boost::json::parse(r.out.substr(0, r.out.find('\n'))).at("error").at("code").as_string() == "checksum mismatch");
 }

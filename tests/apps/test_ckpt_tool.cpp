@@ -41,7 +41,7 @@ void flip(const fs::path& p, std::size_t at) {
 
 TEST_CASE("ckpt verify accepts a checkpoint the library wrote, fast and full") {
   Saved s;
-  auto r = ckpt_run("verify " + s.ckpt().string());
+  auto r = ckpt_run("verify " + s.ckpt_dir().string());
   CHECK(r.status == 0);
   CHECK(r.out.find("OK ") == 0);
   r = ckpt_run("verify --full " + s.dir.path().string());  // a root: verifies its latest
@@ -60,27 +60,27 @@ TEST_CASE("ckpt verify rejects each corrupted variant with its typed error") {
       {"flipped header byte", [](Saved& s) { flip(s.shard(0), 20); }, "checksum mismatch"},
       {"truncated shard", [](Saved& s) { fs::resize_file(s.shard(0), 4096); }, "size mismatch"},
       {"missing shard", [](Saved& s) { fs::remove(s.shard(1)); }, "missing shard"},
-      {"missing manifest", [](Saved& s) { fs::remove(s.ckpt() / "manifest.json"); }, "not found"},
-      {"garbage manifest", [](Saved& s) { test::write_all(s.ckpt() / "manifest.json", {'{', 'x'}); }, "malformed manifest"},
+      {"missing manifest", [](Saved& s) { fs::remove(s.ckpt_dir() / "manifest.json"); }, "not found"},
+      {"garbage manifest", [](Saved& s) { test::write_all(s.ckpt_dir() / "manifest.json", {'{', 'x'}); }, "malformed manifest"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.what);
     Saved s;
     c.damage(s);
-    const auto r = ckpt_run("verify " + s.ckpt().string());
+    const auto r = ckpt_run("verify " + s.ckpt_dir().string());
     CHECK(r.status == 1);
     CHECK(r.out.find(c.error) != std::string::npos);
-    CHECK(r.out.find(s.ckpt().string()) != std::string::npos);  // names the file
+    CHECK(r.out.find(s.ckpt_dir().string()) != std::string::npos);  // names the file
   }
 }
 
 TEST_CASE("ckpt verify of a 48 MB manifest past its allowance exits 1 with the typed error naming the manifest") {
   Saved s;
-  const fs::path mpath = s.ckpt() / "manifest.json";
+  const fs::path mpath = s.ckpt_dir() / "manifest.json";
   auto text = test::read_all(mpath);
   text.insert(text.begin() + static_cast<std::ptrdiff_t>(text.size() - 2), 48u << 20, ' ');
   test::write_all(mpath, text);
-  const auto r = ckpt_run("verify " + s.ckpt().string());
+  const auto r = ckpt_run("verify " + s.ckpt_dir().string());
   CHECK(r.status == 1);
   CHECK(r.out.find("malformed manifest") != std::string::npos);
   CHECK(r.out.find(mpath.string()) != std::string::npos);
@@ -91,7 +91,7 @@ TEST_CASE("ckpt verify of a 48 MB manifest past its allowance exits 1 with the t
 TEST_CASE("ckpt verify --full catches what only SHA-256 sees and reports JSON") {
   Saved s;
   flip(s.shard(0), s.m.tensors.back().begin);
-  const auto r = ckpt_run("verify --full --json " + s.ckpt().string());
+  const auto r = ckpt_run("verify --full --json " + s.ckpt_dir().string());
   CHECK(r.status == 1);
   const auto line = r.out.substr(0, r.out.find('\n'));
   const auto v = boost::json::parse(line).as_object();
@@ -114,7 +114,7 @@ TEST_CASE("ckpt ls shows each checkpoint's state and inspect shows the tensor ta
   CHECK(v.at("checkpoints").as_array().size() == 2);
   CHECK(v.at("checkpoints").as_array()[1].at("state").as_string() == "corrupt");
   Saved t;
-  r = ckpt_run("inspect " + t.ckpt().string());
+  r = ckpt_run("inspect " + t.ckpt_dir().string());
   CHECK(r.status == 0);
   CHECK(r.out.find("world size  2") != std::string::npos);
   CHECK(r.out.find("f32") != std::string::npos);
@@ -192,6 +192,12 @@ TEST_CASE("ckpt consolidate writes the demo model as safetensors with a weight-m
   const auto v = json_of(r.out);
   CHECK(v.at("index").as_string() == "model.safetensors.index.json");
   CHECK(v.at("dtype").as_string() == "F32");
+  CHECK(v.at("config").as_string() == "config.json");
+  {
+    const auto b = test::read_all(fs::path(out) / "config.json");
+    const auto reader = CheckpointReader::open(posix_file_system(), demo.step(20));
+    CHECK(boost::json::parse(std::string(b.begin(), b.end())) == reader.manifest().training.at("config"));
+  }
   const auto index = boost::json::parse([&] {
                        const auto b = test::read_all(fs::path(out) / "model.safetensors.index.json");
                        return std::string(b.begin(), b.end());
@@ -545,7 +551,7 @@ TEST_CASE("ckpt ls of a directory that is not a checkpoint root fails with not_f
 
 TEST_CASE("the verify option is spelled --verify none|fast|full everywhere, and verify keeps --full") {
   Saved s;
-  const std::string dir = s.ckpt().string();
+  const std::string dir = s.ckpt_dir().string();
   for (const char* mode : {"none", "fast", "full"}) {
     CAPTURE(mode);
     const auto r = ckpt_run("verify --json --verify " + std::string(mode) + " " + dir);

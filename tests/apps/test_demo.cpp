@@ -355,6 +355,19 @@ TEST_CASE("ckpt-demo --help lists every option it parses, with the checks in ord
   }
 }
 
+TEST_CASE("a schema 1 checkpoint of ckpt 0.1.0 resumes at another world size through the slice planner") {
+  // No sharding descriptions: its flat tensors are read as 1-D slices (training.flat_tensors).
+  const std::string data = std::string(CKPT_SOURCE_DIR) + "/tests/data/";
+  ckpt::test::TempDir dir;
+  const auto root = dir / "root";
+  std::filesystem::copy(data + "v0.1-demo-root", root, std::filesystem::copy_options::recursive);
+  int status = 0;
+  const auto out = run(kBin + "ckpt-demo --world-size 3 --steps 12 --resume --reshard --dir " + root.string(), status);
+  INFO(out);
+  CHECK(status == 0);
+  CHECK(out.find("resumed from step 10") != std::string::npos);
+}
+
 TEST_CASE("a checkpoint written by ckpt 0.1.0's callback writer still verifies and resumes bit for bit") {
   // tests/data/v0.1-demo-root: `ckpt-demo --world-size 2 --steps 10 --save-every 10` of the
   // release before the save path became coroutines; the .txt beside it holds the losses of

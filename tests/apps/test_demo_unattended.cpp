@@ -2,7 +2,6 @@
 // without a committed checkpoint, and runs whose saves all fail.
 #include <doctest/doctest.h>
 
-#include <sys/mount.h>
 #include <unistd.h>
 
 #include <boost/json.hpp>
@@ -24,25 +23,6 @@ const std::string kDemo = std::string(CKPT_TEST_BINARY_DIR) + "/bin/ckpt-demo";
 std::string demo(const std::string& args, int& status) { return ckpt::test::run_command(kDemo + " " + args + " 2>&1", &status); }
 bool has(const std::string& out, const std::string& what) { return out.find(what) != std::string::npos; }
 
-// A 64 KiB tmpfs under `dir`, unmounted at the end: a root there fills up at the first save.
-// The test is skipped (exit 77) where it cannot be mounted.
-struct FullDisk {
-  std::string mnt;
-  explicit FullDisk(const ckpt::test::TempDir& dir) : mnt((dir / "full").string()) {
-    if (::geteuid() != 0) {
-      MESSAGE("skipped: mounting a small tmpfs needs root");
-      std::exit(77);
-    }
-    fs::create_directory(mnt);
-    if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=64k") != 0) {
-      MESSAGE("skipped: cannot mount tmpfs here: " << std::strerror(errno));
-      std::exit(77);
-    }
-  }
-  ~FullDisk() { ::umount2(mnt.c_str(), MNT_DETACH); }
-  FullDisk(const FullDisk&) = delete;
-  FullDisk& operator=(const FullDisk&) = delete;
-};
 }  // namespace
 
 TEST_CASE("ckpt-demo --resume auto starts fresh on a root a crash left without latest, then resumes what it committed") {
@@ -90,8 +70,8 @@ TEST_CASE("ckpt-demo without --resume takes a root that holds only uncommitted s
 
 TEST_CASE("ckpt-demo on a full root trains on, counts the failed saves in its metrics, and exits 4 with a last line saying so") {
   ckpt::test::TempDir dir;
-  const FullDisk full(dir);
-  const std::string& mnt = full.mnt;
+  const ckpt::test::SmallTmpfs full(dir, "size=64k");
+  const std::string& mnt = full.path();
   int status = -1;
   const std::string metrics = (dir / "m.jsonl").string();
   const auto out = demo("--steps 30 --save-every 10 --dir " + mnt + "/root --metrics " + metrics, status);
@@ -119,8 +99,8 @@ TEST_CASE("ckpt-demo on a full root trains on, counts the failed saves in its me
 
 TEST_CASE("ckpt-demo --max-consecutive-failures 2 on a full root stops at the save after the second failure and exits 4") {
   ckpt::test::TempDir dir;
-  const FullDisk full(dir);
-  const std::string& mnt = full.mnt;
+  const ckpt::test::SmallTmpfs full(dir, "size=64k");
+  const std::string& mnt = full.path();
   int status = -1;
   const std::string metrics = (dir / "m.jsonl").string();
   const auto out = demo("--steps 30 --save-every 5 --max-consecutive-failures 2 --dir " + mnt + "/root --metrics " + metrics, status);

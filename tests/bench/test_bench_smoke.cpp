@@ -18,6 +18,7 @@ namespace fs = std::filesystem;
 namespace {
 
 const std::string kBench = std::string(CKPT_TEST_BINARY_DIR) + "/bin/ckpt-bench";
+const std::string kTool = std::string(CKPT_TEST_BINARY_DIR) + "/bin/ckpt";
 
 std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -197,6 +198,37 @@ TEST_CASE("ckpt-bench writes an SVG timeline, markdown tables and the tensor lay
   CHECK(again.find("targets (exit code unaffected)") != std::string::npos);
   // The run cleaned up its checkpoints.
   CHECK_FALSE(fs::exists(r.dir / "run" / "sync"));
+}
+
+TEST_CASE("a checkpoint ckpt-bench wrote consolidates under its global names and reshards to one that compares equal") {
+  ckpt::test::TempDir dir{"ckpt-bench-tools"};
+  const std::string d = dir.path().string();
+  int status = -1;
+  const std::string run = ckpt::test::run_command(
+      kBench + " --quick --modes sync --no-load --no-cold-pool --soak 0 --repeats 1 --keep --dir " + d + "/run 2>&1", &status);
+  INFO(run);
+  REQUIRE(status == 0);
+  const std::string root = d + "/run/sync";  // --keep left the sync mode's root
+  REQUIRE(fs::exists(root + "/latest"));
+  const std::string out = ckpt::test::run_command(kTool + " consolidate " + root + " " + d + "/model --json 2>&1", &status);
+  INFO(out);
+  REQUIRE(status == 0);
+  const json::object res = json::parse(out).as_object();
+  std::set<std::string> names;
+  for (const auto& f : res.at("files").as_array())
+    for (const auto& t : f.at("tensors").as_array()) names.insert(std::string(t.as_string()));
+  CHECK(names.count("model.blocks.0.weight"));
+  CHECK(names.count("model.layers.31.mlp.bias"));
+  CHECK_FALSE(names.count("optimizer.master"));  // optimizer state: left out by default
+  CHECK(res.at("left_out").to_number<int>() == 3);
+  CHECK_FALSE(names.count("rng.state"));  // rank-local
+  const std::string dst = d + "/eight";  // rank-local tensors stay on their ranks (r < 8)
+  const std::string re = ckpt::test::run_command(kTool + " reshard " + root + " " + dst + " --world-size 8 2>&1", &status);
+  INFO(re);
+  REQUIRE(status == 0);
+  const std::string diff = ckpt::test::run_command(kTool + " diff " + root + " " + dst + " 2>&1", &status);
+  INFO(diff);
+  CHECK(status == 0);
 }
 
 TEST_CASE("ckpt-bench refuses a malformed size, value or flag with exit 2 naming the option, before running anything") {

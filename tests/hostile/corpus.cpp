@@ -49,7 +49,13 @@ Payload make_payload(int rank, std::uint64_t step, bool small) {
     for (auto& x : b) x = static_cast<std::byte>(splitmix64(seed) & (s.t == DType::BOOL ? 1 : 0xff));
     p.blobs.push_back(std::move(b));
   }
-  for (std::size_t i = 0; i < specs.size(); ++i) p.views.push_back({specs[i].name, specs[i].t, specs[i].shape, p.blobs[i]});
+  for (std::size_t i = 0; i < specs.size(); ++i) p.views.push_back({specs[i].name, specs[i].t, specs[i].shape, p.blobs[i], std::nullopt});
+  // Schema 2 descriptions, on rank 0 only (so that damage to rank 1's entries stays a matter
+  // of rank 1's shard): its weights are the one slice of a global tensor, its step rank-local.
+  if (rank == 0) {
+    p.views[0].sharding = slice_of("weights.global", {rows, cols}, {0, 0}, {rows, cols});
+    p.views[2].sharding = rank_local();
+  }
   return p;
 }
 
@@ -577,7 +583,7 @@ std::vector<Case> number_cases(const GoodRoot& g) {
   b.manifest("wall_clock_seconds = string", [](json::object& m) { m["wall_clock_seconds"] = "1"; }, Errc::malformed_manifest);
   // schema_version: any other integer is a version this build cannot read; anything else is malformed.
   for (const auto& [label, v] : std::vector<std::pair<std::string, json::value>>{{"0", json::value(0)},
-                                                                                  {"2", json::value(2)},
+                                                                                  {"3", json::value(3)},
                                                                                   {"99", json::value(99)},
                                                                                   {"-1", json::value(-1)},
                                                                                   {"2^63", json::value(k2Pow63)},
@@ -788,6 +794,7 @@ std::vector<Case> manifest_cases(const GoodRoot& g) {
   const json::object tensor = good.at("tensors").as_array().at(0).as_object();
   for (const auto& kv : tensor) {
     const std::string key(kv.key());
+    if (key == "slice" || key == "replicated" || key == "rank_local") continue;  // optional: sharding_cases
     for (const auto& [label, v] : kinds) {
       if (kv.value().kind() == v.kind()) continue;
       b.manifest("tensors." + key + " as " + label, [key, v = v](json::object& m) { tensor_entry(m, 1, "weights")[key] = v; },
@@ -829,7 +836,7 @@ std::vector<Case> manifest_cases(const GoodRoot& g) {
   // Duplicate keys: the parser keeps the last, which must then be checked like any other.
   b.manifest_text("manifest with world_size twice, 3 last", [](std::string t) { return "{\"world_size\":2," + t.substr(t.find('{') + 1, t.rfind('}') - t.find('{') - 1) + ",\"world_size\":3}"; },
                   Errc::malformed_manifest);
-  b.manifest_text("manifest with schema_version twice, 2 last", [](std::string t) { return t.substr(0, t.rfind('}')) + ",\"schema_version\":2}"; },
+  b.manifest_text("manifest with schema_version twice, 3 last", [](std::string t) { return t.substr(0, t.rfind('}')) + ",\"schema_version\":3}"; },
                   Errc::unsupported_schema);
   // Deep nesting in the free-form objects and at the top.
   b.manifest("training nested 40 levels", [](json::object& m) {
@@ -931,10 +938,64 @@ std::vector<Case> huge_cases(const GoodRoot& g) {
   return std::move(b.out);
 }
 
+std::vector<Case> sharding_cases(const GoodRoot& g) {
+  Builder b{g, {}, "sharding"};
+  // Rank 1's weights become the second row slice of the global tensor: [80, 50] in all.
+  const auto slice = [](json::object& m, int rank) -> json::object& {
+    for (int r = 0; r < kWorld; ++r)
+      tensor_entry(m, r, "weights")["slice"] = json::object{{"global", "weights.global"},
+                                                            {"global_shape", json::array{40 * kWorld, 50}},
+                                                            {"offsets", json::array{40 * r, 0}},
+                                                            {"lengths", json::array{40, 50}}};
+    return tensor_entry(m, rank, "weights")["slice"].as_object();
+  };
+  const auto bad = [&](const std::string& label, std::function<void(json::object&)> edit) {
+    b.manifest(label, std::move(edit), Errc::malformed_manifest);
+  };
+  bad("weights slices overlapping", [=](json::object& m) { slice(m, 1)["offsets"] = json::array{20, 0}; });
+  bad("weights slices with a gap at the end", [=](json::object& m) {
+    slice(m, 0)["global_shape"] = json::array{40 * kWorld + 1, 50};
+    slice(m, 1)["global_shape"] = json::array{40 * kWorld + 1, 50};
+  });
+  bad("weights slices with a gap between them", [=](json::object& m) {
+    slice(m, 0)["global_shape"] = json::array{40 * kWorld + 1, 50};
+    slice(m, 1)["global_shape"] = json::array{40 * kWorld + 1, 50};
+    slice(m, 1)["offsets"] = json::array{41, 0};
+  });
+  bad("weights slice outside the global shape", [=](json::object& m) { slice(m, 1)["offsets"] = json::array{41, 0}; });
+  bad("weights slice offset near 2^64", [=](json::object& m) { slice(m, 1)["offsets"] = json::array{kU64Max - 10, 0}; });
+  bad("weights slices of two global shapes", [=](json::object& m) { slice(m, 1)["global_shape"] = json::array{80, 51}; });
+  bad("weights slices of two dtypes", [=](json::object& m) {
+    slice(m, 1);
+    tensor_entry(m, 1, "weights")["dtype"] = "I32";
+  });
+  bad("weights slice lengths not its shape", [=](json::object& m) { slice(m, 1)["lengths"] = json::array{40, 49}; });
+  bad("weights slice with 3 offsets", [=](json::object& m) { slice(m, 1)["offsets"] = json::array{40, 0, 0}; });
+  bad("weights slice with an empty global name", [=](json::object& m) { slice(m, 1)["global"] = ""; });
+  bad("weights slice without global_shape", [=](json::object& m) { slice(m, 1).erase("global_shape"); });
+  bad("weights slice as a string", [](json::object& m) { tensor_entry(m, 0, "weights")["slice"] = "rows"; });
+  bad("weights slice and rank_local at once", [](json::object& m) { tensor_entry(m, 0, "weights")["rank_local"] = true; });
+  bad("rank_local false", [](json::object& m) { tensor_entry(m, 0, "step")["rank_local"] = false; });
+  bad("replicated holders beyond the world size", [](json::object& m) {
+    tensor_entry(m, 0, "scalar")["replicated"] = json::object{{"holders", json::array{0, kWorld}}};
+  });
+  bad("replicated holders not led by the entry's rank", [](json::object& m) {
+    tensor_entry(m, 1, "scalar")["replicated"] = json::object{{"holders", json::array{0, 1}}};
+  });
+  bad("replicated holders repeated", [](json::object& m) {
+    tensor_entry(m, 0, "scalar")["replicated"] = json::object{{"holders", json::array{0, 0}}};
+  });
+  bad("replicated tensor also saved by another holder", [](json::object& m) {
+    tensor_entry(m, 0, "scalar")["replicated"] = json::object{{"holders", json::array{0, 1}}};
+  });
+  bad("a slice in a schema_version 1 manifest", [](json::object& m) { m["schema_version"] = 1; });
+  return std::move(b.out);
+}
+
 std::vector<Case> all_cases(const GoodRoot& g) {
   std::vector<Case> out;
   for (auto* make : {bit_flip_cases, truncation_cases, shard_set_cases, path_cases, number_cases, index_cases, header_cases,
-                     manifest_cases, latest_cases, huge_cases}) {
+                     manifest_cases, latest_cases, huge_cases, sharding_cases}) {
     auto part = make(g);
     std::move(part.begin(), part.end(), std::back_inserter(out));
   }

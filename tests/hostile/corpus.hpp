@@ -76,6 +76,7 @@ std::vector<Case> truncation_cases(const GoodRoot& good);    ///< shards and man
 std::vector<Case> shard_set_cases(const GoodRoot& good);     ///< missing, renamed, swapped, extra, duplicate
 std::vector<Case> path_cases(const GoodRoot& good);          ///< absolute, "..", symlinks, special files
 std::vector<Case> number_cases(const GoodRoot& good);        ///< absurd sizes, offsets, counts, versions
+std::vector<Case> sharding_cases(const GoodRoot& good);      ///< overlapping / gapped / out-of-range slices, bad replicated and rank_local
 std::vector<Case> index_cases(const GoodRoot& good);         ///< overlapping / holed / stray manifest tensor index
 std::vector<Case> header_cases(const GoodRoot& good);        ///< hostile safetensors headers, resealed
 std::vector<Case> manifest_cases(const GoodRoot& good);      ///< wrong types, missing fields, bad JSON, nesting

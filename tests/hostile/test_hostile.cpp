@@ -185,6 +185,10 @@ TEST_CASE("an overlapping, holed or stray manifest tensor index is refused again
   check_all(hostile::index_cases(good()), 10);
 }
 
+TEST_CASE("overlapping, gapped and out-of-range slices and bad replicated holders are refused before any shard is read") {
+  check_all(hostile::sharding_cases(good()), 19);
+}
+
 TEST_CASE("hostile safetensors headers behind valid checksums are refused as malformed shards") {
   check_all(hostile::header_cases(good()), 60);
 }
@@ -332,7 +336,7 @@ TEST_CASE("the corpus has every category") {
     ++codes[{c.category, std::string(errc_name(c.code))}];
   }
   for (const auto& [key, k] : codes) MESSAGE(key.first << " / " << key.second << ": " << k);
-  for (const char* cat : {"flip", "truncate", "shards", "paths", "numbers", "index", "header", "manifest", "latest", "huge"})
+  for (const char* cat : {"flip", "truncate", "shards", "paths", "numbers", "index", "header", "manifest", "latest", "huge", "sharding"})
     CHECK_MESSAGE(per[cat] > 0, cat);
   std::size_t total = 0;
   for (const auto& [cat, k] : per) total += k;

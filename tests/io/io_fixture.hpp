@@ -1,10 +1,17 @@
 // Shared by the io tests: a checkpoint with every dtype, empty and odd-sized tensors.
 #pragma once
 
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ckpt/io/commit.hpp"
+#include "ckpt/io/layout.hpp"
+#include "ckpt/io/reader.hpp"
 #include "ckpt/io/save.hpp"
 #include "ckpt/io/file_system.hpp"
 #include "ckpt/testing/fault_injection.hpp"
@@ -63,5 +70,26 @@ inline std::uint64_t mutations_of_one_save(const SaveRequest& request) {
   save_checkpoint_sync(counter, probe.path().string(), request);
   return counter.mutations();
 }
+
+/// The fixture's checkpoint of `world` ranks at `step` (every dtype), saved in a fresh root.
+struct SavedCheckpoint {
+  TempDir dir;
+  Fixture fx;
+  Manifest m;
+  explicit SavedCheckpoint(int world = 2, std::uint64_t step = 10) : fx(world, step) {
+    m = save_checkpoint_sync(posix_file_system(), dir.path().string(), fx.request);
+  }
+  std::string root() const { return dir.path().string(); }
+  std::filesystem::path ckpt_dir() const { return dir / checkpoint_dir_name(m.step); }
+  std::filesystem::path shard(int r) const { return ckpt_dir() / m.shards[static_cast<std::size_t>(r)].path; }
+  CheckpointReader open() const { return CheckpointReader::open(posix_file_system(), ckpt_dir().string()); }
+  /// The saved bytes of tensor `name` of rank r (fails the test if there is none).
+  std::span<const std::byte> saved(int r, std::string_view name) const {
+    for (const auto& t : fx.request.ranks[static_cast<std::size_t>(r)].tensors)
+      if (t.name == name) return t.data;
+    FAIL("no tensor " << name << " in the fixture");
+    return {};
+  }
+};
 
 }  // namespace ckpt::test

@@ -27,22 +27,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Saved {
-  test::TempDir dir;
-  test::Fixture fx;
-  Manifest m;
-  explicit Saved(int world = 2) : fx(world, 10) { m = save_checkpoint_sync(posix_file_system(), dir.path().string(), fx.request); }
-  fs::path ckpt_dir() const { return dir / checkpoint_dir_name(m.step); }
-  fs::path shard(int r) const { return ckpt_dir() / m.shards[static_cast<std::size_t>(r)].path; }
-  CheckpointReader open() const { return CheckpointReader::open(posix_file_system(), ckpt_dir().string()); }
-  // The saved bytes of tensor `name` of rank r.
-  std::span<const std::byte> saved(int r, std::string_view name) const {
-    for (const auto& t : fx.request.ranks[static_cast<std::size_t>(r)].tensors)
-      if (t.name == name) return t.data;
-    FAIL("no such tensor in the fixture");
-    return {};
-  }
-};
+using Saved = test::SavedCheckpoint;
 
 bool equal_bytes(std::span<const std::byte> a, std::span<const std::byte> b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size()) == 0);

@@ -16,17 +16,7 @@ using namespace ckpt;
 namespace fs = std::filesystem;
 
 namespace {
-struct Saved {
-  test::TempDir dir;
-  test::Fixture fx;
-  Manifest m;
-  explicit Saved(int world = 2, std::uint64_t step = 10) : fx(world, step) {
-    m = save_checkpoint_sync(posix_file_system(), dir.path().string(), fx.request);
-  }
-  std::string root() const { return dir.path().string(); }
-  fs::path ckpt_dir() const { return dir / checkpoint_dir_name(m.step); }
-  fs::path shard(int r) const { return ckpt_dir() / m.shards[static_cast<std::size_t>(r)].path; }
-};
+using Saved = test::SavedCheckpoint;
 
 Error load_error(const std::string& root, std::optional<int> world = {}, Verify v = Verify::fast) {
   try {

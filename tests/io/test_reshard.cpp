@@ -425,7 +425,7 @@ TEST_CASE("a corrupt source shard makes reshard fail with a checksum mismatch an
   CHECK(files_of(dir / "old") == before);  // nothing added (no temporary), nothing changed
 }
 
-TEST_CASE("reshard refuses a checkpoint that does not record its flat tensors") {
+TEST_CASE("reshard refuses per-rank tensors that say neither that they are flat nor what they are") {
   test::TempDir dir;
   test::Fixture fx(2, 10);
   save_checkpoint_sync(posix_file_system(), (dir / "src").string(), fx.request);
@@ -434,7 +434,8 @@ TEST_CASE("reshard refuses a checkpoint that does not record its flat tensors") 
     FAIL("no throw");
   } catch (const Error& e) {
     CHECK(e.code() == Errc::invalid_argument);
-    CHECK(e.expected() == "training.flat_tensors");
+    CHECK(e.expected() == "a sharding description, or training.flat_tensors");
+    CHECK(e.detail().find("has its name on several ranks and no sharding description") != std::string::npos);
   }
   CHECK(!fs::exists(dir / "dst"));
 }
@@ -517,6 +518,51 @@ TEST_CASE("consolidate writes one safetensors file whose tensors equal the conca
   }
   CHECK(covered == model.P);
   CHECK(st.tensors.size() == 3);
+}
+
+TEST_CASE("consolidate leaves the optimizer state out unless asked, then writes it per model tensor into files of its own") {
+  test::TempDir dir;
+  const FlatModel model(5003);
+  model.save((dir / "src").string(), 3);
+  const auto reader = CheckpointReader::open(posix_file_system(), step_dir(dir / "src"));
+  const auto plain = consolidate_checkpoint(posix_file_system(), reader, (dir / "plain").string(), {});
+  CHECK(plain.left_out == 6);  // optim.m and optim.v of the 3 model tensors
+  CHECK(plain.optimizer_files.empty());
+  CHECK(plain.optimizer_size == 0);
+  CHECK_FALSE(fs::exists(dir / "plain" / "optimizer.safetensors"));
+  // With the optimizer, split at 12000 bytes: two files and an index, as the weights'.
+  const auto res = consolidate_checkpoint(posix_file_system(), reader, (dir / "full").string(),
+                                          {.with_optimizer = true, .max_file_size = 12000});
+  CHECK(res.left_out == 0);
+  CHECK(res.total_size == model.P * 4);
+  CHECK(res.optimizer_size == 2 * model.P * 4);
+  REQUIRE(res.optimizer_index);
+  CHECK(*res.optimizer_index == "optimizer.safetensors.index.json");
+  std::map<std::string, std::vector<std::uint8_t>> stored;  // every optimizer tensor, from the files
+  for (const auto& f : res.optimizer_files) {
+    CHECK(f.name.starts_with("optimizer-"));
+    const auto st = test::parse_safetensors_independently(test::read_all(dir / "full" / f.name));
+    for (const auto& [name, t] : st.tensors) stored[name] = t.bytes;
+  }
+  CHECK(stored.size() == 6);
+  for (const std::string flat : {"optim.m", "optim.v"}) {
+    std::vector<float> whole;  // the reference: the flat tensor's shards as written, concatenated
+    for (int r = 0; r < 3; ++r) {
+      const auto f = floats(reader.read_tensor(flat, r));
+      whole.insert(whole.end(), f.begin(), f.end());
+    }
+    for (const auto& p : model.param_layout()) {
+      const std::string name = flat + "." + std::string(p.at("name").as_string());
+      CAPTURE(name);
+      REQUIRE(stored.count(name));
+      const auto off = p.at("offset").to_number<std::uint64_t>(), n = p.at("numel").to_number<std::uint64_t>();
+      REQUIRE(stored[name].size() == n * 4);
+      CHECK(std::memcmp(stored[name].data(), whole.data() + off, n * 4) == 0);
+    }
+  }
+  // The weights are the same files as without the optimizer.
+  CHECK(res.index);
+  CHECK(fs::exists(dir / "full" / "optimizer.safetensors.index.json"));
 }
 
 TEST_CASE("consolidate splits the model into files with a weight-map index past max_file_size") {

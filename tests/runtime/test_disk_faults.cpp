@@ -2,7 +2,6 @@
 // the temporary is removed, earlier checkpoints still verify, and the next save succeeds.
 #include <doctest/doctest.h>
 
-#include <sys/mount.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -54,26 +53,6 @@ std::vector<std::string> save_all(Checkpointer& c, std::vector<test::RankState>&
     if (errors[static_cast<std::size_t>(r)].empty()) CHECK(used[static_cast<std::size_t>(r)] == writer);
   return errors;
 }
-
-// A small tmpfs mounted under `dir` (unmounted at the end); the test is skipped (exit 77)
-// where it cannot be mounted (not root, no mount permission).
-struct SmallDisk {
-  std::string mnt;
-  SmallDisk(const test::TempDir& dir, const char* options) : mnt((dir / "small").string()) {
-    if (::geteuid() != 0) {
-      MESSAGE("skipped: mounting a small tmpfs needs root");
-      std::exit(77);
-    }
-    fs::create_directory(mnt);
-    if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, options) != 0) {
-      MESSAGE("skipped: cannot mount tmpfs here: " << std::strerror(errno));
-      std::exit(77);
-    }
-  }
-  ~SmallDisk() { ::umount2(mnt.c_str(), MNT_DETACH); }
-  SmallDisk(const SmallDisk&) = delete;
-  SmallDisk& operator=(const SmallDisk&) = delete;
-};
 
 }  // namespace
 
@@ -136,8 +115,8 @@ TEST_CASE("an injected EIO, short write or failed fsync at every write of an asy
 
 TEST_CASE("a real full disk fails the save with no_space and the run saves again once space is back") {
   test::TempDir dir;
-  const SmallDisk disk(dir, "size=3m");
-  const std::string& mnt = disk.mnt;
+  const test::SmallTmpfs disk(dir, "size=3m");
+  const std::string& mnt = disk.path();
   const std::string root = mnt + "/root";
   for (auto backend : test::backends()) {
     CAPTURE(test::backend_label(backend));
@@ -193,12 +172,12 @@ TEST_CASE("the writer a save reports is the one that moved its bytes: io_uring o
 
 TEST_CASE("a full disk frees itself: with K=3 on a small tmpfs, pre-save rotation lets saves succeed again and latest advances") {
   test::TempDir dir;
-  const SmallDisk disk(dir, "size=6m");
-  const std::string root = disk.mnt + "/root";
+  const test::SmallTmpfs disk(dir, "size=6m");
+  const std::string root = disk.path() + "/root";
   for (auto backend : test::backends()) {
     CAPTURE(test::backend_label(backend));
     fs::remove_all(root);
-    fs::remove(disk.mnt + "/ballast");
+    fs::remove(disk.path() + "/ballast");
     const int world = 2;
     std::vector<test::RankState> states{test::RankState(0, kN), test::RankState(1, kN)};  // 1.2 MB a checkpoint
     std::vector<std::string> logged;
@@ -212,14 +191,14 @@ TEST_CASE("a full disk frees itself: with K=3 on a small tmpfs, pre-save rotatio
       for (std::uint64_t s = 1; s <= 3; ++s) REQUIRE(save_all(c, states, s, test::backend_label(backend)) == std::vector<std::string>(2));
       // Fill the disk: about half a checkpoint left free.
       {
-        const std::uint64_t free = *posix_file_system().free_space(disk.mnt);
+        const std::uint64_t free = *posix_file_system().free_space(disk.path());
         REQUIRE(free > 700000);
-        std::FILE* f = std::fopen((disk.mnt + "/ballast").c_str(), "wb");
+        std::FILE* f = std::fopen((disk.path() + "/ballast").c_str(), "wb");
         const std::vector<char> bytes(free - 600000, 'b');
         REQUIRE(std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size());
         std::fclose(f);
       }
-      REQUIRE(*posix_file_system().free_space(disk.mnt) < 1200000);
+      REQUIRE(*posix_file_system().free_space(disk.path()) < 1200000);
       // Each save now first removes the oldest checkpoint, then commits; `latest` advances.
       for (std::uint64_t s = 4; s <= 5; ++s) {
         CAPTURE(s);
@@ -232,7 +211,7 @@ TEST_CASE("a full disk frees itself: with K=3 on a small tmpfs, pre-save rotatio
       CHECK(st.early_rotated == 2);
       CHECK(st.rotated == 0);
       // Space back: rotation keeps the last 3 after each commit, as without a full disk.
-      fs::remove(disk.mnt + "/ballast");
+      fs::remove(disk.path() + "/ballast");
       REQUIRE(save_all(c, states, 6, test::backend_label(backend)) == std::vector<std::string>(2));
       CHECK(test::step_dirs(root) == std::vector<std::string>{checkpoint_dir_name(4), checkpoint_dir_name(5), checkpoint_dir_name(6)});
       st = c.stats();

@@ -1,13 +1,16 @@
 #include "support/test_support.hpp"
 
 #include <doctest/doctest.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
@@ -64,6 +67,20 @@ TempDir::~TempDir() {
                                std::filesystem::perm_options::add, ec);
   std::filesystem::remove_all(path_, ec);
 }
+
+SmallTmpfs::SmallTmpfs(const TempDir& dir, const char* options) : mnt_((dir / "small").string()) {
+  if (::geteuid() != 0) {
+    MESSAGE("skipped: mounting a small tmpfs needs root");
+    std::exit(77);
+  }
+  std::filesystem::create_directory(mnt_);
+  if (::mount("tmpfs", mnt_.c_str(), "tmpfs", 0, options) != 0) {
+    MESSAGE("skipped: cannot mount tmpfs here: " << std::strerror(errno));
+    std::exit(77);
+  }
+}
+
+SmallTmpfs::~SmallTmpfs() { ::umount2(mnt_.c_str(), MNT_DETACH); }
 
 std::vector<std::uint8_t> random_bytes(std::size_t n, std::uint64_t seed) {
   std::vector<std::uint8_t> out(n);

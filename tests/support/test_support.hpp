@@ -33,6 +33,21 @@ class TempDir {
   std::filesystem::path path_;
 };
 
+/// A small tmpfs mounted at DIR/small for the object's lifetime (`options`: mount(8)'s, e.g.
+/// "size=64k"): a disk that fills up. Exits the test process with 77 (ctest's skip) when not
+/// root or when tmpfs cannot be mounted here. Unmounted (detached) on destruction.
+class SmallTmpfs {
+ public:
+  SmallTmpfs(const TempDir& dir, const char* options);
+  ~SmallTmpfs();
+  SmallTmpfs(const SmallTmpfs&) = delete;
+  SmallTmpfs& operator=(const SmallTmpfs&) = delete;
+  const std::string& path() const { return mnt_; }
+
+ private:
+  std::string mnt_;
+};
+
 /// Deterministic pseudo-random bytes (splitmix64), for test payloads.
 std::vector<std::uint8_t> random_bytes(std::size_t n, std::uint64_t seed);
 

@@ -1,5 +1,6 @@
 #include "ckpt/core/dtype.hpp"
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cstring>
@@ -90,6 +91,61 @@ std::uint16_t f32_to_bf16(float f) noexcept {
 
 float bf16_to_f32(std::uint16_t h) noexcept {
   return std::bit_cast<float>(static_cast<std::uint32_t>(h) << 16);
+}
+
+namespace {
+// One element of float type t at p, widened to double (exact for every float type).
+double load_float(DType t, const std::byte* p) noexcept {
+  switch (t) {
+    case DType::F16: {
+      std::uint16_t h;
+      std::memcpy(&h, p, 2);
+      return f16_to_f32(h);
+    }
+    case DType::BF16: {
+      std::uint16_t h;
+      std::memcpy(&h, p, 2);
+      return bf16_to_f32(h);
+    }
+    case DType::F64: {
+      double d;
+      std::memcpy(&d, p, 8);
+      return d;
+    }
+    default: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+  }
+}
+
+void store_float(DType t, double v, std::byte* p) noexcept {
+  if (t == DType::F64) {
+    std::memcpy(p, &v, 8);
+    return;
+  }
+  const float f = static_cast<float>(v);
+  if (t == DType::F16) {
+    const std::uint16_t h = f32_to_f16(f);
+    std::memcpy(p, &h, 2);
+  } else if (t == DType::BF16) {
+    const std::uint16_t h = f32_to_bf16(f);
+    std::memcpy(p, &h, 2);
+  } else {
+    std::memcpy(p, &f, 4);
+  }
+}
+}  // namespace
+
+void convert_floats(DType from, std::span<const std::byte> in, DType to, std::span<std::byte> out) noexcept {
+  if (from == to) {
+    std::memcpy(out.data(), in.data(), std::min(in.size(), out.size()));
+    return;
+  }
+  const std::size_t in_es = dtype_size(from), out_es = dtype_size(to);
+  const std::size_t n = std::min(in.size() / in_es, out.size() / out_es);
+  for (std::size_t i = 0; i < n; ++i) store_float(to, load_float(from, in.data() + i * in_es), out.data() + i * out_es);
 }
 
 }  // namespace ckpt

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string_view>
 
 namespace ckpt {
@@ -26,5 +27,12 @@ float f16_to_f32(std::uint16_t h) noexcept;
 /// bfloat16 <-> binary32, round to nearest even; NaN stays NaN.
 std::uint16_t f32_to_bf16(float f) noexcept;
 float bf16_to_f32(std::uint16_t h) noexcept;
+
+/// Converts `in`, elements of float type `from`, to float type `to` into `out` (both F16, BF16,
+/// F32 or F64; in.size() / dtype_size(from) elements, out holding as many of `to`): F64 to F32
+/// rounds once, to nearest even; every other narrowing goes through fp32 (a value exact in
+/// fp32 is then rounded once); widening is exact. Same type: a copy. Both spans' sizes must
+/// match (the caller checks; nothing is written past out).
+void convert_floats(DType from, std::span<const std::byte> in, DType to, std::span<std::byte> out) noexcept;
 
 }  // namespace ckpt

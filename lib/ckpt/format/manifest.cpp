@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <ctime>
 #include <iterator>
+#include <map>
 #include <set>
 
 #include "ckpt/core/error.hpp"
@@ -56,6 +57,17 @@ const TensorRecord* Manifest::find_tensor(std::string_view name, int rank) const
   return nullptr;
 }
 
+const TensorRecord* Manifest::find_held_tensor(std::string_view name, int rank) const noexcept {
+  for (const auto& t : tensors) {
+    if (t.name != name) continue;
+    if (t.rank == rank) return &t;
+    if (t.sharding && t.sharding->kind == TensorSharding::Kind::replicated &&
+        std::binary_search(t.sharding->holders.begin(), t.sharding->holders.end(), rank))
+      return &t;
+  }
+  return nullptr;
+}
+
 std::string utc_now_rfc3339() {
   const auto now = std::chrono::system_clock::now();
   const std::time_t secs = std::chrono::system_clock::to_time_t(now);
@@ -82,14 +94,40 @@ json::object shard_to_json(const ShardRecord& s) {
                       {"metadata", s.metadata}};
 }
 
+namespace {
+json::array u64_array(std::span<const std::uint64_t> v) {
+  json::array a;
+  for (auto d : v) a.emplace_back(d);
+  return a;
+}
+}  // namespace
+
+json::object sharding_to_json(const TensorSharding& s) {
+  switch (s.kind) {
+    case TensorSharding::Kind::slice:
+      return json::object{{"slice", json::object{{"global", s.global},
+                                                 {"global_shape", u64_array(s.global_shape)},
+                                                 {"offsets", u64_array(s.offsets)},
+                                                 {"lengths", u64_array(s.lengths)}}}};
+    case TensorSharding::Kind::replicated: {
+      json::array h;
+      for (int r : s.holders) h.emplace_back(r);
+      return json::object{{"replicated", json::object{{"holders", std::move(h)}}}};
+    }
+    case TensorSharding::Kind::rank_local: break;
+  }
+  return json::object{{"rank_local", true}};
+}
+
 json::object tensor_to_json(const TensorRecord& t) {
-  json::array shape;
-  for (auto d : t.shape) shape.emplace_back(d);
-  return json::object{{"name", t.name},
-                      {"rank", t.rank},
-                      {"dtype", dtype_name(t.dtype)},
-                      {"shape", std::move(shape)},
-                      {"byte_range", json::array{t.begin, t.end}}};
+  json::object o{{"name", t.name},
+                 {"rank", t.rank},
+                 {"dtype", dtype_name(t.dtype)},
+                 {"shape", u64_array(t.shape)},
+                 {"byte_range", json::array{t.begin, t.end}}};
+  if (t.sharding)
+    for (auto& kv : sharding_to_json(*t.sharding)) o[kv.key()] = kv.value();
+  return o;
 }
 
 std::string encode_manifest(const Manifest& m) {
@@ -156,6 +194,112 @@ Manifest assemble_manifest(std::uint64_t step, std::uint64_t chunk_size, std::ve
 }
 
 namespace {
+std::vector<std::uint64_t> dims_field(const detail::JsonContext& c, const json::object& o, std::string_view key, const std::string& where) {
+  const std::string field = where + "." + std::string(key);
+  const auto& a = detail::json_arr(c, detail::json_field(c, o, key, where + "."), field);
+  if (a.size() > 64) c.fail(field, "at most 64 dimensions", std::to_string(a.size()));
+  std::vector<std::uint64_t> out;
+  out.reserve(a.size());
+  for (const auto& d : a) out.push_back(detail::json_u64(c, d, field));
+  return out;
+}
+
+// The sharding field of a tensor entry on its own (what does not depend on the entry or the
+// other entries): at most one of `slice`, `replicated`, `rank_local`, each well-formed.
+std::optional<TensorSharding> parse_sharding(const detail::JsonContext& c, const json::object& to, const std::string& where) {
+  const auto* slice = to.if_contains("slice");
+  const auto* rep = to.if_contains("replicated");
+  const auto* local = to.if_contains("rank_local");
+  const int given = (slice != nullptr) + (rep != nullptr) + (local != nullptr);
+  if (given == 0) return std::nullopt;
+  if (given > 1) c.fail(where, "at most one of slice, replicated, rank_local", std::to_string(given) + " given");
+  TensorSharding s;
+  if (slice) {
+    const std::string w = where + ".slice";
+    const json::object& so = detail::json_obj(c, *slice, w);
+    s.kind = TensorSharding::Kind::slice;
+    s.global = std::string(detail::json_str(c, detail::json_field(c, so, "global", w + "."), w + ".global"));
+    if (s.global.empty() || s.global == "__metadata__") c.fail(w + ".global", "a non-empty name, not __metadata__", "'" + s.global + "'");
+    s.global_shape = dims_field(c, so, "global_shape", w);
+    s.offsets = dims_field(c, so, "offsets", w);
+    s.lengths = dims_field(c, so, "lengths", w);
+    if (s.offsets.size() != s.global_shape.size() || s.lengths.size() != s.global_shape.size())
+      c.fail(w, std::to_string(s.global_shape.size()) + " offsets and lengths (global_shape's dimensions)",
+             std::to_string(s.offsets.size()) + " offsets, " + std::to_string(s.lengths.size()) + " lengths");
+  } else if (rep) {
+    const std::string w = where + ".replicated";
+    const json::object& ro = detail::json_obj(c, *rep, w);
+    s.kind = TensorSharding::Kind::replicated;
+    const auto& h = detail::json_arr(c, detail::json_field(c, ro, "holders", w + "."), w + ".holders");
+    if (h.empty()) c.fail(w + ".holders", "at least one rank", "none");
+    for (const auto& r : h) {
+      const auto v = detail::json_u64(c, r, w + ".holders", static_cast<std::uint64_t>(kMaxWorldSize - 1));
+      if (!s.holders.empty() && static_cast<int>(v) <= s.holders.back())
+        c.fail(w + ".holders", "ascending ranks, each once", "rank " + std::to_string(v) + " after " + std::to_string(s.holders.back()));
+      s.holders.push_back(static_cast<int>(v));
+    }
+  } else {
+    if (!local->is_bool() || !local->get_bool()) c.fail(where + ".rank_local", "true", detail::json_kind(*local));
+    s.kind = TensorSharding::Kind::rank_local;
+  }
+  return s;
+}
+
+// A tensor entry's optional sharding description (schema 2), checked against its entry and
+// the manifest; the tiling of slices is checked across entries afterwards (check_slices).
+void decode_sharding(const detail::JsonContext& c, const json::object& to, const std::string& where, const Manifest& m, TensorRecord& t) {
+  const bool any = to.contains("slice") || to.contains("replicated") || to.contains("rank_local");
+  if (any && m.schema_version < 2)
+    c.fail(where + "." + (to.contains("slice") ? "slice" : to.contains("replicated") ? "replicated" : "rank_local"),
+           "no sharding description in schema_version 1", "one given");
+  auto s = parse_sharding(c, to, where);
+  if (!s) return;
+  if (s->kind == TensorSharding::Kind::slice) {
+    const std::string w = where + ".slice";
+    if (s->lengths != t.shape) c.fail(w + ".lengths", "the tensor's shape " + format_index(t.shape), format_index(s->lengths));
+    std::uint64_t numel = 1;
+    for (std::size_t d = 0; d < s->global_shape.size(); ++d) {
+      std::uint64_t end;
+      if (__builtin_add_overflow(s->offsets[d], s->lengths[d], &end) || end > s->global_shape[d])
+        c.fail(w, "offsets + lengths within global_shape " + format_index(s->global_shape),
+               "offsets " + format_index(s->offsets) + ", lengths " + format_index(s->lengths) + " on rank " + std::to_string(t.rank));
+      if (__builtin_mul_overflow(numel, s->global_shape[d], &numel)) c.fail(w + ".global_shape", "element count within 64 bits", "overflow");
+    }
+    std::uint64_t gbytes;
+    if (__builtin_mul_overflow(numel, dtype_size(t.dtype), &gbytes)) c.fail(w + ".global_shape", "byte size within 64 bits", "overflow");
+  } else if (s->kind == TensorSharding::Kind::replicated) {
+    const std::string w = where + ".replicated.holders";
+    if (s->holders.back() > m.world_size - 1) c.fail(w, "at most " + std::to_string(m.world_size - 1), std::to_string(s->holders.back()));
+    if (s->holders.front() != t.rank)
+      c.fail(w, "the lowest holder is the entry's rank " + std::to_string(t.rank), "rank " + std::to_string(s->holders.front()));
+  }
+  t.sharding = std::move(s);
+}
+
+// The slices of each global tensor: one dtype and global shape, tiling it exactly.
+void check_slices(const detail::JsonContext& c, const Manifest& m) {
+  std::map<std::string_view, std::vector<const TensorRecord*>> by_global;
+  for (const auto& t : m.tensors)
+    if (t.sharding && t.sharding->kind == TensorSharding::Kind::slice) by_global[t.sharding->global].push_back(&t);
+  for (const auto& [global, parts] : by_global) {
+    const std::string what = "slices of global tensor '" + std::string(global) + "'";
+    const TensorRecord& first = *parts.front();
+    std::vector<SliceBox> boxes;
+    boxes.reserve(parts.size());
+    for (const TensorRecord* p : parts) {
+      if (p->dtype != first.dtype)
+        c.fail(what, std::string("one dtype (") + std::string(dtype_name(first.dtype)) + " on rank " + std::to_string(first.rank) + ")",
+               std::string(dtype_name(p->dtype)) + " on rank " + std::to_string(p->rank));
+      if (p->sharding->global_shape != first.sharding->global_shape)
+        c.fail(what, "one global_shape (" + format_index(first.sharding->global_shape) + " on rank " + std::to_string(first.rank) + ")",
+               format_index(p->sharding->global_shape) + " on rank " + std::to_string(p->rank));
+      boxes.push_back({p->rank, p->sharding->offsets, p->sharding->lengths});
+    }
+    if (auto problem = tiling_problem(first.sharding->global_shape, boxes))
+      c.fail(what, "slices that tile " + format_index(first.sharding->global_shape) + " exactly (no gap, no overlap)", *problem);
+  }
+}
+
 // The field checks, on a document parse_manifest_json bounded.
 Manifest decode_manifest_value(const json::value& root, std::string_view file) {
   const detail::JsonContext c{Errc::malformed_manifest, file};
@@ -164,9 +308,11 @@ Manifest decode_manifest_value(const json::value& root, std::string_view file) {
 
   const auto& sv = detail::json_field(c, o, "schema_version", "");
   if (!sv.is_int64() && !sv.is_uint64()) c.fail("schema_version", "integer", detail::json_kind(sv));
-  if (!(sv.is_int64() && sv.get_int64() == kSchemaVersion))
-    throw Error(Errc::unsupported_schema, std::string(file), "schema_version", std::to_string(kSchemaVersion),
+  if (!(sv.is_int64() && sv.get_int64() >= kOldestSchemaVersion && sv.get_int64() <= kSchemaVersion))
+    throw Error(Errc::unsupported_schema, std::string(file), "schema_version",
+                std::to_string(kOldestSchemaVersion) + " to " + std::to_string(kSchemaVersion),
                 sv.is_int64() ? std::to_string(sv.get_int64()) : std::to_string(sv.get_uint64()));
+  m.schema_version = static_cast<int>(sv.get_int64());
 
   m.world_size = static_cast<int>(detail::json_u64(c, detail::json_field(c, o, "world_size", ""), "world_size", kMaxWorldSize));
   if (m.world_size < 1) c.fail("world_size", "at least 1", "0");
@@ -253,15 +399,32 @@ Manifest decode_manifest_value(const json::value& root, std::string_view file) {
              "[" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "]");
     if (t.end - t.begin != bytes)
       c.fail(where + ".byte_range", std::to_string(bytes) + " bytes (shape x dtype)", std::to_string(t.end - t.begin) + " bytes");
+    decode_sharding(c, to, where, m, t);
     m.tensors.push_back(std::move(t));
   }
-  for (const auto& t : m.tensors)
+  for (const auto& t : m.tensors) {
     if (!names.insert({t.rank, t.name}).second)
       c.fail("tensors", "unique names per rank", "'" + t.name + "' repeated on rank " + std::to_string(t.rank));
+  }
+  // A replicated tensor is the tensor of each holder: no holder may hold another of its name.
+  for (const auto& t : m.tensors)
+    if (t.sharding && t.sharding->kind == TensorSharding::Kind::replicated)
+      for (std::size_t k = 1; k < t.sharding->holders.size(); ++k)
+        if (!names.insert({t.sharding->holders[k], t.name}).second)
+          c.fail("tensors", "unique names per rank (a replicated tensor counts on each holder)",
+                 "'" + t.name + "' repeated on rank " + std::to_string(t.sharding->holders[k]));
+  check_slices(c, m);
   return m;
 }
 
 }  // namespace
+
+TensorSharding sharding_from_json(const json::object& entry, std::string_view file, std::string_view where) {
+  const detail::JsonContext c{Errc::malformed_manifest, file};
+  auto s = parse_sharding(c, entry, std::string(where));
+  if (!s) c.fail(where, "one of slice, replicated, rank_local", "none");
+  return *s;
+}
 
 Manifest decode_manifest(std::uint64_t size, const ManifestTextSource& source, std::string_view file) {
   Manifest m;

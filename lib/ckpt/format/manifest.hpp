@@ -7,15 +7,20 @@
 #include <boost/json/object.hpp>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "ckpt/core/dtype.hpp"
+#include "ckpt/format/sharding.hpp"
 
 namespace ckpt {
 
-inline constexpr int kSchemaVersion = 1;
+/// The version every writer writes (2: tensor entries may carry sharding descriptions).
+inline constexpr int kSchemaVersion = 2;
+/// The oldest version the loader reads (1: no sharding descriptions).
+inline constexpr int kOldestSchemaVersion = 1;
 inline constexpr std::string_view kManifestName = "manifest.json";
 /// Default chunk length of the per-chunk XXH3 checksums.
 inline constexpr std::uint64_t kDefaultChunkSize = 4ull << 20;
@@ -40,6 +45,9 @@ struct TensorRecord {
   DType dtype = DType::U8;
   std::vector<std::uint64_t> shape;
   std::uint64_t begin = 0, end = 0;
+  /// Schema 2: a slice of a global tensor, replicated on several ranks (this entry, on the
+  /// lowest holder, is the only one: the others' shards do not hold it), or rank-local.
+  std::optional<TensorSharding> sharding;
 };
 
 struct Manifest {
@@ -59,6 +67,9 @@ struct Manifest {
   const ShardRecord& shard(int rank) const;
   /// The index entry for (name, rank), or nullptr.
   const TensorRecord* find_tensor(std::string_view name, int rank) const noexcept;
+  /// Where rank's tensor `name` is read from: its own entry, or the entry of a replicated
+  /// tensor whose holders include `rank` (on the lowest holder's shard); nullptr if neither.
+  const TensorRecord* find_held_tensor(std::string_view name, int rank) const noexcept;
 };
 
 /// One rank's part of a checkpoint, as its shard writer reports it once the shard is durable:
@@ -82,8 +93,17 @@ Manifest assemble_manifest(std::uint64_t step, std::uint64_t chunk_size, std::ve
 /// The JSON objects encode_manifest writes for one shard entry and one tensor index entry.
 boost::json::object shard_to_json(const ShardRecord& s);
 boost::json::object tensor_to_json(const TensorRecord& t);
+/// The sharding field of a tensor entry: {"slice": {...}}, {"replicated": {...}} or
+/// {"rank_local": true}.
+boost::json::object sharding_to_json(const TensorSharding& s);
+/// The one sharding field of `entry` (an object as sharding_to_json writes it), checked on
+/// its own, as decode_manifest checks it before the checks against its entry and the other
+/// entries: Errc::malformed_manifest naming `file` and `where` otherwise.
+TensorSharding sharding_from_json(const boost::json::object& entry, std::string_view file, std::string_view where);
 
-/// Serialises a manifest (pretty enough to read with cat, stable field order).
+/// Serialises a manifest (pretty enough to read with cat, stable field order), as
+/// m.schema_version says (2 by default; a schema 1 manifest with sharding descriptions is
+/// refused on decode).
 std::string encode_manifest(const Manifest& m);
 
 /// Supplies manifest text a piece at a time: returns the text from byte `offset` on (at least
@@ -93,9 +113,12 @@ using ManifestTextSource = std::function<std::string_view(std::uint64_t offset)>
 
 /// Parses and validates manifest text read from `file`, within the limits of
 /// manifest_limits.hpp (checked while parsing, before the memory is spent). Throws
-/// Errc::unsupported_schema for a schema_version other than 1, Errc::unsafe_path for a shard
+/// Errc::unsupported_schema for a schema_version other than 1 or 2, Errc::unsafe_path for a shard
 /// path that is not a plain file name, Errc::malformed_manifest for anything else (invalid
-/// JSON, a limit crossed, a bad field), each naming the file, field, expected and actual
+/// JSON, a limit crossed, a bad field; schema 2: a sharding description that is malformed,
+/// replicated holders that do not include the entry's rank as the lowest, or the slices of
+/// a global tensor that do not tile it exactly, or disagree on its dtype or shape, the error
+/// naming the global tensor and the ranks), each naming the file, field, expected and actual
 /// value. Thread-safe (nothing shared but a counter).
 Manifest decode_manifest(std::string_view text, std::string_view file);
 /// The same for `size` bytes of text from `source`, of which it never holds more than one

@@ -25,7 +25,8 @@ namespace json = boost::json;
 
 std::uint64_t manifest_allowance(const ManifestCounts& c) noexcept {
   return kAllowanceBase + c.shards * kAllowancePerShard + c.chunks * kAllowancePerChunk + c.tensors * kAllowancePerTensor +
-         c.dims * kAllowancePerDim + 2 * (c.schema_string_bytes + c.free_form_bytes + c.outside_schema_bytes);
+         c.dims * kAllowancePerDim + c.shardings * kAllowancePerSharding + c.holders * kAllowancePerHolder +
+         2 * (c.schema_string_bytes + c.free_form_bytes + c.outside_schema_bytes);
 }
 
 std::uint64_t manifest_memory_budget(const ManifestCounts& c) noexcept {
@@ -56,14 +57,19 @@ json::parse_options manifest_parse_options() {
 
 // Where the schema puts a value. free_form and outside are regions: every value below one is
 // of the same role.
-enum class Role : std::uint8_t { root, shards, shard, chunks, tensors, tensor, shape, byte_range, scalar, free_form, outside };
+enum class Role : std::uint8_t {
+  root, shards, shard, chunks, tensors, tensor, shape, byte_range, slice, replicated, holders, scalar, free_form, outside
+};
 
 constexpr std::array<std::string_view, 11> kRootKeys = {"schema_version", "format",    "world_size", "step",
                                                          "wall_clock_seconds", "created_at", "chunk_size", "param_numel",
                                                          "shards",         "tensors",   "training"};
 constexpr std::array<std::string_view, 9> kShardKeys = {"rank", "path", "size", "sha256", "xxh3", "chunk_xxh3",
                                                         "param_shard_offset", "param_shard_numel", "metadata"};
-constexpr std::array<std::string_view, 5> kTensorKeys = {"name", "rank", "dtype", "shape", "byte_range"};
+constexpr std::array<std::string_view, 8> kTensorKeys = {"name", "rank", "dtype", "shape", "byte_range", "slice", "replicated", "rank_local"};
+constexpr int kFirstShardingKey = 5;  // slice, replicated, rank_local: one sharding description each
+constexpr std::array<std::string_view, 4> kSliceKeys = {"global", "global_shape", "offsets", "lengths"};
+constexpr std::array<std::string_view, 1> kReplicatedKeys = {"holders"};
 constexpr std::size_t kMaxKnownKey = 18;  // "wall_clock_seconds", "param_shard_offset"
 constexpr std::uint32_t kMaxDims = 64;    // decode_manifest's limit
 constexpr std::size_t kInlineString = 14;  // Boost.JSON's small-string buffer (64-bit)
@@ -77,13 +83,19 @@ struct Container {
   Kind kind;
   Role role;
 };
-constexpr std::array<Container, 7> kContainers = {{{"shards", Kind::array, Role::shards},
+constexpr std::array<Container, 13> kContainers = {{{"shards", Kind::array, Role::shards},
                                                    {"tensors", Kind::array, Role::tensors},
                                                    {"training", Kind::object, Role::free_form},
                                                    {"chunk_xxh3", Kind::array, Role::chunks},
                                                    {"metadata", Kind::object, Role::free_form},
                                                    {"shape", Kind::array, Role::shape},
-                                                   {"byte_range", Kind::array, Role::byte_range}}};
+                                                   {"byte_range", Kind::array, Role::byte_range},
+                                                   {"slice", Kind::object, Role::slice},
+                                                   {"replicated", Kind::object, Role::replicated},
+                                                   {"global_shape", Kind::array, Role::shape},
+                                                   {"offsets", Kind::array, Role::shape},
+                                                   {"lengths", Kind::array, Role::shape},
+                                                   {"holders", Kind::array, Role::holders}}};
 
 // The scan's SAX handler (Boost.JSON's basic_parser requirements). It allocates nothing per
 // value: a frame per open container (at most kMaxManifestDepth) and the current key's first
@@ -166,6 +178,8 @@ class ScanHandler {
       case Role::root: return kRootKeys;
       case Role::shard: return kShardKeys;
       case Role::tensor: return kTensorKeys;
+      case Role::slice: return kSliceKeys;
+      case Role::replicated: return kReplicatedKeys;
       default: return {};
     }
   }
@@ -246,8 +260,11 @@ class ScanHandler {
       case Role::outside: return p.role;
       case Role::root:
       case Role::shard:
-      case Role::tensor: {
+      case Role::tensor:
+      case Role::slice:
+      case Role::replicated: {
         if (p.key < 0) return Role::outside;
+        if (p.role == Role::tensor && p.key >= kFirstShardingKey) ++counts.shardings;
         const std::string_view key = known_keys(p.role)[static_cast<std::size_t>(p.key)];
         for (const auto& c : kContainers)
           if (c.key == key) return k == c.kind ? c.role : Role::outside;
@@ -264,6 +281,10 @@ class ScanHandler {
         ++counts.dims;
         return Role::scalar;
       case Role::byte_range: return k == Kind::scalar && index < 2 ? Role::scalar : Role::outside;
+      case Role::holders:
+        if (k != Kind::scalar) return Role::outside;
+        ++counts.holders;
+        return Role::scalar;
       case Role::scalar: break;
     }
     return Role::outside;

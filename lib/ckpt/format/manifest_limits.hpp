@@ -51,7 +51,9 @@ inline constexpr std::uint64_t kAllowanceBase = 64ull << 10;
 inline constexpr std::uint64_t kAllowancePerShard = 512;   ///< one shards[] entry, strings aside
 inline constexpr std::uint64_t kAllowancePerChunk = 8;     ///< one chunk_xxh3 entry, its 16 digits aside
 inline constexpr std::uint64_t kAllowancePerTensor = 256;  ///< one tensors[] entry, name and shape aside
-inline constexpr std::uint64_t kAllowancePerDim = 24;      ///< one shape dimension
+inline constexpr std::uint64_t kAllowancePerDim = 24;      ///< one dimension of shape, or of a slice's global_shape, offsets, lengths
+inline constexpr std::uint64_t kAllowancePerSharding = 128;  ///< one slice / replicated / rank_local field of a tensor entry, strings aside
+inline constexpr std::uint64_t kAllowancePerHolder = 16;     ///< one rank of a replicated tensor's holders
 
 /// Memory budget of the parsed document: bytes the JSON document and the parser's stack may
 /// hold at once, counted as glibc's malloc reserves them (the request plus its header,
@@ -71,7 +73,9 @@ struct ManifestCounts {
   std::uint64_t shards = 0;          ///< shards[] entries
   std::uint64_t chunks = 0;          ///< chunk_xxh3 entries, all shards
   std::uint64_t tensors = 0;         ///< tensors[] entries
-  std::uint64_t dims = 0;            ///< shape dimensions, all tensors
+  std::uint64_t dims = 0;            ///< shape dimensions, all tensors (slices' global_shape, offsets and lengths included)
+  std::uint64_t shardings = 0;       ///< tensors[] entries' slice, replicated and rank_local fields
+  std::uint64_t holders = 0;         ///< replicated holders entries, all tensors
   std::uint64_t schema_string_bytes = 0;  ///< decoded bytes of the schema's string values
   std::uint64_t free_form_bytes = 0;      ///< compact bytes of training and the metadata
   std::uint64_t free_form_values = 0;

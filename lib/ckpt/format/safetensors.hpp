@@ -16,12 +16,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "ckpt/core/dtype.hpp"
+#include "ckpt/format/sharding.hpp"
 
 namespace ckpt {
 
@@ -30,12 +32,15 @@ inline constexpr std::uint64_t kDataAlignment = 4096;
 /// Largest JSON header accepted (the limit the reference safetensors implementation uses).
 inline constexpr std::uint64_t kMaxHeaderBytes = 100ull << 20;
 
-/// A tensor to be written: name, type, shape, and its bytes (numel * dtype_size long).
+/// A tensor to be written: name, type, shape, and its bytes (numel * dtype_size long), and
+/// optionally what it is in the whole job (sharding.hpp: a slice of a global tensor,
+/// replicated, rank-local), which save() records in the manifest (docs/format.md).
 struct TensorView {
   std::string name;
   DType dtype = DType::U8;
   std::vector<std::uint64_t> shape;
   std::span<const std::byte> data;
+  std::optional<TensorSharding> sharding;
 };
 
 /// One tensor of a shard header. begin/end are offsets into the data section.

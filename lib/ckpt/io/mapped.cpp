@@ -233,7 +233,7 @@ TensorView MappedShard::tensor(std::string_view name) const {
                             : "one of the " + std::to_string(all.size()) + " tensors of rank " + std::to_string(s_->rank) + ": " + names,
                 "'" + std::string(name) + "'");
   }
-  return {t->name, t->dtype, t->shape, s_->view(t->begin, t->end - t->begin)};
+  return {t->name, t->dtype, t->shape, s_->view(t->begin, t->end - t->begin), t->sharding};
 }
 
 std::span<const std::byte> MappedShard::bytes(std::uint64_t offset, std::uint64_t length) const { return s_->view(offset, length); }

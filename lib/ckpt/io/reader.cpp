@@ -267,7 +267,7 @@ void CheckpointReader::check_header(int rank, std::span<const std::byte> file, L
                   r ? std::string(dtype_name(r->dtype)) + " at " + std::to_string(r->begin) : "an index entry",
                   std::string(dtype_name(t.dtype)) + " at " + std::to_string(h.data_start + t.begin));
     if (out)
-      out->tensors.push_back({t.name, t.dtype, t.shape, file.subspan(h.data_start + t.begin, t.end - t.begin)});
+      out->tensors.push_back({t.name, t.dtype, t.shape, file.subspan(h.data_start + t.begin, t.end - t.begin), r->sharding});
   }
   if (out) out->header_metadata = h.metadata;
 }

@@ -1,4 +1,5 @@
 #include "ckpt/io/reshard.hpp"
+#include "ckpt/io/slice_load.hpp"
 
 #include <algorithm>
 #include <boost/json.hpp>
@@ -63,43 +64,6 @@ void require_dir(FileSystem& fs, const std::string& dir, std::string_view what) 
   const auto st = fs.stat(dir);
   if (!st) throw Error(Errc::not_found, dir, std::string(what) + " does not exist");
   if (st->type != EntryType::directory) throw Error(Errc::invalid_argument, dir, std::string(what) + " is not a directory");
-}
-
-float load_as_f32(DType t, const std::byte* p) noexcept {
-  switch (t) {
-    case DType::F16: {
-      std::uint16_t h;
-      std::memcpy(&h, p, 2);
-      return f16_to_f32(h);
-    }
-    case DType::BF16: {
-      std::uint16_t h;
-      std::memcpy(&h, p, 2);
-      return bf16_to_f32(h);
-    }
-    case DType::F64: {
-      double d;
-      std::memcpy(&d, p, 8);
-      return static_cast<float>(d);
-    }
-    default: {
-      float f;
-      std::memcpy(&f, p, 4);
-      return f;
-    }
-  }
-}
-
-void store_from_f32(DType t, float f, std::byte* p) noexcept {
-  if (t == DType::F16) {
-    const std::uint16_t h = f32_to_f16(f);
-    std::memcpy(p, &h, 2);
-  } else if (t == DType::BF16) {
-    const std::uint16_t h = f32_to_bf16(f);
-    std::memcpy(p, &h, 2);
-  } else {
-    std::memcpy(p, &f, 4);
-  }
 }
 
 }  // namespace
@@ -361,39 +325,130 @@ ReshardResult reshard_checkpoint(FileSystem& fs, const CheckpointReader& source,
       (*parallel)["data"] = world / t->as_int64();
     }
   }
-  const FlatLayout layout = opt.layout ? *opt.layout : flat_layout(src, src_file);
-  FlatReader flat(source, layout, opt.verify);
-  for (const auto& t : src.tensors)
-    if (t.rank != 0 && !contains(layout.tensors, t.name))
-      throw Error(Errc::invalid_argument, src_file,
-                  "tensor '" + t.name + "' of rank " + std::to_string(t.rank) +
-                      " is neither flat (training.flat_tensors) nor replicated on rank 0: it has no place at another world size");
+  // The plan: every target rank's tensors, each with where its bytes come from.
+  struct Planned {
+    TensorSpec spec;
+    std::optional<TensorSharding> sharding;
+    bool flat = false;                       // a slice of a flat tensor (trainer checkpoints)
+    const TensorRecord* copy = nullptr;      // a stored tensor, copied as it is
+    const GlobalTensor* global = nullptr;    // a box of a global tensor, at `offsets`
+    std::vector<std::uint64_t> offsets;
+  };
+  struct PlannedRank {
+    std::vector<Planned> tensors;
+    std::uint64_t param_offset = 0, param_numel = 0;
+  };
+  std::vector<PlannedRank> plan(static_cast<std::size_t>(world));
+  std::optional<FlatReader> flat;
+  std::vector<GlobalTensor> globals;
+  std::uint64_t target_param_numel = src.param_numel;
+  json::object training = src.training;
+  const Verify piece_mode = opt.verify == Verify::none ? Verify::none : Verify::fast;
+  if (opt.layout || src.training.contains("flat_tensors")) {
+    // A trainer checkpoint: the flat ZeRO space re-sliced with ZeRO's padding, rank 0's other
+    // tensors copied to the new rank 0.
+    const FlatLayout layout = opt.layout ? *opt.layout : flat_layout(src, src_file);
+    flat.emplace(source, layout, opt.verify);
+    for (const auto& t : src.tensors)
+      if (t.rank != 0 && !contains(layout.tensors, t.name))
+        throw Error(Errc::invalid_argument, src_file,
+                    "tensor '" + t.name + "' of rank " + std::to_string(t.rank) +
+                        " is neither flat (training.flat_tensors) nor replicated on rank 0: it has no place at another world size");
+    const auto order = rank0_tensors(src);
+    target_param_numel = padded_numel(layout.num_params, world);
+    for (int r = 0; r < world; ++r) {
+      PlannedRank& pr = plan[static_cast<std::size_t>(r)];
+      const dist::ShardRange slice = flat_slice(layout.num_params, world, r);
+      pr.param_offset = slice.offset;
+      pr.param_numel = slice.numel;
+      for (const TensorRecord* t : order) {
+        if (contains(layout.tensors, t->name)) {
+          Planned p{{t->name, t->dtype, {slice.numel}}, slice_of(t->name, {target_param_numel}, {slice.offset}, {slice.numel}), true, nullptr, nullptr, {}};
+          pr.tensors.push_back(std::move(p));
+        } else if (r == 0) {
+          std::optional<TensorSharding> keep;
+          if (t->sharding && t->sharding->kind == TensorSharding::Kind::rank_local) keep = t->sharding;
+          pr.tensors.push_back({{t->name, t->dtype, t->shape}, keep, false, t, nullptr, {}});
+        }
+      }
+    }
+    json::array names;
+    for (const auto& n : layout.tensors) names.emplace_back(n);
+    training["flat_tensors"] = std::move(names);
+    training["num_params"] = layout.num_params;
+  } else {
+    // Any other checkpoint: every global tensor re-split over the new ranks along the first
+    // dimension it was split on (dimension 0 for one stored whole), replicated tensors kept
+    // replicated, rank-local and per-rank tensors kept on their rank while it exists.
+    globals = global_tensors(src, src_file);
+    std::set<const TensorRecord*> in_globals;
+    for (const GlobalTensor& g : globals) {
+      for (const auto& p : g.pieces) in_globals.insert(p.record);
+      if (g.origin == GlobalTensor::Origin::replicated) {
+        const TensorRecord* rec = g.pieces.front().record;
+        std::vector<int> holders;
+        if (rec->sharding->holders.size() == static_cast<std::size_t>(src.world_size)) {
+          for (int r = 0; r < world; ++r) holders.push_back(r);
+        } else {
+          for (int h : rec->sharding->holders)
+            if (h < world) holders.push_back(h);
+          if (holders.empty()) holders.push_back(0);
+        }
+        plan[static_cast<std::size_t>(holders.front())].tensors.push_back(
+            {{rec->name, rec->dtype, rec->shape}, replicated(holders), false, rec, nullptr, {}});
+        continue;
+      }
+      if (g.origin == GlobalTensor::Origin::single || g.shape.empty()) {
+        const TensorRecord* rec = g.pieces.front().record;
+        const int to = rec->rank < world ? rec->rank : 0;
+        plan[static_cast<std::size_t>(to)].tensors.push_back({{rec->name, rec->dtype, rec->shape}, rec->sharding, false, rec, nullptr, {}});
+        continue;
+      }
+      const auto dims = g.split_dims();
+      const std::size_t d = dims.empty() ? 0 : dims.front();
+      const std::string& name = g.pieces.front().record->name;
+      for (int r = 0; r < world; ++r) {
+        const SplitRange part = split_range(g.shape[d], r, world);
+        std::vector<std::uint64_t> offsets(g.shape.size(), 0), lengths = g.shape;
+        offsets[d] = part.first;
+        lengths[d] = part.count;
+        plan[static_cast<std::size_t>(r)].tensors.push_back(
+            {{name, g.dtype, lengths}, slice_of(g.name, g.shape, offsets, lengths), false, nullptr, &g, offsets});
+      }
+    }
+    for (const auto& t : src.tensors) {
+      if (in_globals.count(&t)) continue;
+      if (!t.sharding)  // one name on several ranks, saying nothing of what it is
+        throw Error(Errc::invalid_argument, src_file,
+                    "tensor '" + t.name + "' of rank " + std::to_string(t.rank) +
+                        " has its name on several ranks and no sharding description (slice, replicated or rank_local): it has no "
+                        "place at another world size",
+                    "a sharding description, or training.flat_tensors", "none");
+      if (t.rank < world)  // rank-local: stays with its rank while it exists
+        plan[static_cast<std::size_t>(t.rank)].tensors.push_back({{t.name, t.dtype, t.shape}, t.sharding, false, &t, nullptr, {}});
+    }
+    for (int r = 0; r < world; ++r)
+      if (src.param_numel > 0) {
+        const SplitRange part = split_range(src.param_numel, r, world);
+        plan[static_cast<std::size_t>(r)].param_offset = part.first;
+        plan[static_cast<std::size_t>(r)].param_numel = part.count;
+      }
+  }
   verify_headers(source, opt.verify);
 
   // Every target shard is planned before a byte is written: the progress total, and the
   // manifest's sizes, are known up front.
-  const auto order = rank0_tensors(src);
   std::vector<std::vector<TensorSpec>> specs(static_cast<std::size_t>(world));
   std::vector<std::map<std::string, std::string>> header_meta(static_cast<std::size_t>(world));
   std::uint64_t total = 0;
   for (int r = 0; r < world; ++r) {
     const auto ri = static_cast<std::size_t>(r);
-    const dist::ShardRange slice = flat_slice(layout.num_params, world, r);
-    for (const TensorRecord* t : order) {
-      if (contains(layout.tensors, t->name)) specs[ri].push_back({t->name, t->dtype, {slice.numel}});
-      else if (r == 0) specs[0].push_back({t->name, t->dtype, t->shape});
-    }
+    for (const Planned& p : plan[ri].tensors) specs[ri].push_back(p.spec);
     // The header metadata every ckpt writer puts in a shard.
     header_meta[ri] = shard_header_metadata(r, world, src.step);
     total += plan_shard_specs(specs[ri], header_meta[ri]).file_size();
   }
   const auto metadata = remap_rank_metadata(src, world);
-
-  json::object training = src.training;
-  json::array names;
-  for (const auto& n : layout.tensors) names.emplace_back(n);
-  training["flat_tensors"] = std::move(names);
-  training["num_params"] = layout.num_params;
   training["resharded_from"] = json::object{{"world_size", src.world_size}, {"param_numel", src.param_numel}};
   if (parallel) training["parallel"] = std::move(*parallel);
 
@@ -417,58 +472,71 @@ ReshardResult reshard_checkpoint(FileSystem& fs, const CheckpointReader& source,
     prepare_root(fs, *lock);
     temp = begin_checkpoint(fs, dst_root, src.step);
     AlignedBuffer buffer(static_cast<std::size_t>(opt.buffer_bytes));
-    std::optional<ShardRangeReader> replicated;  // rank 0's non-flat tensors, opened when needed
-    std::uint64_t written = 0;
+    std::optional<ShardRangeReader> copier;  // stored tensors copied as they are, one source shard at a time
+    std::uint64_t written = 0, copied_bytes = 0, global_bytes = 0;
     std::vector<ShardReport> reports;
     auto report = [&](std::uint64_t n) {
       written += n;
       if (opt.progress) opt.progress(written, total);
     };
     for (int r = 0; r < world; ++r) {
-      const dist::ShardRange slice = flat_slice(layout.num_params, world, r);
+      const PlannedRank& pr = plan[static_cast<std::size_t>(r)];
       ShardWriter writer = ShardWriter::stream(fs, temp, shard_file_name(r, world), specs[static_cast<std::size_t>(r)],
                                                header_meta[static_cast<std::size_t>(r)], {.chunk_size = src.chunk_size});
       report(writer.header().data_start);
       for (const auto& t : writer.header().tensors) {
-        const std::uint64_t bytes = t.end - t.begin;
-        if (contains(layout.tensors, t.name)) {
-          const std::uint64_t es = dtype_size(t.dtype), per_piece = opt.buffer_bytes / es;
-          for (std::uint64_t done = 0; done < slice.numel;) {
-            const std::uint64_t n = std::min(per_piece, slice.numel - done);
-            const auto piece = buffer.span(static_cast<std::size_t>(n * es));
-            flat.read(t.name, slice.offset + done, piece);
-            writer.write(piece);
-            report(piece.size());
-            done += n;
+        const Planned& p = *std::find_if(pr.tensors.begin(), pr.tensors.end(), [&](const Planned& q) { return q.spec.name == t.name; });
+        const std::uint64_t bytes = t.end - t.begin, es = dtype_size(t.dtype);
+        const std::uint64_t per_piece = std::max<std::uint64_t>(1, opt.buffer_bytes / es);
+        for (std::uint64_t done = 0; done < bytes / es;) {
+          const std::uint64_t n = std::min(per_piece, bytes / es - done);
+          const auto piece = buffer.span(static_cast<std::size_t>(n * es));
+          if (p.flat) {
+            flat->read(t.name, pr.param_offset + done, piece);
+          } else if (p.global) {
+            // Elements [done, done + n) of the target box, as boxes of the global tensor.
+            std::vector<SliceTarget> targets;
+            std::uint64_t at = 0;
+            for (auto& b : boxes_of_range(p.spec.shape, done, n)) {
+              for (std::size_t d = 0; d < b.offsets.size(); ++d) b.offsets[d] += p.offsets[d];
+              const std::uint64_t nb = shape_numel(b.lengths) * es;
+              targets.push_back({p.global->name, p.global->dtype, std::move(b.offsets), std::move(b.lengths),
+                                 piece.subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(nb))});
+              at += nb;
+            }
+            global_bytes += load_slices(source, globals, targets, piece_mode).bytes_read;
+          } else {
+            if (!copier || copier->rank() != p.copy->rank) {
+              if (copier) copied_bytes += copier->bytes_read();
+              copier.emplace(source, p.copy->rank, opt.verify);
+            }
+            copier->read(p.copy->begin + done * es, piece);
           }
-        } else {
-          if (!replicated) replicated.emplace(source, 0, opt.verify);
-          const TensorRecord* from = src.find_tensor(t.name, 0);
-          for (std::uint64_t done = 0; done < bytes;) {
-            const std::uint64_t n = std::min(opt.buffer_bytes, bytes - done);
-            const auto piece = buffer.span(static_cast<std::size_t>(n));
-            replicated->read(from->begin + done, piece);
-            writer.write(piece);
-            report(n);
-            done += n;
-          }
+          writer.write(piece);
+          report(piece.size());
+          done += n;
         }
       }
       ShardReport w = writer.finish(r);
-      w.shard.param_shard_offset = slice.offset;
-      w.shard.param_shard_numel = slice.numel;
+      for (auto& rec : w.tensors) {
+        const auto it = std::find_if(pr.tensors.begin(), pr.tensors.end(), [&](const Planned& q) { return q.spec.name == rec.name; });
+        if (it != pr.tensors.end()) rec.sharding = it->sharding;
+      }
+      w.shard.param_shard_offset = pr.param_offset;
+      w.shard.param_shard_numel = pr.param_numel;
       w.shard.metadata = metadata[static_cast<std::size_t>(r)];
       result.bytes_written += w.shard.size;
       if (r == 0) {
-        w.param_numel = padded_numel(layout.num_params, world);
+        w.param_numel = target_param_numel;
         w.wall_clock_seconds = src.wall_clock_seconds;
         w.training = std::move(training);
       }
       reports.push_back(std::move(w));
     }
+    if (copier) copied_bytes += copier->bytes_read();
     result.manifest = assemble_manifest(src.step, src.chunk_size, std::move(reports));
     result.dir = commit_checkpoint(fs, dst_root, temp, result.manifest);
-    result.bytes_read = flat.bytes_read() + (replicated ? replicated->bytes_read() : 0);
+    result.bytes_read = (flat ? flat->bytes_read() : 0) + copied_bytes + global_bytes;
   } catch (...) {
     if (!temp.empty()) abort_checkpoint(fs, dst_root, temp);
     if (created_root && lock) {  // without the lock, DST may be another writer's by now
@@ -486,7 +554,17 @@ ReshardResult reshard_checkpoint(FileSystem& fs, const CheckpointReader& source,
 
 // ---- consolidate ----------------------------------------------------------------------
 
+bool is_optimizer_state(std::string_view name) noexcept { return name.starts_with("optim.") || name.starts_with("optimizer."); }
+
 namespace {
+
+// Writes `text` as the new file `path`, fsynced.
+void write_small_file(FileSystem& fs, const std::string& path, std::string_view text) {
+  auto f = fs.create(path, {});
+  f->write_at(0, std::as_bytes(std::span(text.data(), text.size())));
+  f->sync();
+  f->close();
+}
 
 // Removes what killed consolidates into PARENT/out_name left: their temporaries, when made on
 // this host by a process that no longer exists.
@@ -512,48 +590,104 @@ ConsolidateResult consolidate_checkpoint(FileSystem& fs, const CheckpointReader&
                 std::to_string(opt.buffer_bytes) + " bytes");
   if (opt.dtype && *opt.dtype != DType::F32 && *opt.dtype != DType::F16 && *opt.dtype != DType::BF16)
     throw Error(Errc::invalid_argument, out_dir, "output dtype", "F32, F16 or BF16", std::string(dtype_name(*opt.dtype)));
-  const FlatLayout layout = flat_layout(src, src_file);
-  if (!contains(layout.tensors, opt.tensor))
-    throw Error(Errc::not_found, src_file, "no flat tensor '" + opt.tensor + "' to consolidate", "one of training.flat_tensors",
-                "'" + opt.tensor + "'");
-  FlatReader flat(source, layout, opt.verify);
-  const DType in_type = flat.dtype(opt.tensor);
-  if (in_type != DType::F32 && in_type != DType::F16 && in_type != DType::BF16 && in_type != DType::F64)
-    throw Error(Errc::invalid_argument, src_file, "flat tensor '" + opt.tensor + "' dtype", "a float type",
-                std::string(dtype_name(in_type)));
-  const DType out_type = opt.dtype.value_or(in_type == DType::F64 ? DType::F32 : in_type);
-  const auto params = param_layout(src, layout, opt.tensor, src_file);
+  // What is exported: a trainer checkpoint's model tensors, cut out of the flat tensor
+  // opt.tensor by training.param_layout; any other checkpoint's global tensors
+  // (slice_load.hpp: sliced, replicated, single and flat ones), each under its global name.
+  // Optimizer state (the trainer's other flat tensors; global tensors named "optim.*") is
+  // left out, or, with opt.with_optimizer, written into files of its own.
+  struct Export {
+    std::string name;
+    std::vector<std::uint64_t> shape;
+    std::uint64_t numel = 0;
+    DType in_type = DType::F32, out_type = DType::F32;
+    std::string flat_tensor;                 // flat path: the flat tensor it is cut out of
+    std::uint64_t flat_offset = 0;           //   and where it lies in it
+    const GlobalTensor* global = nullptr;    // global path
+  };
+  std::vector<Export> weights, optimizer;
+  std::optional<FlatReader> flat;
+  std::vector<GlobalTensor> globals;
+  const auto out_of = [&](DType in) { return dtype_is_float(in) ? opt.dtype.value_or(in == DType::F64 ? DType::F32 : in) : in; };
+  std::size_t left_out = 0;
+  if (src.training.contains("flat_tensors")) {
+    const FlatLayout layout = flat_layout(src, src_file);
+    if (!contains(layout.tensors, opt.tensor))
+      throw Error(Errc::not_found, src_file, "no flat tensor '" + opt.tensor + "' to consolidate", "one of training.flat_tensors",
+                  "'" + opt.tensor + "'");
+    flat.emplace(source, layout, opt.verify);
+    const DType in_type = flat->dtype(opt.tensor);
+    if (!dtype_is_float(in_type))
+      throw Error(Errc::invalid_argument, src_file, "flat tensor '" + opt.tensor + "' dtype", "a float type",
+                  std::string(dtype_name(in_type)));
+    const std::vector<ParamSlice> params = param_layout(src, layout, opt.tensor, src_file);
+    for (const ParamSlice& p : params) weights.push_back({p.name, p.shape, p.numel, in_type, out_of(in_type), opt.tensor, p.offset, nullptr});
+    // The other flat tensors (the optimizer's moments), per model tensor, in their own dtype.
+    for (const std::string& t : layout.tensors) {
+      if (t == opt.tensor) continue;
+      if (!opt.with_optimizer) {
+        left_out += params.size();
+        continue;
+      }
+      const DType type = flat->dtype(t);
+      for (const ParamSlice& p : params) optimizer.push_back({t + "." + p.name, p.shape, p.numel, type, type, t, p.offset, nullptr});
+    }
+  } else {
+    globals = global_tensors(src, src_file);
+    for (const GlobalTensor& g : globals) {
+      const bool is_optimizer = is_optimizer_state(g.name);
+      if (is_optimizer && !opt.with_optimizer) {
+        ++left_out;
+        continue;
+      }
+      (is_optimizer ? optimizer : weights)
+          .push_back({g.name, g.shape, shape_numel(g.shape), g.dtype, is_optimizer ? g.dtype : out_of(g.dtype), {}, 0, &g});
+    }
+  }
+  if (weights.empty() && optimizer.empty())
+    throw Error(Errc::not_found, src_file,
+                left_out ? "no weight tensor to consolidate (only optimizer state, left out without --with-optimizer)"
+                         : "no global tensor to consolidate (every tensor is rank-local, or per-rank without a sharding description)",
+                "at least one", "none");
   verify_headers(source, opt.verify);
+  // With full, verify_headers checked every file's SHA-256: the pieces are then read chunk-checked.
+  const Verify piece_mode = opt.verify == Verify::none ? Verify::none : Verify::fast;
 
-  // Files are filled in layout order; a new one starts when the next tensor would pass the
-  // limit (a tensor larger than the limit gets a file of its own), as Hugging Face shards.
-  const std::uint64_t out_es = dtype_size(out_type), in_es = dtype_size(in_type);
-  std::vector<std::vector<std::size_t>> groups(1);
-  std::uint64_t in_group = 0, total_size = 0;
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    const std::uint64_t bytes = params[i].numel * out_es;
-    if (opt.max_file_size && !groups.back().empty() && in_group + bytes > opt.max_file_size) groups.emplace_back(), in_group = 0;
-    groups.back().push_back(i);
-    in_group += bytes;
-    total_size += bytes;
+  // One set of files per kind ("model", "optimizer"): filled in export order; a new file
+  // starts when the next tensor would pass the limit (a tensor larger than the limit gets a
+  // file of its own), as Hugging Face shards; an index when a set has several files.
+  struct Set {
+    std::string prefix;
+    const std::vector<Export>* exports;
+    std::vector<std::vector<TensorSpec>> specs;
+    std::uint64_t total_size = 0;
+    std::string file_name(std::size_t k) const {
+      if (specs.size() == 1) return prefix + ".safetensors";
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "-%05zu-of-%05zu.safetensors", k + 1, specs.size());
+      return prefix + buf;
+    }
+  };
+  std::vector<Set> sets;
+  std::uint64_t progress_total = 0;
+  for (const auto& [prefix, exports] : {std::pair{"model", &weights}, std::pair{"optimizer", &optimizer}}) {
+    if (exports->empty()) continue;
+    Set set{prefix, exports, std::vector<std::vector<TensorSpec>>(1), 0};
+    std::uint64_t in_file = 0;
+    for (const Export& e : *exports) {
+      const std::uint64_t bytes = e.numel * dtype_size(e.out_type);
+      if (opt.max_file_size && !set.specs.back().empty() && in_file + bytes > opt.max_file_size) set.specs.emplace_back(), in_file = 0;
+      set.specs.back().push_back({e.name, e.out_type, e.shape});
+      in_file += bytes;
+      set.total_size += bytes;
+    }
+    for (const auto& f : set.specs) progress_total += plan_shard_specs(f).data_size;
+    sets.push_back(std::move(set));
   }
   ConsolidateResult result;
   result.dir = out_dir;
-  result.dtype = out_type;
-  result.total_size = total_size;
-  const std::size_t n_files = groups.size();
-  auto file_name = [&](std::size_t k) {
-    if (n_files == 1) return std::string("model.safetensors");
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", k + 1, n_files);
-    return std::string(buf);
-  };
-  std::uint64_t progress_total = 0;
-  std::vector<std::vector<TensorSpec>> specs(n_files);
-  for (std::size_t k = 0; k < n_files; ++k) {
-    for (std::size_t i : groups[k]) specs[k].push_back({params[i].name, out_type, params[i].shape});
-    progress_total += plan_shard_specs(specs[k]).data_size;
-  }
+  result.dtype = weights.empty() ? opt.dtype.value_or(DType::F32) : weights.front().out_type;
+  for (const Set& set : sets) (set.exports == &weights ? result.total_size : result.optimizer_size) = set.total_size;
+  result.left_out = left_out;
 
   const std::string parent = parent_of(out_dir);
   require_dir(fs, parent, "the parent of the output directory");
@@ -568,49 +702,77 @@ ConsolidateResult consolidate_checkpoint(FileSystem& fs, const CheckpointReader&
     fs.create_dir(temp);
     // Source and converted elements share the buffer: [source piece | output piece].
     AlignedBuffer buffer(static_cast<std::size_t>(opt.buffer_bytes));
-    const std::uint64_t per_piece = opt.buffer_bytes / (in_es + (in_type == out_type ? 0 : out_es));
-    std::uint64_t written = 0;
-    for (std::size_t k = 0; k < n_files; ++k) {
-      ShardWriter writer =
-          ShardWriter::stream(fs, temp, file_name(k), specs[k], {{"format", "pt"}}, {.chunk_size = src.chunk_size, .sha256 = false});
-      ConsolidatedFile cf;
-      cf.name = file_name(k);
-      for (const auto& t : writer.header().tensors) {
-        const ParamSlice& p = *std::find_if(params.begin(), params.end(), [&](const ParamSlice& s) { return s.name == t.name; });
-        cf.tensors.push_back(p.name);
-        for (std::uint64_t done = 0; done < p.numel;) {
-          const std::uint64_t n = std::min(per_piece, p.numel - done);
-          const auto in = buffer.span(static_cast<std::size_t>(n * in_es));
-          flat.read(opt.tensor, p.offset + done, in);
-          std::span<const std::byte> piece = in;
-          if (in_type != out_type) {
-            std::byte* o = buffer.data() + n * in_es;
-            for (std::uint64_t i = 0; i < n; ++i) store_from_f32(out_type, load_as_f32(in_type, in.data() + i * in_es), o + i * out_es);
-            piece = std::span<const std::byte>(o, static_cast<std::size_t>(n * out_es));
+    std::uint64_t written = 0, global_bytes_read = 0;
+    for (const Set& set : sets) {
+      std::vector<ConsolidatedFile> files;
+      for (std::size_t k = 0; k < set.specs.size(); ++k) {
+        ShardWriter writer = ShardWriter::stream(fs, temp, set.file_name(k), set.specs[k], {{"format", "pt"}},
+                                                 {.chunk_size = src.chunk_size, .sha256 = false});
+        ConsolidatedFile cf;
+        cf.name = set.file_name(k);
+        for (const auto& t : writer.header().tensors) {
+          const Export& p = *std::find_if(set.exports->begin(), set.exports->end(), [&](const Export& e) { return e.name == t.name; });
+          cf.tensors.push_back(p.name);
+          const std::uint64_t in_es = dtype_size(p.in_type), out_es = dtype_size(p.out_type);
+          const std::uint64_t per_piece = opt.buffer_bytes / (in_es + (p.in_type == p.out_type ? 0 : out_es));
+          for (std::uint64_t done = 0; done < p.numel;) {
+            const std::uint64_t n = std::min(per_piece, p.numel - done);
+            const auto in = buffer.span(static_cast<std::size_t>(n * in_es));
+            if (p.global) {
+              // Elements [done, done + n) of the global tensor, as a few boxes, back to back.
+              std::vector<SliceTarget> targets;
+              std::uint64_t at = 0;
+              for (auto& b : boxes_of_range(p.shape, done, n)) {
+                const std::uint64_t bytes = shape_numel(b.lengths) * in_es;
+                targets.push_back({p.name, p.in_type, std::move(b.offsets), std::move(b.lengths),
+                                   in.subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(bytes))});
+                at += bytes;
+              }
+              global_bytes_read += load_slices(source, globals, targets, piece_mode).bytes_read;
+            } else {
+              flat->read(p.flat_tensor, p.flat_offset + done, in);
+            }
+            std::span<const std::byte> piece = in;
+            if (p.in_type != p.out_type) {
+              std::byte* o = buffer.data() + n * in_es;
+              convert_floats(p.in_type, in, p.out_type, std::span<std::byte>(o, static_cast<std::size_t>(n * out_es)));
+              piece = std::span<const std::byte>(o, static_cast<std::size_t>(n * out_es));
+            }
+            writer.write(piece);
+            written += piece.size();
+            if (opt.progress) opt.progress(written, progress_total);
+            done += n;
           }
-          writer.write(piece);
-          written += piece.size();
-          if (opt.progress) opt.progress(written, progress_total);
-          done += n;
         }
+        cf.size = writer.finish(0).shard.size;
+        files.push_back(std::move(cf));
       }
-      cf.size = writer.finish(0).shard.size;
-      result.files.push_back(std::move(cf));
+      std::optional<std::string> index;
+      if (files.size() > 1) {
+        json::object weight_map;
+        std::vector<std::pair<std::string, std::string>> entries;
+        for (const auto& f : files)
+          for (const auto& t : f.tensors) entries.emplace_back(t, f.name);
+        std::sort(entries.begin(), entries.end());
+        for (const auto& [t, f] : entries) weight_map[t] = f;
+        const std::string text =
+            json::serialize(json::object{{"metadata", {{"total_size", set.total_size}}}, {"weight_map", std::move(weight_map)}}) + "\n";
+        index = set.prefix + ".safetensors.index.json";
+        write_small_file(fs, join_path(temp, *index), text);
+      }
+      if (set.exports == &weights) {
+        result.files = std::move(files);
+        result.index = std::move(index);
+      } else {
+        result.optimizer_files = std::move(files);
+        result.optimizer_index = std::move(index);
+      }
     }
-    if (n_files > 1) {
-      json::object weight_map;
-      std::vector<std::pair<std::string, std::string>> entries;
-      for (const auto& f : result.files)
-        for (const auto& t : f.tensors) entries.emplace_back(t, f.name);
-      std::sort(entries.begin(), entries.end());
-      for (const auto& [t, f] : entries) weight_map[t] = f;
-      const std::string text =
-          json::serialize(json::object{{"metadata", {{"total_size", total_size}}}, {"weight_map", std::move(weight_map)}}) + "\n";
-      result.index = "model.safetensors.index.json";
-      auto f = fs.create(join_path(temp, *result.index), {});
-      f->write_at(0, std::as_bytes(std::span(text.data(), text.size())));
-      f->sync();
-      f->close();
+    result.bytes_read = global_bytes_read;
+    // The model's configuration, when the training metadata carries one (the trainer's).
+    if (const auto* cfg = src.training.if_contains("config"); cfg && cfg->is_object()) {
+      result.config = "config.json";
+      write_small_file(fs, join_path(temp, *result.config), json::serialize(*cfg) + "\n");
     }
     fs.sync_dir(temp);
     fs.rename(temp, out_dir);
@@ -625,7 +787,7 @@ ConsolidateResult consolidate_checkpoint(FileSystem& fs, const CheckpointReader&
     }
     throw;
   }
-  result.bytes_read = flat.bytes_read();
+  if (flat) result.bytes_read = flat->bytes_read();
   return result;
 }
 

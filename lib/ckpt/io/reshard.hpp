@@ -180,9 +180,15 @@ struct ReshardResult {
 ReshardResult reshard_checkpoint(FileSystem& fs, const CheckpointReader& source, const std::string& dst_root,
                                  const ReshardOptions& options);
 
+/// Whether a global tensor is optimizer state, by its name: it starts with "optim." (the
+/// trainer's flat tensors, an optimizer's state flattened as "optim.state.3.exp_avg") or
+/// "optimizer.".
+bool is_optimizer_state(std::string_view name) noexcept;
+
 struct ConsolidateOptions {
   std::string tensor = "optim.master";  ///< the flat tensor to export (fp32 master weights)
-  std::optional<DType> dtype;           ///< F32, F16 or BF16 (cast through fp32); default: the tensor's
+  std::optional<DType> dtype;           ///< weights: F32, F16 or BF16 (cast through fp32); default: the tensor's
+  bool with_optimizer = false;          ///< also write the optimizer state (optimizer*.safetensors); default: weights only
   std::uint64_t max_file_size = 0;      ///< tensor bytes per file; 0: one file
   std::uint64_t buffer_bytes = kDefaultReshardBuffer;
   Verify verify = Verify::fast;
@@ -200,7 +206,12 @@ struct ConsolidateResult {
   DType dtype = DType::F32;
   std::vector<ConsolidatedFile> files;
   std::optional<std::string> index;  ///< "model.safetensors.index.json" when several files
-  std::uint64_t total_size = 0;      ///< tensor bytes (the index's metadata.total_size)
+  std::optional<std::string> config;  ///< "config.json": training.config, when the checkpoint records it
+  std::uint64_t total_size = 0;      ///< weight tensor bytes (the index's metadata.total_size)
+  std::vector<ConsolidatedFile> optimizer_files;  ///< with_optimizer: "optimizer.safetensors" or "optimizer-0000k-of-0000n..."
+  std::optional<std::string> optimizer_index;     ///< "optimizer.safetensors.index.json" when several files
+  std::uint64_t optimizer_size = 0;               ///< optimizer tensor bytes
+  std::size_t left_out = 0;                       ///< optimizer tensors not written (without with_optimizer)
   std::uint64_t bytes_read = 0;
 };
 
@@ -209,7 +220,17 @@ struct ConsolidateResult {
 /// cast to options.dtype, into `model.safetensors`, or (when the tensors exceed
 /// max_file_size) `model-0000k-of-0000n.safetensors` files filled in layout order plus
 /// `model.safetensors.index.json` ({"metadata": {"total_size"}, "weight_map"}). Headers carry
-/// {"format": "pt"}. `out_dir` must not exist (invalid_argument) and its parent must
+/// {"format": "pt"}. When the checkpoint's training metadata holds a `config` object (the
+/// trainer's model and run configuration), it is written beside them as `config.json`.
+/// A checkpoint without training.flat_tensors exports its global tensors instead
+/// (slice_load.hpp: every sliced, replicated and single tensor under its global name, float
+/// ones cast to options.dtype, others as they are; rank-local tensors left out), in name
+/// order. Optimizer state is left out (counted in left_out) unless options.with_optimizer:
+/// then it goes, in its own dtype, into `optimizer.safetensors` (or
+/// `optimizer-0000k-of-0000n.safetensors` plus `optimizer.safetensors.index.json`, split by
+/// the same max_file_size): for a trainer checkpoint, each other flat tensor F cut per model
+/// tensor P as "F.P" (e.g. "optim.m.wte"); otherwise every global tensor whose name starts
+/// is_optimizer_state says. Errc::not_found if nothing is left to write. `out_dir` must not exist (invalid_argument) and its parent must
 /// (Errc::not_found); everything is written under a temporary name in that parent
 /// (host_temporary_name: ".tmp-OUT@HOST-<pid>-<n>"), fsynced, and renamed at the end; on any
 /// failure the temporary is removed. A temporary a killed consolidate into the same OUT left

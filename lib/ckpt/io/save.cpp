@@ -11,6 +11,7 @@
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/root_lock.hpp"
 #include "ckpt/io/shard_writer.hpp"
+#include "ckpt/io/sharded_save.hpp"
 
 namespace ckpt {
 
@@ -19,16 +20,18 @@ namespace {
 // One rank's shard, streamed through ShardWriter (which hashes each piece as it writes it).
 ShardReport write_rank(FileSystem& fs, const std::string& temp, const SaveRequest& req, int r, int world) {
   const RankState& rs = req.ranks[static_cast<std::size_t>(r)];
+  const std::vector<TensorView> tensors = tensors_to_write(r, world, rs.tensors);  // replicated: the lowest holder's only
   // plan_shard validates the views' sizes; the writer streams them in the planned order.
-  const ShardHeader planned = plan_shard(rs.tensors, shard_header_metadata(r, world, req.step));
+  const ShardHeader planned = plan_shard(tensors, shard_header_metadata(r, world, req.step));
   std::vector<TensorSpec> specs;
-  for (const auto& t : rs.tensors) specs.push_back({t.name, t.dtype, t.shape});
+  for (const auto& t : tensors) specs.push_back({t.name, t.dtype, t.shape});
   ShardWriter w = ShardWriter::stream(fs, temp, shard_file_name(r, world), specs, planned.metadata, {.chunk_size = req.chunk_size});
   for (const auto& p : planned.tensors) {
-    const auto it = std::find_if(rs.tensors.begin(), rs.tensors.end(), [&](const TensorView& t) { return t.name == p.name; });
+    const auto it = std::find_if(tensors.begin(), tensors.end(), [&](const TensorView& t) { return t.name == p.name; });
     w.write(it->data);
   }
   ShardReport rep = w.finish(r);
+  attach_sharding(rep.tensors, sharding_by_name(tensors));
   rep.shard.param_shard_offset = rs.param_shard_offset;
   rep.shard.param_shard_numel = rs.param_shard_numel;
   rep.shard.metadata = rs.metadata;

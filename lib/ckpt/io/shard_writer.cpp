@@ -15,7 +15,7 @@ std::vector<TensorRecord> tensor_records(const ShardHeader& header, int rank) {
   std::vector<TensorRecord> out;
   out.reserve(header.tensors.size());
   for (const auto& t : header.tensors)
-    out.push_back({t.name, rank, t.dtype, t.shape, header.data_start + t.begin, header.data_start + t.end});
+    out.push_back({t.name, rank, t.dtype, t.shape, header.data_start + t.begin, header.data_start + t.end, std::nullopt});
   return out;
 }
 

@@ -62,6 +62,7 @@
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/io/shard_writer.hpp"
+#include "ckpt/io/sharded_save.hpp"
 #include "ckpt/runtime/detail/offload.hpp"
 #include "ckpt/runtime/detail/write_backend.hpp"
 
@@ -187,6 +188,7 @@ struct Checkpointer::Impl {
     std::uint64_t size = 0;    // file bytes
     std::uint64_t padded = 0;  // size rounded up to 4096 (what O_DIRECT writes)
     ShardHeader header;
+    ShardingByName sharding;  // the tensors' descriptions, for the manifest index
     SaveInfo info;
     std::shared_ptr<detail::SaveState> handle;
     SaveResult result;  // rank-local timings, filled as the job goes
@@ -235,8 +237,12 @@ struct Checkpointer::Impl {
 
   asio::io_context ctx{1};
   asio::executor_work_guard<asio::io_context::executor_type> guard{ctx.get_executor()};
-  asio::thread_pool work_pool;  // hashing, and every blocking file-system call but pwrite
+  asio::thread_pool work_pool;  // deferred copies, hashing, and the shards' blocking file-system calls but pwrite
   asio::thread_pool io_pool;    // pwrite (posix writer)
+  // The root directory's own calls (begin, commit, abort, rotation), one at a time: removing
+  // an old checkpoint can take hundreds of ms (a discard-mounted disk frees its extents at
+  // the journal commit), and must never hold up the next save's copies and hashing.
+  asio::thread_pool root_pool{1};
   std::unique_ptr<detail::WriteBackend> backend;
   std::thread io_thread;
 
@@ -366,13 +372,16 @@ struct Checkpointer::Impl {
     io_thread.join();
     work_pool.join();
     io_pool.join();
+    root_pool.join();
   }
 
   // ---- rank thread side ----------------------------------------------------------------
 
-  SaveHandle save(int rank, std::uint64_t step, std::span<const TensorView> tensors, const SaveInfo& info, Staging staging) {
+  SaveHandle save(int rank, std::uint64_t step, std::span<const TensorView> given, const SaveInfo& info, Staging staging) {
     const auto t_call = Clock::now();
     check_rank(rank, opt.world_size, "save rank");
+    const std::vector<TensorView> kept = tensors_to_write(rank, opt.world_size, given);  // replicated: the lowest holder's only
+    const std::span<const TensorView> tensors = kept;
     if (!local[static_cast<std::size_t>(rank)])
       throw Error(Errc::invalid_argument, {}, "save rank: not one of this process's ranks (the coordinator's local_ranks)",
                   "a local rank", std::to_string(rank));
@@ -383,6 +392,7 @@ struct Checkpointer::Impl {
     job->t_call = t_call;
     job->info = info;
     job->header = plan_shard(tensors, shard_header_metadata(rank, opt.world_size, step));
+    job->sharding = sharding_by_name(tensors);
     job->size = job->header.file_size();
     job->padded = (job->size + 4095) / 4096 * 4096;
     job->handle = std::make_shared<detail::SaveState>();
@@ -445,7 +455,7 @@ struct Checkpointer::Impl {
         std::optional<Error> bad;
         try {
           stage_and_hand_off(st, job, views);
-          for (std::size_t i = 0; i < sums.size(); ++i) check_staged_tensor(*job, views[i], sums[i]);
+          check_staged_tensors(*job, views, sums);
         } catch (...) {
           bad = to_error(std::current_exception());
         }
@@ -477,13 +487,18 @@ struct Checkpointer::Impl {
     staged_records[static_cast<std::size_t>(job->rank)] = StagedRecord{job->step, job->header, job->info, false};
   }
 
-  // check_deferred_staging: the staged bytes of `t` must be what save() saw.
-  void check_staged_tensor(const ShardJob& job, const TensorView& t, std::uint64_t at_save) {
-    const ShardTensor* rec = nullptr;
-    for (const auto& h : job.header.tensors)
-      if (h.name == t.name) rec = &h;
-    const std::byte* data = staging[static_cast<std::size_t>(job.rank)].data() + job.header.data_start + rec->begin;
-    const std::uint64_t copied = xxh3_64(data, static_cast<std::size_t>(rec->end - rec->begin));
+  // check_deferred_staging: the staged bytes of each of `views` must be what save() saw
+  // (`at_save`, their XXH3 then, in the same order).
+  void check_staged_tensors(const ShardJob& job, std::span<const TensorView> views, std::span<const std::uint64_t> at_save) {
+    if (at_save.empty()) return;  // the option is off
+    std::unordered_map<std::string_view, const ShardTensor*> by_name;
+    for (const auto& h : job.header.tensors) by_name.emplace(h.name, &h);
+    for (std::size_t i = 0; i < at_save.size(); ++i) check_staged_tensor(job, views[i], *by_name.at(views[i].name), at_save[i]);
+  }
+
+  void check_staged_tensor(const ShardJob& job, const TensorView& t, const ShardTensor& rec, std::uint64_t at_save) {
+    const std::byte* data = staging[static_cast<std::size_t>(job.rank)].data() + job.header.data_start + rec.begin;
+    const std::uint64_t copied = xxh3_64(data, static_cast<std::size_t>(rec.end - rec.begin));
     if (copied != at_save) {
       std::lock_guard lk(mu);
       staged_records[static_cast<std::size_t>(job.rank)].reset();
@@ -535,6 +550,10 @@ struct Checkpointer::Impl {
   auto on_work_pool(F f) {
     return detail::offload(work_pool.get_executor(), std::move(f));
   }
+  template <typename F>
+  auto on_root_pool(F f) {
+    return detail::offload(root_pool.get_executor(), std::move(f));
+  }
 
   // ---- the checkpoint coroutine (one per step, on the io_context) ----------------------
 
@@ -542,7 +561,7 @@ struct Checkpointer::Impl {
     // 1. The temporary directory, once for all the step's shards.
     std::optional<Error> begun_badly;
     try {
-      st->temp = co_await on_work_pool([this, step = st->step, needed = expected_bytes(*st)] {
+      st->temp = co_await on_root_pool([this, step = st->step, needed = expected_bytes(*st)] {
         std::lock_guard lk(root_mu);
         if (local[0]) make_room_for(needed);
         const BeginOptions older{.allow_older_than_latest = opt.allow_older_than_latest};
@@ -573,7 +592,7 @@ struct Checkpointer::Impl {
     CommitOutcome outcome;
     if (abandoned) {
       outcome.error = *abandoned;
-      co_await on_work_pool([&] {
+      co_await on_root_pool([&] {
         if (!st->temp.empty()) {
           std::lock_guard lk(root_mu);
           abort_checkpoint(fs, opt.root, st->temp);
@@ -589,7 +608,7 @@ struct Checkpointer::Impl {
     complete(st, outcome);
 
     // 5. Rotation, off the path of the next save, which may already be staging.
-    if (st->committed_here && !outcome.error) co_await on_work_pool([this, step = st->step] { rotate(checkpoint_dir_name(step)); });
+    if (st->committed_here && !outcome.error) co_await on_root_pool([this, step = st->step] { rotate(checkpoint_dir_name(step)); });
 
     {
       std::lock_guard lk(mu);
@@ -635,6 +654,7 @@ struct Checkpointer::Impl {
       w.mark_written(image.size());
       const auto t_sync = Clock::now();
       report.shard = co_await on_work_pool([&w, rank = job->rank] { return w.finish(rank); });
+      attach_sharding(report.shard.tensors, job->sharding);
       job->result.fsync = since(t_sync);
       report.shard.shard.param_shard_offset = job->info.param_shard_offset;
       report.shard.shard.param_shard_numel = job->info.param_shard_numel;
@@ -657,7 +677,7 @@ struct Checkpointer::Impl {
   }
 
   // Hands this process's reports to the coordinator and awaits the outcome. The last report
-  // of the world runs the commit (in-process: on the work pool, here; under MPI: on rank 0's
+  // of the world runs the commit (in-process: on the root thread, here; under MPI: on rank 0's
   // process), and every rank's outcome comes back through its callback.
   asio::awaitable<CommitOutcome> exchange(const std::shared_ptr<StepState>& st, std::vector<RankReport> reports) {
     return asio::async_initiate<const asio::use_awaitable_t<>&, void(CommitOutcome)>(
@@ -669,7 +689,7 @@ struct Checkpointer::Impl {
             std::size_t left;
           };
           auto waiting = std::make_shared<Waiting>(std::move(handler), reports.size());
-          asio::post(work_pool, [this, st, waiting, reports = std::move(reports)]() mutable {
+          asio::post(root_pool, [this, st, waiting, reports = std::move(reports)]() mutable {
             for (auto& r : reports)
               coordinator->report(
                   st->step, std::move(r), [this, st](std::vector<RankReport>& all) { return commit(*st, all); },
@@ -835,7 +855,7 @@ std::optional<StagedSnapshot> Checkpointer::staged(int rank) const {
   const std::byte* data = impl_->staging[static_cast<std::size_t>(rank)].data() + rec->header.data_start;
   StagedSnapshot snap{rec->step, {}, rec->info};
   for (const auto& t : rec->header.tensors)
-    snap.tensors.push_back({t.name, t.dtype, t.shape, std::span(data + t.begin, static_cast<std::size_t>(t.end - t.begin))});
+    snap.tensors.push_back({t.name, t.dtype, t.shape, std::span(data + t.begin, static_cast<std::size_t>(t.end - t.begin)), std::nullopt});
   return snap;
 }
 

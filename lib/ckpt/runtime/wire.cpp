@@ -41,11 +41,21 @@ std::string encode_rank_report(std::uint64_t step, const RankReport& r) {
     part.training = r.shard.training;
     part.shards.push_back(r.shard.shard);
     part.shards.back().rank = 0;
+    // Sharding descriptions travel beside the part: they are checked across ranks (holders,
+    // tiling), which a manifest of one shard cannot be.
+    json::array sharding;
     for (auto t : r.shard.tensors) {
+      if (t.sharding) {
+        json::object d = sharding_to_json(*t.sharding);
+        d["name"] = t.name;
+        sharding.push_back(std::move(d));
+      }
       t.rank = 0;
+      t.sharding.reset();
       part.tensors.push_back(std::move(t));
     }
     o["part"] = encode_manifest(part);
+    if (!sharding.empty()) o["sharding"] = std::move(sharding);
   }
   return json::serialize(o);
 }
@@ -62,6 +72,13 @@ RankReport decode_rank_report(std::string_view text) {
     r.shard.shard.rank = r.rank;
     r.shard.tensors = std::move(part.tensors);
     for (auto& t : r.shard.tensors) t.rank = r.rank;
+    if (const auto* sh = o.if_contains("sharding"))
+      for (const auto& d : sh->as_array()) {
+        const std::string_view name = d.as_object().at("name").as_string();
+        const auto t = std::find_if(r.shard.tensors.begin(), r.shard.tensors.end(), [&](const TensorRecord& x) { return x.name == name; });
+        if (t == r.shard.tensors.end()) throw Error(Errc::comm_error, {}, "sharding of an unknown tensor in the message of rank " + std::to_string(r.rank));
+        t->sharding = sharding_from_json(d.as_object(), "coordination message of rank " + std::to_string(r.rank), "sharding");
+      }
     r.shard.chunk_size = part.chunk_size;
     r.shard.param_numel = o.at("param_numel").to_number<std::uint64_t>();
     r.shard.wall_clock_seconds = part.wall_clock_seconds;

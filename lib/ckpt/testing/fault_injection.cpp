@@ -92,46 +92,33 @@ void FaultInjectionFileSystem::crash_after(std::uint64_t n) {
   crash_at_ = mutations_.load() + n;
 }
 
-void FaultInjectionFileSystem::hold_syncs(bool hold) {
+void FaultInjectionFileSystem::set_hold(Hold& h, bool on) {
   {
     std::lock_guard lk(mu_);
-    hold_ = hold;
+    h.on = on;
   }
   hold_cv_.notify_all();
 }
 
-int FaultInjectionFileSystem::held_syncs() const {
+int FaultInjectionFileSystem::waiting(const Hold& h) const {
   std::lock_guard lk(mu_);
-  return held_;
+  return h.waiting;
 }
 
-void FaultInjectionFileSystem::wait_if_held() {
+void FaultInjectionFileSystem::wait_while_held(Hold& h) {
   std::unique_lock lk(mu_);
-  ++held_;
-  hold_cv_.wait(lk, [&] { return !hold_; });
-  --held_;
+  if (!h.on) return;
+  ++h.waiting;
+  hold_cv_.wait(lk, [&] { return !h.on; });
+  --h.waiting;
 }
 
-void FaultInjectionFileSystem::hold_writes(bool hold) {
-  {
-    std::lock_guard lk(mu_);
-    hold_writes_ = hold;
-  }
-  hold_cv_.notify_all();
-}
-
-int FaultInjectionFileSystem::held_writes() const {
-  std::lock_guard lk(mu_);
-  return held_writes_;
-}
-
-void FaultInjectionFileSystem::wait_if_writes_held() {
-  std::unique_lock lk(mu_);
-  if (!hold_writes_) return;
-  ++held_writes_;
-  hold_cv_.wait(lk, [&] { return !hold_writes_; });
-  --held_writes_;
-}
+void FaultInjectionFileSystem::hold_syncs(bool hold) { set_hold(sync_hold_, hold); }
+int FaultInjectionFileSystem::held_syncs() const { return waiting(sync_hold_); }
+void FaultInjectionFileSystem::wait_if_held() { wait_while_held(sync_hold_); }
+void FaultInjectionFileSystem::hold_writes(bool hold) { set_hold(write_hold_, hold); }
+int FaultInjectionFileSystem::held_writes() const { return waiting(write_hold_); }
+void FaultInjectionFileSystem::wait_if_writes_held() { wait_while_held(write_hold_); }
 
 void FaultInjectionFileSystem::reset() {
   std::lock_guard lk(mu_);

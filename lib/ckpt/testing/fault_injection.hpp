@@ -107,9 +107,16 @@ class FaultInjectionFileSystem final : public FileSystem {
   std::vector<TrackedFile> files_;
   std::vector<DirChange> dir_changes_;
   void log_created(const std::string& path);
-  bool hold_ = false, hold_writes_ = false;
-  int held_ = 0, held_writes_ = 0;
+  // A hold of one kind of operation: while `on`, they block; `waiting` are blocked now.
+  struct Hold {
+    bool on = false;
+    int waiting = 0;
+  };
+  Hold sync_hold_, write_hold_;
   std::condition_variable hold_cv_;
+  void set_hold(Hold& h, bool on);
+  int waiting(const Hold& h) const;
+  void wait_while_held(Hold& h);
  public:
   /// Used by the wrapped files: blocks while syncs are held.
   void wait_if_held();

@@ -11,6 +11,7 @@
 #include "ckpt/core/random.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/load_into.hpp"
+#include "ckpt/io/slice_load.hpp"
 #include "ckpt/io/reshard.hpp"
 #include "ckpt/io/tiers.hpp"
 
@@ -184,14 +185,20 @@ std::vector<float> Trainer::parameters() const { return params32_; }
 
 std::vector<TensorView> Trainer::checkpoint_tensors() const {
   const std::uint64_t n = opt_.shard().numel;
-  std::vector<TensorView> out{{"optim.master", DType::F32, {n}, std::as_bytes(opt_.master())},
-                              {"optim.m", DType::F32, {n}, std::as_bytes(opt_.adam_m())},
-                              {"optim.v", DType::F32, {n}, std::as_bytes(opt_.adam_v())}};
+  // The flat ZeRO tensors are 1-D slices of 1-D global tensors of the padded flat size, of
+  // the same names (docs/format.md, "Sharded tensors"); training.param_layout still says
+  // where each model tensor lives in them.
+  const auto flat = [&](const char* name) {
+    return slice_of(name, {opt_.padded_numel()}, {opt_.shard().offset}, {n});
+  };
+  std::vector<TensorView> out{{"optim.master", DType::F32, {n}, std::as_bytes(opt_.master()), flat("optim.master")},
+                              {"optim.m", DType::F32, {n}, std::as_bytes(opt_.adam_m()), flat("optim.m")},
+                              {"optim.v", DType::F32, {n}, std::as_bytes(opt_.adam_v()), flat("optim.v")}};
   if (comm_.rank() == 0) {
     const auto p16 = opt_.params16();
     for (const auto& t : layout_) {
       std::vector<std::uint64_t> shape(t.shape.begin(), t.shape.end());
-      out.push_back({"model." + t.name, opt_.dtype16(), std::move(shape), std::as_bytes(p16.subspan(t.offset, t.numel))});
+      out.push_back({"model." + t.name, opt_.dtype16(), std::move(shape), std::as_bytes(p16.subspan(t.offset, t.numel)), std::nullopt});
     }
   }
   return out;
@@ -378,14 +385,21 @@ Trainer::LoadedState Trainer::load_state_resharded(const CheckpointReader& check
   // The ranks share the whole-file checks: rank r checks source shards r, r + M, ...; the
   // agreement before restoring makes one rank's failure every rank's.
   verify_headers(checkpoint, verify, rank, world);
-  FlatReader flat(checkpoint, FlatLayout{{"optim.master", "optim.m", "optim.v"}, opt_.num_params()}, verify);
+  // The flat tensors as the checkpoint's global tensors (1-D slices of the flat space, the
+  // descriptions of schema 2 or training.flat_tensors of schema 1), planned by load_slices.
+  const auto globals = global_tensors(manifest, checkpoint.dir() + "/" + std::string(kManifestName));
   const dist::ShardRange slice = opt_.shard();
   if (slice != flat_slice(opt_.num_params(), world, rank))
     throw Error(Errc::invalid_argument, checkpoint.dir(), "ZeRO shard of rank " + std::to_string(rank) + " against the reshard rule",
                 std::to_string(flat_slice(opt_.num_params(), world, rank).offset), std::to_string(slice.offset));
-  for (const char* name : {"optim.master", "optim.m", "optim.v"})
-    if (flat.dtype(name) != DType::F32)
-      throw Error(Errc::invalid_argument, checkpoint.dir(), std::string("dtype of ") + name, "F32", std::string(dtype_name(flat.dtype(name))));
+  for (const char* name : {"optim.master", "optim.m", "optim.v"}) {
+    const auto g = std::find_if(globals.begin(), globals.end(), [&](const GlobalTensor& x) { return x.name == name; });
+    if (g == globals.end() || g->shape.size() != 1 || g->shape[0] < opt_.num_params())
+      throw Error(Errc::malformed_manifest, checkpoint.dir(), std::string("flat tensor ") + name,
+                  "1-D slices of at least " + std::to_string(opt_.num_params()) + " elements", g == globals.end() ? "absent" : format_index(g->shape));
+    if (g->dtype != DType::F32)
+      throw Error(Errc::invalid_argument, checkpoint.dir(), std::string("dtype of ") + name, "F32", std::string(dtype_name(g->dtype)));
+  }
   LoadedState st;
   // Rank-local metadata (the RNG) continues source rank r's if it exists; the data position
   // is global, the same on every source rank.
@@ -399,19 +413,14 @@ Trainer::LoadedState Trainer::load_state_resharded(const CheckpointReader& check
   // The slice's pieces of the source shards go straight into the optimizer's buffers, every
   // source file read at once; the SHA-256s were shared out above, so the ranges are checked
   // chunk by chunk (fast).
-  std::vector<std::vector<LoadTarget>> targets(static_cast<std::size_t>(manifest.world_size));
+  // Elements at or past num_params are padding: zero, never read.
+  const std::uint64_t real = slice.offset >= opt_.num_params() ? 0 : std::min(slice.numel, opt_.num_params() - slice.offset);
+  std::vector<SliceTarget> targets;
   for (auto [name, buf] : {std::pair{"optim.master", opt_.master()}, std::pair{"optim.m", opt_.adam_m()}, std::pair{"optim.v", opt_.adam_v()}}) {
-    const auto bytes = std::as_writable_bytes(buf);
-    std::uint64_t padding_from = 0;
-    for (const auto& p : flat.pieces(name, slice.offset, slice.numel, padding_from))
-      targets[static_cast<std::size_t>(p.rank)].push_back({name, bytes.subspan(p.out_first * sizeof(float), p.count * sizeof(float)), DType::F32,
-                                                           manifest.find_tensor(name, p.rank)->shape, p.source_first, p.count});
-    std::fill(buf.begin() + static_cast<std::ptrdiff_t>(padding_from), buf.end(), 0.0f);
+    targets.push_back({name, DType::F32, {slice.offset}, {real}, std::as_writable_bytes(buf.first(static_cast<std::size_t>(real)))});
+    std::fill(buf.begin() + static_cast<std::ptrdiff_t>(real), buf.end(), 0.0f);
   }
-  std::vector<RankLoad> loads;
-  for (int r = 0; r < manifest.world_size; ++r)
-    if (!targets[static_cast<std::size_t>(r)].empty()) loads.push_back({r, targets[static_cast<std::size_t>(r)]});
-  load_into(checkpoint, loads, verify == Verify::none ? Verify::none : Verify::fast);
+  if (real > 0) load_slices(checkpoint, globals, targets, verify == Verify::none ? Verify::none : Verify::fast);
   st.in_place = true;
   return st;
 }

@@ -23,7 +23,7 @@ namespace {
 constexpr const char* kFile = "fuzz/step-0000000001/manifest.json";
 
 void check_invariants(const Manifest& m) {
-  require(m.schema_version == kSchemaVersion, "schema_version");
+  require(m.schema_version >= kOldestSchemaVersion && m.schema_version <= kSchemaVersion, "schema_version");
   require(m.world_size >= 1 && m.world_size <= (1 << 20), "world_size range");
   require(m.shards.size() == static_cast<std::size_t>(m.world_size), "shard count");
   require(m.chunk_size >= 4096 && m.chunk_size <= (1ull << 30) && (m.chunk_size & (m.chunk_size - 1)) == 0, "chunk_size");
