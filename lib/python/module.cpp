@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <boost/json.hpp>
 #include <condition_variable>
 #include <cstdint>
@@ -24,7 +25,9 @@
 
 #include "ckpt/core/dtype.hpp"
 #include "ckpt/core/error.hpp"
+#include "ckpt/format/manifest.hpp"
 #include "ckpt/format/safetensors.hpp"
+#include "ckpt/format/sharding.hpp"
 #include "ckpt/io/file_system.hpp"
 #include "ckpt/io/load_into.hpp"
 #include "ckpt/io/mapped.hpp"
@@ -102,14 +105,33 @@ json::object object_of(const std::string& text, const char* what) {
 // (name, dtype, shape, address, nbytes), as ckpt/_tensors.py describes a tensor.
 using TensorTuple = std::tuple<std::string, std::string, std::vector<std::uint64_t>, std::uintptr_t, std::uint64_t>;
 
-std::vector<ckpt::TensorView> views_of(const std::vector<TensorTuple>& tensors) {
+// `sharding`: "" or a JSON object name -> description, each as the manifest writes it
+// ({"slice": {...}}, {"replicated": {"holders": [...]}} or {"rank_local": true}; ckpt/__init__.py's
+// slice_of, row_slice, column_slice, replicated and rank_local make them).
+std::vector<ckpt::TensorView> views_of(const std::vector<TensorTuple>& tensors, const std::string& sharding = {}) {
   std::vector<ckpt::TensorView> out;
   out.reserve(tensors.size());
   for (const auto& [name, dtype, shape, addr, nbytes] : tensors)
     out.push_back(ckpt::TensorView{.name = name,
                                    .dtype = dtype_of(dtype),
                                    .shape = shape,
-                                   .data = {reinterpret_cast<const std::byte*>(addr), static_cast<std::size_t>(nbytes)}});
+                                   .data = {reinterpret_cast<const std::byte*>(addr), static_cast<std::size_t>(nbytes)},
+                                   .sharding = std::nullopt});
+  const json::object described = object_of(sharding, "sharding");
+  for (const auto& kv : described) {
+    const std::string name(kv.key());
+    const auto it = std::find_if(out.begin(), out.end(), [&](const ckpt::TensorView& v) { return v.name == name; });
+    if (it == out.end())
+      throw ckpt::Error(ckpt::Errc::invalid_argument, {}, "sharding names a tensor that is not saved", "one of the saved tensors", "'" + name + "'");
+    if (!kv.value().is_object())
+      throw ckpt::Error(ckpt::Errc::invalid_argument, {}, "sharding of tensor '" + name + "'", "a description (ckpt.slice_of, ckpt.replicated, ...)",
+                        json::serialize(kv.value()));
+    try {
+      it->sharding = ckpt::sharding_from_json(kv.value().as_object(), "sharding", "tensor '" + name + "'");
+    } catch (const ckpt::Error& e) {  // a bad argument here, not a bad manifest
+      throw ckpt::Error(ckpt::Errc::invalid_argument, {}, e.detail(), e.expected(), e.actual());
+    }
+  }
   return out;
 }
 
@@ -445,9 +467,9 @@ class PyCheckpointer {
 
   std::unique_ptr<Handle> save(int rank, std::uint64_t step, const std::vector<TensorTuple>& tensors, py::object keep,
                                const std::string& metadata, const std::string& training, bool deferred,
-                               double wall_clock_seconds) {
+                               double wall_clock_seconds, const std::string& sharding) {
     ckpt::Checkpointer& c = get();
-    const std::vector<ckpt::TensorView> views = views_of(tensors);
+    const std::vector<ckpt::TensorView> views = views_of(tensors, sharding);
     ckpt::SaveInfo info;
     info.metadata = object_of(metadata, "metadata");
     info.training = object_of(training, "training");
@@ -634,6 +656,14 @@ PYBIND11_MODULE(_core, m) {
     }
   });
 
+  m.def(
+      "split_range",
+      [](std::uint64_t n, int part, int parts) {
+        const ckpt::SplitRange r = ckpt::split_range(n, part, parts);
+        return std::make_pair(r.first, r.count);
+      },
+      py::arg("n"), py::arg("part"), py::arg("parts"), "numpy.array_split's rule: part `part` of n items over `parts` parts, (first, count)");
+
   py::class_<Handle>(m, "Handle")
       .def("done", &Handle::done)
       .def("staged", &Handle::staged)
@@ -659,7 +689,7 @@ PYBIND11_MODULE(_core, m) {
            py::arg("root"), py::arg("world_size"), py::arg("keep_last"), py::arg("writer"), py::arg("when_busy"),
            py::arg("durable_root"), py::arg("durable_keep_last"), py::arg("allow_older_than_latest"), py::arg("coordinator"))
       .def("save", &PyCheckpointer::save, py::arg("rank"), py::arg("step"), py::arg("tensors"), py::arg("keep"),
-           py::arg("metadata"), py::arg("training"), py::arg("deferred"), py::arg("wall_clock_seconds"))
+           py::arg("metadata"), py::arg("training"), py::arg("deferred"), py::arg("wall_clock_seconds"), py::arg("sharding") = "")
       .def("wait_all", &PyCheckpointer::wait_all)
       .def("wait_durable", &PyCheckpointer::wait_durable)
       .def("close", &PyCheckpointer::close)

@@ -25,6 +25,38 @@ from .state import rng_state, set_rng_state, state_dict_to_tensors, tensors_to_s
 __version__ = _core.__version__
 
 
+# ---- sharding descriptions (docs/format.md, "Sharded tensors") -------------------------------
+
+def slice_of(global_name, global_shape, offsets, lengths):
+    """This tensor is the box (offsets, lengths) of the global tensor `global_name` of shape
+    `global_shape` (its own shape is `lengths`)."""
+    return {"slice": {"global": str(global_name), "global_shape": [int(d) for d in global_shape],
+                      "offsets": [int(o) for o in offsets], "lengths": [int(n) for n in lengths]}}
+
+
+def row_slice(global_name, rows, cols, part, parts):
+    """Rows of part `part` of `parts` (numpy.array_split's rule) of the global [rows, cols]
+    tensor: a tensor-parallel row split."""
+    first, count = _core.split_range(int(rows), int(part), int(parts))
+    return slice_of(global_name, [rows, cols], [first, 0], [count, cols])
+
+
+def column_slice(global_name, rows, cols, part, parts):
+    """Columns of part `part` of `parts` of the global [rows, cols] tensor."""
+    first, count = _core.split_range(int(cols), int(part), int(parts))
+    return slice_of(global_name, [rows, cols], [0, first], [rows, count])
+
+
+def replicated(holders):
+    """Identical on the ranks `holders`; only the lowest holder's copy is written."""
+    return {"replicated": {"holders": sorted({int(h) for h in holders})}}
+
+
+def rank_local():
+    """Meaningful only for the rank that saves it (an RNG state, a data-loader position)."""
+    return {"rank_local": True}
+
+
 class SaveResult:
     """What a committed save reports: ``dir`` (the committed checkpoint directory), ``step``,
     ``bytes`` (this rank's shard size), ``backend`` ("io_uring" or "posix"), ``stall_s``
@@ -106,23 +138,28 @@ class Checkpointer:
                                      None if durable_root is None else str(durable_root), durable_keep_last,
                                      allow_older_than_latest, core_coord)
 
-    def save(self, rank, step, tensors, metadata=None, deferred=False, training=None):
+    def save(self, rank, step, tensors, metadata=None, deferred=False, training=None, sharding=None):
         """Saves rank's shard of checkpoint `step`: `tensors` a flat dict name -> tensor or array
         (CPU, contiguous), `metadata` a JSON-serialisable dict stored with the rank, `training`
         one stored for the whole checkpoint (rank 0's is kept). Blocks while the previous
         checkpoint is still persisting (when_busy="wait"). Without `deferred` the tensors are
         copied before this returns; with it the copy runs on ckpt's threads and the caller must
         not modify the tensors until the handle's wait_staged() returns (the handle keeps them
-        alive until then). Returns a SaveHandle. TypeError for a tensor ckpt cannot take."""
+        alive until then). `sharding`: a dict name -> description (slice_of, row_slice,
+        column_slice, replicated, rank_local) saying what a tensor is of the job's global state,
+        so that `ckpt consolidate` and `ckpt reshard` work on any layout and a replicated
+        tensor is written once, by its lowest holder. Returns a SaveHandle. TypeError for a
+        tensor ckpt cannot take; InvalidArgument for a description that cannot be right."""
         views, keep = _describe_all(tensors)
         meta = "" if metadata is None else _json.dumps(metadata, allow_nan=False)
         train = "" if training is None else _json.dumps(training, allow_nan=False)
+        shard = "" if sharding is None else _json.dumps(sharding, allow_nan=False)
         return SaveHandle(self._c.save(rank, int(step), views, keep, meta, train, bool(deferred),
-                                       _time.monotonic() - self._start))
+                                       _time.monotonic() - self._start, shard))
 
-    def save_sync(self, rank, step, tensors, metadata=None, training=None):
+    def save_sync(self, rank, step, tensors, metadata=None, training=None, sharding=None):
         """save() then wait(): returns the SaveResult once committed."""
-        return self.save(rank, step, tensors, metadata=metadata, training=training).wait()
+        return self.save(rank, step, tensors, metadata=metadata, training=training, sharding=sharding).wait()
 
     def wait_all(self):
         """Blocks until no checkpoint is in flight (does not raise save errors: handles do)."""
