@@ -2,7 +2,8 @@
 # ckpt against what users run today, on the same tensors and the same disk, interleaved:
 # each round runs ckpt-bench (sync and async io_uring saves, loads) and then bench/peers.py
 # (torch.save + fsync, torch.load, dcp.save, dcp.async_save, dcp.load, safetensors load_file and
-# safe_open), and the end prints ckpt's figures as ratios to theirs. See bench/README.md.
+# safe_open), and the end prints ckpt's figures as ratios to theirs; then bench/python_bench.py
+# measures the Python module against Debian 12's torch on the host. See bench/README.md.
 #
 #   bench/peers.sh [--size 1G] [--rounds 5] [--dir DIR] [--out DIR] [--bench PATH]
 #
@@ -123,5 +124,17 @@ for ((r = 1; r <= rounds; r++)); do
   pe+=("$inside/peers-$r.json")
 done
 "${py[@]}" "$inside/peers.py" combine --ckpt "${ck[@]}" --peers "${pe[@]}" --json "$inside/peers.json" --markdown "$inside/peers.md"
+# The Python module against Debian 12's torch on the host (a module built for this host's
+# Python cannot be imported in the Debian 13 root), same disk, appended to the table.
+pymod=$(cd "$(dirname "$bench")/.." && pwd)/python
+if [ -d "$pymod/ckpt" ] && /usr/bin/python3 -c 'import torch' >/dev/null 2>&1; then
+  mb=$(( $(numfmt --from=iec "$size") / 1048576 ))
+  PYTHONPATH=$pymod /usr/bin/python3 bench/python_bench.py --dir "$dir/python" --mb "$mb" --repeat "$rounds" --drop-caches \
+    --markdown "$dir/python.md" > "$out/python.txt"
+  cat "$dir/python.md" >> "$dir/peers.md"
+  echo "== the Python module's figures: $out/python.txt" >&2
+else
+  echo "== no Python module at $pymod (or no torch for /usr/bin/python3): its figures are left out" >&2
+fi
 cp "$dir/peers.json" "$dir/peers.md" "$dir/layout.json" "$out/"
 echo "== written: $out/peers.md, $out/peers.json" >&2

@@ -30,6 +30,11 @@ import torch
 import ckpt
 
 
+def passes(value, target):
+    op, bound = target.split()
+    return value <= float(bound) if op == "<=" else value >= float(bound)
+
+
 def timed(fn):
     t = time.perf_counter()
     out = fn()
@@ -50,6 +55,7 @@ def main(argv=None):
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--drop-caches", action="store_true")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--markdown", help="also write the tables as markdown to this file (bench/peers.sh appends it)")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     shutil.rmtree(a.dir, ignore_errors=True)
@@ -111,7 +117,25 @@ def main(argv=None):
         for k, v in med.items():
             print(f"  {k:16s} {v * 1e3:10.2f} ms  {nbytes / v / (1 << 30) if v else float('inf'):8.2f} GiB/s")
         for k, (v, target) in ratios.items():
-            print(f"  {k:24s} {v:8.2f}x  (target {target})")
+            print(f"  {'PASS' if passes(v, target) else 'FAIL'}  {k:24s} {v:8.2f}x  (target {target})")
+    if a.markdown:
+        names = {"clone": "clone() of the state (torch's cheapest isolated snapshot)",
+                 "stall_deferred": "ckpt save(deferred=True): the caller blocked",
+                 "stall_copy": "ckpt save() (copy before return): the caller blocked",
+                 "durable_ckpt": "ckpt save() to committed (fsynced, manifest, latest)",
+                 "durable_torch": "torch.save + fsync",
+                 "load_ckpt": "ckpt open_latest().load_into (verify fast)",
+                 "load_torch": "torch.load"}
+        with open(a.markdown, "w") as f:
+            f.write(f"\nThe Python module (bench/python_bench.py, Debian 12's torch {torch.__version__}, writer {backend}): "
+                    f"{a.tensors} float32 tensors, {nbytes / (1 << 30):.2f} GiB, median of {a.repeat}"
+                    f"{', page cache dropped before each load' if a.drop_caches else ''}.\n\n")
+            f.write("| python | ms | GiB/s |\n|---|---|---|\n")
+            for k, v in med.items():
+                f.write(f"| {names[k]} | {v * 1e3:.1f} | {nbytes / v / (1 << 30) if v else float('inf'):.2f} |\n")
+            f.write("\n| target | value | threshold | result |\n|---|---|---|---|\n")
+            for k, (v, target) in ratios.items():
+                f.write(f"| {k} | {v:.3f} | {target} | {'PASS' if passes(v, target) else '**FAIL**'} |\n")
     shutil.rmtree(a.dir, ignore_errors=True)
     return 0
 
