@@ -5,6 +5,8 @@ find_package(Boost 1.81 REQUIRED COMPONENTS json)
 find_package(OpenSSL 3 REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(LIBURING REQUIRED IMPORTED_TARGET liburing)
+# Reed-Solomon erasure coding of checkpoints across nodes (io/erasure.hpp): ISA-L, libisal-dev.
+pkg_check_modules(LIBISAL REQUIRED IMPORTED_TARGET libisal)
 find_path(XXHASH_INCLUDE_DIR xxhash.h REQUIRED)
 # The command-line programs (apps/, examples/) parse with CLI11, header-only (libcli11-dev).
 # Only they need it: a consumer of the installed library never does.

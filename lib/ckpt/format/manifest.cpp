@@ -130,6 +130,36 @@ json::object tensor_to_json(const TensorRecord& t) {
   return o;
 }
 
+json::object block_to_json(const RedundancyBlock& b, const Stripe* stripe) {
+  json::array chunks;
+  for (auto c : b.chunk_xxh3) chunks.emplace_back(xxh3_hex(c));
+  json::object o{{"kind", b.kind == RedundancyBlock::Kind::parity ? "parity" : "replica"}, {"node", b.node}};
+  if (b.kind == RedundancyBlock::Kind::parity) {
+    o["stripe"] = b.stripe;
+    o["index"] = b.index;
+    json::array members;
+    if (stripe)
+      for (const auto& p : stripe->data) members.emplace_back(json::array{p.node, p.index, p.offset, p.length});
+    o["members"] = std::move(members);
+  } else {
+    o["rank"] = b.rank;
+  }
+  o["path"] = b.path;
+  o["size"] = b.size;
+  o["sha256"] = b.sha256;
+  o["xxh3"] = xxh3_hex(b.xxh3);
+  o["chunk_xxh3"] = std::move(chunks);
+  return o;
+}
+
+namespace {
+std::vector<std::uint64_t> shard_sizes(const Manifest& m) {
+  std::vector<std::uint64_t> v;
+  for (const auto& s : m.shards) v.push_back(s.size);
+  return v;
+}
+}  // namespace
+
 std::string encode_manifest(const Manifest& m) {
   json::array shards;
   for (const auto& s : m.shards) shards.emplace_back(shard_to_json(s));
@@ -146,6 +176,19 @@ std::string encode_manifest(const Manifest& m) {
                  {"shards", std::move(shards)},
                  {"tensors", std::move(tensors)},
                  {"training", m.training}};
+  if (m.nodes) {
+    o["nodes"] = json::object{{"count", m.nodes->nodes},
+                              {"ranks_per_node", m.nodes->ranks_per_node},
+                              {"redundancy", redundancy_name(m.nodes->scheme)}};
+    const auto stripes = rs_stripes(*m.nodes, shard_sizes(m));
+    json::array blocks;
+    for (const auto& b : m.redundancy)
+      blocks.emplace_back(block_to_json(b, b.kind == RedundancyBlock::Kind::parity && b.stripe >= 0 &&
+                                                   static_cast<std::size_t>(b.stripe) < stripes.size()
+                                               ? &stripes[static_cast<std::size_t>(b.stripe)]
+                                               : nullptr));
+    o["redundancy_blocks"] = std::move(blocks);
+  }
   // One shard or tensor per line keeps the file readable with cat and diff.
   std::string out = "{";
   bool first = true;
@@ -300,6 +343,111 @@ void check_slices(const detail::JsonContext& c, const Manifest& m) {
   }
 }
 
+// The checksums of a file entry (a shard's or a block's).
+void decode_checksums(const detail::JsonContext& c, const json::object& so, const std::string& where, std::uint64_t size,
+                      std::uint64_t chunk_size, std::string& sha256, std::uint64_t& xxh3, std::vector<std::uint64_t>& chunk_xxh3) {
+  sha256 = std::string(detail::json_str(c, detail::json_field(c, so, "sha256", where + "."), where + ".sha256"));
+  if (sha256.size() != 64 || !is_lower_hex(sha256)) c.fail(where + ".sha256", "64 lower-case hex digits", "'" + sha256 + "'");
+  const auto xx = detail::json_str(c, detail::json_field(c, so, "xxh3", where + "."), where + ".xxh3");
+  if (!parse_xxh3_hex(xx, xxh3)) c.fail(where + ".xxh3", "16 lower-case hex digits", "'" + std::string(xx) + "'");
+  const auto& chunks = detail::json_arr(c, detail::json_field(c, so, "chunk_xxh3", where + "."), where + ".chunk_xxh3");
+  const auto nchunks = chunk_count(size, chunk_size);
+  if (chunks.size() != nchunks)
+    c.fail(where + ".chunk_xxh3", std::to_string(nchunks) + " entries (size / chunk_size)", std::to_string(chunks.size()));
+  chunk_xxh3.resize(chunks.size());
+  for (std::size_t k = 0; k < chunks.size(); ++k) {
+    const auto h = detail::json_str(c, chunks[k], where + ".chunk_xxh3");
+    if (!parse_xxh3_hex(h, chunk_xxh3[k])) c.fail(where + ".chunk_xxh3[" + std::to_string(k) + "]", "16 lower-case hex digits", "'" + std::string(h) + "'");
+  }
+}
+
+std::string describe_block(const RedundancyBlock& b) {
+  return b.kind == RedundancyBlock::Kind::parity
+             ? "parity " + std::to_string(b.index) + " of stripe " + std::to_string(b.stripe) + " on node " + std::to_string(b.node) + " ('" + b.path + "', " + std::to_string(b.size) + " bytes)"
+             : "replica of rank " + std::to_string(b.rank) + " on node " + std::to_string(b.node) + " ('" + b.path + "', " + std::to_string(b.size) + " bytes)";
+}
+
+std::string describe_members(const std::vector<StripePiece>& v) {
+  std::string out = "[";
+  for (const auto& p : v)
+    out += (out.size() > 1 ? ", " : "") + std::string("[") + std::to_string(p.node) + ", " + std::to_string(p.index) + ", " +
+           std::to_string(p.offset) + ", " + std::to_string(p.length) + "]";
+  return out + "]";
+}
+
+// "nodes" and "redundancy_blocks": a layout that holds the world size, and exactly the
+// blocks its scheme plans, each with its geometry; a replica's checksums are its shard's.
+void decode_nodes(const detail::JsonContext& c, const json::object& o, Manifest& m) {
+  const auto* nv = o.if_contains("nodes");
+  const auto* bv = o.if_contains("redundancy_blocks");
+  if (!nv) {
+    if (bv) c.fail("redundancy_blocks", "absent without \"nodes\"", "present");
+    return;
+  }
+  const json::object& no = detail::json_obj(c, *nv, "nodes");
+  NodeLayout l;
+  l.nodes = static_cast<int>(detail::json_u64(c, detail::json_field(c, no, "count", "nodes."), "nodes.count", kMaxWorldSize));
+  l.ranks_per_node =
+      static_cast<int>(detail::json_u64(c, detail::json_field(c, no, "ranks_per_node", "nodes."), "nodes.ranks_per_node", kMaxWorldSize));
+  const auto scheme_text = detail::json_str(c, detail::json_field(c, no, "redundancy", "nodes."), "nodes.redundancy");
+  const auto scheme = parse_redundancy(scheme_text);
+  if (!scheme) c.fail("nodes.redundancy", "none, replicate:F, replicate:F/J or rs:K+M", "'" + std::string(scheme_text) + "'");
+  l.scheme = *scheme;
+  if (const auto problem = layout_problem(l, m.world_size)) c.fail("nodes", "a layout for world_size " + std::to_string(m.world_size), *problem);
+  const auto sizes = shard_sizes(m);
+  auto planned = planned_blocks(l, sizes);
+  const auto stripes = rs_stripes(l, sizes);
+  const json::array empty;
+  const json::array& blocks = bv ? detail::json_arr(c, *bv, "redundancy_blocks") : empty;
+  if (blocks.size() != planned.size())
+    c.fail("redundancy_blocks", std::to_string(planned.size()) + " blocks (" + redundancy_name(l.scheme) + " over " + std::to_string(l.nodes) + " nodes)",
+           std::to_string(blocks.size()));
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    const std::string where = "redundancy_blocks[" + std::to_string(i) + "]";
+    const json::object& bo = detail::json_obj(c, blocks[i], where);
+    RedundancyBlock& want = planned[i];
+    RedundancyBlock got;
+    const auto kind = detail::json_str(c, detail::json_field(c, bo, "kind", where + "."), where + ".kind");
+    if (kind != "parity" && kind != "replica") c.fail(where + ".kind", "parity or replica", "'" + std::string(kind) + "'");
+    got.kind = kind == "parity" ? RedundancyBlock::Kind::parity : RedundancyBlock::Kind::replica;
+    got.node = static_cast<int>(detail::json_u64(c, detail::json_field(c, bo, "node", where + "."), where + ".node", kMaxWorldSize));
+    if (got.kind == RedundancyBlock::Kind::parity) {
+      got.stripe = static_cast<int>(detail::json_u64(c, detail::json_field(c, bo, "stripe", where + "."), where + ".stripe", kMaxWorldSize));
+      got.index = static_cast<int>(detail::json_u64(c, detail::json_field(c, bo, "index", where + "."), where + ".index", 255));
+    } else {
+      got.rank = static_cast<int>(detail::json_u64(c, detail::json_field(c, bo, "rank", where + "."), where + ".rank", kMaxWorldSize));
+    }
+    got.path = std::string(detail::json_str(c, detail::json_field(c, bo, "path", where + "."), where + ".path"));
+    if (!is_plain_file_name(got.path))
+      throw Error(Errc::unsafe_path, std::string(c.file), where + ".path", "a plain file name inside the checkpoint directory", "'" + got.path + "'");
+    got.size = detail::json_u64(c, detail::json_field(c, bo, "size", where + "."), where + ".size", kMaxFileSize);
+    if (got.kind != want.kind || got.node != want.node || got.stripe != want.stripe || got.index != want.index || got.rank != want.rank ||
+        got.path != want.path || got.size != want.size)
+      c.fail(where, describe_block(want), describe_block(got));
+    if (got.kind == RedundancyBlock::Kind::parity) {
+      const auto& ma = detail::json_arr(c, detail::json_field(c, bo, "members", where + "."), where + ".members");
+      std::vector<StripePiece> members;
+      for (std::size_t j = 0; j < ma.size() && j <= 255; ++j) {
+        const auto& e = detail::json_arr(c, ma[j], where + ".members[" + std::to_string(j) + "]");
+        if (e.size() != 4) c.fail(where + ".members[" + std::to_string(j) + "]", "[node, piece, offset, length]", std::to_string(e.size()) + " entries");
+        members.push_back({static_cast<int>(detail::json_u64(c, e[0], where + ".members", kMaxWorldSize)),
+                           static_cast<int>(detail::json_u64(c, e[1], where + ".members", 255)), detail::json_u64(c, e[2], where + ".members"),
+                           detail::json_u64(c, e[3], where + ".members")});
+      }
+      const auto& geometry = stripes[static_cast<std::size_t>(got.stripe)].data;
+      if (members != geometry) c.fail(where + ".members", describe_members(geometry) + " (the stripe geometry of the shard sizes)", describe_members(members));
+    }
+    decode_checksums(c, bo, where, got.size, m.chunk_size, got.sha256, got.xxh3, got.chunk_xxh3);
+    if (got.kind == RedundancyBlock::Kind::replica) {
+      const ShardRecord& s = m.shards[static_cast<std::size_t>(got.rank)];
+      if (got.sha256 != s.sha256 || got.xxh3 != s.xxh3 || got.chunk_xxh3 != s.chunk_xxh3)
+        c.fail(where, "the checksums of rank " + std::to_string(got.rank) + "'s shard (sha256 " + s.sha256 + ")", "sha256 " + got.sha256);
+    }
+    m.redundancy.push_back(std::move(got));
+  }
+  m.nodes = l;
+}
+
 // The field checks, on a document parse_manifest_json bounded.
 Manifest decode_manifest_value(const json::value& root, std::string_view file) {
   const detail::JsonContext c{Errc::malformed_manifest, file};
@@ -350,19 +498,7 @@ Manifest decode_manifest_value(const json::value& root, std::string_view file) {
       throw Error(Errc::unsafe_path, std::string(file), where + ".path", "a plain file name inside the checkpoint directory",
                   "'" + s.path + "'");
     s.size = detail::json_u64(c, detail::json_field(c, so, "size", where + "."), where + ".size", kMaxFileSize);
-    s.sha256 = std::string(detail::json_str(c, detail::json_field(c, so, "sha256", where + "."), where + ".sha256"));
-    if (s.sha256.size() != 64 || !is_lower_hex(s.sha256)) c.fail(where + ".sha256", "64 lower-case hex digits", "'" + s.sha256 + "'");
-    const auto xx = detail::json_str(c, detail::json_field(c, so, "xxh3", where + "."), where + ".xxh3");
-    if (!parse_xxh3_hex(xx, s.xxh3)) c.fail(where + ".xxh3", "16 lower-case hex digits", "'" + std::string(xx) + "'");
-    const auto& chunks = detail::json_arr(c, detail::json_field(c, so, "chunk_xxh3", where + "."), where + ".chunk_xxh3");
-    const auto nchunks = chunk_count(s.size, m.chunk_size);
-    if (chunks.size() != nchunks)
-      c.fail(where + ".chunk_xxh3", std::to_string(nchunks) + " entries (size / chunk_size)", std::to_string(chunks.size()));
-    s.chunk_xxh3.resize(chunks.size());
-    for (std::size_t k = 0; k < chunks.size(); ++k) {
-      const auto h = detail::json_str(c, chunks[k], where + ".chunk_xxh3");
-      if (!parse_xxh3_hex(h, s.chunk_xxh3[k])) c.fail(where + ".chunk_xxh3[" + std::to_string(k) + "]", "16 lower-case hex digits", "'" + std::string(h) + "'");
-    }
+    decode_checksums(c, so, where, s.size, m.chunk_size, s.sha256, s.xxh3, s.chunk_xxh3);
     s.param_shard_offset = detail::json_u64(c, detail::json_field(c, so, "param_shard_offset", where + "."), where + ".param_shard_offset");
     s.param_shard_numel = detail::json_u64(c, detail::json_field(c, so, "param_shard_numel", where + "."), where + ".param_shard_numel");
     std::uint64_t end;
@@ -414,6 +550,7 @@ Manifest decode_manifest_value(const json::value& root, std::string_view file) {
           c.fail("tensors", "unique names per rank (a replicated tensor counts on each holder)",
                  "'" + t.name + "' repeated on rank " + std::to_string(t.sharding->holders[k]));
   check_slices(c, m);
+  decode_nodes(c, o, m);
   return m;
 }
 

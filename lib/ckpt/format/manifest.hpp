@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ckpt/core/dtype.hpp"
+#include "ckpt/format/redundancy.hpp"
 #include "ckpt/format/sharding.hpp"
 
 namespace ckpt {
@@ -61,6 +62,11 @@ struct Manifest {
   std::vector<ShardRecord> shards;    ///< sorted by rank, exactly world_size entries
   std::vector<TensorRecord> tensors;  ///< the tensor index
   boost::json::object training;       ///< free-form: LR schedule, config, ...
+  /// Set: the checkpoint spans node roots (format/redundancy.hpp): shard r lives in the
+  /// checkpoint directory of node nodes->node_of(r), and `redundancy` lists every block of
+  /// nodes->scheme, in planned_blocks' order. Unset: one directory holds every shard.
+  std::optional<NodeLayout> nodes;
+  std::vector<RedundancyBlock> redundancy;
 
   /// The shard record of `rank`. Errc::invalid_argument naming manifest.json for a rank
   /// outside 0..shards.size()-1.
@@ -90,7 +96,11 @@ struct ShardReport {
 /// reports out of rank order, or a report hashed with another chunk length than `chunk_size`.
 Manifest assemble_manifest(std::uint64_t step, std::uint64_t chunk_size, std::vector<ShardReport> reports);
 
-/// The JSON objects encode_manifest writes for one shard entry and one tensor index entry.
+/// The JSON objects encode_manifest writes for one shard entry, one tensor index entry and
+/// one redundancy block.
+/// `stripe`: a parity block's stripe (its members are written out for an independent
+/// decoder); null for a replica.
+boost::json::object block_to_json(const RedundancyBlock& b, const Stripe* stripe);
 boost::json::object shard_to_json(const ShardRecord& s);
 boost::json::object tensor_to_json(const TensorRecord& t);
 /// The sharding field of a tensor entry: {"slice": {...}}, {"replicated": {...}} or
@@ -118,8 +128,10 @@ using ManifestTextSource = std::function<std::string_view(std::uint64_t offset)>
 /// JSON, a limit crossed, a bad field; schema 2: a sharding description that is malformed,
 /// replicated holders that do not include the entry's rank as the lowest, or the slices of
 /// a global tensor that do not tile it exactly, or disagree on its dtype or shape, the error
-/// naming the global tensor and the ranks), each naming the file, field, expected and actual
-/// value. Thread-safe (nothing shared but a counter).
+/// naming the global tensor and the ranks; a node layout that cannot hold the world size,
+/// redundancy blocks other than the ones its scheme plans (kind, node, stripe, piece
+/// geometry, name, size, in order), a replica whose checksums differ from its shard's),
+/// each naming the file, field, expected and actual value. Thread-safe (nothing shared but a counter).
 Manifest decode_manifest(std::string_view text, std::string_view file);
 /// The same for `size` bytes of text from `source`, of which it never holds more than one
 /// piece at a time; `source` is read twice (manifest_limits.hpp: scan, then parse).

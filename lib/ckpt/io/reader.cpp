@@ -163,34 +163,57 @@ std::shared_ptr<const Manifest> read_manifest(FileSystem& fs, const std::string&
 }
 }  // namespace
 
-CheckpointReader CheckpointReader::open(FileSystem& fs, const std::string& dir, std::optional<int> expected_world_size) {
+namespace {
+std::shared_ptr<const Manifest> open_manifest(FileSystem& fs, const std::string& dir) {
   refuse_symlinked_dir(fs, dir);
   const std::string mpath = join_path(dir, kManifestName);
-  std::shared_ptr<const Manifest> manifest;
   try {
     // A manifest within the limits can still need more memory than there is: the failure
     // names the manifest, not just std::bad_alloc.
-    manifest = with_typed_errors(mpath, [&] { return read_manifest(fs, mpath); });
+    return with_typed_errors(mpath, [&] { return read_manifest(fs, mpath); });
   } catch (const Error& e) {
     if (e.code() == Errc::not_found)
       throw Error(Errc::not_found, mpath, "no manifest: not a complete checkpoint", "manifest.json present", "missing");
     throw;
   }
+}
+
+std::string_view last_component(std::string_view p) {
+  while (p.size() > 1 && p.back() == '/') p.remove_suffix(1);
+  if (const auto slash = p.rfind('/'); slash != std::string_view::npos) p.remove_prefix(slash + 1);
+  return p;
+}
+
+std::string parent_dir(std::string_view p) {
+  while (p.size() > 1 && p.back() == '/') p.remove_suffix(1);
+  const auto slash = p.rfind('/');
+  if (slash == std::string_view::npos) return ".";
+  return slash == 0 ? "/" : std::string(p.substr(0, slash));
+}
+}  // namespace
+
+CheckpointReader CheckpointReader::checked(FileSystem& fs, std::string dir, std::shared_ptr<const Manifest> manifest,
+                                           std::vector<std::string> node_dirs, std::optional<int> expected_world_size) {
   const Manifest& m = *manifest;
+  const std::string mpath = join_path(dir, kManifestName);
   // The directory name is the step the commit gave it (docs/format.md): a manifest that says
   // otherwise was moved, copied or edited, and must not pass for this step.
-  std::string_view base = dir;
-  while (base.size() > 1 && base.back() == '/') base.remove_suffix(1);
-  if (const auto slash = base.rfind('/'); slash != std::string_view::npos) base.remove_prefix(slash + 1);
-  if (const auto dir_step = parse_checkpoint_dir_name(base); dir_step && *dir_step != m.step)
+  if (const auto dir_step = parse_checkpoint_dir_name(last_component(dir)); dir_step && *dir_step != m.step)
     throw Error(Errc::malformed_manifest, mpath, "step", std::to_string(*dir_step) + " (the directory's)", std::to_string(m.step));
   if (expected_world_size && *expected_world_size != m.world_size)
     throw Error(Errc::world_size_mismatch, mpath,
                 "checkpoint written at world size " + std::to_string(m.world_size) + ", loading at world size " +
                     std::to_string(*expected_world_size) + " (reshard to change the world size)",
                 std::to_string(*expected_world_size), std::to_string(m.world_size));
+  std::vector<std::string> shard_dirs;
+  if (m.nodes) {
+    if (node_dirs.size() != static_cast<std::size_t>(m.nodes->nodes))
+      throw Error(Errc::malformed_manifest, mpath, "nodes.count (the node roots the checkpoint spans)", std::to_string(node_dirs.size()),
+                  std::to_string(m.nodes->nodes));
+    for (const auto& s : m.shards) shard_dirs.push_back(node_dirs[static_cast<std::size_t>(m.nodes->node_of(s.rank))]);
+  }
   for (const auto& s : m.shards) {
-    const std::string path = join_path(dir, s.path);
+    const std::string path = join_path(shard_dirs.empty() ? dir : shard_dirs[static_cast<std::size_t>(s.rank)], s.path);
     const auto st = fs.stat(path);
     if (!st)
       throw Error(Errc::missing_shard, path, "shard of rank " + std::to_string(s.rank) + " listed in the manifest", "present",
@@ -199,10 +222,48 @@ CheckpointReader CheckpointReader::open(FileSystem& fs, const std::string& dir, 
     if (st->type != EntryType::file) throw Error(Errc::unsafe_path, path, "shard is not a regular file", "regular file", "other");
     check_size(s.size, st->size, "shard size", path);
   }
-  return CheckpointReader(fs, dir, std::move(manifest));
+  return CheckpointReader(fs, std::move(dir), std::move(manifest), std::move(shard_dirs));
 }
 
-std::string CheckpointReader::shard_path(int rank) const { return join_path(dir_, manifest_.shard(rank).path); }
+CheckpointReader CheckpointReader::open(FileSystem& fs, const std::string& dir, std::optional<int> expected_world_size) {
+  auto manifest = open_manifest(fs, dir);
+  std::vector<std::string> node_dirs;
+  if (manifest->nodes) {
+    // DIR/node-n/step-N: the other nodes' directories are DIR/node-k/step-N.
+    const std::string node_root = parent_dir(dir);
+    const std::string set = parent_dir(node_root);
+    const std::string name(last_component(dir));
+    if (last_component(node_root).starts_with("node-"))
+      for (int n = 0; n < manifest->nodes->nodes; ++n) node_dirs.push_back(join_path(join_path(set, "node-" + std::to_string(n)), name));
+    else
+      for (int n = 0; n < manifest->nodes->nodes; ++n) node_dirs.push_back(dir);
+  }
+  return checked(fs, dir, std::move(manifest), std::move(node_dirs), expected_world_size);
+}
+
+CheckpointReader CheckpointReader::open_nodes(FileSystem& fs, std::span<const std::string> node_dirs, std::optional<int> expected_world_size) {
+  if (node_dirs.empty()) throw Error(Errc::invalid_argument, {}, "open_nodes: node directories", "at least one", "none");
+  std::optional<Error> first;
+  for (const auto& d : node_dirs) {
+    try {
+      auto manifest = open_manifest(fs, d);
+      if (!manifest->nodes)
+        throw Error(Errc::malformed_manifest, join_path(d, kManifestName), "nodes", "a checkpoint across " + std::to_string(node_dirs.size()) + " node roots",
+                    "a checkpoint of one root");
+      return checked(fs, d, std::move(manifest), std::vector<std::string>(node_dirs.begin(), node_dirs.end()), expected_world_size);
+    } catch (const Error& e) {
+      // Only the manifest decides the node to read it from; a shard problem is the checkpoint's.
+      if (e.file() != join_path(d, kManifestName) && e.code() != Errc::unsafe_path) throw;
+      if (e.code() == Errc::world_size_mismatch) throw;
+      if (!first) first = e;
+    }
+  }
+  throw *first;
+}
+
+std::string CheckpointReader::shard_path(int rank) const {
+  return join_path(shard_dirs_.empty() ? dir_ : shard_dirs_.at(static_cast<std::size_t>(manifest_.shard(rank).rank)), manifest_.shard(rank).path);
+}
 
 void CheckpointReader::read_verified(int rank, Verify mode, std::span<std::byte> out, const ProgressFn& progress,
                                      std::uint64_t done_before, std::uint64_t total, const ChunkSink& sink) const {

@@ -73,7 +73,17 @@ class CheckpointReader {
   /// of the same manifest file (same file system, path, device, inode, size and mtime) share
   /// one decoded Manifest, and threads opening it at once wait for the one decode.
   /// Thread-safe.
+  ///
+  /// A checkpoint across node roots (Manifest::nodes) opened through one node's directory
+  /// DIR/node-n/step-N finds each shard in its own node's DIR/node-k/step-N (open_nodes).
   static CheckpointReader open(FileSystem& fs, const std::string& dir, std::optional<int> expected_world_size = {});
+  /// A checkpoint across node roots: node_dirs[n] is node n's checkpoint directory
+  /// (ROOT_n/step-N). The manifest is read from the first node directory whose manifest
+  /// opens (they are identical; a node lost or a manifest damaged on one node does not
+  /// matter), and must name node_dirs.size() nodes (Errc::malformed_manifest otherwise);
+  /// then every shard is checked in its node's directory as open() checks them. Throws the
+  /// first node's manifest error when none opens.
+  static CheckpointReader open_nodes(FileSystem& fs, std::span<const std::string> node_dirs, std::optional<int> expected_world_size = {});
 
   const Manifest& manifest() const noexcept { return manifest_; }
   const std::string& dir() const noexcept { return dir_; }
@@ -113,8 +123,10 @@ class CheckpointReader {
   FileSystem& file_system() const noexcept { return *fs_; }
 
  private:
-  CheckpointReader(FileSystem& fs, std::string dir, std::shared_ptr<const Manifest> m)
-      : fs_(&fs), dir_(std::move(dir)), manifest_owner_(std::move(m)), manifest_(*manifest_owner_) {}
+  CheckpointReader(FileSystem& fs, std::string dir, std::shared_ptr<const Manifest> m, std::vector<std::string> shard_dirs = {})
+      : fs_(&fs), dir_(std::move(dir)), shard_dirs_(std::move(shard_dirs)), manifest_owner_(std::move(m)), manifest_(*manifest_owner_) {}
+  static CheckpointReader checked(FileSystem& fs, std::string dir, std::shared_ptr<const Manifest> manifest,
+                                  std::vector<std::string> node_dirs, std::optional<int> expected_world_size);
   void read_verified(int rank, Verify mode, std::span<std::byte> out, const ProgressFn& progress,
                      std::uint64_t done_before, std::uint64_t total, const ChunkSink& sink = {}) const;
   void check_header(int rank, std::span<const std::byte> file, LoadedShard* out) const;
@@ -123,6 +135,7 @@ class CheckpointReader {
 
   FileSystem* fs_;
   std::string dir_;
+  std::vector<std::string> shard_dirs_;  // per rank, for a checkpoint across node roots; empty: dir_
   // The decoded manifest, shared with the other readers of the same file (open()'s cache);
   // manifest_ names what manifest_owner_ keeps alive (a copy or move keeps both).
   std::shared_ptr<const Manifest> manifest_owner_;

@@ -1,0 +1,161 @@
+// The order of the calls below is the protocol of node_commit.hpp; do not reorder.
+#include "ckpt/io/node_commit.hpp"
+
+#include <exception>
+
+#include "ckpt/core/error.hpp"
+#include "ckpt/core/log.hpp"
+#include "ckpt/io/detail/small_file.hpp"
+#include "ckpt/io/layout.hpp"
+#include "ckpt/io/reader.hpp"
+
+namespace ckpt {
+
+std::vector<std::string> node_root_paths(const std::string& dir, int nodes) {
+  if (nodes < 1) throw Error(Errc::invalid_argument, dir, "node count", "at least 1", std::to_string(nodes));
+  std::vector<std::string> out;
+  for (int n = 0; n < nodes; ++n) out.push_back(join_path(dir, "node-" + std::to_string(n)));
+  return out;
+}
+
+bool is_node_set(FileSystem& fs, const std::string& dir) {
+  const auto st = fs.stat(join_path(dir, "node-0"));
+  return st && st->type == EntryType::directory && !fs.stat(join_path(dir, kLatestName));
+}
+
+int count_node_roots(FileSystem& fs, const std::string& dir) {
+  if (!is_node_set(fs, dir)) return 0;
+  int n = 0;
+  for (const auto& e : fs.list_dir(dir))
+    if (e.type == EntryType::directory && e.name.starts_with("node-")) {
+      const std::string digits = e.name.substr(5);
+      if (digits.empty() || digits.size() > 6 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+      n = std::max(n, std::stoi(digits) + 1);
+    }
+  return n;
+}
+
+namespace {
+std::optional<std::uint64_t> latest_step(FileSystem& fs, const std::string& root) {
+  try {
+    if (!fs.stat(root)) return std::nullopt;
+    if (const auto name = read_latest(fs, root)) return parse_checkpoint_dir_name(*name);
+  } catch (const Error&) {
+  }
+  return std::nullopt;
+}
+}  // namespace
+
+std::optional<std::string> read_latest_nodes(FileSystem& fs, std::span<const std::string> roots) {
+  std::optional<std::uint64_t> newest;
+  for (const auto& r : roots)
+    if (const auto s = latest_step(fs, r); s && (!newest || *s > *newest)) newest = s;
+  if (!newest) return std::nullopt;
+  return checkpoint_dir_name(*newest);
+}
+
+std::vector<std::string> prepare_node_roots(FileSystem& fs, std::span<const RootLock> locks) {
+  std::vector<std::string> roots;
+  for (const auto& l : locks) roots.push_back(l.root());
+  if (const auto newest = read_latest_nodes(fs, roots)) {
+    const auto step = parse_checkpoint_dir_name(*newest);
+    for (const auto& r : roots) {
+      const auto mine = latest_step(fs, r);
+      if (mine && *mine >= *step) continue;
+      const auto st = fs.stat(join_path(r, *newest));
+      if (!st || st->type != EntryType::directory) continue;
+      log_line(r + ": latest moved forward to " + *newest + " (a commit across nodes was cut between its latest updates)");
+      write_latest(fs, r, *newest);
+    }
+  }
+  std::vector<std::string> removed;
+  for (std::size_t n = 0; n < locks.size(); ++n)
+    for (auto& name : prepare_root(fs, locks[n])) removed.push_back("node-" + std::to_string(n) + "/" + name);
+  return removed;
+}
+
+std::vector<std::string> begin_node_checkpoint(FileSystem& fs, std::span<const std::string> roots, std::uint64_t step,
+                                               const BeginOptions& options) {
+  std::vector<std::string> temps;
+  try {
+    for (const auto& r : roots) temps.push_back(begin_checkpoint(fs, r, step, options));
+  } catch (...) {
+    abort_node_checkpoint(fs, roots.first(temps.size()), temps);
+    throw;
+  }
+  return temps;
+}
+
+std::string commit_node_checkpoint(FileSystem& fs, std::span<const std::string> roots, std::span<const std::string> temps,
+                                   const Manifest& manifest) {
+  if (!manifest.nodes || static_cast<std::size_t>(manifest.nodes->nodes) != roots.size() || temps.size() != roots.size())
+    throw Error(Errc::invalid_argument, roots.empty() ? std::string() : roots.front(), "commit across nodes: node roots and temporaries",
+                std::to_string(manifest.nodes ? manifest.nodes->nodes : 0) + " of each (the manifest's node count)",
+                std::to_string(roots.size()) + " roots, " + std::to_string(temps.size()) + " temporaries");
+  const std::string name = checkpoint_dir_name(manifest.step);
+  const std::string text = encode_manifest(manifest);
+  decode_manifest(text, join_path(temps[0], kManifestName));  // never commit what the loader refuses
+  for (std::size_t n = 0; n < roots.size(); ++n) {
+    detail::write_small_file(fs, join_path(temps[n], kManifestName), text);  // a
+    fs.sync_dir(temps[n]);                                                   // b
+  }
+  std::size_t renamed = 0;
+  std::size_t latest_moved = 0;
+  try {
+    for (; renamed < roots.size(); ++renamed) {
+      const std::string final_dir = join_path(roots[renamed], name);
+      if (fs.stat(final_dir))
+        throw Error(Errc::invalid_argument, final_dir, "checkpoint for step " + std::to_string(manifest.step) + " already exists");
+      fs.rename(temps[renamed], final_dir);  // c
+    }
+    for (const auto& r : roots) fs.sync_dir(r);  // d
+    for (; latest_moved < roots.size(); ++latest_moved) write_latest(fs, roots[latest_moved], name);  // e, f, g
+  } catch (...) {
+    const auto error = std::current_exception();
+    bool committed = latest_moved > 0;
+    if (!committed && renamed == roots.size()) {
+      // write_latest may have replaced node 0's `latest` and failed in its fsync.
+      try {
+        committed = read_latest(fs, roots[0]) == name;
+      } catch (...) {
+      }
+    }
+    if (committed) {
+      for (std::size_t n = latest_moved + 1; n < roots.size(); ++n) try {
+          write_latest(fs, roots[n], name);
+        } catch (...) {
+        }
+    } else {
+      for (std::size_t n = 0; n < renamed; ++n) try {
+          fs.rename(join_path(roots[n], name), temps[n]);
+        } catch (...) {
+        }
+    }
+    std::rethrow_exception(error);
+  }
+  return join_path(roots[0], name);
+}
+
+void abort_node_checkpoint(FileSystem& fs, std::span<const std::string> roots, std::span<const std::string> temps) noexcept {
+  for (std::size_t n = 0; n < temps.size() && n < roots.size(); ++n)
+    if (!temps[n].empty()) abort_checkpoint(fs, roots[n], temps[n]);
+}
+
+std::vector<std::string> rotate_node_checkpoints(FileSystem& fs, std::span<const std::string> roots, int keep_last,
+                                                 const std::string& committed, const std::function<bool(const std::string&)>& keep) {
+  std::vector<std::string> first;
+  std::exception_ptr error;
+  for (const auto& r : roots) {
+    try {
+      if (!fs.stat(r)) continue;
+      auto removed = rotate_checkpoints(fs, r, keep_last, committed, keep);
+      if (first.empty()) first = std::move(removed);
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+  return first;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,82 @@
+// The commit protocol across node roots (docs/commit-protocol.md, "Across nodes"): one
+// checkpoint, one step, on every node's root, committed as one. Each node root is a root as
+// in io/commit.hpp (its own lock, temporaries, `latest`); what changes is the order:
+//
+//   1. begin: the temporary directory on every node root (begin_checkpoint on each);
+//   2. every shard and redundancy block is written, fsynced and closed in its node's temporary;
+//   3. commit, once all of them are durable:
+//      a-b. on every node: manifest.json (the same bytes everywhere) written and fsynced, the
+//           temporary directory fsynced;
+//      c-d. on every node: rename .tmp-step-N-... -> step-N, fsync the node root;
+//      e-g. on every node, only once every rename is durable: `latest` replaced (as in
+//           io/commit.hpp) and the node root fsynced.
+//   A checkpoint is committed once any node's `latest` names it: every node holds it then
+//   under its final name. A crash before the first `latest` moves leaves the previous
+//   checkpoint live on every node (the next prepare_node_roots removes the new step's
+//   directories and temporaries); a crash between the `latest` updates leaves some nodes
+//   naming the new step and some the previous one: prepare_node_roots moves the others
+//   forward (the new step is complete on every node, since every rename came first), and the
+//   reader takes the newest step any node's `latest` names.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ckpt/format/manifest.hpp"
+#include "ckpt/io/commit.hpp"
+#include "ckpt/io/file_system.hpp"
+#include "ckpt/io/root_lock.hpp"
+
+namespace ckpt {
+
+/// Node n's root under `dir`: DIR/node-n, for n in 0..nodes-1.
+std::vector<std::string> node_root_paths(const std::string& dir, int nodes);
+/// True if `dir` holds node roots (DIR/node-0 is a directory) and no `latest` of its own.
+bool is_node_set(FileSystem& fs, const std::string& dir);
+/// The number of node roots under `dir` (node-0, node-1, ... up to the first gap in the
+/// names that the manifest does not explain: callers read the manifest's count instead when
+/// they have one). 0 when `dir` is not a node set.
+int count_node_roots(FileSystem& fs, const std::string& dir);
+
+/// The newest checkpoint any node root's `latest` names ("step-0000000010"), or nullopt if
+/// no node root has a readable `latest` naming a checkpoint. A missing node root counts as
+/// one without `latest` (a lost node).
+std::optional<std::string> read_latest_nodes(FileSystem& fs, std::span<const std::string> roots);
+
+/// Crash cleanup across node roots, holding every root's lock (`locks`, in node order):
+/// first, each node root whose `latest` names an older step than the newest one named on
+/// any node, but which holds that newer step's directory, gets its `latest` moved forward
+/// (a crash between the `latest` updates of a commit); then prepare_root on each. Returns the
+/// names removed, "node-n/NAME". Throws what prepare_root throws.
+std::vector<std::string> prepare_node_roots(FileSystem& fs, std::span<const RootLock> locks);
+
+/// Step 1 on every node root: the temporary directories, in node order. On a failure the
+/// ones already made are removed and the error is rethrown.
+std::vector<std::string> begin_node_checkpoint(FileSystem& fs, std::span<const std::string> roots, std::uint64_t step,
+                                               const BeginOptions& options = {});
+
+/// Step 3 across node roots, in the order above. `temps` as begin_node_checkpoint returned
+/// them; the manifest must carry the node layout (Manifest::nodes) with roots.size() nodes.
+/// Returns node 0's checkpoint directory. A failure before any `latest` names the new step
+/// renames every committed directory back to its temporary name (abort_node_checkpoint then
+/// removes them) and rethrows; a failure after one has is rethrown too, with the other
+/// nodes' `latest` moved on a best-effort basis (the checkpoint is committed).
+std::string commit_node_checkpoint(FileSystem& fs, std::span<const std::string> roots, std::span<const std::string> temps,
+                                   const Manifest& manifest);
+
+/// Best effort removal of every node's temporary directory of a failed checkpoint (empty
+/// names are skipped). Never throws.
+void abort_node_checkpoint(FileSystem& fs, std::span<const std::string> roots, std::span<const std::string> temps) noexcept;
+
+/// Rotation on every node root (rotate_checkpoints on each, the same names everywhere); a
+/// missing node root is skipped. Returns the names removed on node 0 (or the first node
+/// that removed any); throws the first failure after trying every node.
+std::vector<std::string> rotate_node_checkpoints(FileSystem& fs, std::span<const std::string> roots, int keep_last,
+                                                 const std::string& committed,
+                                                 const std::function<bool(const std::string&)>& keep = {});
+
+}  // namespace ckpt
