@@ -31,7 +31,10 @@
 #endif
 #include "ckpt/io/commit.hpp"
 #include "ckpt/io/layout.hpp"
+#include "ckpt/io/node_commit.hpp"
 #include "ckpt/io/reader.hpp"
+#include "ckpt/io/redundancy_io.hpp"
+#include "ckpt/io/root_lock.hpp"
 #include "ckpt/io/tiers.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
 #include "ckpt/runtime/preemption.hpp"
@@ -76,7 +79,8 @@ Checks (exit 1 if any fails; exit 2 on a usage error):
   (h) with --durable-dir: the durable tier's `latest` names the local tier's, and every
       checkpoint in the durable tier verifies (full SHA-256) and carries its copy record
 A fresh run also shows, on scratch copies, the loader refusing a resume at twice the world
-size, a missing shard and a truncated shard.
+size, a missing shard and a truncated shard (with --nodes and redundancy: a lost node rebuilt,
+and more lost nodes than the scheme survives refused).
 
 A failed save does not stop training: it is reported at the step that notices it, counted
 (consecutive_save_failures in --metrics, 0 again after a commit) and logged, and the next
@@ -94,6 +98,8 @@ Exit status:
 struct Options {
   std::optional<std::string> dir, durable_dir;
   int keep_durable = 10;
+  int nodes = 0;  // --nodes: node n's local root is DIR/node-n (0: DIR is the one root)
+  RedundancyScheme redundancy{};
   bool mpi = false;
   bool world_given = false;
   int world = 4;
@@ -140,6 +146,17 @@ Options parse(int argc, char** argv) {
                  "else DIR's, and says which tier it used")
       ->option_text("DIR");
   add_int_option(app, "--keep-durable", o.keep_durable, 0, 1 << 20, "K", "keep the last K checkpoints in the durable tier (default 10)");
+  std::string redundancy;
+  auto* nodes = add_int_option(app, "--nodes", o.nodes, 1, 1 << 16, "N",
+                               "group the ranks evenly into N nodes, node n's local root DIR/node-n;\n"
+                               "each checkpoint is committed across every node root, and a resume\n"
+                               "rebuilds what a lost node held from the redundancy (see --redundancy)");
+  app.add_option("--redundancy", redundancy,
+                 "with --nodes: none, replicate:F (each node's shards also on F-1 other\n"
+                 "nodes) or rs:K+M (Reed-Solomon parity: any M lost nodes are rebuilt);\n"
+                 "default none")
+      ->option_text("SCHEME")
+      ->needs(nodes);
   app.add_option("--backend", backend,
                  "threads (default): the ranks are threads of this process; mpi: run under\n"
                  "`mpirun -np N`, one rank per process (the world size is N)")
@@ -240,6 +257,11 @@ Options parse(int argc, char** argv) {
                  "seed of parameters, corpus and per-rank RNG (default 1234)");
   if (const auto rc = cli::parse(app, argc, argv)) std::exit(*rc);
 
+  if (!redundancy.empty()) {
+    const auto scheme = parse_redundancy(redundancy);
+    if (!scheme) usage("--redundancy: expected none, replicate:F, replicate:F/J or rs:K+M, got '" + redundancy + "'");
+    o.redundancy = *scheme;
+  }
   o.resume = resume->count() > 0;
   o.resume_auto = resume_mode == "auto";
   o.mpi = backend == "mpi";
@@ -251,6 +273,13 @@ Options parse(int argc, char** argv) {
 #endif
   if (o.durable_dir && o.dir && fs::weakly_canonical(*o.durable_dir) == fs::weakly_canonical(*o.dir))
     usage("--durable-dir must differ from --dir");
+  if (o.nodes > 0) {
+    if (o.mpi) usage("--nodes runs with --backend threads (every shard of a stripe in one process)");
+    if (o.world % o.nodes != 0)
+      usage("--nodes " + std::to_string(o.nodes) + " must divide the world size " + std::to_string(o.world) + " (ranks split evenly)");
+    const NodeLayout layout{o.nodes, o.world / o.nodes, o.redundancy};
+    if (const auto problem = layout_problem(layout, o.world)) usage("--nodes/--redundancy: " + *problem);
+  }
   if (o.inject_spike && *o.inject_spike <= o.save_every)
     usage("--inject-spike must come after the first save (step > --save-every), so there is a checkpoint to roll back to");
   if (o.world % o.train.tensor_parallel != 0 || o.train.model.heads % o.train.tensor_parallel != 0)
@@ -480,6 +509,7 @@ RunRecord run(const Options& o, const std::string& root, bool resume, bool saves
     opt.max_consecutive_failures = o.max_consecutive_failures;
     opt.staging = o.deferred_staging ? Staging::deferred : Staging::copy;
     if (o.durable_dir) opt.durable = DurableTierOptions{.root = *o.durable_dir, .keep_last = o.keep_durable};
+    if (o.nodes > 0) opt.nodes = NodeOptions{.ranks_per_node = o.world / o.nodes, .redundancy = o.redundancy};
     // A tiered resume may continue from the durable tier, older than what the local `latest`
     // names when that one is corrupt: its saves may then move `latest` back (logged).
     opt.allow_older_than_latest = resume && o.durable_dir;
@@ -568,14 +598,62 @@ std::string fmt_bytes(std::uint64_t b) {
 // the resume itself).
 bool has_latest(const std::string& root) {
   std::error_code ec;
-  return fs::symlink_status(fs::path(root) / kLatestName, ec).type() != fs::file_type::not_found && !ec;
+  if (fs::symlink_status(fs::path(root) / kLatestName, ec).type() != fs::file_type::not_found && !ec) return true;
+  // A node set: any node root's `latest`.
+  const int nodes = count_node_roots(posix_file_system(), root);
+  for (int n = 0; n < nodes; ++n)
+    if (fs::symlink_status(fs::path(root) / ("node-" + std::to_string(n)) / kLatestName, ec).type() != fs::file_type::not_found && !ec)
+      return true;
+  return false;
+}
+
+// Where checkpoint `name` of `root` keeps its manifest: ROOT/name, or node 0's copy of it.
+std::string manifest_dir(const std::string& root, const std::string& name) {
+  const std::string plain = join_path(root, name);
+  if (fs::exists(fs::path(plain) / kManifestName)) return plain;
+  const int nodes = count_node_roots(posix_file_system(), root);
+  for (int n = 0; n < nodes; ++n) {
+    const std::string d = join_path(join_path(root, "node-" + std::to_string(n)), name);
+    if (fs::exists(fs::path(d) / kManifestName)) return d;
+  }
+  return plain;
 }
 
 void copy_to_scratch(const std::string& from_root, const std::string& name, const fs::path& to_root) {
   fs::remove_all(to_root);
   fs::create_directories(to_root);
-  fs::copy(fs::path(from_root) / name, to_root / name, fs::copy_options::recursive);
-  write_latest(posix_file_system(), to_root.string(), name);
+  const int nodes = count_node_roots(posix_file_system(), from_root);
+  if (nodes == 0) {
+    fs::copy(fs::path(from_root) / name, to_root / name, fs::copy_options::recursive);
+    write_latest(posix_file_system(), to_root.string(), name);
+    return;
+  }
+  for (int n = 0; n < nodes; ++n) {
+    const std::string node = "node-" + std::to_string(n);
+    fs::create_directories(to_root / node);
+    if (fs::exists(fs::path(from_root) / node / name)) fs::copy(fs::path(from_root) / node / name, to_root / node / name, fs::copy_options::recursive);
+    write_latest(posix_file_system(), (to_root / node).string(), name);
+  }
+}
+
+// With --nodes and --resume: what a lost or damaged node root held is rebuilt before the
+// resume reads it (holding the node roots' locks), and every rebuilt file is named.
+void repair_before_resume(const Options& o, const std::string& root) {
+  FileSystem& pfs = posix_file_system();
+  const auto roots = node_root_paths(root, o.nodes);
+  const auto name = read_latest_nodes(pfs, roots);
+  if (!name) return;  // the resume reports it
+  std::vector<RootLock> locks;
+  for (const auto& r : roots) locks.emplace_back(pfs, r);
+  const auto h = check_node_checkpoint(pfs, roots, *name, Verify::full);
+  if (h.healthy()) {
+    std::printf("%s: every shard and redundancy block verifies (%s)\n", name->c_str(), redundancy_name(o.redundancy).c_str());
+    return;
+  }
+  for (const auto& s : h.shards)
+    if (!s.ok) std::printf("%s: %s on node %d is bad: %s\n", name->c_str(), s.what.c_str(), s.node, s.error.c_str());
+  const RepairReport rep = repair_node_checkpoint(pfs, roots, *name, Verify::full);
+  for (const auto& line : rep.lines) std::printf("%s: %s\n", name->c_str(), line.c_str());
 }
 
 }  // namespace
@@ -635,6 +713,14 @@ int program_main(int argc, char** argv) {
     // The checkpoint a resume starts from, read before this run's saves can rotate it away.
     std::optional<std::string> source_dir;
     int source_world = o.world;
+    if (o.resume && o.nodes > 0) {
+      try {
+        repair_before_resume(o, root);
+      } catch (const Error& e) {
+        if (!o.durable_dir) throw;
+        std::printf("%s\nthe resume falls back to the durable tier %s\n", e.what(), o.durable_dir->c_str());
+      }
+    }
     if (o.resume) {
       std::string from = root;
       if (o.durable_dir && !read_latest(posix_file_system(), root)) from = *o.durable_dir;
@@ -765,11 +851,11 @@ int program_main(int argc, char** argv) {
     if (r0.snapshot_step) {
       const std::string name = checkpoint_dir_name(*r0.snapshot_step);
       for (const std::string& r : {root, o.durable_dir.value_or("")})
-        if (snap_root.empty() && !r.empty() && fs::exists(fs::path(r) / name / kManifestName)) snap_root = r;
+        if (snap_root.empty() && !r.empty() && fs::exists(fs::path(manifest_dir(r, name)) / kManifestName)) snap_root = r;
     }
     if (!snap_root.empty()) {
       snap_dir = join_path(snap_root, checkpoint_dir_name(*r0.snapshot_step));
-      std::ifstream in(join_path(snap_dir, kManifestName));
+      std::ifstream in(join_path(manifest_dir(snap_root, checkpoint_dir_name(*r0.snapshot_step)), kManifestName));
       std::printf("\nmanifest of %s\n%s", snap_dir.c_str(), std::string(std::istreambuf_iterator<char>(in), {}).c_str());
     }
 
@@ -939,8 +1025,32 @@ int program_main(int argc, char** argv) {
       };
       const auto shards = CheckpointReader::open(posix_file_system(), snap_dir).manifest().shards;
       refuse(("world size " + std::to_string(2 * o.world) + ":").c_str(), [](const fs::path&) {}, 2 * o.world);
-      refuse("missing shard:", [&](const fs::path& d) { fs::remove(d / shards.back().path); }, o.world);
-      refuse("truncated shard:", [&](const fs::path& d) { fs::resize_file(d / shards.front().path, shards.front().size / 2); }, o.world);
+      if (o.nodes == 0) {
+        refuse("missing shard:", [&](const fs::path& d) { fs::remove(d / shards.back().path); }, o.world);
+        refuse("truncated shard:", [&](const fs::path& d) { fs::resize_file(d / shards.front().path, shards.front().size / 2); }, o.world);
+      } else {
+        // Node roots: d is scratch/bad/step-N, which does not exist; the node roots are
+        // scratch/bad/node-n. What the scheme survives is rebuilt, one more is refused.
+        const int tolerated = tolerated_node_losses(o.redundancy);
+        const auto lose = [&](int count) {
+          return [&, count](const fs::path& d) {
+            for (int n = 0; n < count; ++n) fs::remove_all(d.parent_path() / ("node-" + std::to_string(n)));
+          };
+        };
+        if (tolerated > 0) {
+          copy_to_scratch(snap_root, name, scratch / "bad");
+          lose(tolerated)(scratch / "bad" / name);
+          try {
+            auto opened = open_latest(posix_file_system(), (scratch / "bad").string(), {.expected_world_size = o.world});
+            for (int r = 0; r < o.world; ++r) opened.reader.load_shard(r, Verify::full);
+            std::printf("  %-24s rebuilt, not refused: %s\n", (std::to_string(tolerated) + " node(s) lost:").c_str(), opened.note.c_str());
+          } catch (const Error& e) {
+            std::printf("  %-24s NOT rebuilt: %s\n", (std::to_string(tolerated) + " node(s) lost:").c_str(), e.what());
+            exit_code = 1;
+          }
+        }
+        refuse((std::to_string(tolerated + 1) + " node(s) lost:").c_str(), lose(tolerated + 1), o.world);
+      }
     }
   } catch (...) {  // a ckpt::Error, or a std::filesystem / std::bad_alloc failure, typed
     std::fprintf(stderr, "ckpt-demo: %s\n", to_error(std::current_exception()).what());

@@ -1,10 +1,13 @@
 // The order of the calls below is the protocol of node_commit.hpp; do not reorder.
 #include "ckpt/io/node_commit.hpp"
 
+#include <algorithm>
 #include <exception>
+#include <string_view>
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
+#include "ckpt/format/manifest_limits.hpp"
 #include "ckpt/io/detail/small_file.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
@@ -18,20 +21,47 @@ std::vector<std::string> node_root_paths(const std::string& dir, int nodes) {
   return out;
 }
 
+namespace {
+// The n of a "node-<n>" name, or -1.
+int node_index(std::string_view name) {
+  if (!name.starts_with("node-")) return -1;
+  const auto digits = name.substr(5);
+  if (digits.empty() || digits.size() > 6 || digits.find_first_not_of("0123456789") != std::string_view::npos) return -1;
+  return std::stoi(std::string(digits));
+}
+}  // namespace
+
 bool is_node_set(FileSystem& fs, const std::string& dir) {
-  const auto st = fs.stat(join_path(dir, "node-0"));
-  return st && st->type == EntryType::directory && !fs.stat(join_path(dir, kLatestName));
+  try {
+    const auto st = fs.stat(dir);
+    if (!st || st->type != EntryType::directory || fs.stat(join_path(dir, kLatestName))) return false;
+    for (const auto& e : fs.list_dir(dir))
+      if (e.type == EntryType::directory && node_index(e.name) >= 0) return true;
+  } catch (const Error&) {
+  }
+  return false;
 }
 
 int count_node_roots(FileSystem& fs, const std::string& dir) {
   if (!is_node_set(fs, dir)) return 0;
   int n = 0;
+  std::vector<std::string> present;
   for (const auto& e : fs.list_dir(dir))
-    if (e.type == EntryType::directory && e.name.starts_with("node-")) {
-      const std::string digits = e.name.substr(5);
-      if (digits.empty() || digits.size() > 6 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
-      n = std::max(n, std::stoi(digits) + 1);
+    if (const int i = node_index(e.name); e.type == EntryType::directory && i >= 0) {
+      n = std::max(n, i + 1);
+      present.push_back(join_path(dir, e.name));
     }
+  // The last nodes may be the lost ones: the manifest of a node's latest checkpoint knows.
+  for (const auto& r : present) {
+    try {
+      const auto name = read_latest(fs, r);
+      if (!name) continue;
+      const std::string mpath = join_path(join_path(r, *name), kManifestName);
+      const Manifest m = decode_manifest(detail::read_small_file(fs, mpath, kMaxManifestBytes, Errc::malformed_manifest), mpath);
+      if (m.nodes) return std::max(n, m.nodes->nodes);
+    } catch (const Error&) {
+    }
+  }
   return n;
 }
 

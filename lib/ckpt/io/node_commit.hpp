@@ -35,11 +35,12 @@ namespace ckpt {
 
 /// Node n's root under `dir`: DIR/node-n, for n in 0..nodes-1.
 std::vector<std::string> node_root_paths(const std::string& dir, int nodes);
-/// True if `dir` holds node roots (DIR/node-0 is a directory) and no `latest` of its own.
+/// True if `dir` holds node roots (a directory node-<n>) and no `latest` of its own.
+/// Never throws (an unreadable `dir` is not a node set).
 bool is_node_set(FileSystem& fs, const std::string& dir);
-/// The number of node roots under `dir` (node-0, node-1, ... up to the first gap in the
-/// names that the manifest does not explain: callers read the manifest's count instead when
-/// they have one). 0 when `dir` is not a node set.
+/// The number of node roots under `dir`: the node count of the manifest of any node's
+/// latest checkpoint (the highest-numbered nodes may be the lost ones), else one more than
+/// the highest node-<n> present. 0 when `dir` is not a node set.
 int count_node_roots(FileSystem& fs, const std::string& dir);
 
 /// The newest checkpoint any node root's `latest` names ("step-0000000010"), or nullopt if

@@ -12,6 +12,8 @@
 #include "ckpt/hash/file_digest.hpp"
 #include "ckpt/io/detail/small_file.hpp"
 #include "ckpt/io/layout.hpp"
+#include "ckpt/io/node_commit.hpp"
+#include "ckpt/io/redundancy_io.hpp"
 #include "ckpt/io/range_reader.hpp"
 
 namespace ckpt {
@@ -226,6 +228,15 @@ CheckpointReader CheckpointReader::checked(FileSystem& fs, std::string dir, std:
 }
 
 CheckpointReader CheckpointReader::open(FileSystem& fs, const std::string& dir, std::optional<int> expected_world_size) {
+  if (!fs.stat(dir)) {
+    // SET/step-N of a node set: the checkpoint across its node roots.
+    const std::string set = parent_dir(dir);
+    if (const int nodes = count_node_roots(fs, set); nodes > 0) {
+      std::vector<std::string> dirs;
+      for (const auto& r : node_root_paths(set, nodes)) dirs.push_back(join_path(r, std::string(last_component(dir))));
+      return open_nodes(fs, dirs, expected_world_size);
+    }
+  }
   auto manifest = open_manifest(fs, dir);
   std::vector<std::string> node_dirs;
   if (manifest->nodes) {
@@ -429,7 +440,11 @@ std::vector<std::byte> CheckpointReader::read_tensor_range(std::string_view name
 
 std::optional<std::string> read_latest(FileSystem& fs, const std::string& root) {
   const std::string path = join_path(root, kLatestName);
-  if (!fs.stat(path)) return std::nullopt;
+  if (!fs.stat(path)) {
+    // A node set (io/node_commit.hpp): the newest step any node root's `latest` names.
+    if (const int nodes = count_node_roots(fs, root); nodes > 0) return read_latest_nodes(fs, node_root_paths(root, nodes));
+    return std::nullopt;
+  }
   std::string text = read_small_file(fs, path, 4096, Errc::malformed_manifest);
   while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' ')) text.pop_back();
   return text;
@@ -437,6 +452,16 @@ std::optional<std::string> read_latest(FileSystem& fs, const std::string& root) 
 
 OpenedCheckpoint open_latest(FileSystem& fs, const std::string& root, const OpenLatestOptions& opt) {
   if (!fs.stat(root)) throw Error(Errc::not_found, root, "no such checkpoint root");
+  if (!fs.stat(join_path(root, kLatestName)))
+    if (const int nodes = count_node_roots(fs, root); nodes > 0) {
+      // A node set: what is lost or damaged is rebuilt from the redundancy first.
+      RepairReport report;
+      auto reader = open_latest_nodes(fs, node_root_paths(root, nodes), opt.expected_world_size, opt.verify, &report);
+      std::string note;
+      for (const auto& line : report.lines) note += (note.empty() ? "rebuilt: " : "; ") + line;
+      std::string name = checkpoint_dir_name(reader.manifest().step);
+      return {std::move(reader), std::move(name), false, std::move(note)};
+    }
   std::string tried, note;
   try {
     const auto name = read_latest(fs, root);
@@ -480,8 +505,18 @@ std::string_view checkpoint_state_name(CheckpointState s) noexcept {
   return "?";
 }
 
-std::vector<CheckpointInfo> list_checkpoints(FileSystem& fs, const std::string& root, Verify verify) {
+std::vector<CheckpointInfo> list_checkpoints(FileSystem& fs, const std::string& given_root, Verify verify) {
   std::vector<CheckpointInfo> out;
+  // A node set: the checkpoints as node 0 (or the first node root there is) lists them,
+  // each opened across the node roots.
+  std::string root = given_root;
+  if (!fs.stat(join_path(given_root, kLatestName)))
+    if (const int nodes = count_node_roots(fs, given_root); nodes > 0)
+      for (const auto& r : node_root_paths(given_root, nodes))
+        if (fs.stat(r)) {
+          root = r;
+          break;
+        }
   const auto latest = read_latest(fs, root);
   for (const auto& e : fs.list_dir(root)) {
     const auto step = parse_checkpoint_dir_name(e.name);

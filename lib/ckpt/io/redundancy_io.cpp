@@ -1,6 +1,7 @@
 #include "ckpt/io/redundancy_io.hpp"
 
 #include <algorithm>
+#include <mutex>
 #include <cstring>
 #include <map>
 #include <set>
@@ -119,33 +120,51 @@ void write_parity(FileSystem& fs, std::span<const std::string> node_dirs, const 
   }
 }
 
+std::size_t redundancy_units(const NodeLayout& layout, std::span<const std::uint64_t> shard_sizes) {
+  switch (layout.scheme.kind) {
+    case RedundancyScheme::Kind::reed_solomon: return static_cast<std::size_t>(layout.nodes);
+    case RedundancyScheme::Kind::replicate: return planned_blocks(layout, shard_sizes).size();
+    case RedundancyScheme::Kind::none: break;
+  }
+  return 0;
+}
+
+std::vector<RedundancyBlock> write_redundancy_unit(FileSystem& fs, std::span<const std::string> node_dirs, const NodeLayout& layout,
+                                                   std::span<const std::uint64_t> shard_sizes, const NodeBytes& data,
+                                                   std::uint64_t chunk_size, std::size_t unit, const std::function<bool()>& stopped) {
+  const auto all = planned_blocks(layout, shard_sizes);
+  std::vector<RedundancyBlock> blocks;
+  if (layout.scheme.kind == RedundancyScheme::Kind::reed_solomon) {
+    const ReedSolomon code(layout.scheme.k, layout.scheme.m);
+    const Stripe st = rs_stripes(layout, shard_sizes).at(unit);
+    for (const auto& b : all)
+      if (b.stripe == st.index) blocks.push_back(b);
+    std::vector<RedundancyBlock*> mine;
+    for (auto& b : blocks) mine.push_back(&b);
+    write_parity(fs, node_dirs, code, st, mine, data, chunk_size, stopped);
+  } else if (layout.scheme.kind == RedundancyScheme::Kind::replicate) {
+    RedundancyBlock b = all.at(unit);
+    const auto spans = node_spans(layout, shard_sizes);
+    const int node = layout.node_of(b.rank);
+    const std::uint64_t start = spans.start[static_cast<std::size_t>(b.rank)];
+    const ShardRecord r = write_file_from(
+        fs, node_dirs[static_cast<std::size_t>(b.node)], b.path, b.size,
+        [&](std::uint64_t off, std::span<std::byte> out) { data(node, start + off, out); }, chunk_size, stopped);
+    b.sha256 = r.sha256;
+    b.xxh3 = r.xxh3;
+    b.chunk_xxh3 = r.chunk_xxh3;
+    blocks.push_back(std::move(b));
+  }
+  return blocks;
+}
+
 std::vector<RedundancyBlock> write_redundancy(FileSystem& fs, std::span<const std::string> node_dirs, const NodeLayout& layout,
                                               std::span<const std::uint64_t> shard_sizes, const NodeBytes& data, std::uint64_t chunk_size,
                                               const std::function<bool()>& stopped) {
-  auto blocks = planned_blocks(layout, shard_sizes);
-  if (layout.scheme.kind == RedundancyScheme::Kind::reed_solomon) {
-    const ReedSolomon code(layout.scheme.k, layout.scheme.m);
-    const auto stripes = rs_stripes(layout, shard_sizes);
-    for (const auto& st : stripes) {
-      std::vector<RedundancyBlock*> mine;
-      for (auto& b : blocks)
-        if (b.stripe == st.index) mine.push_back(&b);
-      write_parity(fs, node_dirs, code, st, mine, data, chunk_size, stopped);
-    }
-  } else if (layout.scheme.kind == RedundancyScheme::Kind::replicate) {
-    const auto spans = node_spans(layout, shard_sizes);
-    for (auto& b : blocks) {
-      const int node = layout.node_of(b.rank);
-      const std::uint64_t start = spans.start[static_cast<std::size_t>(b.rank)];
-      const ShardRecord r = write_file_from(
-          fs, node_dirs[static_cast<std::size_t>(b.node)], b.path, b.size,
-          [&](std::uint64_t off, std::span<std::byte> out) { data(node, start + off, out); }, chunk_size, stopped);
-      b.sha256 = r.sha256;
-      b.xxh3 = r.xxh3;
-      b.chunk_xxh3 = r.chunk_xxh3;
-    }
-  }
-  return blocks;
+  std::vector<RedundancyBlock> out;
+  for (std::size_t u = 0; u < redundancy_units(layout, shard_sizes); ++u)
+    for (auto& b : write_redundancy_unit(fs, node_dirs, layout, shard_sizes, data, chunk_size, u, stopped)) out.push_back(std::move(b));
+  return out;
 }
 
 // ---- health ------------------------------------------------------------------------------
@@ -454,7 +473,8 @@ RepairReport repair_node_checkpoint(FileSystem& fs, std::span<const std::string>
               std::vector<int> from;
               for (const auto& q : st.data)
                 if (node_ok[static_cast<std::size_t>(q.node)]) from.push_back(q.node);
-              used.push_back("stripe " + std::to_string(st.index) + " (data of nodes " + join_ints(from) + ", parity on nodes " + join_ints(st.parity_nodes) + ")");
+              used.push_back("stripe " + std::to_string(st.index) + " (" + (from.empty() ? std::string("no surviving data") : "data of nodes " + join_ints(from)) +
+                             ", parity on nodes " + join_ints(st.parity_nodes) + ")");
             }
         for (int r = n * l.ranks_per_node; r < (n + 1) * l.ranks_per_node; ++r) {
           if (h.shards[static_cast<std::size_t>(r)].ok) continue;
@@ -569,8 +589,35 @@ CheckpointReader open_latest_nodes(FileSystem& fs, std::span<const std::string> 
                       std::to_string(*expected_world_size) + " (reshard to change the world size)",
                   std::to_string(*expected_world_size), std::to_string(m.world_size));
   }
-  RepairReport r = repair_node_checkpoint(fs, roots, *name, verify);
-  if (report) *report = std::move(r);
+  {
+    // The ranks of one process open the same checkpoint at once (a collective resume): one
+    // checks and repairs it, the others find it checked, as long as no file of it changed
+    // since (the stat of every shard and block: identity, size and mtime).
+    static std::mutex mu;
+    static std::map<std::string, std::string> checked;  // key -> fingerprint when found healthy
+    std::lock_guard lk(mu);
+    std::string key = *name;
+    for (const auto& r : roots) key += "\n" + r;
+    const auto fingerprint = [&] {
+      std::string f;
+      const Manifest m = read_any_manifest(fs, roots, *name);
+      const auto add = [&](int node, const std::string& file) {
+        const auto st = fs.stat(join_path(dirs[static_cast<std::size_t>(node)], file));
+        f += st ? std::to_string(st->device) + ":" + std::to_string(st->inode) + ":" + std::to_string(st->size) + ":" + std::to_string(st->mtime_ns) + ";"
+                : "-;";
+      };
+      for (const auto& s : m.shards) add(m.nodes->node_of(s.rank), s.path);
+      for (const auto& b : m.redundancy) add(b.node, b.path);
+      return f;
+    };
+    const auto it = checked.find(key);
+    if (it == checked.end() || it->second != fingerprint()) {
+      RepairReport r = repair_node_checkpoint(fs, roots, *name, verify);
+      if (report) *report = std::move(r);
+      checked[key] = fingerprint();
+      if (checked.size() > 64) checked.erase(checked.begin());
+    }
+  }
   return CheckpointReader::open_nodes(fs, dirs, expected_world_size);
 }
 

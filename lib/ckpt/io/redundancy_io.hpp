@@ -51,6 +51,15 @@ std::vector<RedundancyBlock> write_redundancy(FileSystem& fs, std::span<const st
                                               std::span<const std::uint64_t> shard_sizes, const NodeBytes& data, std::uint64_t chunk_size,
                                               const std::function<bool()>& stopped = {});
 
+/// write_redundancy in independent units, for callers that write them in parallel: rs, one
+/// unit per stripe (its M parity blocks); replicate, one per replica. Units in order give
+/// planned_blocks' order.
+std::size_t redundancy_units(const NodeLayout& layout, std::span<const std::uint64_t> shard_sizes);
+/// Writes unit `unit` (0..redundancy_units-1) and returns its blocks with their checksums.
+std::vector<RedundancyBlock> write_redundancy_unit(FileSystem& fs, std::span<const std::string> node_dirs, const NodeLayout& layout,
+                                                   std::span<const std::uint64_t> shard_sizes, const NodeBytes& data,
+                                                   std::uint64_t chunk_size, std::size_t unit, const std::function<bool()>& stopped = {});
+
 // ---- health and repair -------------------------------------------------------------------
 
 /// One file of a checkpoint across nodes: a shard or a redundancy block.

@@ -69,7 +69,16 @@ CopyRecord copy_checkpoint(FileSystem& src_fs, const std::string& src_root, std:
     }
     rec.copied_at = utc_now_rfc3339();
     detail::write_small_file(dst_fs, join_path(temp, kCopyRecordName), encode_copy_record(rec));
-    commit_checkpoint(dst_fs, dst_root, temp, m);
+    // A checkpoint across node roots arrives as one of one root: its shards, without the
+    // node layout and the redundancy blocks (the durable tier is the redundancy there).
+    if (m.nodes) {
+      Manifest plain = m;
+      plain.nodes.reset();
+      plain.redundancy.clear();
+      commit_checkpoint(dst_fs, dst_root, temp, plain);
+    } else {
+      commit_checkpoint(dst_fs, dst_root, temp, m);
+    }
   } catch (...) {
     abort_checkpoint(dst_fs, dst_root, temp);
     throw;

@@ -60,6 +60,8 @@
 #include "ckpt/hash/file_digest.hpp"
 #include "ckpt/io/commit.hpp"
 #include "ckpt/io/layout.hpp"
+#include "ckpt/io/node_commit.hpp"
+#include "ckpt/io/redundancy_io.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/io/shard_writer.hpp"
 #include "ckpt/io/sharded_save.hpp"
@@ -200,7 +202,13 @@ struct Checkpointer::Impl {
   struct Abandon {
     Error error;
   };
-  using Message = std::variant<std::shared_ptr<ShardJob>, RankReport, Abandon>;
+  // One unit of the step's redundancy blocks (a stripe's parity, a replica) is durable, or failed.
+  struct BlocksDone {
+    std::size_t unit = 0;
+    std::vector<RedundancyBlock> blocks;
+    std::optional<Error> error;
+  };
+  using Message = std::variant<std::shared_ptr<ShardJob>, RankReport, Abandon, BlocksDone>;
   using Inbox = asio::experimental::channel<void(boost::system::error_code, Message)>;
 
   // The checkpoint of one step, from its first save() to its rotation.
@@ -216,10 +224,16 @@ struct Checkpointer::Impl {
     std::string cancel_reason;  // under Impl::mu, set before `cancelled`
     // Set by the commit (this process commits the step).
     std::string temp;
+    // Node roots (CheckpointerOptions::nodes): the temporary on every node root (temp is
+    // node 0's), and the redundancy blocks in planned order, once every unit is durable.
+    std::vector<std::string> temps;
+    std::vector<RedundancyBlock> blocks;
+    std::atomic<bool> failed{false};  // a shard failed: the redundancy units stop
     bool committed_here = false;
 
-    StepState(asio::io_context& ctx, std::uint64_t s, int world)
-        : step(s), inbox(ctx, static_cast<std::size_t>(2 * world + 2)), jobs(static_cast<std::size_t>(world)) {}
+    // The inbox holds two messages per rank, the abandon and one per redundancy unit.
+    StepState(asio::io_context& ctx, std::uint64_t s, int world, std::size_t units)
+        : step(s), inbox(ctx, static_cast<std::size_t>(2 * world + 2) + units), jobs(static_cast<std::size_t>(world)) {}
   };
 
   CheckpointerOptions opt;
@@ -234,6 +248,10 @@ struct Checkpointer::Impl {
   // The root's writer lock, held for this object's life by the process that cleans the root
   // up and commits (rank 0's with several processes); destroyed after everything below.
   std::optional<RootLock> root_lock;
+  // CheckpointerOptions::nodes: the layout, node n's root ROOT/node-n, their locks.
+  std::optional<NodeLayout> layout;
+  std::vector<std::string> node_roots;
+  std::vector<RootLock> node_locks;
 
   asio::io_context ctx{1};
   asio::executor_work_guard<asio::io_context::executor_type> guard{ctx.get_executor()};
@@ -306,9 +324,28 @@ struct Checkpointer::Impl {
     if (local_count < opt.world_size && opt.when_busy == BusyPolicy::skip)
       throw Error(Errc::invalid_argument, {}, "BusyPolicy::skip with ranks in several processes (each would decide alone)",
                   "BusyPolicy::wait", "BusyPolicy::skip");
+    if (opt.nodes) {
+      if (local_count < opt.world_size)
+        throw Error(Errc::invalid_argument, opt.root, "CheckpointerOptions.nodes with ranks in several processes (the redundancy needs every shard of its stripe in one process)",
+                    "every rank in this process", std::to_string(local_count) + " of " + std::to_string(opt.world_size));
+      const int rpn = opt.nodes->ranks_per_node;
+      NodeLayout l{rpn >= 1 ? opt.world_size / rpn : 0, rpn, opt.nodes->redundancy};
+      if (rpn >= 1 && opt.world_size % rpn != 0) throw_invalid("CheckpointerOptions.nodes.ranks_per_node must divide the world size");
+      if (const auto problem = layout_problem(l, opt.world_size)) throw Error(Errc::invalid_argument, opt.root, "CheckpointerOptions.nodes: " + *problem);
+      layout = l;
+      node_roots = node_root_paths(opt.root, l.nodes);
+    }
     choose_backend();
     // In several processes, one of them cleans the root up before any can start writing.
-    run_id = coordinator->start_run([this] { prepare_root(fs, root_lock.emplace(fs, opt.root)); });
+    run_id = coordinator->start_run([this] {
+      if (!layout) {
+        prepare_root(fs, root_lock.emplace(fs, opt.root));
+        return;
+      }
+      fs.create_dirs(opt.root);
+      for (const auto& r : node_roots) node_locks.emplace_back(fs, r);
+      prepare_node_roots(fs, node_locks);
+    });
     if (!run_id.empty()) fs.create_dirs(opt.root);
     staging.resize(static_cast<std::size_t>(opt.world_size));
     staged_records.resize(static_cast<std::size_t>(opt.world_size));
@@ -321,7 +358,9 @@ struct Checkpointer::Impl {
         stats.staging_bytes += b.capacity();
       }
     if (opt.durable) opt.durable->allow_older_than_latest |= opt.allow_older_than_latest;
-    if (opt.durable) replicator = std::make_unique<DurableReplicator>(fs, opt.root, *opt.durable);
+    // Node roots: the durable copy reads each checkpoint through node 0's directory (the
+    // reader finds the other nodes' shards; redundancy blocks are not copied).
+    if (opt.durable) replicator = std::make_unique<DurableReplicator>(fs, layout ? node_roots[0] : opt.root, *opt.durable);
     io_thread = std::thread([this] { ctx.run(); });
   }
 
@@ -425,7 +464,7 @@ struct Checkpointer::Impl {
                     "fewer than " + std::to_string(opt.max_consecutive_failures), std::to_string(stats.consecutive_failures));
       if (opt.when_busy == BusyPolicy::skip) skip_decisions[step] = false;
       if (!in_flight) {
-        in_flight = std::make_shared<StepState>(ctx, step, opt.world_size);
+        in_flight = std::make_shared<StepState>(ctx, step, opt.world_size, max_units());
         ++checkpoints_running;
         asio::co_spawn(ctx, run_checkpoint(in_flight), asio::detached);
       }
@@ -541,7 +580,7 @@ struct Checkpointer::Impl {
     }
     cv.notify_all();
     asio::post(ctx, [st, m = std::move(m)]() mutable {
-      // The inbox holds two messages per rank and the abandon: it never fills.
+      // The inbox holds every message a step can get (StepState): it never fills.
       st->inbox.try_send(boost::system::error_code{}, std::move(m));
     });
   }
@@ -561,10 +600,16 @@ struct Checkpointer::Impl {
     // 1. The temporary directory, once for all the step's shards.
     std::optional<Error> begun_badly;
     try {
-      st->temp = co_await on_root_pool([this, step = st->step, needed = expected_bytes(*st)] {
+      // (st by an init-capture: g++ 12 copies a coroutine parameter named in a lambda's
+      // capture list from the argument, gone by now, rather than from the frame's copy.)
+      st->temp = co_await on_root_pool([this, state = st.get(), step = st->step, needed = expected_bytes(*st)] {
         std::lock_guard lk(root_mu);
-        if (local[0]) make_room_for(needed);
         const BeginOptions older{.allow_older_than_latest = opt.allow_older_than_latest};
+        if (layout) {
+          state->temps = begin_node_checkpoint(fs, node_roots, step, older);
+          return state->temps[0];
+        }
+        if (local[0]) make_room_for(needed);
         return run_id.empty() ? begin_checkpoint(fs, opt.root, step, older)
                               : begin_shared_checkpoint(fs, opt.root, step, run_id, local[0], older);
       });
@@ -574,18 +619,40 @@ struct Checkpointer::Impl {
 
     // 2. Every local rank's shard: a shard coroutine starts as the rank hands it over; each
     //    reports back here when it is durable or has failed.
+    //    With node roots, once every shard is staged, the redundancy units start too (from
+    //    the staged images, while the shards are written); the commit waits for them.
     std::vector<RankReport> reports;
-    std::optional<Error> abandoned;
-    while (static_cast<int>(reports.size()) < local_count && !abandoned) {
+    std::optional<Error> abandoned, blocks_failed;
+    int jobs = 0;
+    std::size_t units = 0, units_done = 0;
+    std::vector<std::vector<RedundancyBlock>> unit_blocks;
+    while ((static_cast<int>(reports.size()) < local_count || units_done < units) && !abandoned) {
       Message m = co_await st->inbox.async_receive(asio::use_awaitable);
       if (auto* job = std::get_if<std::shared_ptr<ShardJob>>(&m)) {
         if (begun_badly) send(st, RankReport{(*job)->rank, *begun_badly, {}});
         else asio::co_spawn(ctx, write_shard(st, *job), asio::detached);
+        if (++jobs == opt.world_size && layout && !begun_badly && !st->failed) {
+          units = redundancy_units(*layout, shard_sizes(*st));
+          unit_blocks.resize(units);
+          for (std::size_t u = 0; u < units; ++u) asio::co_spawn(ctx, write_blocks(st, u), asio::detached);
+        }
       } else if (auto* r = std::get_if<RankReport>(&m)) {
+        if (r->error) st->failed = true;
         reports.push_back(std::move(*r));
+      } else if (auto* b = std::get_if<BlocksDone>(&m)) {
+        ++units_done;
+        if (b->error && !blocks_failed) blocks_failed = b->error;
+        unit_blocks[b->unit] = std::move(b->blocks);
       } else {
         abandoned = std::get<Abandon>(m).error;
       }
+    }
+    for (auto& u : unit_blocks)
+      for (auto& b : u) st->blocks.push_back(std::move(b));
+    // A redundancy block that failed fails the checkpoint, as a shard would.
+    if (blocks_failed && !reports.empty() && !abandoned) {
+      auto& first = *std::min_element(reports.begin(), reports.end(), [](const RankReport& a, const RankReport& b) { return a.rank < b.rank; });
+      if (!first.error) first.error = *blocks_failed;
     }
 
     // 3. The commit, across every rank of the world (the coordinator), once.
@@ -595,7 +662,7 @@ struct Checkpointer::Impl {
       co_await on_root_pool([&] {
         if (!st->temp.empty()) {
           std::lock_guard lk(root_mu);
-          abort_checkpoint(fs, opt.root, st->temp);
+          abort_step(*st);
         }
         coordinator->abandon(st->step, outcome);
       });
@@ -627,7 +694,7 @@ struct Checkpointer::Impl {
     try {
       if (stopped()) throw Cancelled{};
       writer = co_await on_work_pool([&] {
-        return std::make_unique<ShardWriter>(ShardWriter::image(fs, st->temp, shard_file_name(job->rank, opt.world_size), job->header,
+        return std::make_unique<ShardWriter>(ShardWriter::image(fs, shard_dir(*st, job->rank), shard_file_name(job->rank, opt.world_size), job->header,
                                                                 {.chunk_size = opt.chunk_size, .direct = opt.direct_io}));
       });
       ShardWriter& w = *writer;
@@ -676,6 +743,51 @@ struct Checkpointer::Impl {
     send(st, std::move(report));
   }
 
+  // The most redundancy units a step can have (its inbox holds their messages).
+  std::size_t max_units() const noexcept {
+    if (!layout) return 0;
+    if (layout->scheme.kind == RedundancyScheme::Kind::reed_solomon) return static_cast<std::size_t>(layout->nodes);
+    return static_cast<std::size_t>(layout->scheme.copies) * static_cast<std::size_t>(opt.world_size);
+  }
+
+  // Node roots: where rank's shard goes.
+  const std::string& shard_dir(const StepState& st, int rank) const {
+    return layout ? st.temps[static_cast<std::size_t>(layout->node_of(rank))] : st.temp;
+  }
+
+  std::vector<std::uint64_t> shard_sizes(const StepState& st) const {
+    std::vector<std::uint64_t> sizes;
+    std::lock_guard lk(mu);
+    for (const auto& j : st.jobs) sizes.push_back(j ? j->size : 0);
+    return sizes;
+  }
+
+  // One unit of the step's redundancy (node roots), on the work pool, from the staged
+  // images of every shard (valid until the step completes: no save restages meanwhile).
+  asio::awaitable<void> write_blocks(std::shared_ptr<StepState> st, std::size_t unit) {
+    BlocksDone done;
+    done.unit = unit;
+    try {
+      const auto sizes = shard_sizes(*st);
+      std::vector<std::span<const std::byte>> images;
+      for (int r = 0; r < opt.world_size; ++r)
+        images.push_back(std::span<const std::byte>(staging[static_cast<std::size_t>(r)].data(), static_cast<std::size_t>(sizes[static_cast<std::size_t>(r)])));
+      done.blocks = co_await on_work_pool([&] {
+        return write_redundancy_unit(fs, st->temps, *layout, sizes, node_bytes_from_images(*layout, std::move(images)), opt.chunk_size, unit,
+                                     [&st] { return st->cancelled.load() || st->failed.load(); });
+      });
+    } catch (...) {
+      done.error = to_error(std::current_exception());
+    }
+    send(st, std::move(done));
+  }
+
+  // Removes the step's temporaries (one root, or every node root). Under root_mu.
+  void abort_step(const StepState& st) noexcept {
+    if (layout) abort_node_checkpoint(fs, node_roots, st.temps);
+    else abort_checkpoint(fs, opt.root, st.temp);
+  }
+
   // Hands this process's reports to the coordinator and awaits the outcome. The last report
   // of the world runs the commit (in-process: on the root thread, here; under MPI: on rank 0's
   // process), and every rank's outcome comes back through its callback.
@@ -718,14 +830,22 @@ struct Checkpointer::Impl {
         if (r.error) throw detail::SaveState::fresh(*r.error);
         shards.push_back(std::move(r.shard));
       }
-      const std::string dir = commit_checkpoint(fs, opt.root, st.temp, assemble_manifest(st.step, opt.chunk_size, std::move(shards)));
+      Manifest manifest = assemble_manifest(st.step, opt.chunk_size, std::move(shards));
+      std::string dir;
+      if (layout) {
+        manifest.nodes = *layout;
+        manifest.redundancy = st.blocks;
+        dir = commit_node_checkpoint(fs, node_roots, st.temps, manifest);
+      } else {
+        dir = commit_checkpoint(fs, opt.root, st.temp, manifest);
+      }
       // Handed over before rotation, so that an older step whose copy it supersedes is no
       // longer pinned and rotates away now.
       if (replicator) replicator->submit(st.step);
       st.committed_here = true;
       return {std::nullopt, dir, since(t0)};
     } catch (...) {
-      if (!st.temp.empty()) abort_checkpoint(fs, opt.root, st.temp);
+      if (!st.temp.empty()) abort_step(st);
       return {to_error(std::current_exception()), {}, since(t0)};
     }
   }
@@ -764,9 +884,10 @@ struct Checkpointer::Impl {
   void rotate(const std::string& committed) {
     std::lock_guard lk(root_mu);
     try {
-      const auto removed =
-          replicator ? rotate_checkpoints(fs, opt.root, opt.keep_last, committed, [this](const std::string& name) { return replicator->pinned(name); })
-                     : rotate_checkpoints(fs, opt.root, opt.keep_last, committed);
+      std::function<bool(const std::string&)> keep;
+      if (replicator) keep = [this](const std::string& name) { return replicator->pinned(name); };
+      const auto removed = layout ? rotate_node_checkpoints(fs, node_roots, opt.keep_last, committed, keep)
+                                  : rotate_checkpoints(fs, opt.root, opt.keep_last, committed, keep);
       std::lock_guard slk(mu);
       stats.rotated += removed.size();
     } catch (const Error& e) {

@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "ckpt/format/manifest.hpp"
+#include "ckpt/format/redundancy.hpp"
 #include "ckpt/format/safetensors.hpp"
 #include "ckpt/io/file_system.hpp"
 #include "ckpt/runtime/coordinator.hpp"
@@ -84,6 +85,14 @@ enum class Staging {
   deferred,
 };
 
+/// Ranks grouped into nodes, each node with its own local root (its NVMe), and the
+/// redundancy that lets the others rebuild a lost node (format/redundancy.hpp,
+/// io/node_commit.hpp, docs/format.md "Nodes and redundancy").
+struct NodeOptions {
+  int ranks_per_node = 1;            ///< rank r lives on node r / ranks_per_node
+  RedundancyScheme redundancy{};     ///< none, replicate:F or rs:K+M (parse_redundancy)
+};
+
 struct CheckpointerOptions {
   std::string root;                 ///< checkpoint root directory (created if missing)
   int world_size = 1;               ///< ranks that save each checkpoint
@@ -120,6 +129,14 @@ struct CheckpointerOptions {
   /// count, so the loop is meant to stop). 0 (default): never; the loop trains on and every failure
   /// is still counted (CheckpointerStats::consecutive_failures) and logged.
   int max_consecutive_failures = 0;
+  /// Node-local roots: node n's root is ROOT/node-n (ROOT is then the directory of the node
+  /// roots, not a root itself). Each checkpoint is committed across every node root as one
+  /// (io/node_commit.hpp); its redundancy blocks are computed from the staged shards while
+  /// they are written (no read-back) and are durable before the commit. Every node root is
+  /// locked and prepared (prepare_node_roots). Pre-save rotation (make_room) is not run on
+  /// node roots. Ranks in several processes (a multi-process coordinator) are refused
+  /// (Errc::invalid_argument): the redundancy needs every shard of its stripe.
+  std::optional<NodeOptions> nodes{};
   /// The default staging of save() (a per-call argument overrides it).
   Staging staging = Staging::copy;
   /// Debug aid for Staging::deferred: save() takes the XXH3 of every tensor before it returns
