@@ -342,7 +342,7 @@ TEST_CASE("ckpt-demo --help lists every option it parses, with the checks in ord
                            "--reshard", "--metrics", "--keep", "--inject-spike", "--accumulate", "--tensor-parallel", "--fail-save",
                            "--writer", "--precision", "--layers", "--dim", "--heads", "--seq", "--batch", "--vocab", "--lr",
                            "--schedule-steps", "--seed", "--version", "--deferred-staging", "--max-consecutive-failures",
-                           "--grace-seconds", "--save-every-seconds"}) {
+                           "--grace-seconds", "--save-every-seconds", "--nodes", "--redundancy"}) {
     CAPTURE(flag);
     CHECK(out.find(std::string("  ") + flag + " ") != std::string::npos);
   }
