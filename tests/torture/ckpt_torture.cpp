@@ -4,7 +4,13 @@
 // no temporary is ever loaded, and the next run resumes from it and cleans up.
 //
 //   ckpt-torture run --dir D [--kills N] [--seed S] [--writer posix|io_uring] [--max-ms M]
-//   ckpt-torture victim --dir D [--writer W]        (started by `run`)
+//                    [--redundancy rs:K+M|replicate:F]
+//   ckpt-torture victim --dir D [--writer W] [--redundancy R]   (started by `run`)
+//
+// With --redundancy the victim saves 4 ranks on 4 node roots (D/node-n) with that scheme;
+// after every kill the live checkpoint must also be whole (every shard and redundancy block
+// verifies), and then one node root, chosen by the seed, is deleted as a lost node would
+// be: the next victim must rebuild it while resuming, and resume from the same step.
 //
 // Exit: 0 if no bad outcome, 1 otherwise, 2 on a usage error.
 #include <fcntl.h>
@@ -28,6 +34,7 @@
 #include "ckpt/core/random.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
+#include "ckpt/io/redundancy_io.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
 
 namespace fs = std::filesystem;
@@ -35,7 +42,8 @@ using namespace ckpt;
 
 namespace {
 
-constexpr int kWorld = 2;
+int kWorld = 2;  // 4 with --redundancy (one rank per node)
+std::optional<RedundancyScheme> g_redundancy;
 constexpr int kKeep = 3;
 constexpr std::size_t kWords = (6u << 20) / 4;  // 6 MiB of state per rank
 
@@ -66,9 +74,17 @@ WriterBackend parse_writer(const std::string& w) {
   std::exit(2);
 }
 
+// The directories that hold checkpoints: the root, or its node roots.
+std::vector<fs::path> roots_of(const fs::path& root) {
+  if (!g_redundancy) return {root};
+  std::vector<fs::path> out;
+  for (int n = 0; n < kWorld; ++n) out.push_back(root / ("node-" + std::to_string(n)));
+  return out;
+}
+
 int victim(const std::string& root, WriterBackend writer) {
   std::uint64_t start = 0;
-  if (fs::exists(fs::path(root) / "latest")) {
+  if (read_latest(posix_file_system(), root)) {
     try {
       auto opened = open_latest(posix_file_system(), root, {.expected_world_size = kWorld});
       const std::string bad = check_contents(opened.reader);
@@ -82,12 +98,15 @@ int victim(const std::string& root, WriterBackend writer) {
       return 3;
     }
   }
-  Checkpointer ckpt({.root = root, .world_size = kWorld, .keep_last = kKeep, .backend = writer});
-  for (const auto& e : fs::directory_iterator(root))
-    if (is_temporary_name(e.path().filename().string())) {
-      std::printf("BAD temporary left after open: %s\n", e.path().c_str());
-      return 3;
-    }
+  CheckpointerOptions options{.root = root, .world_size = kWorld, .keep_last = kKeep, .backend = writer};
+  if (g_redundancy) options.nodes = NodeOptions{.ranks_per_node = 1, .redundancy = *g_redundancy};
+  Checkpointer ckpt(std::move(options));
+  for (const auto& r : roots_of(root))
+    for (const auto& e : fs::directory_iterator(r))
+      if (is_temporary_name(e.path().filename().string())) {
+        std::printf("BAD temporary left after open: %s\n", e.path().c_str());
+        return 3;
+      }
   std::printf("resumed %llu\n", static_cast<unsigned long long>(start));
   std::fflush(stdout);
   std::vector<std::thread> ranks;
@@ -109,7 +128,9 @@ int victim(const std::string& root, WriterBackend writer) {
 }
 
 // What was going on at the instant of the kill, read from what it left on disk.
-std::string phase_of(const fs::path& root) {
+std::string phase_of(const fs::path& given) {
+  const fs::path root = roots_of(given).front();  // node 0's view, with node roots
+  if (!fs::exists(root)) return "node 0 lost";
   std::vector<std::string> temps, steps;
   bool latest_tmp = false;
   for (const auto& e : fs::directory_iterator(root)) {
@@ -121,6 +142,12 @@ std::string phase_of(const fs::path& root) {
   std::sort(steps.begin(), steps.end());
   const auto latest = read_latest(posix_file_system(), root.string());
   if (latest_tmp) return "latest update";
+  if (g_redundancy && !temps.empty()) {
+    const fs::path t = root / temps.front();
+    std::size_t blocks = 0;
+    for (const auto& e : fs::directory_iterator(t)) blocks += e.path().extension() == ".rs" || e.path().filename().string().starts_with("replica-");
+    if (!fs::exists(t / "manifest.json")) return blocks ? "writing shards and redundancy blocks" : "writing shards (no redundancy block yet)";
+  }
   if (!temps.empty()) {
     const fs::path t = root / temps.front();
     if (fs::exists(t / "manifest.json")) return "commit: manifest written, before rename";
@@ -138,7 +165,7 @@ struct Child {
   int out;
 };
 
-Child spawn_victim(const std::string& self, const std::string& root, const std::string& writer) {
+Child spawn_victim(const std::string& self, const std::string& root, const std::string& writer, const std::string& redundancy) {
   int p[2];
   if (pipe(p) != 0) std::exit(2);
   const pid_t pid = fork();
@@ -146,7 +173,8 @@ Child spawn_victim(const std::string& self, const std::string& root, const std::
     dup2(p[1], STDOUT_FILENO);
     close(p[0]);
     close(p[1]);
-    execl(self.c_str(), self.c_str(), "victim", "--dir", root.c_str(), "--writer", writer.c_str(), nullptr);
+    if (redundancy.empty()) execl(self.c_str(), self.c_str(), "victim", "--dir", root.c_str(), "--writer", writer.c_str(), nullptr);
+    else execl(self.c_str(), self.c_str(), "victim", "--dir", root.c_str(), "--writer", writer.c_str(), "--redundancy", redundancy.c_str(), nullptr);
     _exit(127);
   }
   close(p[1]);
@@ -162,14 +190,15 @@ std::string first_line(int fd) {
   return line;
 }
 
-int run(const std::string& self, const std::string& root, int kills, std::uint64_t seed, const std::string& writer, int max_ms) {
+int run(const std::string& self, const std::string& root, int kills, std::uint64_t seed, const std::string& writer, int max_ms,
+        const std::string& redundancy) {
   fs::create_directories(root);
   std::map<std::string, int> phases;
   int bad = 0;
   std::optional<std::uint64_t> expected_resume;  // what the next victim must resume from
   std::uint64_t rng = seed;
   for (int k = 1; k <= kills; ++k) {
-    Child c = spawn_victim(self, root, writer);
+    Child c = spawn_victim(self, root, writer, redundancy);
     const std::string hello = first_line(c.out);
     const std::string want = "resumed " + std::to_string(expected_resume.value_or(0));
     if (hello != want) {
@@ -192,9 +221,31 @@ int run(const std::string& self, const std::string& root, int kills, std::uint64
       if (!wrong.empty()) throw Error(Errc::checksum_mismatch, opened.reader.dir(), wrong);
       // The newest complete checkpoint is the one `latest` names, or one step newer (killed
       // between the rename and the `latest` update); anything else means `latest` lags.
-      for (const auto& info : list_checkpoints(posix_file_system(), root, Verify::none))
-        if (info.state == CheckpointState::corrupt) throw Error(Errc::malformed_manifest, info.name, "a complete-named checkpoint is corrupt: " + info.error);
+      for (const auto& info : list_checkpoints(posix_file_system(), root, Verify::none)) {
+        if (info.state != CheckpointState::corrupt) continue;
+        // Across node roots, an older checkpoint that had shards on a node lost since is
+        // damaged (only the live one is rebuilt on resume); it must still be rebuildable.
+        if (g_redundancy) {
+          std::vector<std::string> nodes;
+          for (const auto& r : roots_of(root)) nodes.push_back(r.string());
+          if (check_node_checkpoint(posix_file_system(), nodes, info.name, Verify::fast).recoverable()) continue;
+        }
+        throw Error(Errc::malformed_manifest, info.name, "a complete-named checkpoint is corrupt: " + info.error);
+      }
       expected_resume = opened.reader.manifest().step;
+      if (g_redundancy) {
+        // Whole: every shard and block of the live checkpoint verifies. Then a node is lost.
+        std::vector<std::string> nodes;
+        for (const auto& r : roots_of(root)) nodes.push_back(r.string());
+        const auto health = check_node_checkpoint(posix_file_system(), nodes, opened.name, Verify::full);
+        for (const auto& m : health.shards)
+          if (!m.ok) throw Error(Errc::checksum_mismatch, m.path, "the live checkpoint is not whole after a kill: " + m.error);
+        for (const auto& m : health.blocks)
+          if (!m.ok) throw Error(Errc::checksum_mismatch, m.path, "the live checkpoint is not whole after a kill: " + m.error);
+        const int lost = static_cast<int>(splitmix64(rng) % static_cast<std::uint64_t>(kWorld));
+        fs::remove_all(nodes[static_cast<std::size_t>(lost)]);
+        ++phases["(then node " + std::to_string(lost) + " lost)"];
+      }
     } catch (const Error& e) {
       // Before the first commit there is no `latest` (a complete step-N may exist if the kill
       // hit between its rename and the first `latest`): nothing is committed, nothing to load.
@@ -204,7 +255,8 @@ int run(const std::string& self, const std::string& root, int kills, std::uint64
       }
     }
   }
-  std::printf("ckpt-torture (%s writer, seed %llu): %d kills, %d bad outcomes; latest resumed step %llu\n", writer.c_str(),
+  std::printf("ckpt-torture (%s writer%s, seed %llu): %d kills, %d bad outcomes; latest resumed step %llu\n", writer.c_str(),
+              redundancy.empty() ? "" : (", " + std::to_string(kWorld) + " nodes, " + redundancy).c_str(),
               static_cast<unsigned long long>(seed), kills, bad, static_cast<unsigned long long>(expected_resume.value_or(0)));
   std::printf("phases hit (inferred from what each kill left on disk):\n");
   for (const auto& [p, n] : phases) std::printf("  %5d  %s\n", n, p.c_str());
@@ -219,7 +271,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string mode = argv[1];
-  std::string dir, writer = "io_uring";
+  std::string dir, writer = "io_uring", redundancy;
   int kills = 200, max_ms = 400;
   std::uint64_t seed = 1;
   for (int i = 2; i + 1 < argc; i += 2) {
@@ -229,6 +281,7 @@ int main(int argc, char** argv) {
     else if (a == "--kills") kills = std::stoi(v);
     else if (a == "--seed") seed = std::stoull(v);
     else if (a == "--max-ms") max_ms = std::stoi(v);
+    else if (a == "--redundancy") redundancy = v;
     else {
       std::fprintf(stderr, "ckpt-torture: unknown option %s\n", a.c_str());
       return 2;
@@ -239,8 +292,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   parse_writer(writer);
+  if (!redundancy.empty()) {
+    g_redundancy = parse_redundancy(redundancy);
+    if (!g_redundancy) {
+      std::fprintf(stderr, "ckpt-torture: --redundancy must be rs:K+M or replicate:F\n");
+      return 2;
+    }
+    kWorld = 4;
+  }
   if (mode == "victim") return victim(dir, parse_writer(writer));
-  if (mode == "run") return run(fs::read_symlink("/proc/self/exe").string(), dir, kills, seed, writer, max_ms);
+  if (mode == "run") return run(fs::read_symlink("/proc/self/exe").string(), dir, kills, seed, writer, max_ms, redundancy);
   std::fprintf(stderr, "ckpt-torture: mode must be run or victim\n");
   return 2;
 }

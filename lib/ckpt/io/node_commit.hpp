@@ -11,12 +11,12 @@
 //      e-g. on every node, only once every rename is durable: `latest` replaced (as in
 //           io/commit.hpp) and the node root fsynced.
 //   A checkpoint is committed once any node's `latest` names it: every node holds it then
-//   under its final name. A crash before the first `latest` moves leaves the previous
+//   under its final name. A crash before every rename is done leaves the previous
 //   checkpoint live on every node (the next prepare_node_roots removes the new step's
-//   directories and temporaries); a crash between the `latest` updates leaves some nodes
-//   naming the new step and some the previous one: prepare_node_roots moves the others
-//   forward (the new step is complete on every node, since every rename came first), and the
-//   reader takes the newest step any node's `latest` names.
+//   directories and temporaries). A crash after the renames, before or between the `latest`
+//   updates, leaves the new step complete on every node: prepare_node_roots moves every
+//   `latest` to it (even when no `latest` had moved yet, or the nodes whose `latest` had
+//   are lost since), and the reader takes the newest step any node's `latest` names.
 #pragma once
 
 #include <cstdint>
@@ -48,10 +48,13 @@ int count_node_roots(FileSystem& fs, const std::string& dir);
 /// one without `latest` (a lost node).
 std::optional<std::string> read_latest_nodes(FileSystem& fs, std::span<const std::string> roots);
 
-/// Crash cleanup across node roots, holding every root's lock (`locks`, in node order):
-/// first, each node root whose `latest` names an older step than the newest one named on
-/// any node, but which holds that newer step's directory, gets its `latest` moved forward
-/// (a crash between the `latest` updates of a commit); then prepare_root on each. Returns the
+/// Crash cleanup across node roots, holding every root's lock (`locks`, in node order).
+/// The newest checkpoint is the newest step any node's `latest` names, or a newer step
+/// renamed into place on every node root that holds checkpoints (an empty root is a lost
+/// node's) whose lost files the scheme can rebuild: all of its files were durable before
+/// its first rename, and the nodes whose `latest` had moved to it may be the lost ones.
+/// Each node root holding that step's directory gets its `latest` moved forward to it;
+/// then prepare_root on each (which removes what is newer than its `latest`). Returns the
 /// names removed, "node-n/NAME". Throws what prepare_root throws.
 std::vector<std::string> prepare_node_roots(FileSystem& fs, std::span<const RootLock> locks);
 

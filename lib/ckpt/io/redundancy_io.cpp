@@ -332,7 +332,7 @@ void check_rebuilt(const ShardRecord& got, const std::string& path, const std::s
 RepairReport repair_node_checkpoint(FileSystem& fs, std::span<const std::string> roots, const std::string& name, Verify verify) {
   RepairReport rep;
   rep.name = name;
-  NodeCheckpointHealth h = check_node_checkpoint(fs, roots, name, verify == Verify::none ? Verify::fast : verify);
+  NodeCheckpointHealth h = check_node_checkpoint(fs, roots, name, verify);
   const Manifest& m = h.manifest;
   const NodeLayout& l = *m.nodes;
   if (!h.recoverable()) {
@@ -570,6 +570,29 @@ RepairReport repair_node_checkpoint(FileSystem& fs, std::span<const std::string>
   }
   for (const auto& line : rep.lines) log_line(name + ": " + line);
   return rep;
+}
+
+std::vector<RepairReport> repair_node_roots(FileSystem& fs, std::span<const std::string> roots) {
+  std::vector<RepairReport> out;
+  const auto latest = read_latest_nodes(fs, roots);
+  if (!latest) return out;
+  std::set<std::string> names;
+  for (const auto& r : roots) {
+    if (!fs.stat(r)) continue;
+    for (const auto& e : fs.list_dir(r))
+      if (e.type == EntryType::directory && parse_checkpoint_dir_name(e.name) && e.name <= *latest) names.insert(e.name);
+  }
+  for (const auto& name : names) {
+    try {
+      const auto h = check_node_checkpoint(fs, roots, name, Verify::none);
+      if (h.healthy()) continue;
+      auto rep = repair_node_checkpoint(fs, roots, name, Verify::none);
+      if (!rep.nothing_to_do()) out.push_back(std::move(rep));
+    } catch (const Error& e) {
+      log_line(name + " is not rebuilt: " + e.what());
+    }
+  }
+  return out;
 }
 
 CheckpointReader open_latest_nodes(FileSystem& fs, std::span<const std::string> roots, std::optional<int> expected_world_size, Verify verify,

@@ -103,7 +103,8 @@ struct RepairReport {
   bool nothing_to_do() const noexcept { return lines.empty(); }
 };
 
-/// Rebuilds every bad shard and block of checkpoint `name` (check_node_checkpoint) from
+/// Rebuilds every bad shard and block of checkpoint `name` (check_node_checkpoint with
+/// `verify`; Verify::none finds lost and truncated files only, by their sizes) from
 /// replicas or by Reed-Solomon decoding, each checked against the manifest's SHA-256 before
 /// it is renamed into place, durably (file fsync, directory fsync); a node whose root or
 /// checkpoint directory is gone gets it back (a temporary directory renamed into place, the
@@ -118,6 +119,13 @@ RepairReport repair_node_checkpoint(FileSystem& fs, std::span<const std::string>
 /// it first if a shard or block is bad (repair_node_checkpoint; `report`, if given, says what
 /// was rebuilt). Throws Errc::not_found without a `latest`, the repair's error when it
 /// cannot be rebuilt.
+/// Rebuilds the committed checkpoints of `roots` (at or before the newest `latest`) that have
+/// files missing or of the wrong size (Verify::none: a replaced node's empty root, a
+/// truncated file), so that every checkpoint kept survives the scheme's losses again, not
+/// only the live one. What cannot be rebuilt, or fails, is logged and left. Returns the
+/// reports of the checkpoints repaired. The caller holds the node roots' locks.
+std::vector<RepairReport> repair_node_roots(FileSystem& fs, std::span<const std::string> roots);
+
 CheckpointReader open_latest_nodes(FileSystem& fs, std::span<const std::string> roots, std::optional<int> expected_world_size = {},
                                    Verify verify = Verify::fast, RepairReport* report = nullptr);
 

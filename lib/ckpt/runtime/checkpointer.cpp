@@ -345,6 +345,9 @@ struct Checkpointer::Impl {
       fs.create_dirs(opt.root);
       for (const auto& r : node_roots) node_locks.emplace_back(fs, r);
       prepare_node_roots(fs, node_locks);
+      // A replaced node's empty root (or a truncated file): every kept checkpoint is made
+      // whole again, not only the one a resume reads.
+      repair_node_roots(fs, node_roots);
     });
     if (!run_id.empty()) fs.create_dirs(opt.root);
     staging.resize(static_cast<std::size_t>(opt.world_size));

@@ -133,7 +133,9 @@ struct CheckpointerOptions {
   /// roots, not a root itself). Each checkpoint is committed across every node root as one
   /// (io/node_commit.hpp); its redundancy blocks are computed from the staged shards while
   /// they are written (no read-back) and are durable before the commit. Every node root is
-  /// locked and prepared (prepare_node_roots). Pre-save rotation (make_room) is not run on
+  /// locked and prepared (prepare_node_roots), and at construction every kept checkpoint
+  /// with files missing or truncated (a replaced node) is rebuilt (repair_node_roots: one
+  /// stat per file when nothing is missing). Pre-save rotation (make_room) is not run on
   /// node roots. Ranks in several processes (a multi-process coordinator) are refused
   /// (Errc::invalid_argument): the redundancy needs every shard of its stripe.
   std::optional<NodeOptions> nodes{};
