@@ -423,31 +423,34 @@ RepairReport repair_node_checkpoint(FileSystem& fs, std::span<const std::string>
         if (node_ok[static_cast<std::size_t>(n)]) continue;
         const std::uint64_t chunk = m.chunk_size;
         // The node's data, produced in order: piece i comes from stripe (n - i) mod nodes.
+        // K input buffers of one chunk, allocated (and first touched) once for the node.
+        std::vector<AlignedBuffer> bufs;
+        for (int i = 0; i < code.k(); ++i) bufs.emplace_back(static_cast<std::size_t>(chunk), /*prefault=*/true);
+        std::map<std::size_t, FileBytes> parity_readers;
         const auto decode_piece = [&](int i, std::uint64_t off_in_piece, std::span<std::byte> out) {
           const Stripe& st = stripes[static_cast<std::size_t>(((n - i) % l.nodes + l.nodes) % l.nodes)];
           std::vector<int> have;
-          std::vector<AlignedBuffer> bufs;
           std::vector<const std::byte*> ptrs;
           const auto len = out.size();
           for (int row = 0; row < code.k() + code.m() && static_cast<int>(have.size()) < code.k(); ++row) {
+            AlignedBuffer& buf = bufs[have.size()];
             if (row < code.k()) {
               const auto& p = st.data[static_cast<std::size_t>(row)];
               if (!node_ok[static_cast<std::size_t>(p.node)]) continue;
-              bufs.emplace_back(len);
-              std::memset(bufs.back().data(), 0, len);
+              std::memset(buf.data(), 0, len);
               if (off_in_piece < p.length)
-                good_node_bytes(p.node, p.offset + off_in_piece,
-                                bufs.back().span(static_cast<std::size_t>(std::min<std::uint64_t>(len, p.length - off_in_piece))));
+                good_node_bytes(p.node, p.offset + off_in_piece, buf.span(static_cast<std::size_t>(std::min<std::uint64_t>(len, p.length - off_in_piece))));
             } else {
               std::size_t bi = 0;
               while (bi < m.redundancy.size() && !(m.redundancy[bi].stripe == st.index && m.redundancy[bi].index == row - code.k())) ++bi;
               if (bi == m.redundancy.size() || !h.blocks[bi].ok) continue;
-              bufs.emplace_back(len);
-              file_reader(fs, h.blocks[bi].path)(off_in_piece, bufs.back().span(len));
+              auto it = parity_readers.find(bi);
+              if (it == parity_readers.end()) it = parity_readers.emplace(bi, file_reader(fs, h.blocks[bi].path)).first;
+              it->second(off_in_piece, buf.span(len));
             }
+            ptrs.push_back(buf.data());
             have.push_back(row);
           }
-          for (auto& b : bufs) ptrs.push_back(b.data());
           const int want = i;
           std::byte* outp = out.data();
           code.reconstruct(have, ptrs, std::span<const int>(&want, 1), std::span<std::byte* const>(&outp, 1), len);
