@@ -221,3 +221,36 @@ TEST_CASE("a power cut after any operation of a save across node roots leaves th
     CHECK(saw_new > 0);
   }
 }
+
+TEST_CASE("open_latest with fallback on a node set passes over a checkpoint lost beyond the scheme to the previous one, rebuilt") {
+  test::TempDir dir;
+  const std::string root = (dir.path() / "set").string();
+  test::Fixture first(4, 1), second(4, 2);
+  {
+    Checkpointer c(node_options(root, "rs:3+1"));
+    save_all(c, first, 1);
+    save_all(c, second, 2);
+  }
+  // Step 2 loses two nodes (beyond rs:3+1), step 1 one.
+  fs::remove_all(dir.path() / "set/node-1/step-0000000002");
+  fs::remove_all(dir.path() / "set/node-2/step-0000000002");
+  fs::remove_all(dir.path() / "set/node-3/step-0000000001");
+  try {
+    open_latest(posix_file_system(), root);
+    FAIL("opened");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::missing_shard);
+    CHECK(std::string(e.what()).find("shards of rank 1 (node 1), rank 2 (node 2) are lost beyond what rs:3+1 restores") != std::string::npos);
+  }
+  auto opened = open_latest(posix_file_system(), root, {.fallback = true});
+  CHECK(opened.name == "step-0000000001");
+  CHECK(opened.fell_back);
+  CHECK(opened.note.find("rank 3 (node-3/step-0000000001/rank-00003-of-00004.safetensors) rebuilt from parity") != std::string::npos);
+  for (int r = 0; r < 4; ++r) {
+    const auto shard = opened.reader.load_shard(r, Verify::full);
+    for (const auto& t : first.request.ranks[static_cast<std::size_t>(r)].tensors) {
+      const auto& got = shard.tensor(t.name);
+      CHECK(std::equal(got.data.begin(), got.data.end(), t.data.begin(), t.data.end()));
+    }
+  }
+}

@@ -5,6 +5,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <set>
 #include <unordered_map>
 
 #include "ckpt/core/error.hpp"
@@ -455,12 +456,44 @@ OpenedCheckpoint open_latest(FileSystem& fs, const std::string& root, const Open
   if (!fs.stat(join_path(root, kLatestName)))
     if (const int nodes = count_node_roots(fs, root); nodes > 0) {
       // A node set: what is lost or damaged is rebuilt from the redundancy first.
-      RepairReport report;
-      auto reader = open_latest_nodes(fs, node_root_paths(root, nodes), opt.expected_world_size, opt.verify, &report);
-      std::string note;
-      for (const auto& line : report.lines) note += (note.empty() ? "rebuilt: " : "; ") + line;
-      std::string name = checkpoint_dir_name(reader.manifest().step);
-      return {std::move(reader), std::move(name), false, std::move(note)};
+      const auto roots = node_root_paths(root, nodes);
+      const auto rebuilt = [](const RepairReport& report) {
+        std::string note;
+        for (const auto& line : report.lines) note += (note.empty() ? "rebuilt: " : "; ") + line;
+        return note;
+      };
+      std::string why;
+      try {
+        RepairReport report;
+        auto reader = open_latest_nodes(fs, roots, opt.expected_world_size, opt.verify, &report);
+        std::string name = checkpoint_dir_name(reader.manifest().step);
+        return {std::move(reader), std::move(name), false, rebuilt(report)};
+      } catch (const Error& e) {
+        if (!opt.fallback || e.code() == Errc::world_size_mismatch) throw;
+        why = e.what();
+      }
+      // With fallback: the older checkpoints of the node set, newest first, each rebuilt
+      // if it can be and verified.
+      const auto tried = read_latest_nodes(fs, roots);
+      std::set<std::string> names;
+      for (const auto& r : roots)
+        if (fs.stat(r))
+          for (const auto& e : fs.list_dir(r))
+            if (e.type == EntryType::directory && parse_checkpoint_dir_name(e.name) && (!tried || e.name < *tried)) names.insert(e.name);
+      for (auto it = names.rbegin(); it != names.rend(); ++it) {
+        try {
+          RepairReport report = repair_node_checkpoint(fs, roots, *it, opt.verify);
+          std::vector<std::string> dirs;
+          for (const auto& r : roots) dirs.push_back(join_path(r, *it));
+          auto reader = CheckpointReader::open_nodes(fs, dirs, opt.expected_world_size);
+          reader.verify(opt.verify);
+          const std::string note = rebuilt(report);
+          return {std::move(reader), *it, true, why + (note.empty() ? "" : "; " + note)};
+        } catch (const Error& e) {
+          if (e.code() == Errc::world_size_mismatch) throw;
+        }
+      }
+      throw Error(Errc::not_found, root, "no checkpoint of the node set that opens and verifies", "a good checkpoint", why);
     }
   std::string tried, note;
   try {

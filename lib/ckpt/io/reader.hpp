@@ -162,6 +162,9 @@ struct OpenedCheckpoint {
 /// Opens the checkpoint ROOT/latest names. Throws Errc::not_found if there is none, or the
 /// typed error of the named checkpoint (unless options.fallback finds another good one).
 /// A world_size mismatch is never "fallen back" from: it is the caller's mistake.
+/// A node set ROOT (io/node_commit.hpp) opens its newest checkpoint across the node roots,
+/// first rebuilding what is lost or damaged (open_latest_nodes; `note` says what was
+/// rebuilt from what); with fallback, its older checkpoints are tried the same way.
 OpenedCheckpoint open_latest(FileSystem& fs, const std::string& root, const OpenLatestOptions& options = {});
 
 /// Opens ROOT/step-N.
