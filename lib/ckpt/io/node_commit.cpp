@@ -18,13 +18,9 @@ std::vector<std::string> node_root_paths(const std::string& dir, int nodes) {
   return out;
 }
 
-bool is_node_set(FileSystem& fs, const std::string& dir) {
-  const auto st = fs.stat(join_path(dir, "node-0"));
-  return st && st->type == EntryType::directory && !fs.stat(join_path(dir, kLatestName));
-}
-
-int count_node_roots(FileSystem& fs, const std::string& dir) {
-  if (!is_node_set(fs, dir)) return 0;
+namespace {
+// 1 + the highest n of the directories node-n in `dir` (0: none).
+int node_roots_named(FileSystem& fs, const std::string& dir) {
   int n = 0;
   for (const auto& e : fs.list_dir(dir))
     if (e.type == EntryType::directory && e.name.starts_with("node-")) {
@@ -34,6 +30,15 @@ int count_node_roots(FileSystem& fs, const std::string& dir) {
     }
   return n;
 }
+}  // namespace
+
+bool is_node_set(FileSystem& fs, const std::string& dir) {
+  // Any node root will do: node-0 may be the node that was lost.
+  const auto st = fs.stat(dir);
+  return st && st->type == EntryType::directory && !fs.stat(join_path(dir, kLatestName)) && node_roots_named(fs, dir) > 0;
+}
+
+int count_node_roots(FileSystem& fs, const std::string& dir) { return is_node_set(fs, dir) ? node_roots_named(fs, dir) : 0; }
 
 namespace {
 std::optional<std::uint64_t> latest_step(FileSystem& fs, const std::string& root) {

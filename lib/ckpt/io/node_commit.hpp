@@ -35,7 +35,8 @@ namespace ckpt {
 
 /// Node n's root under `dir`: DIR/node-n, for n in 0..nodes-1.
 std::vector<std::string> node_root_paths(const std::string& dir, int nodes);
-/// True if `dir` holds node roots (DIR/node-0 is a directory) and no `latest` of its own.
+/// True if `dir` holds node roots (a directory DIR/node-n for some n: node 0 may be the one
+/// lost) and no `latest` of its own.
 bool is_node_set(FileSystem& fs, const std::string& dir);
 /// The number of node roots under `dir` (node-0, node-1, ... up to the first gap in the
 /// names that the manifest does not explain: callers read the manifest's count instead when
