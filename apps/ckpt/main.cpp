@@ -294,6 +294,17 @@ json::array ints_json(const std::vector<int>& v) {
   return a;
 }
 
+// The first bad file's error, in the shape of error_json (its message starts with the
+// code's name: "missing shard: PATH: ..."), for the {"ok": false, "error"} of --json.
+json::object first_bad_json(const NodeCheckpointHealth& h) {
+  for (const auto* list : {&h.shards, &h.blocks})
+    for (const auto& f : *list)
+      if (!f.ok)
+        return {{"code", f.error.substr(0, f.error.find(':'))}, {"file", f.path}, {"detail", f.what + " on node " + std::to_string(f.node)},
+                {"expected", ""}, {"actual", ""}, {"message", f.error}};
+  return {};
+}
+
 // The health of a checkpoint across nodes, for --json.
 json::object health_json(const NodeCheckpointHealth& h) {
   json::array bad;
@@ -660,9 +671,11 @@ int cmd_verify_nodes(const VerifyArgs& a, const std::string& mode_name, const No
   const std::string dir = join_path(join_path(set.dir, "node-*"), c.name);
   const auto bad_blocks = std::count_if(h.blocks.begin(), h.blocks.end(), [](const MemberHealth& b) { return !b.ok; });
   if (a.json) {
-    print_json(json::object{{"ok", h.healthy()}, {"dir", dir}, {"checkpoint", c.name}, {"mode", mode_name},
-                            {"redundancy", redundancy_name(m.nodes->scheme)}, {"shards", m.shards.size()}, {"blocks", m.redundancy.size()},
-                            {"bytes", total}, {"redundancy_bytes", redundancy_bytes(m)}, {"health", health_json(h)}});
+    json::object o{{"ok", h.healthy()}, {"dir", dir}, {"checkpoint", c.name}, {"mode", mode_name},
+                   {"redundancy", redundancy_name(m.nodes->scheme)}, {"shards", m.shards.size()}, {"blocks", m.redundancy.size()},
+                   {"bytes", total}, {"redundancy_bytes", redundancy_bytes(m)}, {"health", health_json(h)}};
+    if (!h.healthy()) o["error"] = first_bad_json(h);
+    print_json(o);
   } else if (h.healthy()) {
     std::printf("OK %s: %zu shards (%s) and %zu redundancy blocks (%s) verified, %s; %s survives %s\n", dir.c_str(), m.shards.size(),
                 human_bytes(total).c_str(), m.redundancy.size(), human_bytes(redundancy_bytes(m)).c_str(), verify_how(mode),

@@ -139,6 +139,8 @@ TEST_CASE("a lost node root: ckpt verify names the lost shard and says rs can re
   CHECK(v.at("health").at("state").as_string() == "degraded");
   CHECK(v.at("health").at("bad_ranks").as_array() == boost::json::array{1});
   CHECK(v.at("health").at("lost_ranks").as_array().empty());
+  CHECK(v.at("error").at("code").as_string() == "missing shard");
+  CHECK(v.at("error").at("file").as_string() == s.shard(1).string());
   r = ckpt_run("ls " + s.set());
   INFO(r.out);
   CHECK(r.status == 1);
@@ -300,6 +302,14 @@ TEST_CASE("ckpt get, diff and reshard read a node set through the reader, never 
   const auto want = plain.saved(2, "u8");
   REQUIRE(npy.size() >= want.size());
   CHECK(std::memcmp(npy.data() + npy.size() - want.size(), want.data(), want.size()) == 0);
+  // The same through a node's checkpoint directory: the reader finds the other nodes' shards.
+  r = ckpt_run("get " + s.ckpt_dir(0).string() + " u8 --rank 2 --out " + out);
+  INFO(r.out);
+  CHECK(r.status == 0);
+  CHECK(test::read_all(out) == npy);
+  r = ckpt_run("diff " + s.ckpt_dir(1).string() + " " + plain.root());
+  INFO(r.out);
+  CHECK(r.status == 0);
   r = ckpt_run("diff " + s.set() + " " + plain.root());
   INFO(r.out);
   CHECK(r.status == 0);
