@@ -508,11 +508,16 @@ names. Without --verify only the manifests and shard sizes are checked; with it 
 is read and checked too. Exit 1 if any checkpoint is corrupt, or if ROOT is not a checkpoint
 root (no `latest`, no step-N directory, no temporary: Errc::not_found naming it).
 
+ROOT may be a node set (DIR/node-0, DIR/node-1, ...: a checkpoint across node roots): then
+every step on any node root is listed with its node count, redundancy scheme and how many
+more node losses it survives, and each bad shard or block (missing, or failing the checks
+of --verify) with whether the scheme can rebuild it; exit 1 if any file is bad.
+
 example:
   ckpt ls /ckpts/run1 --verify fast
 )",
                             *a);
-  add_path(*c, "ROOT", a->root, "a checkpoint root");
+  add_path(*c, "ROOT", a->root, "a checkpoint root, or a node set");
   add_verify_option(*c, a->verify, "none (default): manifests and shard sizes; fast: also the XXH3\nof every chunk; full: also every file's SHA-256");
   return bind(c, a, cmd_ls);
 }
@@ -728,7 +733,7 @@ example:
   ckpt verify --verify full /ckpts/run1/step-0000000010
 )",
                             *a);
-  add_path(*c, "DIR", a->dir, "a checkpoint directory, or a root (its latest)");
+  add_path(*c, "DIR", a->dir, "a checkpoint directory, a root (its latest), or a node set\n(the newest latest of its node roots)");
   auto* mode = add_verify_option(*c, a->verify, "fast (default): the XXH3 of every chunk; full: also every file's\nSHA-256; none: sizes and shard headers only");
   c->add_flag("--full", a->full, "the same as --verify full")->excludes(mode);
   return bind(c, a, cmd_verify);
@@ -920,6 +925,8 @@ dimension they were split on, replicated tensors stay replicated (written once),
 ones stay on their rank while it exists; per-rank metadata is remapped (docs/resharding.md). The new checkpoint
 has its own checksums and goes through the durable commit; a corrupt source fails with the
 typed error and leaves nothing behind.
+SRC may be a node set (read through its node roots; the new checkpoint is a plain one in
+DST); DST may not be a node set or one of its node roots (Errc::invalid_argument).
 
 example:
   ckpt reshard /ckpts/run1 /ckpts/run1-8 --world-size 8
@@ -1168,7 +1175,7 @@ example:
   ckpt prune /ckpts/run1 --keep 3
 )",
                             *a);
-  add_path(*c, "ROOT", a->root, "a checkpoint root");
+  add_path(*c, "ROOT", a->root, "a checkpoint root, or a node set");
   cli::add_int_option(*c, "--keep", a->keep, std::uint64_t{1}, std::uint64_t{1} << 30, "K", "checkpoints to keep, K >= 1")->required();
   c->add_flag("--dry-run", a->dry_run, "say what would be removed, remove nothing");
   return bind(c, a, cmd_prune);
