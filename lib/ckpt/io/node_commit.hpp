@@ -38,9 +38,9 @@ std::vector<std::string> node_root_paths(const std::string& dir, int nodes);
 /// True if `dir` holds node roots (a directory DIR/node-n for some n: node 0 may be the one
 /// lost) and no `latest` of its own.
 bool is_node_set(FileSystem& fs, const std::string& dir);
-/// The number of node roots under `dir` (node-0, node-1, ... up to the first gap in the
-/// names that the manifest does not explain: callers read the manifest's count instead when
-/// they have one). 0 when `dir` is not a node set.
+/// The number of node roots under `dir`: 1 + the highest n of its node-n directories (a lost
+/// last node is not counted: callers read the manifest's count instead when they have one).
+/// 0 when `dir` is not a node set.
 int count_node_roots(FileSystem& fs, const std::string& dir);
 
 /// The newest checkpoint any node root's `latest` names ("step-0000000010"), or nullopt if
