@@ -1,13 +1,20 @@
 // ckpt: inspect, check, reshard, export and compare checkpoints on disk.
 //
 //   ckpt ls ROOT                         list checkpoints with step, size and state
-//   ckpt inspect DIR                     manifest summary and tensor table
+//   ckpt inspect DIR [STEP]              manifest summary and tensor table
 //   ckpt verify DIR [--verify fast|full] check every shard; exit 0 only if all verify
+//   ckpt repair DIR [--step N] [--full]  rebuild lost shards of a checkpoint across node roots
 //   ckpt reshard SRC DST --world-size M  the checkpoint at another world size, streamed
 //   ckpt consolidate SRC OUT             the full model as Hugging Face safetensors
 //   ckpt prune ROOT --keep K             remove all but the newest K checkpoints
 //   ckpt diff A B                        per-tensor equal / max abs difference
 //   ckpt get DIR TENSOR --out FILE.npy   one tensor as a NumPy .npy file, reading only its chunks
+//
+// DIR, ROOT, SRC may also be a node set (DIR/node-0, DIR/node-1, ...: a checkpoint across node
+// roots, io/node_commit.hpp): ls, inspect and verify then show its scheme and health, repair
+// rebuilds what its redundancy covers, prune removes a step on every node, and the commands
+// that read tensors read through CheckpointReader, which never takes a redundancy block for a
+// shard.
 //
 // Every command takes --json and --help; `ckpt --help` documents the exit codes. Each
 // command is declared once (declare_<command>: its arguments, options, help text) and runs in
@@ -34,11 +41,17 @@
 #include <vector>
 
 #include "ckpt/core/error.hpp"
+#include "ckpt/core/log.hpp"
+#include "ckpt/format/manifest_limits.hpp"
 #include "ckpt/io/commit.hpp"
+#include "ckpt/io/detail/small_file.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/mapped.hpp"
+#include "ckpt/io/node_commit.hpp"
 #include "ckpt/io/reader.hpp"
+#include "ckpt/io/redundancy_io.hpp"
 #include "ckpt/io/reshard.hpp"
+#include "ckpt/io/root_lock.hpp"
 #include "ckpt/io/slice_load.hpp"
 #include "ckpt/io/range_reader.hpp"
 #include "cli.hpp"
@@ -56,11 +69,14 @@ constexpr int kExitOk = 0, kExitBad = 1, kExitUsage = cli::kExitUsage, kExitDiff
 const char* kDescription = "ckpt: inspect, check, reshard, export and compare ckpt checkpoints";
 
 const char* kFooter = R"(DIR, SRC, A and B are a checkpoint directory (step-N) or a root (then the checkpoint its
-`latest` names). Every command takes --json: one JSON object on stdout, for scripts.
+`latest` names), or a node set: a directory holding node roots node-0, node-1, ... (a
+checkpoint across node-local roots; then the checkpoint the newest of their `latest` files
+names). Every command takes --json: one JSON object on stdout, for scripts.
 `ckpt COMMAND --help` and `ckpt help COMMAND` show a command's options and an example.
 
 exit codes:
-  0  success (verify: every shard verified; diff: every tensor equal)
+  0  success (verify: every shard verified, and every redundancy block of a node set;
+     diff: every tensor equal; repair: everything rebuilt, or nothing to rebuild)
   1  failure: a bad or unreadable checkpoint, or an I/O error; the typed error is printed
      (code, file, expected and actual value), and with --json it is the output:
      {"ok": false, "error": {"code", "file", "detail", "expected", "actual", "message"}}
@@ -122,9 +138,219 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// DIR may be a checkpoint directory or a root (then its latest).
+// ---- node sets ---------------------------------------------------------------------------
+//
+// A checkpoint across node roots (io/node_commit.hpp, docs/format.md "Nodes and redundancy"):
+// DIR holds the node roots DIR/node-0, DIR/node-1, ..., each a checkpoint root with its part
+// of every step (its ranks' shards, the redundancy blocks placed on it, the manifest), and no
+// `latest` of its own.
+
+struct NodeSet {
+  std::string dir;  // DIR
+  int found = 0;    // node roots present (count_node_roots); the manifest says how many there are
+  std::vector<std::string> found_roots() const { return found ? node_root_paths(dir, found) : std::vector<std::string>{}; }
+};
+
+bool is_node_root_name(const std::string& name) {
+  return name.size() > 5 && name.starts_with("node-") && name.find_first_not_of("0123456789", 5) == std::string::npos;
+}
+
+std::string strip_slashes(std::string p) {
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  return p;
+}
+
+// The node set `root` is one node root of, if it is one.
+std::optional<std::string> node_set_above(const std::string& root) {
+  const std::filesystem::path p(strip_slashes(root));
+  const std::string parent = p.parent_path().string();
+  try {
+    if (is_node_root_name(p.filename().string()) && !parent.empty() && is_node_set(posix_file_system(), parent)) return parent;
+  } catch (const Error&) {  // unreadable: the caller's own access reports it
+  }
+  return std::nullopt;
+}
+
+// The manifest of checkpoint `name` of the node set: from the first node root whose copy
+// decodes and describes a checkpoint across nodes (the copies are identical; a lost node or
+// a damaged copy does not matter). Errc::not_found naming every copy tried when none does.
+Manifest node_manifest(const NodeSet& set, const std::string& name) {
+  FileSystem& fs = posix_file_system();
+  std::string tried;
+  for (const auto& root : set.found_roots()) {
+    const std::string path = join_path(join_path(root, name), kManifestName);
+    try {
+      if (!fs.stat(path)) throw Error(Errc::not_found, path, "missing");
+      Manifest m = decode_manifest(detail::read_small_file(fs, path, kMaxManifestBytes, Errc::malformed_manifest), path);
+      if (!m.nodes) throw Error(Errc::malformed_manifest, path, "no \"nodes\": a checkpoint in one root, not across node roots");
+      return m;
+    } catch (const Error& e) {
+      tried += (tried.empty() ? "" : "; ") + std::string(e.what());
+    }
+  }
+  throw Error(Errc::not_found, join_path(set.dir, "node-*/" + name), "no node root has a manifest of " + name + " that opens",
+              "a manifest on at least one node", tried.empty() ? "no node roots" : tried);
+}
+
+// Every node root of the checkpoint `m` describes (a lost one too).
+std::vector<std::string> node_roots(const NodeSet& set, const Manifest& m) { return node_root_paths(set.dir, m.nodes->nodes); }
+
+// The checkpoint the newest `latest` of the node roots names; Errc::not_found without one.
+std::string node_latest(const NodeSet& set) {
+  if (const auto name = read_latest_nodes(posix_file_system(), set.found_roots())) return *name;
+  throw Error(Errc::not_found, set.dir, "no committed checkpoint on the node roots", "a `latest` on at least one node root",
+              std::to_string(set.found) + " node root(s), none with a `latest` naming a checkpoint");
+}
+
+// The step-N directories on any node root, in step order.
+std::vector<std::string> node_step_names(const NodeSet& set) {
+  FileSystem& fs = posix_file_system();
+  std::set<std::string> names;
+  for (const auto& root : set.found_roots()) {
+    if (!fs.stat(root)) continue;
+    for (const auto& e : fs.list_dir(root))
+      if (e.type == EntryType::directory && parse_checkpoint_dir_name(e.name)) names.insert(e.name);
+  }
+  return {names.begin(), names.end()};
+}
+
+// The node set `path` is (DIR), or, with `members`, the one it belongs to: one of its node
+// roots DIR/node-n (the checkpoint is then the newest `latest`'s) or a checkpoint
+// DIR/node-n/step-N of it (`*step` is then set to its name), when that checkpoint's manifest
+// describes a checkpoint across nodes. nullopt for anything else (a plain root or checkpoint,
+// or a path this process cannot read).
+std::optional<NodeSet> node_set_of(const std::string& path, bool members = false, std::string* step = nullptr) {
+  FileSystem& fs = posix_file_system();
+  const std::string p = strip_slashes(path);
+  try {
+    if (is_node_set(fs, p)) return NodeSet{p, count_node_roots(fs, p)};
+  } catch (const Error&) {  // unreadable: not a node set; the command's own access reports why
+    return std::nullopt;
+  }
+  if (!members) return std::nullopt;
+  const auto across_nodes = [&](const std::string& dir) {
+    try {
+      const std::string mpath = join_path(dir, kManifestName);
+      return fs.stat(mpath) && decode_manifest(detail::read_small_file(fs, mpath, kMaxManifestBytes, Errc::malformed_manifest), mpath).nodes;
+    } catch (const Error&) {
+      return false;
+    }
+  };
+  if (const auto parent = node_set_above(p)) {
+    std::optional<std::string> latest;
+    try {
+      latest = read_latest(fs, p);
+    } catch (const Error&) {
+    }
+    if (latest && across_nodes(join_path(p, *latest))) return NodeSet{*parent, count_node_roots(fs, *parent)};
+    return std::nullopt;
+  }
+  const std::filesystem::path fp(p);
+  if (const auto set = node_set_above(fp.parent_path().string()); set && parse_checkpoint_dir_name(fp.filename().string()) && across_nodes(p)) {
+    if (step) *step = fp.filename().string();
+    return NodeSet{*set, count_node_roots(fs, *set)};
+  }
+  return std::nullopt;
+}
+
+// "1 more node loss", "0 more node losses", or "lost" (a shard the scheme cannot rebuild).
+std::string survives_text(const NodeCheckpointHealth& h) {
+  if (!h.recoverable()) return "lost";
+  const int n = h.min_margin();
+  return std::to_string(n) + " more node loss" + (n == 1 ? "" : "es");
+}
+
+// complete (every file good), degraded (bad files the scheme rebuilds: `ckpt repair`), or
+// corrupt (a shard lost beyond the scheme).
+std::string node_state(const NodeCheckpointHealth& h) { return h.healthy() ? "complete" : h.recoverable() ? "degraded" : "corrupt"; }
+
+std::string ints_text(const std::vector<int>& v) {
+  std::string s;
+  for (int x : v) s += (s.empty() ? "" : ", ") + std::to_string(x);
+  return s;
+}
+
+// One line per bad file ("shard of rank 1 on node 1: missing shard: ..."), then what the
+// scheme can do about them.
+std::vector<std::string> health_notes(const NodeCheckpointHealth& h, const std::string& set_dir) {
+  std::vector<std::string> out;
+  for (const auto* list : {&h.shards, &h.blocks})
+    for (const auto& f : *list)
+      if (!f.ok) out.push_back(f.what + " on node " + std::to_string(f.node) + ": " + f.error);
+  const std::string scheme = redundancy_name(h.manifest.nodes->scheme);
+  if (!h.recoverable())
+    out.push_back(scheme + " cannot rebuild rank" + (h.lost_ranks.size() == 1 ? " " : "s ") + ints_text(h.lost_ranks) + ": it survives at most " +
+                  std::to_string(tolerated_node_losses(h.manifest.nodes->scheme)) + " lost node(s) per " +
+                  (h.manifest.nodes->scheme.kind == RedundancyScheme::Kind::reed_solomon ? "stripe" : "shard"));
+  else if (!h.healthy())
+    out.push_back(scheme + " can rebuild " + (h.bad_ranks.empty() ? std::string("them") : "rank" + std::string(h.bad_ranks.size() == 1 ? " " : "s ") + ints_text(h.bad_ranks)) +
+                  ": ckpt repair " + set_dir);
+  return out;
+}
+
+json::array ints_json(const std::vector<int>& v) {
+  json::array a;
+  for (int x : v) a.push_back(x);
+  return a;
+}
+
+// The first bad file's error, in the shape of error_json (its message starts with the
+// code's name: "missing shard: PATH: ..."), for the {"ok": false, "error"} of --json.
+json::object first_bad_json(const NodeCheckpointHealth& h) {
+  for (const auto* list : {&h.shards, &h.blocks})
+    for (const auto& f : *list)
+      if (!f.ok)
+        return {{"code", f.error.substr(0, f.error.find(':'))}, {"file", f.path}, {"detail", f.what + " on node " + std::to_string(f.node)},
+                {"expected", ""}, {"actual", ""}, {"message", f.error}};
+  return {};
+}
+
+// The health of a checkpoint across nodes, for --json.
+json::object health_json(const NodeCheckpointHealth& h) {
+  json::array bad;
+  for (const auto* list : {&h.shards, &h.blocks})
+    for (const auto& f : *list)
+      if (!f.ok) bad.push_back(json::object{{"what", f.what}, {"node", f.node}, {"path", f.path}, {"error", f.error}});
+  return {{"state", node_state(h)},
+          {"healthy", h.healthy()},
+          {"recoverable", h.recoverable()},
+          {"survives", h.recoverable() ? json::value(h.min_margin()) : json::value(nullptr)},
+          {"margins", ints_json(h.margins)},
+          {"bad_ranks", ints_json(h.bad_ranks)},
+          {"lost_ranks", ints_json(h.lost_ranks)},
+          {"bad", bad}};
+}
+
+std::uint64_t redundancy_bytes(const Manifest& m) {
+  std::uint64_t b = 0;
+  for (const auto& r : m.redundancy) b += r.size;
+  return b;
+}
+
+// A node set's checkpoint: `name`, or the newest `latest`'s; its manifest and node roots.
+struct NodeCheckpoint {
+  std::string name;
+  Manifest manifest;
+  std::vector<std::string> roots;
+};
+NodeCheckpoint node_checkpoint(const NodeSet& set, const std::string& name = {}) {
+  NodeCheckpoint c;
+  c.name = name.empty() ? node_latest(set) : name;
+  c.manifest = node_manifest(set, c.name);
+  c.roots = node_roots(set, c.manifest);
+  return c;
+}
+
+// DIR may be a checkpoint directory or a root (then its latest), or a node set (then the
+// checkpoint the newest `latest` of its node roots names, every shard read from its node).
 CheckpointReader open_dir_or_root(const std::string& path) {
   FileSystem& fs = posix_file_system();
+  if (const auto set = node_set_of(path)) {
+    const NodeCheckpoint c = node_checkpoint(*set);
+    std::vector<std::string> dirs;
+    for (const auto& r : c.roots) dirs.push_back(join_path(r, c.name));
+    return CheckpointReader::open_nodes(fs, dirs);
+  }
   if (fs.stat(join_path(path, kManifestName))) return CheckpointReader::open(fs, path);
   if (fs.stat(join_path(path, kLatestName))) return open_latest(fs, path).reader;
   return CheckpointReader::open(fs, path);  // reports the missing manifest
@@ -188,9 +414,66 @@ struct LsArgs : Common {
   std::string root, verify = "none";
 };
 
+// ls of a node set: every step directory on any node root, with its scheme and health.
+int cmd_ls_nodes(const LsArgs& a, const NodeSet& set) {
+  FileSystem& fs = posix_file_system();
+  const Verify mode = verify_of(a.verify);
+  const auto latest = read_latest_nodes(fs, set.found_roots());
+  bool any_bad = false;
+  json::array out;
+  Table table({{"NAME"}, {"STEP", true}, {"WORLD", true}, {"NODES", true}, {"SCHEME"}, {"SIZE", true}, {"SURVIVES"}, {"STATE"}});
+  for (const auto& name : node_step_names(set)) {
+    const bool is_latest = latest == name;
+    const auto step = parse_checkpoint_dir_name(name);
+    try {
+      const NodeCheckpoint c = node_checkpoint(set, name);
+      const NodeCheckpointHealth h = check_node_checkpoint(fs, c.roots, name, mode);
+      const Manifest& m = h.manifest;
+      std::uint64_t bytes = 0;
+      for (const auto& s : m.shards) bytes += s.size;
+      any_bad |= !h.healthy();
+      json::object o{{"name", name},
+                     {"step", *step},
+                     {"world_size", m.world_size},
+                     {"nodes", m.nodes->nodes},
+                     {"ranks_per_node", m.nodes->ranks_per_node},
+                     {"redundancy", redundancy_name(m.nodes->scheme)},
+                     {"bytes", bytes},
+                     {"redundancy_bytes", redundancy_bytes(m)},
+                     {"state", node_state(h)},
+                     {"latest", is_latest},
+                     {"health", health_json(h)}};
+      out.push_back(std::move(o));
+      table.row({name, std::to_string(*step), std::to_string(m.world_size), std::to_string(m.nodes->nodes), redundancy_name(m.nodes->scheme),
+                 human_bytes(bytes), survives_text(h), node_state(h) + (is_latest ? " (latest)" : "")});
+      for (const auto& n : health_notes(h, set.dir)) table.note(n);
+    } catch (const Error& e) {
+      any_bad = true;
+      out.push_back(json::object{{"name", name}, {"step", *step}, {"state", "corrupt"}, {"latest", is_latest}, {"error", e.what()}});
+      table.row({name, std::to_string(*step), "-", "-", "-", "-", "-", std::string("corrupt") + (is_latest ? " (latest)" : "")});
+      table.note(e.what());
+    }
+  }
+  // Temporaries of a save in progress (or of a crashed one, which the next writer removes).
+  for (const auto& root : set.found_roots()) {
+    if (!fs.stat(root)) continue;
+    for (const auto& e : fs.list_dir(root)) {
+      if (e.type != EntryType::directory || !e.name.starts_with(".tmp-")) continue;
+      const std::string name = std::filesystem::path(root).filename().string() + "/" + e.name;
+      const std::string state(checkpoint_state_name(CheckpointState::in_progress));
+      out.push_back(json::object{{"name", name}, {"step", nullptr}, {"state", state}, {"latest", false}});
+      table.row({name, "-", "-", "-", "-", "-", "-", state});
+    }
+  }
+  if (a.json) print_json(json::object{{"ok", !any_bad}, {"root", set.dir}, {"node_roots", set.found}, {"checkpoints", out}});
+  else table.print();
+  return any_bad ? kExitBad : kExitOk;
+}
+
 int cmd_ls(const LsArgs& a) {
   FileSystem& fs = posix_file_system();
   if (!fs.stat(a.root)) throw Error(Errc::not_found, a.root, "no such checkpoint root");
+  if (const auto set = node_set_of(a.root)) return cmd_ls_nodes(a, *set);
   const auto list = list_checkpoints(fs, a.root, verify_of(a.verify));
   if (list.empty() && !fs.stat(join_path(a.root, kLatestName)))
     throw Error(Errc::not_found, a.root, "not a checkpoint root", "a `latest` file, step-N directories or .tmp-* temporaries",
@@ -225,32 +508,51 @@ names. Without --verify only the manifests and shard sizes are checked; with it 
 is read and checked too. Exit 1 if any checkpoint is corrupt, or if ROOT is not a checkpoint
 root (no `latest`, no step-N directory, no temporary: Errc::not_found naming it).
 
+ROOT may be a node set (DIR/node-0, DIR/node-1, ...: a checkpoint across node roots): then
+every step on any node root is listed with its node count, redundancy scheme and how many
+more node losses it survives, and each bad shard or block (missing, or failing the checks
+of --verify) with whether the scheme can rebuild it; exit 1 if any file is bad.
+
 example:
   ckpt ls /ckpts/run1 --verify fast
 )",
                             *a);
-  add_path(*c, "ROOT", a->root, "a checkpoint root");
+  add_path(*c, "ROOT", a->root, "a checkpoint root, or a node set");
   add_verify_option(*c, a->verify, "none (default): manifests and shard sizes; fast: also the XXH3\nof every chunk; full: also every file's SHA-256");
   return bind(c, a, cmd_ls);
 }
 
 struct InspectArgs : Common {
-  std::string dir;
+  std::string dir, step;
 };
 
-int cmd_inspect(const InspectArgs& a) {
-  const auto reader = open_dir_or_root(a.dir);
-  const Manifest& m = reader.manifest();
-  if (a.json) {
-    print_json(json::object{{"ok", true}, {"dir", reader.dir()}, {"manifest", json::parse(encode_manifest(m))}});
-    return kExitOk;
-  }
+// "10" or "step-0000000010": the checkpoint's directory name; invalid_argument otherwise.
+std::string step_dir_name(const std::string& text, const std::string& where) {
+  if (parse_checkpoint_dir_name(text)) return text;
+  if (!text.empty() && text.size() <= 10 && text.find_first_not_of("0123456789") == std::string::npos)
+    return checkpoint_dir_name(std::stoull(text));
+  throw Error(Errc::invalid_argument, where, "STEP", "a step number or a step-N name", "'" + text + "'");
+}
+
+// The text of `ckpt inspect`: the manifest summary, the shard table and the tensor index; for
+// a checkpoint across nodes (`h` set) also its layout, where each shard and block lives, the
+// stripes and the health of every file.
+void print_inspect(const std::string& dir, const Manifest& m, const NodeCheckpointHealth* h, const std::string& set_dir = {}) {
   std::uint64_t total = 0;
   for (const auto& s : m.shards) total += s.size;
-  std::printf("checkpoint  %s\nstep        %llu\nworld size  %d\ncreated     %s\nwall clock  %.3f s\n", reader.dir().c_str(),
+  std::printf("checkpoint  %s\nstep        %llu\nworld size  %d\ncreated     %s\nwall clock  %.3f s\n", dir.c_str(),
               static_cast<unsigned long long>(m.step), m.world_size, m.created_at.c_str(), m.wall_clock_seconds);
   std::printf("size        %s in %zu shards, chunk %s\nparameters  %llu (flat)\n", human_bytes(total).c_str(), m.shards.size(),
               human_bytes(m.chunk_size).c_str(), static_cast<unsigned long long>(m.param_numel));
+  if (h) {
+    const NodeLayout& l = *m.nodes;
+    std::printf("nodes       %d, %d rank%s per node\nredundancy  %s (survives %d lost node%s), %s in %zu blocks\n", l.nodes, l.ranks_per_node,
+                l.ranks_per_node == 1 ? "" : "s", redundancy_name(l.scheme).c_str(), tolerated_node_losses(l.scheme),
+                tolerated_node_losses(l.scheme) == 1 ? "" : "s", human_bytes(redundancy_bytes(m)).c_str(), m.redundancy.size());
+    std::printf("health      %s: survives %s (sizes checked; ckpt verify reads the checksums)\n", node_state(*h).c_str(),
+                survives_text(*h).c_str());
+    for (const auto& n : health_notes(*h, set_dir)) std::printf("            %s\n", n.c_str());
+  }
   if (!m.training.empty()) {
     // param_layout runs to one entry per model tensor: summarised, the rest printed whole.
     json::object tr = m.training;
@@ -259,32 +561,92 @@ int cmd_inspect(const InspectArgs& a) {
     std::printf("training    %s\n", json::serialize(tr).c_str());
   }
   std::printf("\n");
-  Table shards({{"RANK"}, {"SHARD"}, {"SIZE", true}, {"PARAM OFF", true}, {"PARAM NUMEL", true}, {"SHA-256"}});
-  for (const auto& s : m.shards)
-    shards.row({std::to_string(s.rank), s.path, human_bytes(s.size), std::to_string(s.param_shard_offset),
-                std::to_string(s.param_shard_numel), s.sha256.substr(0, 16) + "..."});
-  shards.print();
+  const auto state = [](const MemberHealth& f) { return f.ok ? std::string("ok") : f.error.substr(0, f.error.find(':')); };
+  if (h) {
+    Table shards({{"RANK"}, {"NODE", true}, {"SHARD"}, {"SIZE", true}, {"PARAM OFF", true}, {"PARAM NUMEL", true}, {"SHA-256"}, {"STATE"}});
+    for (const auto& s : m.shards)
+      shards.row({std::to_string(s.rank), std::to_string(m.nodes->node_of(s.rank)), s.path, human_bytes(s.size), std::to_string(s.param_shard_offset),
+                  std::to_string(s.param_shard_numel), s.sha256.substr(0, 16) + "...", state(h->shards[static_cast<std::size_t>(s.rank)])});
+    shards.print();
+    if (!m.redundancy.empty()) {
+      std::printf("\n");
+      Table blocks({{"KIND"}, {"NODE", true}, {"STRIPE", true}, {"WHAT"}, {"FILE"}, {"SIZE", true}, {"SHA-256"}, {"STATE"}});
+      for (std::size_t i = 0; i < m.redundancy.size(); ++i) {
+        const auto& b = m.redundancy[i];
+        const bool parity = b.kind == RedundancyBlock::Kind::parity;
+        blocks.row({parity ? "parity" : "replica", std::to_string(b.node), parity ? std::to_string(b.stripe) : "-",
+                    parity ? "parity " + std::to_string(b.index) : "copy of rank " + std::to_string(b.rank), b.path, human_bytes(b.size),
+                    b.sha256.substr(0, 16) + "...", state(h->blocks[i])});
+      }
+      blocks.print();
+    }
+    std::vector<std::uint64_t> sizes;
+    for (const auto& s : m.shards) sizes.push_back(s.size);
+    if (const auto stripes = rs_stripes(*m.nodes, sizes); !stripes.empty()) {
+      std::printf("\n");
+      Table table({{"STRIPE", true}, {"DATA (NODE:PIECE)"}, {"PARITY ON NODES"}, {"LENGTH", true}, {"SURVIVES"}});
+      for (const auto& st : stripes) {
+        std::string data, parity;
+        for (const auto& p : st.data) data += (data.empty() ? "" : " ") + std::to_string(p.node) + ":" + std::to_string(p.index);
+        const int margin = h->margins[static_cast<std::size_t>(st.index)];
+        table.row({std::to_string(st.index), data, ints_text(st.parity_nodes), human_bytes(st.length),
+                   margin < 0 ? "lost" : std::to_string(margin) + " more node loss" + (margin == 1 ? "" : "es")});
+      }
+      table.print();
+    }
+  } else {
+    Table shards({{"RANK"}, {"SHARD"}, {"SIZE", true}, {"PARAM OFF", true}, {"PARAM NUMEL", true}, {"SHA-256"}});
+    for (const auto& s : m.shards)
+      shards.row({std::to_string(s.rank), s.path, human_bytes(s.size), std::to_string(s.param_shard_offset),
+                  std::to_string(s.param_shard_numel), s.sha256.substr(0, 16) + "..."});
+    shards.print();
+  }
   std::printf("\n");
   Table tensors({{"RANK"}, {"TENSOR"}, {"DTYPE"}, {"SHAPE"}, {"BYTES", true}, {"OFFSET", true}});
   for (const auto& t : m.tensors)
     tensors.row({std::to_string(t.rank), t.name, std::string(dtype_name(t.dtype)), shape_str(t.shape), std::to_string(t.end - t.begin),
                  std::to_string(t.begin)});
   tensors.print();
+}
+
+int cmd_inspect(const InspectArgs& a) {
+  std::string name;
+  if (const auto set = node_set_of(a.dir, true, &name)) {
+    if (!a.step.empty()) {
+      if (!name.empty()) throw Error(Errc::invalid_argument, a.dir, "STEP with a checkpoint directory", "DIR a node set or a node root", "a checkpoint directory");
+      name = step_dir_name(a.step, a.dir);
+    }
+    const NodeCheckpoint c = node_checkpoint(*set, name);
+    const NodeCheckpointHealth h = check_node_checkpoint(posix_file_system(), c.roots, c.name, Verify::none);
+    const std::string dir = join_path(join_path(set->dir, "node-*"), c.name);
+    if (a.json) print_json(json::object{{"ok", true}, {"dir", dir}, {"manifest", json::parse(encode_manifest(c.manifest))}, {"health", health_json(h)}});
+    else print_inspect(dir, c.manifest, &h, set->dir);
+    return kExitOk;
+  }
+  const auto reader = a.step.empty() ? open_dir_or_root(a.dir) : CheckpointReader::open(posix_file_system(), join_path(a.dir, step_dir_name(a.step, a.dir)));
+  if (a.json) print_json(json::object{{"ok", true}, {"dir", reader.dir()}, {"manifest", json::parse(encode_manifest(reader.manifest()))}});
+  else print_inspect(reader.dir(), reader.manifest(), nullptr);
   return kExitOk;
 }
 
 Command declare_inspect(CLI::App& app) {
   auto a = std::make_shared<InspectArgs>();
   CLI::App* c = add_command(app, "inspect", "the manifest of a checkpoint and its tensor table", R"(
-Show the manifest of checkpoint DIR (a step-N directory, or a root: its latest): step,
-world size, sizes, training metadata, the shard table and the tensor index. --json prints
-the whole manifest.
+Show the manifest of checkpoint DIR (a step-N directory, or a root: its latest, or with
+STEP that step's): step, world size, sizes, training metadata, the shard table and the
+tensor index. --json prints the whole manifest. For a node set (DIR/node-0, DIR/node-1, ...,
+a checkpoint across node roots) also the layout (nodes, ranks per node, redundancy scheme),
+each shard's node, each redundancy block (kind, node, stripe, size), the stripes of an rs
+scheme and how many more node losses each survives, and the state of every file (sizes
+checked; ckpt verify reads the checksums).
 
 example:
   ckpt inspect /ckpts/run1/step-0000000010
+  ckpt inspect /local/run1 20          # a node set: step 20 across its node roots
 )",
                             *a);
-  add_path(*c, "DIR", a->dir, "a checkpoint directory, or a root (its latest)");
+  add_path(*c, "DIR", a->dir, "a checkpoint directory, a root (its latest), or a node set (the\nnewest latest of its node roots)");
+  c->add_option("STEP", a->step, "with a root or a node set: the checkpoint of step STEP (10 or\nstep-0000000010) instead of the latest")->type_name("");
   return bind(c, a, cmd_inspect);
 }
 
@@ -293,9 +655,49 @@ struct VerifyArgs : Common {
   bool full = false;
 };
 
+const char* verify_how(Verify mode) {
+  return mode == Verify::full ? "full (xxh3 per chunk + sha256)" : mode == Verify::fast ? "fast (xxh3 per chunk)" : "none (sizes and headers)";
+}
+
+// verify of a checkpoint across nodes: every shard and redundancy block, then, when all of
+// them are good, the shard headers through the reader. Exit 1 when any file is bad, with
+// the files and whether the scheme rebuilds them.
+int cmd_verify_nodes(const VerifyArgs& a, const std::string& mode_name, const NodeSet& set, const std::string& step) {
+  FileSystem& fs = posix_file_system();
+  const Verify mode = verify_of(mode_name);
+  const NodeCheckpoint c = node_checkpoint(set, step);
+  const NodeCheckpointHealth h = check_node_checkpoint(fs, c.roots, c.name, mode);
+  std::vector<std::string> dirs;
+  for (const auto& r : c.roots) dirs.push_back(join_path(r, c.name));
+  if (h.healthy()) CheckpointReader::open_nodes(fs, dirs).verify(Verify::none);  // the headers against the index
+  const Manifest& m = h.manifest;
+  std::uint64_t total = 0;
+  for (const auto& s : m.shards) total += s.size;
+  const std::string dir = join_path(join_path(set.dir, "node-*"), c.name);
+  const auto bad_blocks = std::count_if(h.blocks.begin(), h.blocks.end(), [](const MemberHealth& b) { return !b.ok; });
+  if (a.json) {
+    json::object o{{"ok", h.healthy()}, {"dir", dir}, {"checkpoint", c.name}, {"mode", mode_name},
+                   {"redundancy", redundancy_name(m.nodes->scheme)}, {"shards", m.shards.size()}, {"blocks", m.redundancy.size()},
+                   {"bytes", total}, {"redundancy_bytes", redundancy_bytes(m)}, {"health", health_json(h)}};
+    if (!h.healthy()) o["error"] = first_bad_json(h);
+    print_json(o);
+  } else if (h.healthy()) {
+    std::printf("OK %s: %zu shards (%s) and %zu redundancy blocks (%s) verified, %s; %s survives %s\n", dir.c_str(), m.shards.size(),
+                human_bytes(total).c_str(), m.redundancy.size(), human_bytes(redundancy_bytes(m)).c_str(), verify_how(mode),
+                redundancy_name(m.nodes->scheme).c_str(), survives_text(h).c_str());
+  } else {
+    std::printf("BAD %s: %zu of %zu shards and %zu of %zu redundancy blocks bad, %s\n", dir.c_str(), h.bad_ranks.size(), m.shards.size(),
+                static_cast<std::size_t>(bad_blocks), m.redundancy.size(), verify_how(mode));
+    for (const auto& n : health_notes(h, set.dir)) std::printf("  %s\n", n.c_str());
+  }
+  return h.healthy() ? kExitOk : kExitBad;
+}
+
 int cmd_verify(const VerifyArgs& a) {
   const std::string mode_name = a.full ? "full" : a.verify;
   const Verify mode = verify_of(mode_name);
+  std::string step;
+  if (const auto set = node_set_of(a.dir, true, &step)) return cmd_verify_nodes(a, mode_name, *set, step);
   const auto reader = open_dir_or_root(a.dir);
   {
     ProgressBar bar("verifying", !a.json);
@@ -303,9 +705,7 @@ int cmd_verify(const VerifyArgs& a) {
   }
   std::uint64_t total = 0;
   for (const auto& s : reader.manifest().shards) total += s.size;
-  const char* how = mode == Verify::full ? "full (xxh3 per chunk + sha256)"
-                    : mode == Verify::fast ? "fast (xxh3 per chunk)"
-                                           : "none (sizes and headers)";
+  const char* how = verify_how(mode);
   if (a.json)
     print_json(json::object{{"ok", true}, {"dir", reader.dir()}, {"mode", mode_name},
                             {"shards", reader.manifest().shards.size()}, {"bytes", total}});
@@ -323,14 +723,149 @@ Read every shard of DIR (or a root's latest) and check it: the XXH3 of every chu
 full, or --full), and every shard header against the manifest (--verify none: only that and
 the sizes). A progress bar is drawn on a terminal, never into a pipe.
 
+For a node set (DIR/node-0, DIR/node-1, ...: a checkpoint across node roots; DIR/node-n or
+DIR/node-n/step-N name the same) every shard and every redundancy block is checked on its
+node; a bad or missing one is listed (what, node, the typed error), with whether the
+scheme (replicate:F, rs:K+M) can rebuild the bad shards (ckpt repair DIR) or not. Exit 1
+if any file is bad, rebuildable or not.
+
 example:
   ckpt verify --verify full /ckpts/run1/step-0000000010
 )",
                             *a);
-  add_path(*c, "DIR", a->dir, "a checkpoint directory, or a root (its latest)");
+  add_path(*c, "DIR", a->dir, "a checkpoint directory, a root (its latest), or a node set\n(the newest latest of its node roots)");
   auto* mode = add_verify_option(*c, a->verify, "fast (default): the XXH3 of every chunk; full: also every file's\nSHA-256; none: sizes and shard headers only");
   c->add_flag("--full", a->full, "the same as --verify full")->excludes(mode);
   return bind(c, a, cmd_verify);
+}
+
+// ---- repair -----------------------------------------------------------------------------
+
+struct RepairArgs : Common {
+  std::string dir;
+  std::optional<std::uint64_t> step;
+  bool full = false;
+};
+
+// The writer locks of a node set's roots, in node order. A root that is missing (a lost
+// node) is created by its lock; if the repair then fails, such a root is removed again
+// (while it holds nothing but the lock file), so that a refused repair leaves the set as it
+// found it.
+class NodeLocks {
+ public:
+  explicit NodeLocks(const std::vector<std::string>& roots) {
+    FileSystem& fs = posix_file_system();
+    try {
+      for (const auto& r : roots) {
+        if (!fs.stat(r)) created_.push_back(r);
+        locks_.emplace_back(fs, r);  // Errc::busy: a writer (a training run, another repair) holds it
+      }
+    } catch (...) {
+      undo();
+      throw;
+    }
+  }
+  // The roots this made, if nothing but the lock file came into them.
+  void undo() noexcept {
+    FileSystem& fs = posix_file_system();
+    for (const auto& r : created_) try {
+        const auto entries = fs.list_dir(r);
+        if (entries.size() == 1 && entries[0].name == kLockName) fs.remove_all(r);
+      } catch (...) {
+      }
+  }
+  std::span<const RootLock> locks() const noexcept { return locks_; }
+
+ private:
+  std::vector<std::string> created_;
+  std::vector<RootLock> locks_;
+};
+
+int cmd_repair(const RepairArgs& a) {
+  FileSystem& fs = posix_file_system();
+  if (!fs.stat(a.dir)) throw Error(Errc::not_found, a.dir, "no such checkpoint root or node set");
+  std::string name;
+  const auto set = node_set_of(a.dir, true, &name);
+  if (!set)
+    throw Error(Errc::invalid_argument, a.dir,
+                "nothing to rebuild: a checkpoint in one root has no redundancy (ckpt repair rebuilds the shards of a checkpoint "
+                "across node roots from its replicas or parity)",
+                "a node set DIR/node-0, DIR/node-1, ... saved with redundancy", "a single checkpoint root or checkpoint directory");
+  if (a.step) {
+    const std::string asked = checkpoint_dir_name(*a.step);
+    if (!name.empty() && name != asked)
+      throw Error(Errc::invalid_argument, a.dir, "--step with a checkpoint directory", name, asked);
+    name = asked;
+  }
+  const NodeCheckpoint c = node_checkpoint(*set, name);
+  const Verify mode = a.full ? Verify::full : Verify::fast;
+  NodeLocks locks(c.roots);
+  RepairReport rep;
+  // The repair logs each rebuilt file, which this prints on stdout: its other log lines
+  // still go to stderr.
+  std::vector<std::string> logged;
+  const LogSink previous = set_log_sink([&logged](std::string_view l) { logged.emplace_back(l); });
+  try {
+    rep = repair_node_checkpoint(fs, c.roots, c.name, mode);
+  } catch (...) {
+    set_log_sink(previous);
+    locks.undo();
+    throw;
+  }
+  set_log_sink(previous);
+  for (const auto& l : logged)
+    if (std::none_of(rep.lines.begin(), rep.lines.end(), [&](const std::string& r) { return l == c.name + ": " + r; })) log_line(l);
+  const NodeCheckpointHealth after = check_node_checkpoint(fs, c.roots, c.name, Verify::none);
+  const std::string scheme = redundancy_name(c.manifest.nodes->scheme);
+  if (a.json) {
+    json::array lines;
+    for (const auto& l : rep.lines) lines.emplace_back(l);
+    print_json(json::object{{"ok", true}, {"dir", set->dir}, {"checkpoint", c.name}, {"redundancy", scheme},
+                            {"mode", a.full ? "full" : "fast"}, {"rebuilt_ranks", ints_json(rep.rebuilt_ranks)}, {"rebuilt", lines},
+                            {"health", health_json(after)}});
+    return kExitOk;
+  }
+  if (rep.nothing_to_do()) {
+    std::printf("nothing to repair: %s on %zu node roots is whole (%zu shards, %zu redundancy blocks, %s); %s survives %s\n", c.name.c_str(),
+                c.roots.size(), c.manifest.shards.size(), c.manifest.redundancy.size(), verify_how(mode), scheme.c_str(),
+                survives_text(after).c_str());
+    return kExitOk;
+  }
+  for (const auto& l : rep.lines) std::printf("%s\n", l.c_str());
+  std::printf("repaired %s: %zu file%s rebuilt, each checked against the manifest's SHA-256; %s survives %s\n", c.name.c_str(),
+              rep.lines.size(), rep.lines.size() == 1 ? "" : "s", scheme.c_str(), survives_text(after).c_str());
+  return kExitOk;
+}
+
+Command declare_repair(CLI::App& app) {
+  auto a = std::make_shared<RepairArgs>();
+  CLI::App* c = add_command(app, "repair", "rebuild the lost or damaged shards and redundancy blocks of a\ncheckpoint across node roots from its replicas or parity", R"(
+Rebuild every missing or damaged file (a shard, a parity block, a replica) of the latest
+checkpoint of the node set DIR (DIR/node-0, DIR/node-1, ...; or of step N with --step)
+from the replicas (replicate:F) or by Reed-Solomon decoding of the surviving data and
+parity of its stripes (rs:K+M). Each rebuilt file is checked against the manifest's SHA-256
+before it is renamed into place and fsynced; a lost node root gets its checkpoint
+directory back (with the manifest, and `latest` if it had none). Holds the writer lock of
+every node root (Errc::busy if a training run or another repair holds one). Prints one line
+per rebuilt file: what, where, from what. Damage is found as ckpt verify finds it: the
+XXH3 of every chunk, or with --full also the SHA-256 of every file.
+
+More lost than the scheme survives (e.g. two nodes with rs:3+1) is exit 1 with
+Errc::missing_shard naming the lost ranks, their nodes and the scheme's limit, and nothing is
+written. A single root (no node set) has no redundancy: exit 1 with Errc::invalid_argument.
+
+example:
+  rm -rf /local/run1/node-1       # a node lost
+  ckpt repair /local/run1         # rebuilds node-1's shards and parity from the other nodes
+  ckpt verify /local/run1
+)",
+                            *a);
+  add_path(*c, "DIR", a->dir, "a node set (or one of its node roots, or DIR/node-n/step-N)");
+  c->add_option_function<std::uint64_t>("--step", [a](std::uint64_t s) { a->step = s; }, "the checkpoint of step N (default: the newest latest of the node roots)")
+      ->check(CLI::Range(std::uint64_t{0}, kMaxStep).description(""))
+      ->option_text("N");
+  c->add_flag("--full", a->full, "also check every file's SHA-256 to find damage (default: XXH3 per chunk)");
+  return bind(c, a, cmd_repair);
 }
 
 // ---- reshard, consolidate -------------------------------------------------------------
@@ -343,6 +878,9 @@ struct ReshardArgs : Common {
 int cmd_reshard(const ReshardArgs& a) {
   ReshardOptions opt = a.opt;
   opt.verify = verify_of(a.verify);
+  if (node_set_of(a.dst) || node_set_above(a.dst))
+    throw Error(Errc::invalid_argument, a.dst, "reshard writes its checkpoint into one root, not across node roots",
+                "DST a checkpoint root", node_set_of(a.dst) ? "a node set" : "one node root of the node set " + *node_set_above(a.dst));
   const auto source = open_dir_or_root(a.src);
   const auto t0 = std::chrono::steady_clock::now();
   ReshardResult r;
@@ -387,6 +925,8 @@ dimension they were split on, replicated tensors stay replicated (written once),
 ones stay on their rank while it exists; per-rank metadata is remapped (docs/resharding.md). The new checkpoint
 has its own checksums and goes through the durable commit; a corrupt source fails with the
 typed error and leaves nothing behind.
+SRC may be a node set (read through its node roots; the new checkpoint is a plain one in
+DST); DST may not be a node set or one of its node roots (Errc::invalid_argument).
 
 example:
   ckpt reshard /ckpts/run1 /ckpts/run1-8 --world-size 8
@@ -523,31 +1063,35 @@ struct PruneArgs : Common {
   bool dry_run = false;
 };
 
-int cmd_prune(const PruneArgs& a) {
+// A checkpoint as prune sees it.
+struct PruneEntry {
+  std::string name;
+  bool ok = false;  // opens (complete; across nodes: every shard there or rebuildable)
+  bool is_latest = false;
+  std::uint64_t bytes = 0;
+  std::string state;
+};
+
+// Keeps the newest a.keep good checkpoints of `list` (newest first) and the latest, removes
+// the older ones through `remove` (unless --dry-run), and reports what it did.
+int prune_list(const PruneArgs& a, const std::string& root, const std::vector<PruneEntry>& list,
+               const std::function<void(const std::string&)>& remove) {
   const std::uint64_t keep = a.keep;
   const bool dry = a.dry_run;
-  const std::string& root = a.root;
-  FileSystem& fs = posix_file_system();
-  if (!fs.stat(root)) throw Error(Errc::not_found, root, "no such checkpoint root");
-  const auto lock = dry ? std::optional<RootLock>() : std::optional<RootLock>(std::in_place, fs, root);  // busy: a writer is live
-  auto list = list_checkpoints(fs, root, Verify::none);
-  std::erase_if(list, [](const CheckpointInfo& c) { return !c.step; });  // temporaries: maybe a live save
-  std::reverse(list.begin(), list.end());                                // newest first
   std::uint64_t good = 0;
   json::array kept, removed;
   std::vector<std::string> kept_lines, removed_lines;
   for (const auto& c : list) {
     const bool past = good >= keep;
-    const bool ok = c.state == CheckpointState::complete;
-    const std::string note = c.is_latest ? " (latest)" : (!ok ? " (corrupt)" : "");
+    const std::string note = c.is_latest ? " (latest)" : (!c.ok ? " (corrupt)" : "");
     if (!past || c.is_latest) {
-      good += ok;
-      kept.push_back(json::object{{"name", c.name}, {"latest", c.is_latest}, {"state", checkpoint_state_name(c.state)}});
+      good += c.ok;
+      kept.push_back(json::object{{"name", c.name}, {"latest", c.is_latest}, {"state", c.state}});
       kept_lines.push_back(c.name + note);
       continue;
     }
-    if (!dry) remove_checkpoint(fs, root, c.name);
-    removed.push_back(json::object{{"name", c.name}, {"bytes", c.bytes}, {"state", checkpoint_state_name(c.state)}});
+    if (!dry) remove(c.name);
+    removed.push_back(json::object{{"name", c.name}, {"bytes", c.bytes}, {"state", c.state}});
     removed_lines.push_back(c.name + note + ", " + human_bytes(c.bytes));
   }
   if (a.json) {
@@ -560,6 +1104,61 @@ int cmd_prune(const PruneArgs& a) {
   return kExitOk;
 }
 
+// prune of a node set: a step is removed on every node root that has it (remove_checkpoint
+// on each, durable and crash-safe), holding every node root's lock. Its size counts its
+// shards and redundancy blocks; one that opens is one whose shards are all there or
+// rebuildable (a degraded checkpoint is still a checkpoint a resume can use).
+int cmd_prune_nodes(const PruneArgs& a, const NodeSet& set) {
+  FileSystem& fs = posix_file_system();
+  const auto latest = read_latest_nodes(fs, set.found_roots());
+  std::vector<std::string> roots = set.found_roots();
+  if (latest) try {
+      roots = node_roots(set, node_manifest(set, *latest));
+    } catch (const Error&) {  // the latest's manifest on no node: the roots present
+    }
+  std::vector<RootLock> locks;
+  if (!a.dry_run)
+    for (const auto& r : roots)
+      if (fs.stat(r)) locks.emplace_back(fs, r);  // busy: a writer is live; a lost node's root is not made
+  std::vector<PruneEntry> list;
+  for (const auto& name : node_step_names(set)) {
+    PruneEntry e{name, false, latest == name, 0, "corrupt"};
+    try {
+      const NodeCheckpoint c = node_checkpoint(set, name);
+      const NodeCheckpointHealth h = check_node_checkpoint(fs, c.roots, name, Verify::none);
+      e.ok = h.recoverable();
+      e.state = node_state(h);
+      for (const auto& sh : c.manifest.shards) e.bytes += sh.size;
+      e.bytes += redundancy_bytes(c.manifest);
+    } catch (const Error&) {
+    }
+    list.push_back(std::move(e));
+  }
+  std::reverse(list.begin(), list.end());  // newest first
+  return prune_list(a, set.dir, list, [&](const std::string& name) {
+    for (const auto& r : roots)
+      if (fs.stat(join_path(r, name))) remove_checkpoint(fs, r, name);
+  });
+}
+
+int cmd_prune(const PruneArgs& a) {
+  const std::string& root = a.root;
+  FileSystem& fs = posix_file_system();
+  if (!fs.stat(root)) throw Error(Errc::not_found, root, "no such checkpoint root");
+  if (const auto set = node_set_of(root)) return cmd_prune_nodes(a, *set);
+  if (const auto set = node_set_above(root))
+    throw Error(Errc::invalid_argument, root,
+                "one node root of the node set " + *set + ": pruning it alone would leave the other nodes' parts of its checkpoints",
+                "the node set (ckpt prune " + *set + " removes a step on every node root)", "its node root " + root);
+  const auto lock = a.dry_run ? std::optional<RootLock>() : std::optional<RootLock>(std::in_place, fs, root);  // busy: a writer is live
+  auto list = list_checkpoints(fs, root, Verify::none);
+  std::erase_if(list, [](const CheckpointInfo& c) { return !c.step; });  // temporaries: maybe a live save
+  std::vector<PruneEntry> entries;
+  for (auto it = list.rbegin(); it != list.rend(); ++it)  // newest first
+    entries.push_back({it->name, it->state == CheckpointState::complete, it->is_latest, it->bytes, std::string(checkpoint_state_name(it->state))});
+  return prune_list(a, root, entries, [&](const std::string& name) { remove_checkpoint(fs, root, name); });
+}
+
 Command declare_prune(CLI::App& app) {
   auto a = std::make_shared<PruneArgs>();
   CLI::App* c = add_command(app, "prune", "remove all but the newest K checkpoints (--keep K), never `latest`", R"(
@@ -567,13 +1166,16 @@ Keep the newest K checkpoints of ROOT that open (manifest and shard sizes good) 
 `latest` names; remove every checkpoint older than the K-th kept one. Each removal is
 durable and crash-safe (renamed to a temporary, the root fsynced, then deleted). Corrupt
 checkpoints newer than the K-th are left for inspection; temporaries of a save in progress
-are never touched.
+are never touched. On a node set (DIR/node-0, DIR/node-1, ...) a step is removed on every
+node root, holding every node root's lock; a degraded step (a shard missing that its
+redundancy rebuilds) counts as one that opens. A single node root DIR/node-n is refused
+(prune the node set instead).
 
 example:
   ckpt prune /ckpts/run1 --keep 3
 )",
                             *a);
-  add_path(*c, "ROOT", a->root, "a checkpoint root");
+  add_path(*c, "ROOT", a->root, "a checkpoint root, or a node set");
   cli::add_int_option(*c, "--keep", a->keep, std::uint64_t{1}, std::uint64_t{1} << 30, "K", "checkpoints to keep, K >= 1")->required();
   c->add_flag("--dry-run", a->dry_run, "say what would be removed, remove nothing");
   return bind(c, a, cmd_prune);
@@ -960,8 +1562,9 @@ int main(int argc, char** argv) {
   cli::setup(app);
   app.footer(kFooter);
   app.require_subcommand(1);
-  std::vector<Command> commands = {declare_ls(app),          declare_inspect(app), declare_verify(app), declare_reshard(app),
-                                   declare_consolidate(app), declare_prune(app),   declare_diff(app),   declare_get(app)};
+  std::vector<Command> commands = {declare_ls(app),      declare_inspect(app),     declare_verify(app), declare_repair(app),
+                                   declare_reshard(app), declare_consolidate(app), declare_prune(app),  declare_diff(app),
+                                   declare_get(app)};
   commands.push_back(declare_help(app, commands));
   const auto report = usage_reporter(argc, argv);
   if (const auto rc = cli::parse(app, argc, argv, report)) return *rc;

@@ -6,6 +6,7 @@
 // streams its shards (no read-back), or the surviving files during a repair.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <optional>
