@@ -652,8 +652,10 @@ struct Checkpointer::Impl {
     }
     for (auto& u : unit_blocks)
       for (auto& b : u) st->blocks.push_back(std::move(b));
-    // A redundancy block that failed fails the checkpoint, as a shard would.
-    if (blocks_failed && !reports.empty() && !abandoned) {
+    // A redundancy block that failed fails the checkpoint, as a shard would; when a shard
+    // failed, its error is the cause (the blocks stopped because of it).
+    const bool shard_failed = std::any_of(reports.begin(), reports.end(), [](const RankReport& r) { return r.error.has_value(); });
+    if (blocks_failed && !shard_failed && !reports.empty() && !abandoned) {
       auto& first = *std::min_element(reports.begin(), reports.end(), [](const RankReport& a, const RankReport& b) { return a.rank < b.rank; });
       if (!first.error) first.error = *blocks_failed;
     }
