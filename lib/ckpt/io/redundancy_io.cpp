@@ -189,6 +189,16 @@ std::optional<std::string> file_problem(FileSystem& fs, const std::string& path,
   }
 }
 
+// A stripe member is bad when a bad shard of its node overlaps its piece (the health check
+// counts it; the repair decodes without it). Other pieces of that node are good members.
+bool stripe_piece_bad(const NodeLayout& l, const NodeSpans& spans, const std::vector<MemberHealth>& shards, const StripePiece& p) {
+  for (int r = p.node * l.ranks_per_node; r < (p.node + 1) * l.ranks_per_node; ++r) {
+    const auto b = spans.start[static_cast<std::size_t>(r)], e = b + spans.size[static_cast<std::size_t>(r)];
+    if (!shards[static_cast<std::size_t>(r)].ok && b < p.offset + p.length && p.offset < e && p.length > 0) return true;
+  }
+  return false;
+}
+
 Manifest read_any_manifest(FileSystem& fs, std::span<const std::string> roots, const std::string& name) {
   std::vector<std::string> dirs;
   for (const auto& r : roots) dirs.push_back(join_path(r, name));
@@ -248,13 +258,7 @@ NodeCheckpointHealth check_node_checkpoint(FileSystem& fs, std::span<const std::
     // A data member is bad when any shard of its node overlapping its piece is bad.
     const auto sizes = sizes_of(m);
     const auto spans = node_spans(l, sizes);
-    const auto piece_bad = [&](const StripePiece& p) {
-      for (int r = p.node * l.ranks_per_node; r < (p.node + 1) * l.ranks_per_node; ++r) {
-        const auto b = spans.start[static_cast<std::size_t>(r)], e = b + spans.size[static_cast<std::size_t>(r)];
-        if (!h.shards[static_cast<std::size_t>(r)].ok && b < p.offset + p.length && p.offset < e && p.length > 0) return true;
-      }
-      return false;
-    };
+    const auto piece_bad = [&](const StripePiece& p) { return stripe_piece_bad(l, spans, h.shards, p); };
     for (const auto& st : rs_stripes(l, sizes)) {
       int bad = 0;
       std::vector<int> bad_nodes;
@@ -413,7 +417,9 @@ RepairReport repair_node_checkpoint(FileSystem& fs, std::span<const std::string>
           for (int row = 0; row < code.k() + code.m() && static_cast<int>(have.size()) < code.k(); ++row) {
             if (row < code.k()) {
               const auto& p = st.data[static_cast<std::size_t>(row)];
-              if (!node_ok[static_cast<std::size_t>(p.node)]) continue;
+              // A node with a bad shard elsewhere still gives this piece (the health check counted
+              // only the pieces a bad shard overlaps).
+              if (stripe_piece_bad(l, spans, h.shards, p)) continue;
               bufs.emplace_back(len);
               std::memset(bufs.back().data(), 0, len);
               if (off_in_piece < p.length)
