@@ -389,10 +389,19 @@ RepairReport repair_node_checkpoint(FileSystem& fs, std::span<const std::string>
       for (std::size_t i = 0; i < m.redundancy.size(); ++i) {
         if (h.blocks[i].ok) continue;
         const auto& b = m.redundancy[i];
+        // From the shard if it was good, else from a good replica (a shard rebuilt above is not
+        // at its final path yet).
+        std::string source = h.shards[static_cast<std::size_t>(b.rank)].path, from_what = "the shard";
+        if (!h.shards[static_cast<std::size_t>(b.rank)].ok) {
+          std::size_t from = 0;
+          while (from < m.redundancy.size() && !(m.redundancy[from].rank == b.rank && h.blocks[from].ok)) ++from;
+          source = h.blocks[from].path;
+          from_what = "its replica on node " + std::to_string(m.redundancy[from].node);
+        }
         const auto [dir, file] = write_target(b.node, b.path);
-        const auto got = write_file_from(fs, dir, file, b.size, file_reader(fs, h.shards[static_cast<std::size_t>(b.rank)].path), m.chunk_size);
+        const auto got = write_file_from(fs, dir, file, b.size, file_reader(fs, source), m.chunk_size);
         check_rebuilt(got, join_path(dir, file), b.sha256, b.chunk_xxh3);
-        rep.lines.push_back("replica of rank " + std::to_string(b.rank) + " on node " + std::to_string(b.node) + " rewritten from the shard");
+        rep.lines.push_back("replica of rank " + std::to_string(b.rank) + " on node " + std::to_string(b.node) + " rewritten from " + from_what);
       }
     } else if (l.scheme.kind == RedundancyScheme::Kind::reed_solomon) {
       const ReedSolomon code(l.scheme.k, l.scheme.m);
