@@ -466,10 +466,14 @@ RepairReport repair_node_checkpoint(FileSystem& fs, std::span<const std::string>
         for (const auto& st : stripes)
           for (const auto& p : st.data)
             if (p.node == n) {
-              std::vector<int> from;
+              // The members the decoding can use: good pieces and good parity blocks.
+              std::vector<int> from, parity;
               for (const auto& q : st.data)
-                if (node_ok[static_cast<std::size_t>(q.node)]) from.push_back(q.node);
-              used.push_back("stripe " + std::to_string(st.index) + " (data of nodes " + join_ints(from) + ", parity on nodes " + join_ints(st.parity_nodes) + ")");
+                if (!stripe_piece_bad(l, spans, h.shards, q)) from.push_back(q.node);
+              for (std::size_t bi = 0; bi < m.redundancy.size(); ++bi)
+                if (m.redundancy[bi].stripe == st.index && h.blocks[bi].ok) parity.push_back(m.redundancy[bi].node);
+              used.push_back("stripe " + std::to_string(st.index) + " (" + (from.empty() ? "" : "data of nodes " + join_ints(from) + ", ") +
+                             "parity on nodes " + join_ints(parity) + ")");
             }
         for (int r = n * l.ranks_per_node; r < (n + 1) * l.ranks_per_node; ++r) {
           if (h.shards[static_cast<std::size_t>(r)].ok) continue;
