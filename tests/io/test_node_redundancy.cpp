@@ -640,6 +640,16 @@ TEST_CASE("prepare_node_roots moves lagging latest pointers forward to a step ev
   CHECK(rep.rebuilt_ranks == std::vector<int>{2});
   CHECK(read_latest(posix_file_system(), roots[2]) == checkpoint_dir_name(20));
   CHECK(check_node_checkpoint(posix_file_system(), roots, checkpoint_dir_name(20), Verify::full).healthy());
+  // Every file good but node 1 behind: the repair moves it forward and says so; repairing
+  // the older step moves nothing back.
+  write_latest(posix_file_system(), roots[1], checkpoint_dir_name(10));
+  const auto forward = repair_node_checkpoint(posix_file_system(), roots, checkpoint_dir_name(20));
+  CHECK(forward.rebuilt_ranks.empty());
+  CHECK(forward.lines == std::vector<std::string>{"node 1: latest moved forward to " + checkpoint_dir_name(20)});
+  CHECK(read_latest(posix_file_system(), roots[1]) == checkpoint_dir_name(20));
+  CHECK(repair_node_checkpoint(posix_file_system(), roots, checkpoint_dir_name(20)).nothing_to_do());
+  CHECK(repair_node_checkpoint(posix_file_system(), roots, checkpoint_dir_name(10)).nothing_to_do());
+  for (const auto& r : roots) CHECK(read_latest(posix_file_system(), r) == checkpoint_dir_name(20));
 }
 
 TEST_CASE("read_latest_nodes takes the newest step any node names and counts a lost node as one without latest") {
@@ -733,4 +743,105 @@ TEST_CASE("the reader opening one node's DIR/node-n/step-N finds every shard on 
   CHECK(f.code() == Errc::malformed_manifest);
   CHECK(f.file() == join_path(pristine_dirs[0], kManifestName));
   CHECK(f.detail() == "nodes.count (the node roots the checkpoint spans)");
+}
+
+TEST_CASE("an I/O error at any step of a save across nodes leaves either nothing of it or a step every node names after prepare") {
+  LogCapture quiet;
+  using Op = testing::FaultInjectionFileSystem::Op;
+  const NodeLayout l = layout_of(3, 1, "rs:2+1");
+  TempDir base("ckpt-nodes-eio");
+  const fsys::path pristine = base / "pristine";
+  save_nodes(posix_file_system(), node_root_paths(pristine.string(), l.nodes), l, 10);
+  std::map<Op, std::uint64_t> counts;
+  {
+    const fsys::path probe = base / "probe";
+    fsys::copy(pristine, probe, fsys::copy_options::recursive);
+    testing::FaultInjectionFileSystem counter(posix_file_system());
+    save_nodes(counter, node_root_paths(probe.string(), l.nodes), l, 20);
+    for (Op op : {Op::create, Op::write, Op::sync, Op::close, Op::create_dir, Op::sync_dir, Op::rename}) counts[op] = counter.count(op);
+  }
+  int failed_clean = 0, failed_committed = 0;
+  for (const auto& [op, count] : counts)
+    for (std::uint64_t n = 0; n < count; ++n) {
+      INFO("op " << static_cast<int>(op) << " number " << n << " of " << count << " fails with EIO");
+      const fsys::path dir = base / "run";
+      fsys::remove_all(dir);
+      fsys::copy(pristine, dir, fsys::copy_options::recursive);
+      const auto roots = node_root_paths(dir.string(), l.nodes);
+      testing::FaultInjectionFileSystem fi(posix_file_system());
+      fi.fail_nth(op, n, EIO);
+      const Error e = expect_error([&] { save_nodes(fi, roots, l, 20); });
+      CHECK(e.code() == Errc::io_error);
+      int named = 0;
+      for (const auto& r : roots) named += read_latest(posix_file_system(), r) == checkpoint_dir_name(20);
+      if (named == 0) {
+        // A failed save leaves nothing behind: no step-20, no temporaries, step 10 whole.
+        ++failed_clean;
+        for (const auto& r : roots)
+          for (const auto& x : fsys::directory_iterator(r)) {
+            const std::string nm = x.path().filename().string();
+            CHECK_MESSAGE((nm == ".lock" || nm == "latest" || nm == checkpoint_dir_name(10)), nm);
+          }
+      } else {
+        ++failed_committed;
+        std::vector<RootLock> locks;
+        for (const auto& r : roots) locks.emplace_back(posix_file_system(), r);
+        prepare_node_roots(posix_file_system(), locks);
+        for (const auto& r : roots) CHECK(read_latest(posix_file_system(), r) == checkpoint_dir_name(20));
+      }
+      const std::string want = checkpoint_dir_name(named > 0 ? 20 : 10);
+      CHECK(check_node_checkpoint(posix_file_system(), roots, want, Verify::full).healthy());
+      CHECK(open_latest_nodes(posix_file_system(), roots, l.world_size(), Verify::full).manifest().step == (named > 0 ? 20u : 10u));
+    }
+  CHECK(failed_clean > 0);
+  CHECK(failed_committed > 0);
+}
+
+TEST_CASE("a repair cut by an I/O error leaves no temporaries, changes no good file, and the next repair completes it") {
+  LogCapture quiet;
+  using Op = testing::FaultInjectionFileSystem::Op;
+  for (const auto& l : {layout_of(4, 1, "rs:2+2"), layout_of(4, 1, "replicate:3")}) {
+    const Saved s(l);
+    // Node 1 lost, node 2's shard flipped and node 3's blocks damaged: every kind of target.
+    const auto damage = [&](const fsys::path& dir) {
+      Bad bad;
+      damage_node(dir, s.m, s.name, 1, Damage::lost_root, bad);
+      damage_node(dir, s.m, s.name, 2, Damage::flipped, bad);
+      return bad;
+    };
+    std::map<Op, std::uint64_t> counts;
+    {
+      TempDir probe("ckpt-nodes-work");
+      s.copy_to(probe / "set");
+      damage(probe / "set");
+      testing::FaultInjectionFileSystem counter(posix_file_system());
+      repair_node_checkpoint(counter, s.roots_in(probe / "set"), s.name);
+      for (Op op : {Op::create, Op::write, Op::sync, Op::close, Op::create_dir, Op::sync_dir, Op::rename}) counts[op] = counter.count(op);
+    }
+    for (const auto& [op, count] : counts)
+      for (std::uint64_t n = 0; n < count; ++n) {
+        INFO(redundancy_name(l.scheme) << ": op " << static_cast<int>(op) << " number " << n << " of " << count << " fails with EIO");
+        TempDir work("ckpt-nodes-work");
+        const fsys::path dir = work / "set";
+        s.copy_to(dir);
+        damage(dir);
+        const Tree before = snapshot(dir);
+        const auto roots = s.roots_in(dir);
+        testing::FaultInjectionFileSystem fi(posix_file_system());
+        fi.fail_nth(op, n, EIO);
+        const Error e = expect_error([&] { repair_node_checkpoint(fi, roots, s.name); });
+        CHECK(e.code() == Errc::io_error);
+        // Every file now there is either as it was or as the pristine checkpoint has it.
+        for (const auto& [path, bytes] : snapshot(dir)) {
+          CHECK_MESSAGE(!contains(path, "/.tmp-"), path);
+          CHECK_MESSAGE(!fsys::path(path).filename().string().starts_with(".tmp-"), path);
+          if (path.ends_with("/") || path.ends_with(std::string(kLockName))) continue;
+          const bool as_before = before.count(path) && before.at(path) == bytes;
+          const bool as_pristine = s.files.count(path) && s.files.at(path) == bytes;
+          CHECK_MESSAGE((as_before || as_pristine), path);
+        }
+        REQUIRE_NOTHROW(repair_node_checkpoint(posix_file_system(), roots, s.name));
+        check_whole(s, dir);
+      }
+  }
 }

@@ -331,7 +331,24 @@ RepairReport repair_node_checkpoint(FileSystem& fs, std::span<const std::string>
                     (l.scheme.kind == RedundancyScheme::Kind::reed_solomon ? "stripe" : "shard"),
                 std::to_string(h.bad_ranks.size()) + " bad shard(s): ranks " + join_ints(h.bad_ranks));
   }
-  if (h.healthy()) return rep;
+  // A node that holds the checkpoint but whose `latest` names none or an older one: a repair
+  // cut after it renamed a recreated directory into place, or a commit cut between its
+  // `latest` updates. It is moved forward at the end, even when every file is good.
+  const auto latest_lags = [&](const std::string& root) {
+    try {
+      if (const auto n = read_latest(fs, root))
+        if (const auto step = parse_checkpoint_dir_name(*n)) return *step < m.step;
+    } catch (const Error&) {
+    }
+    return true;
+  };
+  const auto holds = [&](int n) {
+    const auto st = fs.stat(join_path(roots[static_cast<std::size_t>(n)], name));
+    return st && st->type == EntryType::directory;
+  };
+  bool lagging = false;
+  for (int n = 0; n < l.nodes; ++n) lagging |= holds(n) && latest_lags(roots[static_cast<std::size_t>(n)]);
+  if (h.healthy() && !lagging) return rep;
 
   // Targets per node: the checkpoint directory, recreated through a temporary when gone.
   std::vector<NodeTarget> targets(static_cast<std::size_t>(l.nodes));
@@ -539,23 +556,21 @@ RepairReport repair_node_checkpoint(FileSystem& fs, std::span<const std::string>
     }
     // Into place: files renamed over their names, recreated directories with the manifest.
     const std::string manifest_text = encode_manifest(m);
-    for (auto& t : targets) {
+    for (std::size_t n = 0; n < targets.size(); ++n) {
+      auto& t = targets[n];
       for (const auto& [tmp, fin] : t.renames) fs.rename(join_path(t.dir, tmp), join_path(t.dir, fin));
       if (!t.renames.empty()) fs.sync_dir(t.dir);
-      if (!t.fresh) continue;
-      detail::write_small_file(fs, join_path(t.dir, kManifestName), manifest_text);
-      fs.sync_dir(t.dir);
-      fs.rename(t.dir, t.final_dir);
-      fs.sync_dir(t.root);
-      t.fresh = false;
-      const auto their = [&]() -> std::optional<std::uint64_t> {
-        try {
-          if (const auto n = read_latest(fs, t.root)) return parse_checkpoint_dir_name(*n);
-        } catch (const Error&) {
-        }
-        return std::nullopt;
-      }();
-      if (!their || *their < m.step) write_latest(fs, t.root, name);
+      const bool recreated = t.fresh;
+      if (t.fresh) {
+        detail::write_small_file(fs, join_path(t.dir, kManifestName), manifest_text);
+        fs.sync_dir(t.dir);
+        fs.rename(t.dir, t.final_dir);
+        fs.sync_dir(t.root);
+        t.fresh = false;
+      }
+      if (!holds(static_cast<int>(n)) || !latest_lags(t.root)) continue;
+      write_latest(fs, t.root, name);
+      if (!recreated) rep.lines.push_back("node " + std::to_string(n) + ": latest moved forward to " + name);
     }
   } catch (...) {
     for (auto& t : targets) {
