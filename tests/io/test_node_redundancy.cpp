@@ -845,3 +845,28 @@ TEST_CASE("a repair cut by an I/O error leaves no temporaries, changes no good f
       }
   }
 }
+
+TEST_CASE("a repair is durable: a power loss right after it keeps every rebuilt file, a recreated node root included") {
+  LogCapture quiet;
+  for (const auto& l : {layout_of(4, 1, "rs:2+2"), layout_of(4, 1, "replicate:3")}) {
+    INFO(redundancy_name(l.scheme));
+    const Saved s(l);
+    TempDir work("ckpt-nodes-work");
+    const fsys::path dir = work / "set";
+    s.copy_to(dir);
+    // A lost root (recreated) and a damaged shard (replaced in place).
+    Bad bad;
+    damage_node(dir, s.m, s.name, 1, Damage::lost_root, bad);
+    damage_node(dir, s.m, s.name, 3, Damage::flipped, bad);
+    const auto roots = s.roots_in(dir);
+    {
+      testing::FaultInjectionFileSystem fi(posix_file_system());
+      const auto rep = repair_node_checkpoint(fi, roots, s.name);
+      CHECK(rep.rebuilt_ranks == std::vector<int>{1, 3});
+      const auto undone = fi.simulate_power_loss();
+      for (const auto& u : undone) MESSAGE("undone by the power loss: " << u);
+      CHECK(undone.empty());
+    }
+    check_whole(s, dir);
+  }
+}

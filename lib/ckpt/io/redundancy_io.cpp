@@ -363,7 +363,13 @@ RepairReport repair_node_checkpoint(FileSystem& fs, std::span<const std::string>
       for (const auto& s : h.shards) needed |= s.node == n && !s.ok;
       for (const auto& b : h.blocks) needed |= b.node == n && !b.ok;
       if (!needed) continue;
-      fs.create_dirs(t.root);
+      if (!fs.stat(t.root)) {
+        // A lost node's root: recreated, and its entry made durable in the parent (the
+        // checkpoint directory renamed into it is fsynced through the root below).
+        fs.create_dirs(t.root);
+        const auto slash = t.root.find_last_of('/');
+        fs.sync_dir(slash == std::string::npos ? std::string(".") : slash == 0 ? std::string("/") : t.root.substr(0, slash));
+      }
       t.fresh = true;
       t.dir = join_path(t.root, temporary_name(name));
       fs.create_dir(t.dir);
