@@ -870,3 +870,28 @@ TEST_CASE("a repair is durable: a power loss right after it keeps every rebuilt 
     check_whole(s, dir);
   }
 }
+
+TEST_CASE("health and repair read the manifest from the first node whose manifest opens") {
+  LogCapture quiet;
+  const Saved s(layout_of(4, 1, "rs:2+2"));
+  TempDir work("ckpt-nodes-work");
+  const fsys::path dir = work / "set";
+  s.copy_to(dir);
+  write_all(dir / "node-0" / s.name / kManifestName, {'{', '"'});
+  Bad bad;
+  damage_node(dir, s.m, s.name, 1, Damage::lost_root, bad);
+  const auto roots = s.roots_in(dir);
+  const NodeCheckpointHealth h = check_node_checkpoint(posix_file_system(), roots, s.name);
+  CHECK(h.bad_ranks == std::vector<int>{1});
+  CHECK(encode_manifest(h.manifest) == encode_manifest(s.m));
+  const auto rep = repair_node_checkpoint(posix_file_system(), roots, s.name);
+  CHECK(rep.rebuilt_ranks == std::vector<int>{1});
+  CHECK(read_all(dir / "node-1" / s.name / kManifestName) == s.files.at("node-1/" + s.name + "/" + std::string(kManifestName)));
+  // No node with a manifest that opens: not_found naming every node's.
+  for (int n : {1, 2, 3}) fsys::remove(dir / ("node-" + std::to_string(n)) / s.name / kManifestName);
+  const Error e = expect_error([&] { check_node_checkpoint(posix_file_system(), roots, s.name); });
+  CHECK(e.code() == Errc::not_found);
+  for (int n = 0; n < 4; ++n) CHECK_MESSAGE(contains(e.actual(), join_path(join_path(roots[static_cast<std::size_t>(n)], s.name), std::string(kManifestName))), e.actual());
+  const Error f = expect_error([&] { repair_node_checkpoint(posix_file_system(), roots, s.name); });
+  CHECK(f.code() == Errc::not_found);
+}
