@@ -335,6 +335,25 @@ void lose_and_repair(const Saved& s, const std::vector<int>& nodes, Damage d, in
   CHECK(h.recoverable());
   CHECK(h.min_margin() >= tolerated_node_losses(s.l.scheme) - static_cast<int>(nodes.size()));
   CHECK(h.min_margin() >= 0);
+  // The margins, counted here from what was damaged: rs, per stripe, M minus its bad pieces
+  // and parity blocks (a whole node's shards are damaged, so all its pieces); replicate, per
+  // rank, its good copies minus one.
+  std::vector<int> margins;
+  if (s.l.scheme.kind == RedundancyScheme::Kind::reed_solomon) {
+    for (const auto& st : rs_stripes(s.l, shard_sizes(s.m))) {
+      int bad_members = 0;
+      for (const auto& p : st.data) bad_members += bad.ranks.count(p.node * s.l.ranks_per_node) ? 1 : 0;
+      for (std::size_t i = 0; i < s.m.redundancy.size(); ++i) bad_members += s.m.redundancy[i].stripe == st.index && bad.blocks.count(i);
+      margins.push_back(s.l.scheme.m - bad_members);
+    }
+  } else {
+    for (int r = 0; r < s.l.world_size(); ++r) {
+      int good = bad.ranks.count(r) ? 0 : 1;
+      for (std::size_t i = 0; i < s.m.redundancy.size(); ++i) good += s.m.redundancy[i].rank == r && !bad.blocks.count(i);
+      margins.push_back(good - 1);
+    }
+  }
+  CHECK(h.margins == margins);
   RepairReport rep;
   try {
     rep = repair_node_checkpoint(posix_file_system(), roots, s.name, Verify::fast);
