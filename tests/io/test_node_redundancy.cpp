@@ -914,3 +914,47 @@ TEST_CASE("health and repair read the manifest from the first node whose manifes
   const Error f = expect_error([&] { repair_node_checkpoint(posix_file_system(), roots, s.name); });
   CHECK(f.code() == Errc::not_found);
 }
+
+TEST_CASE("begin and commit across nodes refuse what they cannot do and leave no temporaries; a stopped redundancy write is aborted") {
+  LogCapture quiet;
+  const NodeLayout l = layout_of(3, 1, "rs:2+1");
+  TempDir base("ckpt-nodes-begin");
+  const auto roots = node_root_paths((base / "set").string(), l.nodes);
+  save_nodes(posix_file_system(), roots, l, 10);
+  const Tree before = snapshot(base / "set");
+  // Step 10 is committed on every node: begin refuses on node 0, and creates nothing.
+  CHECK(expect_error([&] { begin_node_checkpoint(posix_file_system(), roots, 10); }).code() == Errc::invalid_argument);
+  CHECK(snapshot(base / "set") == before);
+  // A node whose latest is ahead refuses step 20: the temporaries already made on the nodes
+  // before it are removed.
+  write_latest(posix_file_system(), roots[2], checkpoint_dir_name(30));
+  const Error e = expect_error([&] { begin_node_checkpoint(posix_file_system(), roots, 20); });
+  CHECK(e.code() == Errc::invalid_argument);
+  for (const auto& r : roots)
+    for (const auto& x : fsys::directory_iterator(r)) CHECK_MESSAGE(!is_temporary_name(x.path().filename().string()), x.path());
+  write_latest(posix_file_system(), roots[2], checkpoint_dir_name(10));
+  // commit_node_checkpoint wants the manifest's node count of roots and temporaries.
+  const auto temps = begin_node_checkpoint(posix_file_system(), roots, 20);
+  Manifest m = decode_manifest(std::string(reinterpret_cast<const char*>(before.at("node-0/" + checkpoint_dir_name(10) + "/manifest.json").data()),
+                                           before.at("node-0/" + checkpoint_dir_name(10) + "/manifest.json").size()),
+                               "m");
+  m.step = 20;
+  const Error f = expect_error([&] { commit_node_checkpoint(posix_file_system(), std::span(roots).first(2), std::span(temps).first(2), m); });
+  CHECK(f.code() == Errc::invalid_argument);
+  Manifest flat = m;
+  flat.nodes.reset();
+  flat.redundancy.clear();
+  CHECK(expect_error([&] { commit_node_checkpoint(posix_file_system(), roots, temps, flat); }).code() == Errc::invalid_argument);
+  // A stop request between chunks fails the redundancy write with aborted.
+  const std::vector<std::uint8_t> img(3 * kChunk, 7);
+  std::vector<std::span<const std::byte>> images(3, std::as_bytes(std::span(img)));
+  const std::vector<std::uint64_t> sizes(3, img.size());
+  int polls = 0;
+  const Error g = expect_error([&] {
+    write_redundancy(posix_file_system(), temps, l, sizes, node_bytes_from_images(l, images), kChunk, [&] { return ++polls > 1; });
+  });
+  CHECK(g.code() == Errc::aborted);
+  abort_node_checkpoint(posix_file_system(), roots, temps);
+  CHECK(snapshot(base / "set") == before);
+  CHECK(read_latest_nodes(posix_file_system(), roots) == checkpoint_dir_name(10));
+}
