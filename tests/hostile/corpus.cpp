@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "ckpt/core/random.hpp"
+#include "ckpt/format/redundancy.hpp"
 #include "ckpt/format/safetensors.hpp"
 #include "ckpt/hash/file_digest.hpp"
 #include "ckpt/io/commit.hpp"
@@ -992,10 +993,86 @@ std::vector<Case> sharding_cases(const GoodRoot& g) {
   return std::move(b.out);
 }
 
+json::object manifest_with_nodes(const GoodRoot& g, std::string_view scheme) {
+  Manifest m = g.latest;
+  m.nodes = NodeLayout{kWorld, 1, parse_redundancy(scheme).value()};
+  std::vector<std::uint64_t> sizes;
+  for (const auto& s : m.shards) sizes.push_back(s.size);
+  m.redundancy = planned_blocks(*m.nodes, sizes);
+  for (auto& blk : m.redundancy) {
+    if (blk.kind == RedundancyBlock::Kind::replica) {
+      const auto& s = m.shards[static_cast<std::size_t>(blk.rank)];
+      blk.sha256 = s.sha256, blk.xxh3 = s.xxh3, blk.chunk_xxh3 = s.chunk_xxh3;
+    } else {
+      blk.sha256 = std::string(64, 'c');
+      blk.xxh3 = 0x5eed;
+      blk.chunk_xxh3.assign(chunk_count(blk.size, m.chunk_size), 0x5eed);
+    }
+  }
+  return json::parse(encode_manifest(m)).as_object();
+}
+
+std::vector<Case> redundancy_cases(const GoodRoot& g) {
+  Builder b{g, {}, "redundancy"};
+  const json::object rs = manifest_with_nodes(g, "rs:1+1"), rep = manifest_with_nodes(g, "replicate:2");
+  // Each case: a valid manifest with nodes, then one edit; refused on opening, naming the field.
+  const auto bad = [&](std::string name, const json::object& base, std::function<void(json::object&)> edit, std::string field,
+                       Errc code = Errc::malformed_manifest) {
+    b.add(std::move(name),
+          [dir = g.latest_dir, base, edit](MemoryFileSystem& fs) {
+            json::object o = base;
+            edit(o);
+            write_manifest_object(fs, dir, o);
+          },
+          code, g.manifest_path(), Stage::open, std::move(field));
+  };
+  const auto blk = [](json::object& o, std::size_t i) -> json::object& { return o["redundancy_blocks"].as_array()[i].as_object(); };
+  bad("rs parity members with another length (wrong stripe geometry)", rs,
+      [blk](json::object& o) { blk(o, 0)["members"].as_array()[0].as_array()[3] = 1; }, "redundancy_blocks[0].members");
+  bad("rs parity members of another node", rs, [blk](json::object& o) { blk(o, 1)["members"].as_array()[0].as_array()[0] = 0; },
+      "redundancy_blocks[1].members");
+  bad("rs parity members empty", rs, [blk](json::object& o) { blk(o, 0)["members"] = json::array{}; }, "redundancy_blocks[0].members");
+  bad("rs parity block named as a shard", rs, [blk](json::object& o) { blk(o, 1)["path"] = "rank-00001-of-00002.safetensors"; },
+      "redundancy_blocks[1]");
+  bad("rs parity block on the node of its stripe's data", rs, [blk](json::object& o) { blk(o, 0)["node"] = 0; }, "redundancy_blocks[0]");
+  bad("rs parity block of another stripe", rs, [blk](json::object& o) { blk(o, 0)["stripe"] = 1; }, "redundancy_blocks[0]");
+  bad("rs parity block a byte longer", rs, [blk](json::object& o) { blk(o, 0)["size"] = blk(o, 0)["size"].to_number<std::uint64_t>() + 1; },
+      "redundancy_blocks[0]");
+  bad("rs parity checksum not hex", rs, [blk](json::object& o) { blk(o, 0)["sha256"] = std::string(64, 'G'); }, "redundancy_blocks[0].sha256");
+  bad("rs parity chunk checksums one short", rs, [blk](json::object& o) { blk(o, 0)["chunk_xxh3"].as_array().pop_back(); },
+      "redundancy_blocks[0].chunk_xxh3");
+  bad("rs parity block path absolute", rs, [blk](json::object& o) { blk(o, 0)["path"] = "/etc/passwd"; }, "redundancy_blocks[0].path",
+      Errc::unsafe_path);
+  bad("rs one parity block missing", rs, [](json::object& o) { o["redundancy_blocks"].as_array().pop_back(); }, "redundancy_blocks");
+  bad("rs a parity block listed twice", rs,
+      [](json::object& o) {
+        auto& a = o["redundancy_blocks"].as_array();
+        a[1] = a[0];
+      },
+      "redundancy_blocks[1]");
+  bad("rs block kind unknown", rs, [blk](json::object& o) { blk(o, 0)["kind"] = "xor"; }, "redundancy_blocks[0].kind");
+  bad("replica sha256 not its shard's", rep, [blk](json::object& o) { blk(o, 1)["sha256"] = std::string(64, 'd'); }, "redundancy_blocks[1]");
+  bad("replica chunk checksums not its shard's", rep, [blk](json::object& o) { blk(o, 0)["chunk_xxh3"].as_array()[0] = "00000000deadbeef"; },
+      "redundancy_blocks[0]");
+  bad("replica of the wrong rank", rep, [blk](json::object& o) { blk(o, 0)["rank"] = 1; }, "redundancy_blocks[0]");
+  bad("replica on its shard's own node", rep, [blk](json::object& o) { blk(o, 0)["node"] = 0; }, "redundancy_blocks[0]");
+  bad("replica named as the shard it copies", rep, [blk](json::object& o) { blk(o, 0)["path"] = "rank-00000-of-00002.safetensors"; },
+      "redundancy_blocks[0]");
+  bad("redundancy_blocks without nodes", rs, [](json::object& o) { o.erase("nodes"); }, "redundancy_blocks");
+  bad("nodes count not matching world_size", rs, [](json::object& o) { o["nodes"].as_object()["count"] = 3; }, "nodes");
+  bad("nodes of two ranks each with world_size 2", rs, [](json::object& o) { o["nodes"].as_object()["ranks_per_node"] = 2; }, "nodes");
+  bad("rs needing more nodes than there are", rs, [](json::object& o) { o["nodes"].as_object()["redundancy"] = "rs:2+1"; }, "nodes");
+  bad("redundancy scheme unknown", rs, [](json::object& o) { o["nodes"].as_object()["redundancy"] = "raid6"; }, "nodes.redundancy");
+  bad("scheme changed under the blocks", rs, [](json::object& o) { o["nodes"].as_object()["redundancy"] = "replicate:2"; },
+      "redundancy_blocks[0]");
+  bad("redundancy_blocks an object", rs, [](json::object& o) { o["redundancy_blocks"] = json::object{}; }, "redundancy_blocks");
+  return std::move(b.out);
+}
+
 std::vector<Case> all_cases(const GoodRoot& g) {
   std::vector<Case> out;
   for (auto* make : {bit_flip_cases, truncation_cases, shard_set_cases, path_cases, number_cases, index_cases, header_cases,
-                     manifest_cases, latest_cases, huge_cases, sharding_cases}) {
+                     manifest_cases, latest_cases, huge_cases, sharding_cases, redundancy_cases}) {
     auto part = make(g);
     std::move(part.begin(), part.end(), std::back_inserter(out));
   }

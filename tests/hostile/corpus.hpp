@@ -82,6 +82,7 @@ std::vector<Case> header_cases(const GoodRoot& good);        ///< hostile safete
 std::vector<Case> manifest_cases(const GoodRoot& good);      ///< wrong types, missing fields, bad JSON, nesting
 std::vector<Case> latest_cases(const GoodRoot& good);        ///< the `latest` pointer
 std::vector<Case> huge_cases(const GoodRoot& good);          ///< 100k entries: headers, index, shard table
+std::vector<Case> redundancy_cases(const GoodRoot& good);    ///< node layouts and redundancy blocks that are not what the scheme plans
 
 // --- building blocks, also used by the fuzz seed tool ---
 
@@ -94,6 +95,11 @@ void write_manifest_object(MemoryFileSystem& fs, const std::string& dir, const b
 void reseal(MemoryFileSystem& fs, const std::string& dir, int rank);
 /// A shard file: the 8-byte little-endian length of `json`, `json`, then `data`.
 std::string shard_bytes(std::string_view json, std::string_view data);
+/// The latest manifest with a node layout of kWorld nodes of one rank under `scheme`
+/// ("rs:1+1", "replicate:2") and the blocks it plans: valid (a replica has its shard's
+/// checksums, a parity block made-up ones of the right form), so a reader of the one
+/// directory opens it; the redundancy cases each break one thing in it.
+boost::json::object manifest_with_nodes(const GoodRoot& good, std::string_view scheme);
 /// The JSON header text (without padding) and the data section of a shard file.
 std::string shard_json(const MemoryFileSystem& fs, const std::string& path);
 std::string shard_data(const MemoryFileSystem& fs, const std::string& path);

@@ -193,6 +193,10 @@ TEST_CASE("hostile safetensors headers behind valid checksums are refused as mal
   check_all(hostile::header_cases(good()), 60);
 }
 
+TEST_CASE("wrong stripe geometry, a parity block named as a shard and replicas unlike their shards are refused naming the field") {
+  check_all(hostile::redundancy_cases(good()), 25);
+}
+
 TEST_CASE("wrong JSON types, missing fields, bad text and deep nesting in the manifest are refused") {
   check_all(hostile::manifest_cases(good()), 80);
 }
@@ -239,6 +243,12 @@ std::vector<std::pair<std::string, std::function<void(MemoryFileSystem&)>>> harm
          j.resize(4096 - 8, '\t');
          fs.put_file(path, hostile::shard_bytes(j, hostile::shard_data(fs, path)));
          hostile::reseal(fs, g.latest_dir, 1);
+       }},
+      {"a node layout with the blocks its scheme plans (rs:1+1)", [&g](MemoryFileSystem& fs) {
+         hostile::write_manifest_object(fs, g.latest_dir, hostile::manifest_with_nodes(g, "rs:1+1"));
+       }},
+      {"a node layout with the blocks its scheme plans (replicate:2)", [&g](MemoryFileSystem& fs) {
+         hostile::write_manifest_object(fs, g.latest_dir, hostile::manifest_with_nodes(g, "replicate:2"));
        }},
       {"a 2^30 chunk size", [&g](MemoryFileSystem& fs) {  // one chunk per shard; verify() must not allocate 1 GiB
          auto m = hostile::manifest_object(fs, g.latest_dir);
@@ -336,7 +346,7 @@ TEST_CASE("the corpus has every category") {
     ++codes[{c.category, std::string(errc_name(c.code))}];
   }
   for (const auto& [key, k] : codes) MESSAGE(key.first << " / " << key.second << ": " << k);
-  for (const char* cat : {"flip", "truncate", "shards", "paths", "numbers", "index", "header", "manifest", "latest", "huge", "sharding"})
+  for (const char* cat : {"flip", "truncate", "shards", "paths", "numbers", "index", "header", "manifest", "latest", "huge", "sharding", "redundancy"})
     CHECK_MESSAGE(per[cat] > 0, cat);
   std::size_t total = 0;
   for (const auto& [cat, k] : per) total += k;

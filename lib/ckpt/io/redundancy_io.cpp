@@ -208,6 +208,16 @@ std::optional<std::string> file_problem(FileSystem& fs, const std::string& path,
   }
 }
 
+// A stripe member is bad when a bad shard of its node overlaps its piece (the health check
+// counts it; the repair decodes without it). Other pieces of that node are good members.
+bool stripe_piece_bad(const NodeLayout& l, const NodeSpans& spans, const std::vector<MemberHealth>& shards, const StripePiece& p) {
+  for (int r = p.node * l.ranks_per_node; r < (p.node + 1) * l.ranks_per_node; ++r) {
+    const auto b = spans.start[static_cast<std::size_t>(r)], e = b + spans.size[static_cast<std::size_t>(r)];
+    if (!shards[static_cast<std::size_t>(r)].ok && b < p.offset + p.length && p.offset < e && p.length > 0) return true;
+  }
+  return false;
+}
+
 Manifest read_any_manifest(FileSystem& fs, std::span<const std::string> roots, const std::string& name) {
   std::vector<std::string> dirs;
   for (const auto& r : roots) dirs.push_back(join_path(r, name));
@@ -267,13 +277,7 @@ NodeCheckpointHealth check_node_checkpoint(FileSystem& fs, std::span<const std::
     // A data member is bad when any shard of its node overlapping its piece is bad.
     const auto sizes = sizes_of(m);
     const auto spans = node_spans(l, sizes);
-    const auto piece_bad = [&](const StripePiece& p) {
-      for (int r = p.node * l.ranks_per_node; r < (p.node + 1) * l.ranks_per_node; ++r) {
-        const auto b = spans.start[static_cast<std::size_t>(r)], e = b + spans.size[static_cast<std::size_t>(r)];
-        if (!h.shards[static_cast<std::size_t>(r)].ok && b < p.offset + p.length && p.offset < e && p.length > 0) return true;
-      }
-      return false;
-    };
+    const auto piece_bad = [&](const StripePiece& p) { return stripe_piece_bad(l, spans, h.shards, p); };
     for (const auto& st : rs_stripes(l, sizes)) {
       int bad = 0;
       std::vector<int> bad_nodes;
@@ -346,7 +350,24 @@ RepairReport repair_node_checkpoint(FileSystem& fs, std::span<const std::string>
                     (l.scheme.kind == RedundancyScheme::Kind::reed_solomon ? "stripe" : "shard"),
                 std::to_string(h.bad_ranks.size()) + " bad shard(s): ranks " + join_ints(h.bad_ranks));
   }
-  if (h.healthy()) return rep;
+  // A node that holds the checkpoint but whose `latest` names none or an older one: a repair
+  // cut after it renamed a recreated directory into place, or a commit cut between its
+  // `latest` updates. It is moved forward at the end, even when every file is good.
+  const auto latest_lags = [&](const std::string& root) {
+    try {
+      if (const auto n = read_latest(fs, root))
+        if (const auto step = parse_checkpoint_dir_name(*n)) return *step < m.step;
+    } catch (const Error&) {
+    }
+    return true;
+  };
+  const auto holds = [&](int n) {
+    const auto st = fs.stat(join_path(roots[static_cast<std::size_t>(n)], name));
+    return st && st->type == EntryType::directory;
+  };
+  bool lagging = false;
+  for (int n = 0; n < l.nodes; ++n) lagging |= holds(n) && latest_lags(roots[static_cast<std::size_t>(n)]);
+  if (h.healthy() && !lagging) return rep;
 
   // Targets per node: the checkpoint directory, recreated through a temporary when gone.
   std::vector<NodeTarget> targets(static_cast<std::size_t>(l.nodes));
@@ -361,7 +382,13 @@ RepairReport repair_node_checkpoint(FileSystem& fs, std::span<const std::string>
       for (const auto& s : h.shards) needed |= s.node == n && !s.ok;
       for (const auto& b : h.blocks) needed |= b.node == n && !b.ok;
       if (!needed) continue;
-      fs.create_dirs(t.root);
+      if (!fs.stat(t.root)) {
+        // A lost node's root: recreated, and its entry made durable in the parent (the
+        // checkpoint directory renamed into it is fsynced through the root below).
+        fs.create_dirs(t.root);
+        const auto slash = t.root.find_last_of('/');
+        fs.sync_dir(slash == std::string::npos ? std::string(".") : slash == 0 ? std::string("/") : t.root.substr(0, slash));
+      }
       t.fresh = true;
       t.dir = join_path(t.root, temporary_name(name));
       fs.create_dir(t.dir);
@@ -404,10 +431,19 @@ RepairReport repair_node_checkpoint(FileSystem& fs, std::span<const std::string>
       for (std::size_t i = 0; i < m.redundancy.size(); ++i) {
         if (h.blocks[i].ok) continue;
         const auto& b = m.redundancy[i];
+        // From the shard if it was good, else from a good replica (a shard rebuilt above is not
+        // at its final path yet).
+        std::string source = h.shards[static_cast<std::size_t>(b.rank)].path, from_what = "the shard";
+        if (!h.shards[static_cast<std::size_t>(b.rank)].ok) {
+          std::size_t from = 0;
+          while (from < m.redundancy.size() && !(m.redundancy[from].rank == b.rank && h.blocks[from].ok)) ++from;
+          source = h.blocks[from].path;
+          from_what = "its replica on node " + std::to_string(m.redundancy[from].node);
+        }
         const auto [dir, file] = write_target(b.node, b.path);
-        const auto got = write_file_from(fs, dir, file, b.size, file_reader(fs, h.shards[static_cast<std::size_t>(b.rank)].path), m.chunk_size);
+        const auto got = write_file_from(fs, dir, file, b.size, file_reader(fs, source), m.chunk_size);
         check_rebuilt(got, join_path(dir, file), b.sha256, b.chunk_xxh3);
-        rep.lines.push_back("replica of rank " + std::to_string(b.rank) + " on node " + std::to_string(b.node) + " rewritten from the shard");
+        rep.lines.push_back("replica of rank " + std::to_string(b.rank) + " on node " + std::to_string(b.node) + " rewritten from " + from_what);
       }
     } else if (l.scheme.kind == RedundancyScheme::Kind::reed_solomon) {
       const ReedSolomon code(l.scheme.k, l.scheme.m);
@@ -436,7 +472,9 @@ RepairReport repair_node_checkpoint(FileSystem& fs, std::span<const std::string>
             AlignedBuffer& buf = bufs[have.size()];
             if (row < code.k()) {
               const auto& p = st.data[static_cast<std::size_t>(row)];
-              if (!node_ok[static_cast<std::size_t>(p.node)]) continue;
+              // A node with a bad shard elsewhere still gives this piece (the health check counted
+              // only the pieces a bad shard overlaps).
+              if (stripe_piece_bad(l, spans, h.shards, p)) continue;
               std::memset(buf.data(), 0, len);
               if (off_in_piece < p.length)
                 good_node_bytes(p.node, p.offset + off_in_piece, buf.span(static_cast<std::size_t>(std::min<std::uint64_t>(len, p.length - off_in_piece))));
@@ -473,11 +511,14 @@ RepairReport repair_node_checkpoint(FileSystem& fs, std::span<const std::string>
         for (const auto& st : stripes)
           for (const auto& p : st.data)
             if (p.node == n) {
-              std::vector<int> from;
+              // The members the decoding can use: good pieces and good parity blocks.
+              std::vector<int> from, parity;
               for (const auto& q : st.data)
-                if (node_ok[static_cast<std::size_t>(q.node)]) from.push_back(q.node);
-              used.push_back("stripe " + std::to_string(st.index) + " (" + (from.empty() ? std::string("no surviving data") : "data of nodes " + join_ints(from)) +
-                             ", parity on nodes " + join_ints(st.parity_nodes) + ")");
+                if (!stripe_piece_bad(l, spans, h.shards, q)) from.push_back(q.node);
+              for (std::size_t bi = 0; bi < m.redundancy.size(); ++bi)
+                if (m.redundancy[bi].stripe == st.index && h.blocks[bi].ok) parity.push_back(m.redundancy[bi].node);
+              used.push_back("stripe " + std::to_string(st.index) + " (" + (from.empty() ? "" : "data of nodes " + join_ints(from) + ", ") +
+                             "parity on nodes " + join_ints(parity) + ")");
             }
         for (int r = n * l.ranks_per_node; r < (n + 1) * l.ranks_per_node; ++r) {
           if (h.shards[static_cast<std::size_t>(r)].ok) continue;
@@ -543,23 +584,21 @@ RepairReport repair_node_checkpoint(FileSystem& fs, std::span<const std::string>
     }
     // Into place: files renamed over their names, recreated directories with the manifest.
     const std::string manifest_text = encode_manifest(m);
-    for (auto& t : targets) {
+    for (std::size_t n = 0; n < targets.size(); ++n) {
+      auto& t = targets[n];
       for (const auto& [tmp, fin] : t.renames) fs.rename(join_path(t.dir, tmp), join_path(t.dir, fin));
       if (!t.renames.empty()) fs.sync_dir(t.dir);
-      if (!t.fresh) continue;
-      detail::write_small_file(fs, join_path(t.dir, kManifestName), manifest_text);
-      fs.sync_dir(t.dir);
-      fs.rename(t.dir, t.final_dir);
-      fs.sync_dir(t.root);
-      t.fresh = false;
-      const auto their = [&]() -> std::optional<std::uint64_t> {
-        try {
-          if (const auto n = read_latest(fs, t.root)) return parse_checkpoint_dir_name(*n);
-        } catch (const Error&) {
-        }
-        return std::nullopt;
-      }();
-      if (!their || *their < m.step) write_latest(fs, t.root, name);
+      const bool recreated = t.fresh;
+      if (t.fresh) {
+        detail::write_small_file(fs, join_path(t.dir, kManifestName), manifest_text);
+        fs.sync_dir(t.dir);
+        fs.rename(t.dir, t.final_dir);
+        fs.sync_dir(t.root);
+        t.fresh = false;
+      }
+      if (!holds(static_cast<int>(n)) || !latest_lags(t.root)) continue;
+      write_latest(fs, t.root, name);
+      if (!recreated) rep.lines.push_back("node " + std::to_string(n) + ": latest moved forward to " + name);
     }
   } catch (...) {
     for (auto& t : targets) {

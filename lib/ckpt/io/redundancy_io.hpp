@@ -109,7 +109,9 @@ struct RepairReport {
 /// replicas or by Reed-Solomon decoding, each checked against the manifest's SHA-256 before
 /// it is renamed into place, durably (file fsync, directory fsync); a node whose root or
 /// checkpoint directory is gone gets it back (a temporary directory renamed into place, the
-/// manifest, and `latest` if the node has none or an older one). Errc::missing_shard naming
+/// manifest); every node that holds the checkpoint and whose `latest` names none or an older
+/// one gets `latest` naming it, even when every file is good (a line in the report unless
+/// the node was recreated). Errc::missing_shard naming
 /// the lost shards, their nodes and the scheme's limit when more is lost than the scheme
 /// tolerates (nothing is written then). The caller holds the node roots' locks (or knows no
 /// writer runs).
