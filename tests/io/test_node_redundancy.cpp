@@ -599,7 +599,9 @@ TEST_CASE("a crash or power loss at any step of a save across nodes leaves a che
       }
       if (!power && renamed > 0 && renamed < l.nodes && named == 0) saw_partial_renames = true;
       if (!power && named > 0 && named < l.nodes) saw_partial_latest = true;
-      const std::uint64_t want = named > 0 ? 20 : 10;
+      // Step 20 is the live one once a node names it, or once it is renamed on every node
+      // (all of its files were durable before the first rename).
+      const std::uint64_t want = named > 0 || renamed == l.nodes ? 20 : 10;
       {
         std::vector<RootLock> locks;
         for (const auto& r : roots) locks.emplace_back(posix_file_system(), r);
@@ -682,11 +684,17 @@ TEST_CASE("read_latest_nodes takes the newest step any node names and counts a l
   CHECK(read_latest_nodes(posix_file_system(), roots) == checkpoint_dir_name(10));
   write_all(fsys::path(roots[1]) / "latest", {'x'});
   CHECK(read_latest_nodes(posix_file_system(), roots) == checkpoint_dir_name(10));
-  CHECK(is_node_set(posix_file_system(), (base / "set").string()) == false);  // node-0 is gone
+  // node-0 is gone: the set is still one (any node-n marks it), of 3 nodes (the manifest says).
+  CHECK(is_node_set(posix_file_system(), (base / "set").string()));
+  CHECK(count_node_roots(posix_file_system(), (base / "set").string()) == 3);
   fsys::create_directories(roots[0]);
   CHECK(is_node_set(posix_file_system(), (base / "set").string()));
   CHECK(count_node_roots(posix_file_system(), (base / "set").string()) == 3);
   CHECK(count_node_roots(posix_file_system(), roots[1]) == 0);
+  // The last node lost: the manifest of the others' latest still counts it.
+  write_latest(posix_file_system(), roots[1], checkpoint_dir_name(10));
+  fsys::remove_all(roots[2]);
+  CHECK(count_node_roots(posix_file_system(), (base / "set").string()) == 3);
 }
 
 TEST_CASE("rotate_node_checkpoints keeps the newest K on every node and skips a lost node") {
@@ -915,7 +923,7 @@ TEST_CASE("health and repair read the manifest from the first node whose manifes
   CHECK(f.code() == Errc::not_found);
 }
 
-TEST_CASE("begin and commit across nodes refuse what they cannot do and leave no temporaries; a stopped redundancy write is aborted") {
+TEST_CASE("begin and commit across nodes refuse what they cannot do and leave no temporaries, and a stopped redundancy write is aborted") {
   LogCapture quiet;
   const NodeLayout l = layout_of(3, 1, "rs:2+1");
   TempDir base("ckpt-nodes-begin");
