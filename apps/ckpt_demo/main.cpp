@@ -78,6 +78,8 @@ Checks (exit 1 if any fails; exit 2 on a usage error):
       checkpoint verifies (full SHA-256)
   (h) with --durable-dir: the durable tier's `latest` names the local tier's, and every
       checkpoint in the durable tier verifies (full SHA-256) and carries its copy record
+  (i) with --nodes and --resume, when a node root was lost or damaged: every file rebuilt
+      equals the manifest's SHA-256, and the whole checkpoint verifies afterwards
 A fresh run also shows, on scratch copies, the loader refusing a resume at twice the world
 size, a missing shard and a truncated shard (with --nodes and redundancy: a lost node rebuilt,
 and more lost nodes than the scheme survives refused).
@@ -638,22 +640,28 @@ void copy_to_scratch(const std::string& from_root, const std::string& name, cons
 
 // With --nodes and --resume: what a lost or damaged node root held is rebuilt before the
 // resume reads it (holding the node roots' locks), and every rebuilt file is named.
-void repair_before_resume(const Options& o, const std::string& root) {
+// Returns, when something was rebuilt, the line of check (i).
+std::optional<std::string> repair_before_resume(const Options& o, const std::string& root) {
   FileSystem& pfs = posix_file_system();
   const auto roots = node_root_paths(root, o.nodes);
   const auto name = read_latest_nodes(pfs, roots);
-  if (!name) return;  // the resume reports it
+  if (!name) return std::nullopt;  // the resume reports it
   std::vector<RootLock> locks;
   for (const auto& r : roots) locks.emplace_back(pfs, r);
   const auto h = check_node_checkpoint(pfs, roots, *name, Verify::full);
   if (h.healthy()) {
     std::printf("%s: every shard and redundancy block verifies (%s)\n", name->c_str(), redundancy_name(o.redundancy).c_str());
-    return;
+    return std::nullopt;
   }
   for (const auto& s : h.shards)
     if (!s.ok) std::printf("%s: %s on node %d is bad: %s\n", name->c_str(), s.what.c_str(), s.node, s.error.c_str());
   const RepairReport rep = repair_node_checkpoint(pfs, roots, *name, Verify::full);
   for (const auto& line : rep.lines) std::printf("%s: %s\n", name->c_str(), line.c_str());
+  // Every rebuilt file was checked against the manifest's SHA-256 before it was renamed in;
+  // the whole checkpoint is checked again here, as the resume will read it.
+  const auto after = check_node_checkpoint(pfs, roots, *name, Verify::full);
+  return std::to_string(rep.lines.size()) + " file(s) of " + *name + " rebuilt (" + std::to_string(rep.rebuilt_ranks.size()) +
+         " shard(s)), each equal to the manifest's SHA-256; afterwards " + (after.healthy() ? "every shard and block verifies" : "STILL DAMAGED");
 }
 
 }  // namespace
@@ -715,7 +723,7 @@ int program_main(int argc, char** argv) {
     int source_world = o.world;
     if (o.resume && o.nodes > 0) {
       try {
-        repair_before_resume(o, root);
+        if (const auto line = repair_before_resume(o, root)) checks['i'] = {line->find("STILL DAMAGED") == std::string::npos, *line};
       } catch (const Error& e) {
         if (!o.durable_dir) throw;
         std::printf("%s\nthe resume falls back to the durable tier %s\n", e.what(), o.durable_dir->c_str());
@@ -1067,10 +1075,11 @@ int program_main(int argc, char** argv) {
                                              {'e', "bit-exact resume"},
                                              {'f', "resharded state = source state"},
                                              {'g', "a failed save does not stop training"},
-                                             {'h', "both tiers hold the checkpoints"}};
+                                             {'h', "both tiers hold the checkpoints"},
+                                             {'i', "lost shards rebuilt bit-exactly"}};
   for (const auto& [c, name] : names) {
     const auto it = checks.find(c);
-    if (it == checks.end() && ((c == 'f' && !o.reshard) || (c == 'g' && !o.fail_save) || (c == 'h' && !o.durable_dir)))
+    if (it == checks.end() && ((c == 'f' && !o.reshard) || (c == 'g' && !o.fail_save) || (c == 'h' && !o.durable_dir) || c == 'i'))
       continue;  // only runs that ask have them
     if (it == checks.end()) {
       std::printf("  (%c) %-36s skipped (see --help)\n", c, name);

@@ -81,6 +81,8 @@ TEST_CASE("ckpt-demo --nodes 4 --redundancy rs:3+1: a deleted node root is rebui
         std::string::npos);
   CHECK(out.find("parity 0 of stripe 2 on node 1 re-encoded from the stripe's data") != std::string::npos);
   CHECK(out.find("resumed from step 10") != std::string::npos);
+  CHECK(out.find("(i) lost shards rebuilt bit-exactly      PASS: 2 file(s) of step-0000000010 rebuilt (1 shard(s)), each equal to the manifest's SHA-256; "
+                 "afterwards every shard and block verifies") != std::string::npos);
   CHECK(ckpt::test::read_all(fs::path(node(root, 1)) / kStep10 / shard(1)) == original);
   CHECK(ckpt::test::read_all(fs::path(node(root, 1)) / kStep10 / "parity-s00002-p0.rs") == original_parity);
   check_resumed_matches(dir / "c.jsonl");
