@@ -8,7 +8,6 @@
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
-#include "ckpt/format/manifest_limits.hpp"
 #include "ckpt/io/detail/small_file.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
@@ -58,9 +57,7 @@ int count_node_roots(FileSystem& fs, const std::string& dir) {
     try {
       const auto name = read_latest(fs, r);
       if (!name) continue;
-      const std::string mpath = join_path(join_path(r, *name), kManifestName);
-      const Manifest m = decode_manifest(detail::read_small_file(fs, mpath, kMaxManifestBytes, Errc::malformed_manifest), mpath);
-      if (m.nodes) return std::max(n, m.nodes->nodes);
+      if (const auto m = read_checkpoint_manifest(fs, join_path(r, *name)); m->nodes) return std::max(n, m->nodes->nodes);
     } catch (const Error&) {
     }
   }

@@ -195,6 +195,8 @@ std::string parent_dir(std::string_view p) {
 }
 }  // namespace
 
+std::shared_ptr<const Manifest> read_checkpoint_manifest(FileSystem& fs, const std::string& dir) { return open_manifest(fs, dir); }
+
 CheckpointReader CheckpointReader::checked(FileSystem& fs, std::string dir, std::shared_ptr<const Manifest> manifest,
                                            std::vector<std::string> node_dirs, std::optional<int> expected_world_size) {
   const Manifest& m = *manifest;

@@ -142,6 +142,12 @@ class CheckpointReader {
   const Manifest& manifest_;
 };
 
+/// The manifest of the checkpoint in `dir` alone, without checking its shards (a checkpoint
+/// across node roots whose shards may be lost): read and decoded as CheckpointReader::open
+/// does (within the limits, once per process for the same file, a symlinked `dir` refused).
+/// Throws Errc::not_found (no manifest) and the manifest's decode errors. Thread-safe.
+std::shared_ptr<const Manifest> read_checkpoint_manifest(FileSystem& fs, const std::string& dir);
+
 /// Options for opening the live checkpoint of a root.
 struct OpenLatestOptions {
   std::optional<int> expected_world_size;

@@ -9,7 +9,6 @@
 #include "ckpt/core/aligned_buffer.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
-#include "ckpt/format/manifest_limits.hpp"
 #include "ckpt/hash/file_digest.hpp"
 #include "ckpt/hash/xxh3.hpp"
 #include "ckpt/io/detail/small_file.hpp"
@@ -230,9 +229,8 @@ Manifest read_any_manifest(FileSystem& fs, std::span<const std::string> roots, c
         tried += (tried.empty() ? "" : "; ") + mpath + ": missing";
         continue;
       }
-      const std::string text = detail::read_small_file(fs, mpath, kMaxManifestBytes, Errc::malformed_manifest);
-      Manifest m = decode_manifest(text, mpath);
-      if (m.nodes && static_cast<std::size_t>(m.nodes->nodes) == roots.size()) return m;
+      const auto m = read_checkpoint_manifest(fs, d);
+      if (m->nodes && static_cast<std::size_t>(m->nodes->nodes) == roots.size()) return *m;
       tried += (tried.empty() ? "" : "; ") + mpath + ": not a checkpoint across " + std::to_string(roots.size()) + " nodes";
     } catch (const Error& e) {
       tried += (tried.empty() ? "" : "; ") + std::string(e.what());
