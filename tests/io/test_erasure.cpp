@@ -104,6 +104,12 @@ TEST_CASE("parity computed by encode is the documented matrix times the data, by
       for (auto& p : parity) out.push_back(reinterpret_cast<std::byte*>(p.data()));
       code.encode(in, out, len);
       for (int p = 0; p < g.m; ++p) CHECK(parity[static_cast<std::size_t>(p)] == reference_parity(g.k, p, data, len));
+      // One parity piece alone (a writer of one block) gives the same bytes.
+      for (int p = 0; p < g.m; ++p) {
+        std::vector<std::uint8_t> one(len, 0x55);
+        code.encode_one(p, in, reinterpret_cast<std::byte*>(one.data()), len);
+        CHECK(one == reference_parity(g.k, p, data, len));
+      }
     }
 }
 
@@ -161,6 +167,9 @@ TEST_CASE("bad geometries and bad encode and reconstruct arguments are invalid_a
   const auto invalid = [](auto&& f) { return expect_error(f).code() == Errc::invalid_argument; };
   CHECK(invalid([&] { code.encode(one, out2, 8); }));
   CHECK(invalid([&] { code.encode(two, out1, 8); }));
+  CHECK(invalid([&] { code.encode_one(2, two, out2[0], 8); }));
+  CHECK(invalid([&] { code.encode_one(-1, two, out2[0], 8); }));
+  CHECK(invalid([&] { code.encode_one(0, one, out2[0], 8); }));
   const int rows01[] = {0, 1}, rows00[] = {0, 0}, rows04[] = {0, 4}, rows0[] = {0}, row2[] = {2}, row4[] = {4}, rowm1[] = {-1};
   CHECK(invalid([&] { code.reconstruct(rows0, one, row2, out1, 8); }));   // one survivor for K = 2
   CHECK(invalid([&] { code.reconstruct(rows00, two, row2, out1, 8); }));  // a row repeated

@@ -966,3 +966,48 @@ TEST_CASE("begin and commit across nodes refuse what they cannot do and leave no
   CHECK(snapshot(base / "set") == before);
   CHECK(read_latest_nodes(posix_file_system(), roots) == checkpoint_dir_name(10));
 }
+
+TEST_CASE("unit_reads lists every read a redundancy unit makes, in order, and each block's writer is a rank of the block's node") {
+  // What the processes of a multi-process save send to a unit's writer: it must be exactly
+  // what the writer reads, or a writer would wait for bytes nobody sends.
+  const std::vector<std::pair<NodeLayout, std::vector<std::uint64_t>>> cases = {
+      {layout_of(4, 1, "rs:3+1"), {10000, 20000, 5, 0}},
+      {layout_of(4, 2, "rs:2+2"), {100, 9000, 3000, 17, 4096, 4097, 1, 12288}},
+      {layout_of(5, 2, "rs:3+2"), {5000, 5000, 0, 0, 8191, 1, 2, 3, 4096, 4096}},
+      {layout_of(4, 2, "replicate:2"), {100, 9000, 3000, 17, 4096, 4097, 1, 12288}},
+      {layout_of(5, 1, "replicate:3/2"), {4096, 0, 10000, 7, 8193}},
+  };
+  for (const auto& [l, sizes] : cases) {
+    INFO(redundancy_name(l.scheme) << " over " << l.nodes << " nodes of " << l.ranks_per_node);
+    std::vector<std::vector<std::uint8_t>> images;
+    for (std::size_t r = 0; r < sizes.size(); ++r) images.push_back(random_bytes(static_cast<std::size_t>(sizes[r]), 900 + r));
+    std::vector<std::span<const std::byte>> spans;
+    for (const auto& i : images) spans.push_back(std::as_bytes(std::span(i)));
+    const auto want_blocks = [&] {
+      TempDir d("ckpt-unit-reads");
+      std::vector<std::string> dirs;
+      for (int n = 0; n < l.nodes; ++n) dirs.push_back((d.path() / ("n" + std::to_string(n))).string()), fsys::create_directories(dirs.back());
+      return write_redundancy(posix_file_system(), dirs, l, sizes, node_bytes_from_images(l, spans), kChunk);
+    }();
+    const std::size_t units = redundancy_units(l, sizes);
+    REQUIRE(units == want_blocks.size());
+    for (std::size_t u = 0; u < units; ++u) {
+      INFO("unit " << u);
+      TempDir d("ckpt-unit-reads");
+      std::vector<std::string> dirs;
+      for (int n = 0; n < l.nodes; ++n) dirs.push_back((d.path() / ("n" + std::to_string(n))).string()), fsys::create_directories(dirs.back());
+      std::vector<RankRead> seen;
+      const NodeBytes recorded = node_bytes_by_rank(l, sizes, [&](int r, std::uint64_t at, std::span<std::byte> out) {
+        seen.push_back({r, at, out.size()});
+        std::memcpy(out.data(), images[static_cast<std::size_t>(r)].data() + at, out.size());
+      });
+      const auto blocks = write_redundancy_unit(posix_file_system(), dirs, l, sizes, recorded, kChunk, u);
+      REQUIRE(blocks.size() == 1);
+      CHECK(blocks[0].sha256 == want_blocks[u].sha256);  // one unit alone writes the same block
+      CHECK(seen == unit_reads(l, sizes, u, kChunk));
+      CHECK((!seen.empty() || want_blocks[u].size == 0));
+      const int writer = redundancy_unit_rank(l, sizes, u);
+      CHECK(l.node_of(writer) == want_blocks[u].node);
+    }
+  }
+}

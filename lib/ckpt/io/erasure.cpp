@@ -40,6 +40,15 @@ void ReedSolomon::encode(std::span<const std::byte* const> data, std::span<std::
   ec_encode_data(static_cast<int>(len), k_, m_, const_cast<unsigned char*>(tables_.data()), as_isal(data), as_isal(parity));
 }
 
+void ReedSolomon::encode_one(int p, std::span<const std::byte* const> data, std::byte* parity, std::size_t len) const {
+  if (data.size() != static_cast<std::size_t>(k_)) bad("encode data pieces", std::to_string(k_), std::to_string(data.size()));
+  if (p < 0 || p >= m_) bad("encode parity piece", "0.." + std::to_string(m_ - 1), std::to_string(p));
+  if (len == 0) return;
+  // ec_init_tables lays the tables out row after row, 32 x k bytes each.
+  auto* out = reinterpret_cast<unsigned char*>(parity);
+  ec_encode_data(static_cast<int>(len), k_, 1, const_cast<unsigned char*>(tables_.data()) + static_cast<std::size_t>(32 * k_ * p), as_isal(data), &out);
+}
+
 void ReedSolomon::reconstruct(std::span<const int> have, std::span<const std::byte* const> have_data, std::span<const int> want,
                               std::span<std::byte* const> out, std::size_t len) const {
   const int n = k_ + m_;

@@ -26,6 +26,10 @@ class ReedSolomon {
   /// Computes the m parity pieces of `len` bytes from the k data pieces of `len` bytes.
   /// `data` holds k pointers and `parity` m; no buffer may overlap another. Thread-safe.
   void encode(std::span<const std::byte* const> data, std::span<std::byte* const> parity, std::size_t len) const;
+  /// Computes parity piece `p` (0..m-1, code row k + p) alone: what encode() writes to
+  /// parity[p], for a writer that stores one parity block of a stripe. Errc::invalid_argument
+  /// for a wrong count or p out of range. Thread-safe.
+  void encode_one(int p, std::span<const std::byte* const> data, std::byte* parity, std::size_t len) const;
 
   /// Rebuilds members from k others: `have` names k distinct rows (0..k+m-1) whose pieces
   /// are `have_data` (same order); `want` names the rows to rebuild into `out` (same order).

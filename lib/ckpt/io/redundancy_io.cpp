@@ -36,17 +36,26 @@ NodeSpans node_spans(const NodeLayout& l, std::span<const std::uint64_t> sizes) 
   return s;
 }
 
+// The ranks' pieces of bytes [offset, offset + len) of `node`'s data, in rank order:
+// piece(rank, offset in its file, offset in the range, length) for each non-empty overlap.
+template <typename Piece>
+void for_each_rank_piece(const NodeLayout& l, const NodeSpans& s, int node, std::uint64_t offset, std::uint64_t len, Piece&& piece) {
+  const std::uint64_t end = offset + len;
+  for (int r = node * l.ranks_per_node; r < (node + 1) * l.ranks_per_node; ++r) {
+    const std::uint64_t b = s.start[static_cast<std::size_t>(r)], e = b + s.size[static_cast<std::size_t>(r)];
+    const std::uint64_t lo = std::max(b, offset), hi = std::min(e, end);
+    if (lo < hi) piece(r, lo - b, lo - offset, hi - lo);
+  }
+}
+
 // Fills `out` from the ranks of `node`, `read(rank, offset in its file, piece)` reading each
 // overlap; zeros where no rank's bytes are.
 template <typename Read>
 void gather(const NodeLayout& l, const NodeSpans& s, int node, std::uint64_t offset, std::span<std::byte> out, Read&& read) {
   std::memset(out.data(), 0, out.size());
-  const std::uint64_t end = offset + out.size();
-  for (int r = node * l.ranks_per_node; r < (node + 1) * l.ranks_per_node; ++r) {
-    const std::uint64_t b = s.start[static_cast<std::size_t>(r)], e = b + s.size[static_cast<std::size_t>(r)];
-    const std::uint64_t lo = std::max(b, offset), hi = std::min(e, end);
-    if (lo < hi) read(r, lo - b, out.subspan(static_cast<std::size_t>(lo - offset), static_cast<std::size_t>(hi - lo)));
-  }
+  for_each_rank_piece(l, s, node, offset, out.size(), [&](int r, std::uint64_t at, std::uint64_t into, std::uint64_t n) {
+    read(r, at, out.subspan(static_cast<std::size_t>(into), static_cast<std::size_t>(n)));
+  });
 }
 
 std::vector<std::uint64_t> sizes_of(const Manifest& m) {
@@ -60,15 +69,18 @@ void stop_check(const std::function<bool()>& stopped, const std::string& path) {
 }
 }  // namespace
 
+NodeBytes node_bytes_by_rank(const NodeLayout& layout, std::span<const std::uint64_t> shard_sizes, RankBytes read) {
+  return [layout, spans = node_spans(layout, shard_sizes), read = std::move(read)](int node, std::uint64_t offset, std::span<std::byte> out) {
+    gather(layout, spans, node, offset, out, read);
+  };
+}
+
 NodeBytes node_bytes_from_images(const NodeLayout& layout, std::vector<std::span<const std::byte>> images) {
   std::vector<std::uint64_t> sizes;
   for (const auto& i : images) sizes.push_back(i.size());
-  auto spans = node_spans(layout, sizes);
-  return [layout, spans = std::move(spans), images = std::move(images)](int node, std::uint64_t offset, std::span<std::byte> out) {
-    gather(layout, spans, node, offset, out, [&](int r, std::uint64_t at, std::span<std::byte> piece) {
-      std::memcpy(piece.data(), images[static_cast<std::size_t>(r)].data() + at, piece.size());
-    });
-  };
+  return node_bytes_by_rank(layout, sizes, [images = std::move(images)](int r, std::uint64_t at, std::span<std::byte> piece) {
+    std::memcpy(piece.data(), images[static_cast<std::size_t>(r)].data() + at, piece.size());
+  });
 }
 
 ShardRecord write_file_from(FileSystem& fs, const std::string& dir, const std::string& name, std::uint64_t size, const FileBytes& source,
@@ -88,15 +100,15 @@ ShardRecord write_file_from(FileSystem& fs, const std::string& dir, const std::s
 void write_parity(FileSystem& fs, std::span<const std::string> node_dirs, const ReedSolomon& code, const Stripe& stripe,
                   std::span<RedundancyBlock* const> blocks, const NodeBytes& data, std::uint64_t chunk_size,
                   const std::function<bool()>& stopped) {
-  const auto k = static_cast<std::size_t>(code.k()), m = static_cast<std::size_t>(code.m());
+  const auto k = static_cast<std::size_t>(code.k());
   const auto c = static_cast<std::size_t>(std::min<std::uint64_t>(std::max<std::uint64_t>(stripe.length, 1), chunk_size));
-  AlignedBuffer in(k * c), par(m * c);
+  // Only the parity rows of `blocks` are computed: K input chunks, one output chunk per block.
+  AlignedBuffer in(k * c), par(std::max<std::size_t>(blocks.size(), 1) * c);
   std::vector<const std::byte*> in_ptr(k);
-  std::vector<std::byte*> par_ptr(m);
   for (std::size_t i = 0; i < k; ++i) in_ptr[i] = in.data() + i * c;
-  for (std::size_t p = 0; p < m; ++p) par_ptr[p] = par.data() + p * c;
   std::vector<ShardWriter> writers;
   for (auto* b : blocks) writers.push_back(ShardWriter::copy(fs, node_dirs[static_cast<std::size_t>(b->node)], b->path, stripe.length, {.chunk_size = chunk_size}));
+  // The reads of one stripe chunk, in the order unit_reads lists them.
   for (std::uint64_t off = 0; off < stripe.length; off += c) {
     stop_check(stopped, writers.empty() ? std::string() : writers.front().path());
     const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(c, stripe.length - off));
@@ -106,9 +118,11 @@ void write_parity(FileSystem& fs, std::span<const std::string> node_dirs, const 
       std::memset(dst.data(), 0, n);
       if (off < piece.length) data(piece.node, piece.offset + off, dst.first(static_cast<std::size_t>(std::min<std::uint64_t>(n, piece.length - off))));
     }
-    code.encode(in_ptr, par_ptr, n);
-    for (std::size_t w = 0; w < writers.size(); ++w)
-      writers[w].write(std::span<const std::byte>(par_ptr[static_cast<std::size_t>(blocks[w]->index)], n));
+    for (std::size_t w = 0; w < writers.size(); ++w) {
+      std::byte* out = par.data() + w * c;
+      code.encode_one(blocks[w]->index, in_ptr, out, n);
+      writers[w].write(std::span<const std::byte>(out, n));
+    }
   }
   for (std::size_t w = 0; w < writers.size(); ++w) {
     writers[w].mark_written(stripe.length);
@@ -120,29 +134,52 @@ void write_parity(FileSystem& fs, std::span<const std::string> node_dirs, const 
 }
 
 std::size_t redundancy_units(const NodeLayout& layout, std::span<const std::uint64_t> shard_sizes) {
-  switch (layout.scheme.kind) {
-    case RedundancyScheme::Kind::reed_solomon: return static_cast<std::size_t>(layout.nodes);
-    case RedundancyScheme::Kind::replicate: return planned_blocks(layout, shard_sizes).size();
-    case RedundancyScheme::Kind::none: break;
+  return planned_blocks(layout, shard_sizes).size();
+}
+
+int redundancy_unit_rank(const NodeLayout& layout, std::span<const std::uint64_t> shard_sizes, std::size_t unit) {
+  const RedundancyBlock b = planned_blocks(layout, shard_sizes).at(unit);
+  return b.node * layout.ranks_per_node + static_cast<int>(unit % static_cast<std::size_t>(layout.ranks_per_node));
+}
+
+std::vector<RankRead> unit_reads(const NodeLayout& layout, std::span<const std::uint64_t> shard_sizes, std::size_t unit,
+                                 std::uint64_t chunk_size) {
+  const auto all = planned_blocks(layout, shard_sizes);
+  const RedundancyBlock& b = all.at(unit);
+  const auto spans = node_spans(layout, shard_sizes);
+  std::vector<RankRead> out;
+  const auto node_read = [&](int node, std::uint64_t offset, std::uint64_t len) {
+    for_each_rank_piece(layout, spans, node, offset, len,
+                        [&](int r, std::uint64_t at, std::uint64_t, std::uint64_t n) { out.push_back({r, at, n}); });
+  };
+  if (b.kind == RedundancyBlock::Kind::parity) {
+    // write_parity's loop: stripe chunk by chunk, data piece by data piece.
+    const Stripe st = rs_stripes(layout, shard_sizes).at(static_cast<std::size_t>(b.stripe));
+    const std::uint64_t c = std::min<std::uint64_t>(std::max<std::uint64_t>(st.length, 1), chunk_size);
+    for (std::uint64_t off = 0; off < st.length; off += c) {
+      const std::uint64_t n = std::min(c, st.length - off);
+      for (const auto& piece : st.data)
+        if (off < piece.length) node_read(piece.node, piece.offset + off, std::min(n, piece.length - off));
+    }
+  } else {
+    // write_file_from's loop over the copied shard's bytes in its node's data.
+    const int node = layout.node_of(b.rank);
+    const std::uint64_t start = spans.start[static_cast<std::size_t>(b.rank)];
+    for (std::uint64_t off = 0; off < b.size; off += chunk_size) node_read(node, start + off, std::min(chunk_size, b.size - off));
   }
-  return 0;
+  return out;
 }
 
 std::vector<RedundancyBlock> write_redundancy_unit(FileSystem& fs, std::span<const std::string> node_dirs, const NodeLayout& layout,
                                                    std::span<const std::uint64_t> shard_sizes, const NodeBytes& data,
                                                    std::uint64_t chunk_size, std::size_t unit, const std::function<bool()>& stopped) {
-  const auto all = planned_blocks(layout, shard_sizes);
-  std::vector<RedundancyBlock> blocks;
-  if (layout.scheme.kind == RedundancyScheme::Kind::reed_solomon) {
+  RedundancyBlock b = planned_blocks(layout, shard_sizes).at(unit);
+  if (b.kind == RedundancyBlock::Kind::parity) {
     const ReedSolomon code(layout.scheme.k, layout.scheme.m);
-    const Stripe st = rs_stripes(layout, shard_sizes).at(unit);
-    for (const auto& b : all)
-      if (b.stripe == st.index) blocks.push_back(b);
-    std::vector<RedundancyBlock*> mine;
-    for (auto& b : blocks) mine.push_back(&b);
+    const Stripe st = rs_stripes(layout, shard_sizes).at(static_cast<std::size_t>(b.stripe));
+    RedundancyBlock* mine[] = {&b};
     write_parity(fs, node_dirs, code, st, mine, data, chunk_size, stopped);
-  } else if (layout.scheme.kind == RedundancyScheme::Kind::replicate) {
-    RedundancyBlock b = all.at(unit);
+  } else {
     const auto spans = node_spans(layout, shard_sizes);
     const int node = layout.node_of(b.rank);
     const std::uint64_t start = spans.start[static_cast<std::size_t>(b.rank)];
@@ -152,9 +189,8 @@ std::vector<RedundancyBlock> write_redundancy_unit(FileSystem& fs, std::span<con
     b.sha256 = r.sha256;
     b.xxh3 = r.xxh3;
     b.chunk_xxh3 = r.chunk_xxh3;
-    blocks.push_back(std::move(b));
   }
-  return blocks;
+  return {std::move(b)};
 }
 
 std::vector<RedundancyBlock> write_redundancy(FileSystem& fs, std::span<const std::string> node_dirs, const NodeLayout& layout,

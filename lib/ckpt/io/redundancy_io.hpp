@@ -27,6 +27,13 @@ using NodeBytes = std::function<void(int node, std::uint64_t offset, std::span<s
 /// Fills `out` with bytes [offset, offset + out.size()) of one file.
 using FileBytes = std::function<void(std::uint64_t offset, std::span<std::byte> out)>;
 
+/// Fills `out` with bytes [offset, offset + out.size()) of rank `rank`'s shard file.
+using RankBytes = std::function<void(int rank, std::uint64_t offset, std::span<std::byte> out)>;
+
+/// NodeBytes over the ranks' shard files, read through `read` (one call per rank overlapping
+/// the range, in rank order). `shard_sizes` in rank order.
+NodeBytes node_bytes_by_rank(const NodeLayout& layout, std::span<const std::uint64_t> shard_sizes, RankBytes read);
+
 /// NodeBytes over in-memory shard images: images[r] holds rank r's whole file (its size is
 /// the shard's size). The spans must outlive the result.
 NodeBytes node_bytes_from_images(const NodeLayout& layout, std::vector<std::span<const std::byte>> images);
@@ -52,14 +59,32 @@ std::vector<RedundancyBlock> write_redundancy(FileSystem& fs, std::span<const st
                                               std::span<const std::uint64_t> shard_sizes, const NodeBytes& data, std::uint64_t chunk_size,
                                               const std::function<bool()>& stopped = {});
 
-/// write_redundancy in independent units, for callers that write them in parallel: rs, one
-/// unit per stripe (its M parity blocks); replicate, one per replica. Units in order give
+/// write_redundancy in independent units, for callers that write them in parallel: one unit
+/// per block of planned_blocks (rs: a parity block of a stripe, replicate: a replica), in
 /// planned_blocks' order.
 std::size_t redundancy_units(const NodeLayout& layout, std::span<const std::uint64_t> shard_sizes);
-/// Writes unit `unit` (0..redundancy_units-1) and returns its blocks with their checksums.
+/// Writes unit `unit` (0..redundancy_units-1) and returns its block with its checksums.
 std::vector<RedundancyBlock> write_redundancy_unit(FileSystem& fs, std::span<const std::string> node_dirs, const NodeLayout& layout,
                                                    std::span<const std::uint64_t> shard_sizes, const NodeBytes& data,
                                                    std::uint64_t chunk_size, std::size_t unit, const std::function<bool()>& stopped = {});
+
+/// The rank whose process writes unit `unit` when ranks live in several processes: one of the
+/// ranks of the node that stores the block (node x ranks_per_node + unit % ranks_per_node),
+/// so that every block is written on its own node and a node's blocks spread over its ranks.
+int redundancy_unit_rank(const NodeLayout& layout, std::span<const std::uint64_t> shard_sizes, std::size_t unit);
+
+/// One read of a rank's shard bytes by a redundancy unit.
+struct RankRead {
+  int rank = 0;
+  std::uint64_t offset = 0, length = 0;  ///< within the rank's shard file
+  bool operator==(const RankRead&) const = default;
+};
+/// Every read write_redundancy_unit(unit) makes through a node_bytes_by_rank source, in the
+/// order it makes them: what the processes holding those ranks send to the unit's writer when
+/// ranks live in several processes (and what the writer must still take in when it stops
+/// early, so that no sender is left waiting).
+std::vector<RankRead> unit_reads(const NodeLayout& layout, std::span<const std::uint64_t> shard_sizes, std::size_t unit,
+                                 std::uint64_t chunk_size);
 
 // ---- health and repair -------------------------------------------------------------------
 

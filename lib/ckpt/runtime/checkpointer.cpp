@@ -202,7 +202,7 @@ struct Checkpointer::Impl {
   struct Abandon {
     Error error;
   };
-  // One unit of the step's redundancy blocks (a stripe's parity, a replica) is durable, or failed.
+  // One unit of the step's redundancy (one block: a parity block of a stripe, or a replica) is durable, or failed.
   struct BlocksDone {
     std::size_t unit = 0;
     std::vector<RedundancyBlock> blocks;
@@ -751,7 +751,8 @@ struct Checkpointer::Impl {
   // The most redundancy units a step can have (its inbox holds their messages).
   std::size_t max_units() const noexcept {
     if (!layout) return 0;
-    if (layout->scheme.kind == RedundancyScheme::Kind::reed_solomon) return static_cast<std::size_t>(layout->nodes);
+    if (layout->scheme.kind == RedundancyScheme::Kind::reed_solomon)
+      return static_cast<std::size_t>(layout->nodes) * static_cast<std::size_t>(layout->scheme.m);
     return static_cast<std::size_t>(layout->scheme.copies) * static_cast<std::size_t>(opt.world_size);
   }
 
