@@ -347,3 +347,36 @@ TEST_CASE("a rank's report to the coordinator carries its sharding descriptions 
     CHECK(d.shard.tensors[i].sharding == r.shard.tensors[i].sharding);
   }
 }
+
+TEST_CASE("a rank's report carries the redundancy blocks its process wrote across processes, also with an error") {
+  RankReport r;
+  r.rank = 2;
+  r.shard.shard.rank = 2;
+  r.shard.shard.path = "rank-00002-of-00004.safetensors";
+  r.shard.shard.size = 4096;
+  r.shard.shard.sha256 = std::string(64, 'b');
+  r.shard.shard.chunk_xxh3 = {3};
+  r.shard.chunk_size = 4096;
+  RedundancyBlock parity{RedundancyBlock::Kind::parity, 2, 3, 1, -1, "parity-s00003-p1.rs", 8193, std::string(64, 'c'), 0x0123456789abcdefull, {5, 6, 7}};
+  RedundancyBlock replica{RedundancyBlock::Kind::replica, 3, -1, -1, 1, "replica-rank-00001-of-00004.safetensors", 4096, std::string(64, 'd'), 42, {9}};
+  r.blocks = {parity, replica};
+  const auto same = [](const RedundancyBlock& a, const RedundancyBlock& b) {
+    return a.kind == b.kind && a.node == b.node && a.stripe == b.stripe && a.index == b.index && a.rank == b.rank && a.path == b.path &&
+           a.size == b.size && a.sha256 == b.sha256 && a.xxh3 == b.xxh3 && a.chunk_xxh3 == b.chunk_xxh3;
+  };
+  const RankReport d = detail::decode_rank_report(detail::encode_rank_report(7, r));
+  REQUIRE(d.blocks.size() == 2);
+  CHECK(same(d.blocks[0], parity));
+  CHECK(same(d.blocks[1], replica));
+  // A rank whose shard failed still hands over the blocks its process wrote (they are
+  // removed with the step's temporaries; the error is what counts).
+  r.error = Error(Errc::no_space, "/n/x", "write failed");
+  const RankReport e = detail::decode_rank_report(detail::encode_rank_report(7, r));
+  REQUIRE(e.error.has_value());
+  CHECK(e.error->code() == Errc::no_space);
+  CHECK(e.blocks.size() == 2);
+  // A block that does not decode makes the message a comm_error.
+  std::string text = detail::encode_rank_report(7, r);
+  text.replace(text.find("0123456789abcdef"), 16, "0123456789abcdeZ");
+  CHECK(test::error_of([&] { detail::decode_rank_report(text); }).code() == Errc::comm_error);
+}

@@ -19,6 +19,7 @@
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/train/trainer.hpp"
+#include "mpi/small_config.hpp"
 
 using namespace ckpt;
 using namespace ckpt::train;
@@ -27,13 +28,7 @@ namespace {
 
 constexpr std::uint64_t kSteps = 6, kSaveAt = 3;
 
-TrainConfig config() {
-  TrainConfig c;
-  c.model = GptConfig{.vocab = 32, .seq = 8, .dim = 16, .heads = 2, .layers = 1, .batch = 2};
-  c.corpus_tokens = 8192;
-  c.total_steps = 10;
-  return c;
-}
+TrainConfig config() { return test::small_mpi_config(10); }
 
 std::vector<std::uint32_t> bits(const std::vector<float>& v) {
   std::vector<std::uint32_t> b(v.size());

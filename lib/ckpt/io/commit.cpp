@@ -136,9 +136,13 @@ std::string begin_shared_checkpoint(FileSystem& fs, const std::string& root, std
   if (run_id.empty() || run_id.find('/') != std::string::npos)
     throw Error(Errc::invalid_argument, root, "shared checkpoint run id", "a non-empty name without '/'", run_id);
   check_step_free(fs, root, step, committer, options.allow_older_than_latest);
-  const std::string temp = join_path(root, ".tmp-" + checkpoint_dir_name(step) + "-" + run_id);
+  const std::string temp = shared_temporary_dir(root, step, run_id);
   fs.create_dirs(temp);
   return temp;
+}
+
+std::string shared_temporary_dir(const std::string& root, std::uint64_t step, const std::string& run_id) {
+  return join_path(root, ".tmp-" + checkpoint_dir_name(step) + "-" + run_id);
 }
 
 namespace {

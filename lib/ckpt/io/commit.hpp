@@ -86,6 +86,9 @@ std::string begin_checkpoint(FileSystem& fs, const std::string& root, std::uint6
 /// it. Errc::invalid_argument for an empty run id or one containing '/'.
 std::string begin_shared_checkpoint(FileSystem& fs, const std::string& root, std::uint64_t step, const std::string& run_id,
                                     bool committer, const BeginOptions& options = {});
+/// The path begin_shared_checkpoint makes, without touching the file system: for a process
+/// that names another node's temporary (checkpoints across node roots under MPI).
+std::string shared_temporary_dir(const std::string& root, std::uint64_t step, const std::string& run_id);
 
 /// Step 3: the manifest, the renames and the fsyncs, in the order above.
 /// Returns the final checkpoint directory path.

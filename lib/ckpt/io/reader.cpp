@@ -464,6 +464,13 @@ OpenedCheckpoint open_latest(FileSystem& fs, const std::string& root, const Open
         for (const auto& line : report.lines) note += (note.empty() ? "rebuilt: " : "; ") + line;
         return note;
       };
+      if (!opt.repair) {
+        const auto name = read_latest_nodes(fs, roots);
+        if (!name) throw Error(Errc::not_found, root, "no latest pointer on any of the " + std::to_string(roots.size()) + " node roots: nothing committed yet");
+        std::vector<std::string> dirs;
+        for (const auto& r : roots) dirs.push_back(join_path(r, *name));
+        return {CheckpointReader::open_nodes(fs, dirs, opt.expected_world_size), *name, false, {}};
+      }
       std::string why;
       try {
         RepairReport report;

@@ -156,6 +156,11 @@ struct OpenLatestOptions {
   bool fallback = false;
   /// Verification applied while choosing (only with fallback; loads verify again).
   Verify verify = Verify::fast;
+  /// A node set: check the checkpoint and rebuild what is lost or damaged before opening it
+  /// (the default). false opens it as it is: for a reader that knows the check ran already
+  /// (under MPI, the Checkpointer's construction checks and rebuilds the live checkpoint
+  /// once, and each process then reads its part; its loads still verify what they read).
+  bool repair = true;
 };
 
 struct OpenedCheckpoint {

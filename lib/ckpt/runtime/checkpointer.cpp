@@ -62,6 +62,7 @@
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/node_commit.hpp"
 #include "ckpt/io/redundancy_io.hpp"
+#include "ckpt/io/remote_file_system.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/io/shard_writer.hpp"
 #include "ckpt/io/sharded_save.hpp"
@@ -208,7 +209,14 @@ struct Checkpointer::Impl {
     std::vector<RedundancyBlock> blocks;
     std::optional<Error> error;
   };
-  using Message = std::variant<std::shared_ptr<ShardJob>, RankReport, Abandon, BlocksDone>;
+  // Ranks in several processes: every rank's shard size (from every process), or why the
+  // step has no redundancy (a rank failed to stage or begin somewhere).
+  struct SizesKnown {
+    std::vector<std::uint64_t> sizes;
+    std::optional<std::string> failed;  // which process said what failed
+    std::optional<Error> error;         // the exchange itself failed
+  };
+  using Message = std::variant<std::shared_ptr<ShardJob>, RankReport, Abandon, BlocksDone, SizesKnown>;
   using Inbox = asio::experimental::channel<void(boost::system::error_code, Message)>;
 
   // The checkpoint of one step, from its first save() to its rotation.
@@ -228,6 +236,11 @@ struct Checkpointer::Impl {
     // node 0's), and the redundancy blocks in planned order, once every unit is durable.
     std::vector<std::string> temps;
     std::vector<RedundancyBlock> blocks;
+    // Every rank's shard size, once every local rank is staged (from the other processes
+    // through the coordinator when ranks live in several); the threads that move redundancy
+    // bytes between processes, joined when the step's units are done.
+    std::vector<std::uint64_t> sizes;
+    std::vector<std::thread> movers;
     std::atomic<bool> failed{false};  // a shard failed: the redundancy units stop
     bool committed_here = false;
 
@@ -237,6 +250,10 @@ struct Checkpointer::Impl {
   };
 
   CheckpointerOptions opt;
+  // Node roots with ranks in several processes: the other nodes' roots are reached through
+  // the coordinator's file transport (route_node_roots); declared before everything that
+  // uses it, so destroyed after.
+  std::unique_ptr<FileSystem> routed;
   FileSystem& fs;
   std::unique_ptr<CommitCoordinator> own_coordinator;
   CommitCoordinator* coordinator;
@@ -252,6 +269,7 @@ struct Checkpointer::Impl {
   std::optional<NodeLayout> layout;
   std::vector<std::string> node_roots;
   std::vector<RootLock> node_locks;
+  std::vector<RepairReport> repairs;  // what the construction rebuilt (the preparing process)
 
   asio::io_context ctx{1};
   asio::executor_work_guard<asio::io_context::executor_type> guard{ctx.get_executor()};
@@ -293,9 +311,28 @@ struct Checkpointer::Impl {
     return std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
   }
 
+  // Node roots with ranks in several processes: a file system on which node n's root (for
+  // every node but this process's) is served by the process hosting node n's first rank.
+  // Null otherwise, or when the options are bad (the constructor then says why).
+  static std::unique_ptr<FileSystem> route_node_roots(const CheckpointerOptions& o, FileSystem& base) {
+    if (!o.nodes || !o.coordinator || o.root.empty() || o.nodes->ranks_per_node < 1 || o.world_size < 1 ||
+        o.world_size % o.nodes->ranks_per_node != 0)
+      return nullptr;
+    const auto mine = o.coordinator->local_ranks();
+    FileTransport* transport = o.coordinator->file_transport();
+    if (mine.empty() || static_cast<int>(mine.size()) >= o.world_size || !transport) return nullptr;
+    const int rpn = o.nodes->ranks_per_node, nodes = o.world_size / rpn;
+    const auto roots = node_root_paths(o.root, nodes);
+    std::vector<FileRoute> routes;
+    for (int n = 0; n < nodes; ++n)
+      if (n != mine.front() / rpn) routes.push_back({roots[static_cast<std::size_t>(n)], n * rpn});
+    return make_routed_file_system(base, *transport, std::move(routes));
+  }
+
   explicit Impl(CheckpointerOptions o)
       : opt(std::move(o)),
-        fs(opt.fs ? *opt.fs : posix_file_system()),
+        routed(route_node_roots(opt, opt.fs ? *opt.fs : posix_file_system())),
+        fs(routed ? *routed : opt.fs ? *opt.fs : posix_file_system()),
         coordinator(opt.coordinator),
         work_pool(static_cast<std::size_t>(pool_size(opt))),
         io_pool(static_cast<std::size_t>(std::max(1, opt.queue_depth))) {
@@ -325,9 +362,10 @@ struct Checkpointer::Impl {
       throw Error(Errc::invalid_argument, {}, "BusyPolicy::skip with ranks in several processes (each would decide alone)",
                   "BusyPolicy::wait", "BusyPolicy::skip");
     if (opt.nodes) {
-      if (local_count < opt.world_size)
-        throw Error(Errc::invalid_argument, opt.root, "CheckpointerOptions.nodes with ranks in several processes (the redundancy needs every shard of its stripe in one process)",
-                    "every rank in this process", std::to_string(local_count) + " of " + std::to_string(opt.world_size));
+      if (local_count < opt.world_size && !coordinator->file_transport())
+        throw Error(Errc::invalid_argument, opt.root,
+                    "CheckpointerOptions.nodes with ranks in several processes needs a coordinator that moves bytes between them (file_transport)",
+                    "a file transport", "none");
       const int rpn = opt.nodes->ranks_per_node;
       NodeLayout l{rpn >= 1 ? opt.world_size / rpn : 0, rpn, opt.nodes->redundancy};
       if (rpn >= 1 && opt.world_size % rpn != 0) throw_invalid("CheckpointerOptions.nodes.ranks_per_node must divide the world size");
@@ -347,7 +385,11 @@ struct Checkpointer::Impl {
       prepare_node_roots(fs, node_locks);
       // A replaced node's empty root (or a truncated file): every kept checkpoint is made
       // whole again, not only the one a resume reads.
-      repair_node_roots(fs, node_roots);
+      repairs = repair_node_roots(fs, node_roots);
+      // With ranks in several processes each resumes from its own node's files without
+      // checking the others' (their loads verify what they read), so the live checkpoint is
+      // checked here, once, and what is damaged rebuilt, before any process can resume.
+      if (local_count < opt.world_size) repair_latest();
     });
     if (!run_id.empty()) fs.create_dirs(opt.root);
     staging.resize(static_cast<std::size_t>(opt.world_size));
@@ -365,6 +407,19 @@ struct Checkpointer::Impl {
     // reader finds the other nodes' shards; redundancy blocks are not copied).
     if (opt.durable) replicator = std::make_unique<DurableReplicator>(fs, layout ? node_roots[0] : opt.root, *opt.durable);
     io_thread = std::thread([this] { ctx.run(); });
+  }
+
+  // The checkpoint `latest` names across the node roots, checked (Verify::fast) and repaired;
+  // a failure is logged and left for the resume to report.
+  void repair_latest() {
+    try {
+      if (const auto name = read_latest_nodes(fs, node_roots)) {
+        RepairReport r = repair_node_checkpoint(fs, node_roots, *name, Verify::fast);
+        if (!r.nothing_to_do()) repairs.push_back(std::move(r));
+      }
+    } catch (const Error& e) {
+      log_line(std::string("the live checkpoint is not rebuilt: ") + e.what());
+    }
   }
 
   void choose_backend() {
@@ -467,7 +522,9 @@ struct Checkpointer::Impl {
                     "fewer than " + std::to_string(opt.max_consecutive_failures), std::to_string(stats.consecutive_failures));
       if (opt.when_busy == BusyPolicy::skip) skip_decisions[step] = false;
       if (!in_flight) {
-        in_flight = std::make_shared<StepState>(ctx, step, opt.world_size, max_units());
+        // Per unit: its writer's message, and with ranks in several processes a sender's;
+        // and the sizes of the shards.
+        in_flight = std::make_shared<StepState>(ctx, step, opt.world_size, 2 * max_units() + 1);
         ++checkpoints_running;
         asio::co_spawn(ctx, run_checkpoint(in_flight), asio::detached);
       }
@@ -503,7 +560,7 @@ struct Checkpointer::Impl {
         }
         // Released before the report: a rank waiting in wait_staged() learns first.
         job->handle->mark_staged(bad ? std::optional<Error>(detail::SaveState::fresh(*bad)) : std::nullopt);
-        if (bad) send(st, RankReport{job->rank, *bad, {}});
+        if (bad) send(st, RankReport{job->rank, *bad, {}, {}});
         else send(st, job);
       });
       return SaveHandle(job->handle);
@@ -521,7 +578,7 @@ struct Checkpointer::Impl {
       stage(*job, tensors);
     } catch (...) {
       if (job->result.deferred) throw;  // the deferred path reports it (after the fence opens)
-      send(st, RankReport{job->rank, to_error(std::current_exception()), {}});
+      send(st, RankReport{job->rank, to_error(std::current_exception()), {}, {}});
       throw;
     }
     job->result.stage = Clock::now() - t_stage;
@@ -608,6 +665,16 @@ struct Checkpointer::Impl {
       st->temp = co_await on_root_pool([this, state = st.get(), step = st->step, needed = expected_bytes(*st)] {
         std::lock_guard lk(root_mu);
         const BeginOptions older{.allow_older_than_latest = opt.allow_older_than_latest};
+        if (layout && !run_id.empty()) {
+          // Ranks in several processes: each makes its own node's temporary (the node's
+          // first rank checks and clears the step, as a committer), and names the others'.
+          const int node = layout->node_of(first_local());
+          for (int n = 0; n < layout->nodes; ++n)
+            state->temps.push_back(n == node ? begin_shared_checkpoint(fs, node_roots[static_cast<std::size_t>(n)], step, run_id,
+                                                                       first_local() % layout->ranks_per_node == 0, older)
+                                             : shared_temporary_dir(node_roots[static_cast<std::size_t>(n)], step, run_id));
+          return state->temps[0];
+        }
         if (layout) {
           state->temps = begin_node_checkpoint(fs, node_roots, step, older);
           return state->temps[0];
@@ -626,32 +693,77 @@ struct Checkpointer::Impl {
     //    the staged images, while the shards are written); the commit waits for them.
     std::vector<RankReport> reports;
     std::optional<Error> abandoned, blocks_failed;
-    int jobs = 0;
+    int settled = 0;  // local ranks whose shard was handed over, or whose staging failed
+    std::vector<bool> handed(static_cast<std::size_t>(opt.world_size), false);
     std::size_t units = 0, units_done = 0;
     std::vector<std::vector<RedundancyBlock>> unit_blocks;
-    while ((static_cast<int>(reports.size()) < local_count || units_done < units) && !abandoned) {
+    bool exchanging = false;
+    // Once every local rank is settled: the redundancy units, from the staged images while the
+    // shards are written. In one process at once; across processes after the sizes are known
+    // everywhere (so every process plans the same units, or none).
+    // (The frame's own copy of st: g++ 12 takes a coroutine parameter named in a lambda from
+    // the argument, gone by now; see step 1.)
+    const std::shared_ptr<StepState> step_state = st;
+    const auto all_settled = [&] {
+      if (!layout) return;
+      if (multi_process()) {
+        exchanging = true;
+        std::optional<std::string> failed;
+        if (begun_badly) failed = std::string("rank ") + std::to_string(first_local()) + ": " + begun_badly->what();
+        for (int r = 0; r < opt.world_size; ++r)
+          if (local[static_cast<std::size_t>(r)] && !handed[static_cast<std::size_t>(r)] && !failed)
+            failed = "rank " + std::to_string(r) + " failed to stage its shard";
+        exchange_sizes(step_state, std::move(failed));
+        return;
+      }
+      if (begun_badly || step_state->failed) return;
+      step_state->sizes = shard_sizes(*step_state);
+      units = redundancy_units(*layout, step_state->sizes);
+      unit_blocks.resize(units);
+      for (std::size_t u = 0; u < units; ++u)
+        asio::post(work_pool, [this, state = step_state, u] { send(state, unit_work(state, u)); });
+    };
+    while ((static_cast<int>(reports.size()) < local_count || units_done < units || exchanging) && !abandoned) {
       Message m = co_await st->inbox.async_receive(asio::use_awaitable);
       if (auto* job = std::get_if<std::shared_ptr<ShardJob>>(&m)) {
-        if (begun_badly) send(st, RankReport{(*job)->rank, *begun_badly, {}});
+        if (begun_badly) send(st, RankReport{(*job)->rank, *begun_badly, {}, {}});
         else asio::co_spawn(ctx, write_shard(st, *job), asio::detached);
-        if (++jobs == opt.world_size && layout && !begun_badly && !st->failed) {
-          units = redundancy_units(*layout, shard_sizes(*st));
-          unit_blocks.resize(units);
-          for (std::size_t u = 0; u < units; ++u) asio::co_spawn(ctx, write_blocks(st, u), asio::detached);
-        }
+        handed[static_cast<std::size_t>((*job)->rank)] = true;
+        if (++settled == local_count) all_settled();
       } else if (auto* r = std::get_if<RankReport>(&m)) {
         if (r->error) st->failed = true;
+        const bool staging_failed = !handed[static_cast<std::size_t>(r->rank)];
         reports.push_back(std::move(*r));
+        if (staging_failed && ++settled == local_count) all_settled();
       } else if (auto* b = std::get_if<BlocksDone>(&m)) {
         ++units_done;
         if (b->error && !blocks_failed) blocks_failed = b->error;
-        unit_blocks[b->unit] = std::move(b->blocks);
+        for (auto& x : b->blocks) unit_blocks[b->unit].push_back(std::move(x));
+      } else if (auto* k = std::get_if<SizesKnown>(&m)) {
+        exchanging = false;
+        if (k->error) {
+          blocks_failed = k->error;
+        } else if (!k->failed) {
+          st->sizes = std::move(k->sizes);
+          units = start_units_across_processes(st);
+          unit_blocks.resize(redundancy_units(*layout, st->sizes));
+        }
       } else {
         abandoned = std::get<Abandon>(m).error;
       }
     }
+    if (!step_state->movers.empty())
+      co_await on_root_pool([&] {
+        for (auto& t : step_state->movers) t.join();  // each has sent its last message
+      });
     for (auto& u : unit_blocks)
       for (auto& b : u) st->blocks.push_back(std::move(b));
+    // The blocks this process wrote go to the commit with its lowest rank's report.
+    if (!reports.empty()) {
+      auto& first = *std::min_element(reports.begin(), reports.end(), [](const RankReport& a, const RankReport& b) { return a.rank < b.rank; });
+      first.blocks = std::move(st->blocks);
+      st->blocks.clear();
+    }
     // A redundancy block that failed fails the checkpoint, as a shard would; when a shard
     // failed, its error is the cause (the blocks stopped because of it).
     const bool shard_failed = std::any_of(reports.begin(), reports.end(), [](const RankReport& r) { return r.error.has_value(); });
@@ -692,7 +804,7 @@ struct Checkpointer::Impl {
   // One shard, on the io_context: create and preallocate the file, then write the staged
   // image and hash it at the same time, fsync, report.
   asio::awaitable<void> write_shard(std::shared_ptr<StepState> st, std::shared_ptr<ShardJob> job) {
-    RankReport report{job->rank, std::nullopt, {}};
+    RankReport report{job->rank, std::nullopt, {}, {}};
     std::unique_ptr<ShardWriter> writer;
     const auto stopped = [&st] { return st->cancelled.load(); };
     struct Cancelled {};
@@ -768,24 +880,125 @@ struct Checkpointer::Impl {
     return sizes;
   }
 
-  // One unit of the step's redundancy (node roots), on the work pool, from the staged
-  // images of every shard (valid until the step completes: no save restages meanwhile).
-  asio::awaitable<void> write_blocks(std::shared_ptr<StepState> st, std::size_t unit) {
+  bool multi_process() const noexcept { return local_count < opt.world_size; }
+  int first_local() const noexcept {
+    int r = 0;
+    while (r + 1 < opt.world_size && !local[static_cast<std::size_t>(r)]) ++r;
+    return r;
+  }
+
+  // One unit of the step's redundancy (node roots): its block written from the staged images
+  // of the ranks (valid until the step completes: no save restages meanwhile), a local rank's
+  // bytes copied, another process's received. A unit that stops early (a failure, a cancel)
+  // still takes in every message its senders will send, so none of them is left waiting.
+  BlocksDone unit_work(const std::shared_ptr<StepState>& st, std::size_t unit) {
     BlocksDone done;
     done.unit = unit;
+    std::size_t consumed = 0;  // reads taken, in unit_reads' order
     try {
-      const auto sizes = shard_sizes(*st);
-      std::vector<std::span<const std::byte>> images;
-      for (int r = 0; r < opt.world_size; ++r)
-        images.push_back(std::span<const std::byte>(staging[static_cast<std::size_t>(r)].data(), static_cast<std::size_t>(sizes[static_cast<std::size_t>(r)])));
-      done.blocks = co_await on_work_pool([&] {
-        return write_redundancy_unit(fs, st->temps, *layout, sizes, node_bytes_from_images(*layout, std::move(images)), opt.chunk_size, unit,
-                                     [&st] { return st->cancelled.load() || st->failed.load(); });
+      const NodeBytes data = node_bytes_by_rank(*layout, st->sizes, [&](int r, std::uint64_t at, std::span<std::byte> out) {
+        ++consumed;
+        if (local[static_cast<std::size_t>(r)]) std::memcpy(out.data(), staging[static_cast<std::size_t>(r)].data() + at, out.size());
+        else coordinator->receive_bytes(r, static_cast<std::uint32_t>(unit), out);
       });
+      done.blocks = write_redundancy_unit(fs, st->temps, *layout, st->sizes, data, opt.chunk_size, unit,
+                                          [&st] { return st->cancelled.load() || st->failed.load(); });
     } catch (...) {
       done.error = to_error(std::current_exception());
+      try {
+        const auto reads = unit_reads(*layout, st->sizes, unit, opt.chunk_size);
+        AlignedBuffer scratch;
+        for (std::size_t i = consumed; i < reads.size(); ++i) {
+          if (local[static_cast<std::size_t>(reads[i].rank)]) continue;
+          if (scratch.capacity() < reads[i].length) scratch = AlignedBuffer(static_cast<std::size_t>(reads[i].length));
+          coordinator->receive_bytes(reads[i].rank, static_cast<std::uint32_t>(unit), scratch.span(static_cast<std::size_t>(reads[i].length)));
+        }
+      } catch (const Error& e) {
+        log_line("redundancy unit " + std::to_string(unit) + " of step " + std::to_string(st->step) + " could not drain its senders: " + e.what());
+      }
     }
-    send(st, std::move(done));
+    return done;
+  }
+
+
+  // Ranks in several processes: every process's shard sizes for the step, through the
+  // coordinator, on a thread of its own (it waits for the slowest process).
+  void exchange_sizes(const std::shared_ptr<StepState>& st, std::optional<std::string> failed) {
+    std::string mine;
+    if (failed) {
+      mine = "-" + *failed;
+    } else {
+      const auto sizes = shard_sizes(*st);
+      for (int r = 0; r < opt.world_size; ++r)
+        if (local[static_cast<std::size_t>(r)]) mine += "+" + std::to_string(r) + ":" + std::to_string(sizes[static_cast<std::size_t>(r)]);
+    }
+    st->movers.emplace_back([this, st, mine = std::move(mine)] {
+      SizesKnown k;
+      try {
+        std::vector<std::optional<std::uint64_t>> got(static_cast<std::size_t>(opt.world_size));
+        for (const auto& text : coordinator->exchange(st->step, mine)) {
+          if (!text.empty() && text[0] == '-') {
+            if (!k.failed) k.failed = text.substr(1);
+            continue;
+          }
+          // "+rank:size" per rank the process hosts.
+          for (std::size_t at = 0; at < text.size();) {
+            const auto colon = text.find(':', at), next = text.find('+', at + 1);
+            if (text[at] != '+' || colon == std::string::npos || colon > next)
+              throw Error(Errc::comm_error, {}, "shard sizes of step " + std::to_string(st->step), "+rank:size ...", text.substr(0, 64));
+            const int r = std::stoi(text.substr(at + 1, colon - at - 1));
+            check_rank(r, opt.world_size, "rank in the shard sizes");
+            got[static_cast<std::size_t>(r)] = std::stoull(text.substr(colon + 1, next == std::string::npos ? std::string::npos : next - colon - 1));
+            at = next == std::string::npos ? text.size() : next;
+          }
+        }
+        if (!k.failed)
+          for (int r = 0; r < opt.world_size; ++r) {
+            if (!got[static_cast<std::size_t>(r)])
+              throw Error(Errc::comm_error, {}, "shard sizes of step " + std::to_string(st->step), "every rank's", "none for rank " + std::to_string(r));
+            k.sizes.push_back(*got[static_cast<std::size_t>(r)]);
+          }
+      } catch (...) {
+        k.error = to_error(std::current_exception());
+      }
+      send(st, std::move(k));
+    });
+  }
+
+  // Ranks in several processes, the sizes known: the units whose block this process writes
+  // (redundancy_unit_rank), and for the others the bytes of this process's ranks that their
+  // writers read (unit_reads), each on a thread of its own: a writer waits for its senders and
+  // a sender for its writer, so none may wait behind another's. Returns how many messages to
+  // await (one per thread).
+  std::size_t start_units_across_processes(const std::shared_ptr<StepState>& st) {
+    std::size_t started = 0;
+    const std::size_t units = redundancy_units(*layout, st->sizes);
+    for (std::size_t u = 0; u < units; ++u) {
+      const int writer = redundancy_unit_rank(*layout, st->sizes, u);
+      if (local[static_cast<std::size_t>(writer)]) {
+        st->movers.emplace_back([this, st, u] { send(st, unit_work(st, u)); });
+        ++started;
+        continue;
+      }
+      std::vector<RankRead> mine;
+      for (const auto& r : unit_reads(*layout, st->sizes, u, opt.chunk_size))
+        if (local[static_cast<std::size_t>(r.rank)]) mine.push_back(r);
+      if (mine.empty()) continue;
+      st->movers.emplace_back([this, st, u, writer, mine = std::move(mine)] {
+        BlocksDone done;
+        done.unit = u;
+        try {
+          for (const auto& r : mine)
+            coordinator->send_bytes(writer, static_cast<std::uint32_t>(u),
+                                    std::span<const std::byte>(staging[static_cast<std::size_t>(r.rank)].data() + r.offset, static_cast<std::size_t>(r.length)));
+        } catch (...) {
+          done.error = to_error(std::current_exception());
+        }
+        send(st, std::move(done));
+      });
+      ++started;
+    }
+    return started;
   }
 
   // Removes the step's temporaries (one root, or every node root). Under root_mu.
@@ -832,15 +1045,17 @@ struct Checkpointer::Impl {
     std::lock_guard lk(root_mu);
     try {
       std::vector<ShardReport> shards;
+      std::vector<RedundancyBlock> blocks;
       for (auto& r : reports) {
         if (r.error) throw detail::SaveState::fresh(*r.error);
         shards.push_back(std::move(r.shard));
+        for (auto& b : r.blocks) blocks.push_back(std::move(b));
       }
       Manifest manifest = assemble_manifest(st.step, opt.chunk_size, std::move(shards));
       std::string dir;
       if (layout) {
         manifest.nodes = *layout;
-        manifest.redundancy = st.blocks;
+        manifest.redundancy = blocks_in_plan_order(manifest, std::move(blocks));
         dir = commit_node_checkpoint(fs, node_roots, st.temps, manifest);
       } else {
         dir = commit_checkpoint(fs, opt.root, st.temp, manifest);
@@ -854,6 +1069,31 @@ struct Checkpointer::Impl {
       if (!st.temp.empty()) abort_step(st);
       return {to_error(std::current_exception()), {}, since(t0)};
     }
+  }
+
+  // The blocks every process wrote, in the order the layout plans them (the manifest's);
+  // Errc::invalid_argument naming a block nobody wrote (or written twice).
+  static std::vector<RedundancyBlock> blocks_in_plan_order(const Manifest& m, std::vector<RedundancyBlock> got) {
+    std::vector<std::uint64_t> sizes;
+    for (const auto& s : m.shards) sizes.push_back(s.size);
+    std::vector<RedundancyBlock> out;
+    for (const auto& want : planned_blocks(*m.nodes, sizes)) {
+      const auto same = [&](const RedundancyBlock& b) {
+        return b.kind == want.kind && b.node == want.node && b.stripe == want.stripe && b.index == want.index && b.rank == want.rank;
+      };
+      const auto it = std::find_if(got.begin(), got.end(), same);
+      const std::string what = want.kind == RedundancyBlock::Kind::parity
+                                   ? "parity " + std::to_string(want.index) + " of stripe " + std::to_string(want.stripe)
+                                   : "replica of rank " + std::to_string(want.rank);
+      if (it == got.end())
+        throw Error(Errc::invalid_argument, want.path, "redundancy block " + what + " on node " + std::to_string(want.node), "written", "missing");
+      out.push_back(std::move(*it));
+      got.erase(it);
+      if (std::find_if(got.begin(), got.end(), same) != got.end())
+        throw Error(Errc::invalid_argument, want.path, "redundancy block " + what + " on node " + std::to_string(want.node), "written once", "twice");
+    }
+    if (!got.empty()) throw Error(Errc::invalid_argument, got.front().path, "redundancy block not in the layout's plan", "none", got.front().path);
+    return out;
   }
 
   // The expected size of the step's checkpoint: this process's shards staged so far, a local
@@ -989,6 +1229,9 @@ std::optional<StagedSnapshot> Checkpointer::staged(int rank) const {
 void Checkpointer::wait_durable() {
   if (impl_->replicator) impl_->replicator->wait_idle();
 }
+
+FileSystem& Checkpointer::file_system() const noexcept { return impl_->fs; }
+const std::vector<RepairReport>& Checkpointer::repairs() const noexcept { return impl_->repairs; }
 
 std::string_view Checkpointer::backend_name() const noexcept { return impl_->backend->name(); }
 const CheckpointerOptions& Checkpointer::options() const noexcept { return impl_->opt; }

@@ -48,6 +48,7 @@
 #include "ckpt/format/redundancy.hpp"
 #include "ckpt/format/safetensors.hpp"
 #include "ckpt/io/file_system.hpp"
+#include "ckpt/io/redundancy_io.hpp"
 #include "ckpt/runtime/coordinator.hpp"
 #include "ckpt/runtime/tiering.hpp"
 
@@ -135,9 +136,18 @@ struct CheckpointerOptions {
   /// they are written (no read-back) and are durable before the commit. Every node root is
   /// locked and prepared (prepare_node_roots), and at construction every kept checkpoint
   /// with files missing or truncated (a replaced node) is rebuilt (repair_node_roots: one
-  /// stat per file when nothing is missing). Pre-save rotation (make_room) is not run on
-  /// node roots. Ranks in several processes (a multi-process coordinator) are refused
-  /// (Errc::invalid_argument): the redundancy needs every shard of its stripe.
+  /// stat per file when nothing is missing; repairs() says what was). Pre-save rotation
+  /// (make_room) is not run on node roots.
+  /// Ranks in several processes (a multi-process coordinator, one rank per process): node n's
+  /// root is touched only by node n's processes. Each process writes its rank's shard and
+  /// the redundancy blocks that live on its node (redundancy_unit_rank), receiving the bytes
+  /// of other nodes' shards they are computed from over the coordinator (send_bytes,
+  /// receive_bytes; never through a shared file system); rank 0's process prepares, commits
+  /// and rotates every node root through the coordinator's file transport (each process
+  /// serves its node's files), and at construction also checks the checkpoint `latest`
+  /// names (Verify::fast) and rebuilds what is damaged, so that each process may resume
+  /// from its own node's files. A coordinator without a file transport is refused
+  /// (Errc::invalid_argument).
   std::optional<NodeOptions> nodes{};
   /// The default staging of save() (a per-call argument overrides it).
   Staging staging = Staging::copy;
@@ -303,6 +313,16 @@ class Checkpointer {
   /// outcome is in stats().durable. Returns at once without a durable tier. Does not wait
   /// for local saves: call wait_all() first to have the newest one copied as well.
   void wait_durable();
+
+  /// The file system this Checkpointer writes through: options().fs (the posix one by
+  /// default), or, with node roots and ranks in several processes, one on which the other
+  /// nodes' roots are reached through the coordinator. A resume reads through it
+  /// (train::Trainer::resume_latest(Checkpointer&)). Valid as long as this object.
+  FileSystem& file_system() const noexcept;
+  /// What the construction rebuilt across node roots, one report per checkpoint repaired
+  /// (empty without node roots, when nothing was lost, and in the processes that did not
+  /// prepare the roots: with ranks in several processes, only rank 0's does).
+  const std::vector<RepairReport>& repairs() const noexcept;
 
   /// Name of the writer backend in use ("io_uring" or "posix").
   std::string_view backend_name() const noexcept;

@@ -89,6 +89,17 @@ std::string CommitCoordinator::start_run(const std::function<void()>& prepare) {
   return {};
 }
 
+namespace {
+[[noreturn]] void one_process(const char* what) {
+  throw Error(Errc::invalid_argument, {}, std::string(what) + ": this coordinator hosts every rank in one process (nothing to move between processes)");
+}
+}  // namespace
+
+std::vector<std::string> CommitCoordinator::exchange(std::uint64_t, const std::string& mine) { return {mine}; }
+void CommitCoordinator::send_bytes(int, std::uint32_t, std::span<const std::byte>) { one_process("send_bytes"); }
+void CommitCoordinator::receive_bytes(int, std::uint32_t, std::span<std::byte>) { one_process("receive_bytes"); }
+FileTransport* CommitCoordinator::file_transport() { return nullptr; }
+
 std::unique_ptr<CommitCoordinator> make_in_process_coordinator(int world_size) {
   return std::make_unique<InProcessCoordinator>(world_size);
 }

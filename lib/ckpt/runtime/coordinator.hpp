@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -23,12 +24,18 @@
 
 namespace ckpt {
 
+class FileTransport;  // io/remote_file_system.hpp
+
 /// What one rank hands the coordinator for a step: its shard's part of the manifest once the
 /// shard is durable, or the error that stopped it.
 struct RankReport {
   int rank = 0;
   std::optional<Error> error;  ///< set: this rank failed, and so does the checkpoint
   ShardReport shard;           ///< without error: the shard's record and tensor index
+  /// Checkpoints across node roots: the redundancy blocks this rank's process wrote for the
+  /// step (with their checksums), carried by the lowest rank it hosts; the commit places them
+  /// in the manifest in planned order, and a block missing from every report fails it.
+  std::vector<RedundancyBlock> blocks;
 };
 
 /// What the commit hands back to every rank.
@@ -67,6 +74,30 @@ class CommitCoordinator {
   /// one process writes everything (the temporary gets a per-process name). Default:
   /// prepare(), then "". A multi-process coordinator makes this collective.
   virtual std::string start_run(const std::function<void()>& prepare);
+
+  // ---- Between processes: checkpoints across node-local roots ---------------------------
+  // With ranks in several processes and node-local roots (CheckpointerOptions::nodes), a
+  // node's root is reachable only from that node's processes. The redundancy bytes of a save
+  // move between processes through send_bytes/receive_bytes, the shard sizes through
+  // exchange, and the process that commits reaches the other nodes' roots through
+  // file_transport() (each process serves its own files to the others). On the coordinator's
+  // own channel, never the training's. The defaults are those of one process: every rank is
+  // local, so these are never needed (they throw Errc::invalid_argument, file_transport() is
+  // null).
+
+  /// Every process's `mine` for `step`, one string per process in the order of the ranks they
+  /// host. Blocks until each process has called it for the step. Collective over the processes.
+  virtual std::vector<std::string> exchange(std::uint64_t step, const std::string& mine);
+  /// Sends `bytes` to the process hosting rank `to` on `channel`; returns once they are handed
+  /// over (the buffer may be reused). Messages from one process on one channel arrive in the
+  /// order sent. Thread-safe; a channel has one sending and one receiving thread at a time.
+  virtual void send_bytes(int to, std::uint32_t channel, std::span<const std::byte> bytes);
+  /// Receives the next message from the process hosting rank `from` on `channel` into `out`.
+  /// Blocks until it arrives. A message of another size is Errc::comm_error naming both.
+  virtual void receive_bytes(int from, std::uint32_t channel, std::span<std::byte> out);
+  /// The transport through which this process calls the file services of the others (the
+  /// process hosting rank r serves its node's files); null when one process hosts every rank.
+  virtual FileTransport* file_transport();
 };
 
 /// The coordinator for ranks that are threads of one process.

@@ -4,6 +4,7 @@
 #include <boost/json.hpp>
 
 #include "ckpt/core/error.hpp"
+#include "ckpt/hash/xxh3.hpp"
 
 namespace ckpt::detail {
 
@@ -21,6 +22,34 @@ std::optional<Error> error_of(const json::object& o) {
 
 [[noreturn]] void bad_message(std::string_view what, const std::exception& e) {
   throw Error(Errc::comm_error, {}, "undecodable checkpoint coordination message: " + std::string(what), "a valid message", e.what());
+}
+
+std::uint64_t hex64(const json::value& v) {
+  std::uint64_t x = 0;
+  if (!parse_xxh3_hex(v.as_string(), x)) throw std::invalid_argument("not a 16-digit XXH3: " + std::string(v.as_string()));
+  return x;
+}
+
+// A redundancy block as the manifest writes it (block_to_json); the commit checks it against
+// the layout's plan as the loader would, so this only reads the fields.
+RedundancyBlock block_of(const json::object& o) {
+  RedundancyBlock b;
+  const std::string_view kind = o.at("kind").as_string();
+  if (kind != "parity" && kind != "replica") throw std::invalid_argument("block kind '" + std::string(kind) + "'");
+  b.kind = kind == "parity" ? RedundancyBlock::Kind::parity : RedundancyBlock::Kind::replica;
+  b.node = static_cast<int>(o.at("node").to_number<std::int32_t>());
+  if (b.kind == RedundancyBlock::Kind::parity) {
+    b.stripe = static_cast<int>(o.at("stripe").to_number<std::int32_t>());
+    b.index = static_cast<int>(o.at("index").to_number<std::int32_t>());
+  } else {
+    b.rank = static_cast<int>(o.at("rank").to_number<std::int32_t>());
+  }
+  b.path = std::string(o.at("path").as_string());
+  b.size = o.at("size").to_number<std::uint64_t>();
+  b.sha256 = std::string(o.at("sha256").as_string());
+  b.xxh3 = hex64(o.at("xxh3"));
+  for (const auto& c : o.at("chunk_xxh3").as_array()) b.chunk_xxh3.push_back(hex64(c));
+  return b;
 }
 
 }  // namespace
@@ -57,6 +86,11 @@ std::string encode_rank_report(std::uint64_t step, const RankReport& r) {
     o["part"] = encode_manifest(part);
     if (!sharding.empty()) o["sharding"] = std::move(sharding);
   }
+  if (!r.blocks.empty()) {
+    json::array blocks;
+    for (const auto& b : r.blocks) blocks.push_back(block_to_json(b, nullptr));
+    o["blocks"] = std::move(blocks);
+  }
   return json::serialize(o);
 }
 
@@ -66,6 +100,8 @@ RankReport decode_rank_report(std::string_view text) {
     RankReport r;
     r.rank = static_cast<int>(o.at("rank").to_number<std::int64_t>());
     r.error = error_of(o);
+    if (const auto* bv = o.if_contains("blocks"))
+      for (const auto& b : bv->as_array()) r.blocks.push_back(block_of(b.as_object()));
     if (r.error) return r;
     Manifest part = decode_manifest(o.at("part").as_string(), "coordination message of rank " + std::to_string(r.rank));
     r.shard.shard = std::move(part.shards.at(0));

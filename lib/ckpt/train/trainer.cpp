@@ -564,6 +564,16 @@ std::uint64_t Trainer::resume_latest(const std::string& root, Verify verify, Res
                      root, verify, reshard);
 }
 
+std::uint64_t Trainer::resume_latest(const Checkpointer& checkpointer, Verify verify, Reshard reshard) {
+  const CheckpointerOptions& o = checkpointer.options();
+  const bool spread = o.nodes && o.coordinator && static_cast<int>(o.coordinator->local_ranks().size()) < o.world_size;
+  return resume_from(
+      [&](std::optional<int> expect) {
+        return open_latest(checkpointer.file_system(), o.root, {.expected_world_size = expect, .repair = !spread});
+      },
+      o.root, verify, reshard);
+}
+
 std::optional<std::uint64_t> Trainer::resume_or_start(const std::string& root, Verify verify, Reshard reshard) {
   FileSystem& fs = posix_file_system();
   // The ranks agree on the decision before any of them enters the collective resume.

@@ -263,6 +263,13 @@ class Trainer {
   /// chunk failed, as load_into documents) under the old step and scaler: resume again (or
   /// start afresh) before training on. A throw before them leaves the trainer as it was.
   std::uint64_t resume_latest(const std::string& root, Verify verify = Verify::fast, Reshard reshard = Reshard::no);
+  /// resume_latest from what `checkpointer` saves: its root, through its file system (with
+  /// node roots under MPI, the other nodes' roots are reached through the coordinator). With
+  /// node roots and ranks in several processes, the checkpoint is opened without the check
+  /// and rebuild a node set otherwise gets (open_latest's repair): the Checkpointer's
+  /// construction did it once for every process; each rank's loads verify what they read.
+  /// Collective.
+  std::uint64_t resume_latest(const Checkpointer& checkpointer, Verify verify = Verify::fast, Reshard reshard = Reshard::no);
   /// The restart loop's resume: resume_latest(root, ...) if ROOT has a `latest` (a committed
   /// checkpoint), else nothing (the trainer stays at step 0: start fresh) and nullopt. A
   /// missing root is an empty one; so is a root holding only step directories that `latest`

@@ -5,11 +5,25 @@
 // to rank 0 (tag kReportTag), outcomes from rank 0 to every rank (tag kOutcomeTag); each
 // carries the step in its first 8 bytes and the text after it. One progress thread per
 // process polls for them (MPI_Iprobe), so report() only posts a send and returns.
+//
+// Node-local roots (CheckpointerOptions::nodes) add two kinds of traffic:
+//   - file calls: a routed file system calls another process's FileService (over the posix
+//     file system of that process's node): the request goes to the peer with tag
+//     kFileRequestTag, prefixed with the tag the caller waits for the reply on (one of
+//     kReplyTags tags from kFileReplyBase, taken in turn, so concurrent callers each get
+//     their own); the peer's progress thread serves it and answers on that tag.
+//   - redundancy bytes and shard sizes, on a second duplicate (bytes_comm_): exchange() on
+//     tag kExchangeTag, channel c of send_bytes/receive_bytes on tag kBytesBase + c. The
+//     callers' own threads send and receive (blocking), matched probes take each message.
+// The destructor keeps serving file calls until every process has reached it (a
+// non-blocking barrier): rank 0's Checkpointer may still rotate or commit another node's
+// root through a process that is done with its own.
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <list>
 #include <map>
 #include <mutex>
@@ -20,6 +34,7 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
 #include "ckpt/dist/mpi/mpi_comm.hpp"
+#include "ckpt/io/remote_file_system.hpp"
 #include "ckpt/runtime/detail/local_outcomes.hpp"
 #include "ckpt/runtime/detail/wire.hpp"
 
@@ -29,6 +44,11 @@ namespace {
 
 constexpr int kReportTag = 1;
 constexpr int kOutcomeTag = 2;
+constexpr int kFileRequestTag = 3;
+constexpr int kFileReplyBase = 1024;
+constexpr int kReplyTags = 4096;
+constexpr int kExchangeTag = 1;
+constexpr int kBytesBase = 2;
 
 std::string pack(std::uint64_t step, const std::string& text) {
   std::string m(8, '\0');
@@ -36,7 +56,7 @@ std::string pack(std::uint64_t step, const std::string& text) {
   return m + text;
 }
 
-class MpiCoordinator final : public CommitCoordinator {
+class MpiCoordinator final : public CommitCoordinator, public FileTransport {
  public:
   explicit MpiCoordinator(MPI_Comm parent) {
     int level = MPI_THREAD_SINGLE;
@@ -46,19 +66,102 @@ class MpiCoordinator final : public CommitCoordinator {
                   std::to_string(MPI_THREAD_MULTIPLE), std::to_string(level));
     check_mpi(MPI_Comm_dup(parent, &comm_), "MPI_Comm_dup");
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    check_mpi(MPI_Comm_dup(parent, &bytes_comm_), "MPI_Comm_dup");
+    MPI_Comm_set_errhandler(bytes_comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    int* ub = nullptr;
+    int has = 0;
+    MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &has);
+    tag_ub_ = has && ub ? *ub : 32767;  // the least MPI promises
     progress_ = std::thread([this] { run(); });
   }
 
   ~MpiCoordinator() override {
+    // Every process's file calls are answered until all of them are here.
+    MPI_Request all_here = MPI_REQUEST_NULL;
+    if (MPI_Ibarrier(bytes_comm_, &all_here) == MPI_SUCCESS)
+      for (int done = 0; !done;) {
+        if (MPI_Test(&all_here, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+        if (!done) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
     stop_ = true;
     progress_.join();
     // An outcome still in flight goes to a rank that is waiting for it (its Checkpointer
     // does not finish before the outcome arrives), so these waits end.
     std::lock_guard lk(mu_);
     for (auto& p : pending_) MPI_Wait(&p.req, MPI_STATUS_IGNORE);
+    MPI_Comm_free(&bytes_comm_);
     MPI_Comm_free(&comm_);
+  }
+
+  FileTransport* file_transport() override { return this; }
+
+  // A call to `peer`'s file service: the request out on kFileRequestTag, the reply back on a
+  // tag of this call's own.
+  std::string call(int peer, std::string request) override {
+    check_rank(peer, size_, "file service peer");
+    if (peer == rank_) return service_.handle(rank_, request);
+    const int reply_tag = kFileReplyBase + static_cast<int>(next_reply_.fetch_add(1) % static_cast<unsigned>(kReplyTags));
+    std::string msg(4, '\0');
+    std::memcpy(msg.data(), &reply_tag, 4);
+    msg += request;
+    check_count(msg.size(), "file request");
+    check_mpi(MPI_Send(msg.data(), static_cast<int>(msg.size()), MPI_CHAR, peer, kFileRequestTag, comm_), "MPI_Send");
+    return receive_message(comm_, peer, reply_tag);
+  }
+
+  std::vector<std::string> exchange(std::uint64_t step, const std::string& mine) override {
+    const std::string msg = pack(step, mine);
+    check_count(msg.size(), "exchange");
+    std::vector<MPI_Request> sends;
+    for (int q = 0; q < size_; ++q)
+      if (q != rank_) {
+        sends.emplace_back();
+        check_mpi(MPI_Isend(msg.data(), static_cast<int>(msg.size()), MPI_CHAR, q, kExchangeTag, bytes_comm_, &sends.back()), "MPI_Isend");
+      }
+    std::vector<std::string> out(static_cast<std::size_t>(size_));
+    out[static_cast<std::size_t>(rank_)] = mine;
+    std::optional<Error> bad;
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_) continue;
+      std::string m = receive_message(bytes_comm_, q, kExchangeTag);
+      std::uint64_t theirs = 0;
+      if (m.size() >= 8) std::memcpy(&theirs, m.data(), 8);
+      if (m.size() < 8 || theirs != step) {
+        if (!bad)
+          bad = Error(Errc::comm_error, {}, "exchange of step " + std::to_string(step) + " with rank " + std::to_string(q), "step " + std::to_string(step),
+                      m.size() < 8 ? "a short message" : "step " + std::to_string(theirs));
+        continue;
+      }
+      out[static_cast<std::size_t>(q)] = m.substr(8);
+    }
+    check_mpi(MPI_Waitall(static_cast<int>(sends.size()), sends.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+    if (bad) throw *bad;
+    return out;
+  }
+
+  void send_bytes(int to, std::uint32_t channel, std::span<const std::byte> bytes) override {
+    check_rank(to, size_, "send_bytes rank");
+    check_count(bytes.size(), "send_bytes");
+    check_mpi(MPI_Send(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, to, bytes_tag(channel), bytes_comm_), "MPI_Send");
+  }
+
+  void receive_bytes(int from, std::uint32_t channel, std::span<std::byte> out) override {
+    check_rank(from, size_, "receive_bytes rank");
+    MPI_Message msg;
+    MPI_Status st;
+    const int tag = bytes_tag(channel);
+    check_mpi(MPI_Mprobe(from, tag, bytes_comm_, &msg, &st), "MPI_Mprobe");
+    int n = 0;
+    MPI_Get_count(&st, MPI_BYTE, &n);
+    if (static_cast<std::size_t>(n) != out.size()) {
+      std::string sink(static_cast<std::size_t>(n), '\0');  // taken, so that the channel stays in step
+      MPI_Mrecv(sink.data(), n, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
+      throw Error(Errc::comm_error, {}, "bytes from rank " + std::to_string(from) + " on channel " + std::to_string(channel),
+                  std::to_string(out.size()) + " bytes", std::to_string(n) + " bytes");
+    }
+    check_mpi(MPI_Mrecv(out.data(), n, MPI_BYTE, &msg, MPI_STATUS_IGNORE), "MPI_Mrecv");
   }
 
   int world_size() const noexcept override { return size_; }
@@ -138,6 +241,52 @@ class MpiCoordinator final : public CommitCoordinator {
     MPI_Request req;
   };
 
+  static void check_count(std::size_t n, const char* what) {
+    if (n > static_cast<std::size_t>(std::numeric_limits<int>::max()))
+      throw Error(Errc::comm_error, {}, std::string(what) + ": one message", "at most 2^31-1 bytes", std::to_string(n) + " bytes");
+  }
+
+  int bytes_tag(std::uint32_t channel) const {
+    if (channel > static_cast<std::uint32_t>(tag_ub_ - kBytesBase))
+      throw Error(Errc::comm_error, {}, "byte channel beyond MPI_TAG_UB", "at most " + std::to_string(tag_ub_ - kBytesBase), std::to_string(channel));
+    return kBytesBase + static_cast<int>(channel);
+  }
+
+  // The next message from `from` on `tag` of `comm`, whole (a matched probe: no other thread
+  // can take it in between).
+  static std::string receive_message(MPI_Comm comm, int from, int tag) {
+    MPI_Message msg;
+    MPI_Status st;
+    check_mpi(MPI_Mprobe(from, tag, comm, &msg, &st), "MPI_Mprobe");
+    int n = 0;
+    MPI_Get_count(&st, MPI_CHAR, &n);
+    std::string m(static_cast<std::size_t>(n), '\0');
+    check_mpi(MPI_Mrecv(m.data(), n, MPI_CHAR, &msg, MPI_STATUS_IGNORE), "MPI_Mrecv");
+    return m;
+  }
+
+  // A file call from another process, served here (on the progress thread).
+  bool serve_file_call() {
+    int flag = 0;
+    MPI_Message msg;
+    MPI_Status st;
+    check_mpi(MPI_Improbe(MPI_ANY_SOURCE, kFileRequestTag, comm_, &flag, &msg, &st), "MPI_Improbe");
+    if (!flag) return false;
+    int n = 0;
+    MPI_Get_count(&st, MPI_CHAR, &n);
+    std::string m(static_cast<std::size_t>(n), '\0');
+    check_mpi(MPI_Mrecv(m.data(), n, MPI_CHAR, &msg, MPI_STATUS_IGNORE), "MPI_Mrecv");
+    if (m.size() < 4) throw Error(Errc::comm_error, {}, "short file request from rank " + std::to_string(st.MPI_SOURCE), ">= 4 bytes", std::to_string(n));
+    int reply_tag = 0;
+    std::memcpy(&reply_tag, m.data(), 4);
+    if (reply_tag < kFileReplyBase || reply_tag >= kFileReplyBase + kReplyTags)
+      throw Error(Errc::comm_error, {}, "file request from rank " + std::to_string(st.MPI_SOURCE) + ": reply tag", "a reply tag", std::to_string(reply_tag));
+    const std::string reply = service_.handle(st.MPI_SOURCE, std::string_view(m).substr(4));
+    check_count(reply.size(), "file reply");
+    check_mpi(MPI_Send(reply.data(), static_cast<int>(reply.size()), MPI_CHAR, st.MPI_SOURCE, reply_tag, comm_), "MPI_Send");
+    return true;
+  }
+
   // Posts a send that completes in the background (tested by the progress thread). Caller
   // holds mu_.
   void send(int to, int tag, std::string data) {
@@ -192,6 +341,7 @@ class MpiCoordinator final : public CommitCoordinator {
   }
 
   bool poll() {
+    const bool served = serve_file_call();
     {
       std::lock_guard lk(mu_);
       for (auto it = pending_.begin(); it != pending_.end();) {
@@ -204,7 +354,7 @@ class MpiCoordinator final : public CommitCoordinator {
     MPI_Status st;
     const int tag = rank_ == 0 ? kReportTag : kOutcomeTag;
     check_mpi(MPI_Iprobe(rank_ == 0 ? MPI_ANY_SOURCE : 0, tag, comm_, &flag, &st), "MPI_Iprobe");
-    if (!flag) return false;
+    if (!flag) return served;
     int n = 0;
     MPI_Get_count(&st, MPI_CHAR, &n);
     std::string m(static_cast<std::size_t>(n), '\0');
@@ -235,7 +385,10 @@ class MpiCoordinator final : public CommitCoordinator {
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
-  int rank_ = 0, size_ = 1;
+  MPI_Comm bytes_comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1, tag_ub_ = 32767;
+  FileService service_{posix_file_system()};
+  std::atomic<unsigned> next_reply_{0};
   std::atomic<bool> stop_{false};
   mutable std::mutex mu_;
   std::map<std::uint64_t, Step> steps_;              // rank 0: reports so far
