@@ -1,7 +1,10 @@
 // The FileSystem contract (file_system.hpp), checked on both implementations the hostile
 // tests and the fuzzers rely on: posix_file_system() in a scratch directory and
 // MemoryFileSystem. Every case runs on each backend, so the in-memory one cannot drift
-// from what the real one does.
+// from what the real one does. Each also runs on a routed file system
+// (io/remote_file_system.hpp) whose scratch root is served by a FileService over either of
+// them through LoopbackFileTransport, with an empty MemoryFileSystem as its local side, so a
+// call that failed to route would find nothing: the forwarding keeps every contract.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -15,6 +18,7 @@
 #include "ckpt/io/save.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
+#include "ckpt/io/remote_file_system.hpp"
 #include "ckpt/testing/memory_file_system.hpp"
 #include "support/test_support.hpp"
 
@@ -44,6 +48,27 @@ void for_each_backend(const std::function<void(Backend&)>& body) {
     MemoryFileSystem mem;
     mem.create_dirs("/scratch");
     Backend b{"memory", &mem, "/scratch", [&mem](const std::string& p, const std::string& t) { mem.put_symlink(p, t); }};
+    CAPTURE(b.name);
+    body(b);
+  }
+  {
+    test::TempDir dir("ckpt-memfs");
+    MemoryFileSystem elsewhere;
+    FileService service(posix_file_system());
+    LoopbackFileTransport transport({nullptr, &service});
+    const auto routed = make_routed_file_system(elsewhere, transport, {{dir.path().string(), 1}});
+    Backend b{"routed to posix", routed.get(), dir.path().string(),
+              [](const std::string& p, const std::string& t) { std::filesystem::create_symlink(t, p); }};
+    CAPTURE(b.name);
+    body(b);
+  }
+  {
+    MemoryFileSystem served, elsewhere;
+    served.create_dirs("/scratch");
+    FileService service(served);
+    LoopbackFileTransport transport({nullptr, &service});
+    const auto routed = make_routed_file_system(elsewhere, transport, {{"/scratch", 1}});
+    Backend b{"routed to memory", routed.get(), "/scratch", [&served](const std::string& p, const std::string& t) { served.put_symlink(p, t); }};
     CAPTURE(b.name);
     body(b);
   }
@@ -97,7 +122,7 @@ struct Request {
 
 }  // namespace
 
-TEST_CASE("save, open_latest and load round trip byte-equal on posix and memory file systems") {
+TEST_CASE("save, open_latest and load round trip byte-equal on posix, memory and routed file systems") {
   for_each_backend([](Backend& b) {
     const std::string root = join_path(b.base, "root");
     Request r10(10), r20(20);
