@@ -69,6 +69,14 @@ class Encoder {
     return *this;
   }
   Encoder& bytes(std::span<const std::byte> b) { return str(std::string_view(reinterpret_cast<const char*>(b.data()), b.size())); }
+  /// A string of `n` zero bytes, to be filled in place through the span returned (valid until
+  /// the next call): a read lands in the reply without another copy.
+  std::span<std::byte> str_space(std::uint32_t n) {
+    u32(n);
+    const std::size_t at = out_.size();
+    out_.resize(at + n);
+    return std::as_writable_bytes(std::span(out_.data() + at, n));
+  }
   std::string take() { return std::move(out_); }
 
  private:
@@ -290,9 +298,7 @@ std::string FileService::State::execute(int client, std::string_view request) {
       in.done();
       if (length > kMaxRemotePiece) in.fail("a read of at most " + std::to_string(kMaxRemotePiece) + " bytes", std::to_string(length) + " bytes");
       const auto file = reader(client, id);
-      std::string data(static_cast<std::size_t>(length), '\0');
-      file->read_at(offset, std::as_writable_bytes(std::span(data.data(), data.size())));
-      out.str(data);
+      file->read_at(offset, out.str_space(static_cast<std::uint32_t>(length)));
       break;
     }
     case Op::release: {
