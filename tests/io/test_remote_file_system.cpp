@@ -104,6 +104,12 @@ class SwitchTransport : public FileTransport {
   }
 };
 
+// A transport that fails with an exception that is not a ckpt::Error.
+class BrokenTransport : public FileTransport {
+ public:
+  std::string call(int, std::string) override { throw std::runtime_error("connection reset"); }
+};
+
 // A transport whose peer answers `reply`, whatever it is asked.
 class FixedReplyTransport : public FileTransport {
  public:
@@ -240,7 +246,7 @@ TEST_CASE("errors raised on the server are rethrown with the same code, file, de
   }
 }
 
-TEST_CASE("a peer that cannot be reached is a comm_error, and free_space then says unknown") {
+TEST_CASE("a peer that cannot be reached, or a transport that fails, is a comm_error, and free_space then says unknown") {
   TwoPeers peers({{"/far", 7}, {"/none", 0}});
   const auto& fs = peers.fs;
   for (const std::string p : {"/far/x", "/none/x"}) {
@@ -248,6 +254,12 @@ TEST_CASE("a peer that cannot be reached is a comm_error, and free_space then sa
     CHECK(e.code() == Errc::comm_error);
     CHECK_FALSE(fs->free_space(p).has_value());
   }
+  // A transport that throws something else: still a comm_error, saying what it threw.
+  BrokenTransport broken;
+  const auto cut = make_routed_file_system(peers.local, broken, {{"/far", 1}});
+  const Error e = expect_error([&] { cut->list_dir("/far"); });
+  CHECK(e.code() == Errc::comm_error);
+  CHECK(std::string(e.what()).find("connection reset") != std::string::npos);
 }
 
 TEST_CASE("paths route by whole components, the longest root first, and everything else stays local") {

@@ -421,11 +421,10 @@ struct Link {
     std::string reply;
     try {
       reply = transport->call(peer, request.take());
-    } catch (const Error& e) {
-      if (e.code() == Errc::comm_error) throw;
-      throw Error(Errc::comm_error, e.file(), "file request to process " + std::to_string(peer) + " failed: " + e.what());
     } catch (...) {
+      // Whatever stopped the transport is a communication failure, whatever it threw.
       const Error e = to_error(std::current_exception());
+      if (e.code() == Errc::comm_error) throw e;
       throw Error(Errc::comm_error, e.file(), "file request to process " + std::to_string(peer) + " failed: " + e.what());
     }
     return Reply(std::move(reply));
@@ -448,7 +447,7 @@ class RemoteWritableFile final : public WritableFile {
   RemoteWritableFile(Link link, std::uint64_t id, std::string path) : link_(link), id_(id), path_(std::move(path)) {}
   ~RemoteWritableFile() override { link_.release(id_); }
   void write_at(std::uint64_t offset, std::span<const std::byte> data) override {
-    // An empty write still goes once, so that it fails as the server's would (a closed file).
+    // An empty write still goes once: the server's file decides what it does.
     do {
       const auto piece = data.first(std::min(data.size(), kMaxRemotePiece));
       Encoder r;
@@ -501,7 +500,7 @@ class RemoteReadableFile final : public ReadableFile {
     return n;
   }
   void read_at(std::uint64_t offset, std::span<std::byte> data) const override {
-    do {
+    do {  // an empty read goes once too, as the empty write
       const auto piece = data.first(std::min(data.size(), kMaxRemotePiece));
       Encoder r;
       r.op(Op::read_at).u64(id_).u64(offset).u64(piece.size());
