@@ -276,6 +276,22 @@ TEST_CASE("paths route by whole components, the longest root first, and everythi
   CHECK(fs->stat("/set")->type == EntryType::directory);  // the root itself routes
 }
 
+TEST_CASE("stat reports the identity the server sees: device, inode and mtime") {
+  TempDir dir("ckpt-rfs-stat");
+  OnePeer peer(posix_file_system(), dir.path().string());
+  const std::string p = (dir / "f").string();
+  write_file(*peer.fs, p, "abc");
+  const auto routed = peer.fs->stat(p), direct = posix_file_system().stat(p);
+  REQUIRE(routed.has_value());
+  REQUIRE(direct.has_value());
+  CHECK(routed->type == direct->type);
+  CHECK(routed->size == 3);
+  CHECK(routed->device == direct->device);
+  CHECK(routed->inode == direct->inode);
+  CHECK(routed->mtime_ns == direct->mtime_ns);
+  CHECK(routed->inode != 0);
+}
+
 TEST_CASE("rename across two peers or between a peer and this process is refused naming both paths") {
   TwoPeers peers({{"/a", 1}, {"/b", 2}});
   auto& [local, one, two, s1, s2, transport, fs] = peers;
