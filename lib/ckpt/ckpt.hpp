@@ -38,6 +38,7 @@
 #include "ckpt/io/range_reader.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/io/redundancy_io.hpp"
+#include "ckpt/io/remote_file_system.hpp"
 #include "ckpt/io/reshard.hpp"
 #include "ckpt/io/root_lock.hpp"
 #include "ckpt/io/save.hpp"

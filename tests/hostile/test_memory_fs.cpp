@@ -1,7 +1,10 @@
 // The FileSystem contract (file_system.hpp), checked on both implementations the hostile
 // tests and the fuzzers rely on: posix_file_system() in a scratch directory and
 // MemoryFileSystem. Every case runs on each backend, so the in-memory one cannot drift
-// from what the real one does.
+// from what the real one does. Each also runs on a routed file system
+// (io/remote_file_system.hpp) whose scratch root is served by a FileService over either of
+// them through LoopbackFileTransport, with an empty MemoryFileSystem as its local side, so a
+// call that failed to route would find nothing: the forwarding keeps every contract.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -15,7 +18,9 @@
 #include "ckpt/io/save.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
+#include "ckpt/io/remote_file_system.hpp"
 #include "ckpt/testing/memory_file_system.hpp"
+#include "support/file_contents.hpp"
 #include "support/test_support.hpp"
 
 using namespace ckpt;
@@ -47,25 +52,33 @@ void for_each_backend(const std::function<void(Backend&)>& body) {
     CAPTURE(b.name);
     body(b);
   }
+  {
+    test::TempDir dir("ckpt-memfs");
+    MemoryFileSystem elsewhere;
+    FileService service(posix_file_system());
+    LoopbackFileTransport transport({nullptr, &service});
+    const auto routed = make_routed_file_system(elsewhere, transport, {{dir.path().string(), 1}});
+    Backend b{"routed to posix", routed.get(), dir.path().string(),
+              [](const std::string& p, const std::string& t) { std::filesystem::create_symlink(t, p); }};
+    CAPTURE(b.name);
+    body(b);
+  }
+  {
+    MemoryFileSystem served, elsewhere;
+    served.create_dirs("/scratch");
+    FileService service(served);
+    LoopbackFileTransport transport({nullptr, &service});
+    const auto routed = make_routed_file_system(elsewhere, transport, {{"/scratch", 1}});
+    Backend b{"routed to memory", routed.get(), "/scratch", [&served](const std::string& p, const std::string& t) { served.put_symlink(p, t); }};
+    CAPTURE(b.name);
+    body(b);
+  }
 }
 
-std::span<const std::byte> bytes_of(std::string_view s) { return std::as_bytes(std::span(s.data(), s.size())); }
-
-void write_file(FileSystem& fs, const std::string& path, std::string_view content) {
-  auto f = fs.create(path, {});
-  f->write_at(0, bytes_of(content));
-  f->sync();
-  f->close();
-}
-
-std::string read_file(FileSystem& fs, const std::string& path) {
-  auto f = fs.open_read(path);
-  std::string s(static_cast<std::size_t>(f->size()), '\0');
-  f->read_at(0, std::as_writable_bytes(std::span(s.data(), s.size())));
-  return s;
-}
-
+using test::bytes_of;
 using test::error_of;
+using test::read_file;
+using test::write_file;
 
 std::vector<std::string> names(const std::vector<DirEntry>& es) {
   std::vector<std::string> out;
@@ -97,7 +110,7 @@ struct Request {
 
 }  // namespace
 
-TEST_CASE("save, open_latest and load round trip byte-equal on posix and memory file systems") {
+TEST_CASE("save, open_latest and load round trip byte-equal on posix, memory and routed file systems") {
   for_each_backend([](Backend& b) {
     const std::string root = join_path(b.base, "root");
     Request r10(10), r20(20);
@@ -313,28 +326,36 @@ TEST_CASE("memory file system: clone is a deep copy and helpers place raw bytes,
   CHECK(b.stat("r/x")->size == 3);  // relative paths start at the root
 }
 
-TEST_CASE("memory file system: concurrent writers and readers on distinct files") {
-  MemoryFileSystem fs;
-  fs.create_dirs("/c");
-  std::atomic<int> bad{0};
-  std::vector<std::thread> threads;
-  for (int t = 0; t < 4; ++t)
-    threads.emplace_back([&, t] {
-      for (int i = 0; i < 200; ++i) {
-        const std::string p = "/c/t" + std::to_string(t) + "-" + std::to_string(i);
-        const std::string content(static_cast<std::size_t>(i + 1), static_cast<char>('a' + t));
-        try {
-          write_file(fs, p, content);
-          if (read_file(fs, p) != content) ++bad;
-          fs.list_dir("/c");
-          if (i % 2) fs.rename(p, p + ".moved");
-          else fs.remove_all(p);
-        } catch (...) {
-          ++bad;
+TEST_CASE("memory file system, and a routed one over it: concurrent writers and readers on distinct files") {
+  MemoryFileSystem mem, elsewhere;
+  FileService service(mem);
+  LoopbackFileTransport transport({nullptr, &service});
+  const auto routed = make_routed_file_system(elsewhere, transport, {{"/c", 1}});
+  for (FileSystem* fs : {static_cast<FileSystem*>(&mem), routed.get()}) {
+    CAPTURE(fs == routed.get());
+    mem.remove_all("/c");
+    mem.create_dirs("/c");
+    std::atomic<int> bad{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t)
+      threads.emplace_back([&, t] {
+        for (int i = 0; i < 200; ++i) {
+          const std::string p = "/c/t" + std::to_string(t) + "-" + std::to_string(i);
+          const std::string content(static_cast<std::size_t>(i + 1), static_cast<char>('a' + t));
+          try {
+            write_file(*fs, p, content);
+            if (read_file(*fs, p) != content || fs->stat(p)->size != content.size()) ++bad;
+            fs->list_dir("/c");
+            if (i % 2) fs->rename(p, p + ".moved");
+            else fs->remove_all(p);
+          } catch (...) {
+            ++bad;
+          }
         }
-      }
-    });
-  for (auto& th : threads) th.join();
-  CHECK(bad.load() == 0);
-  CHECK(fs.list_dir("/c").size() == 400);
+      });
+    for (auto& th : threads) th.join();
+    CHECK(bad.load() == 0);
+    CHECK(fs->list_dir("/c").size() == 400);
+  }
+  CHECK(service.open_handles() == 0);
 }

@@ -26,13 +26,14 @@ namespace ckpt::test {
 /// every node (each node root's `latest` names it). The shard files are those
 /// save_checkpoint_sync writes (same bytes, same checksums). `images`, if given, receives
 /// every rank's shard file. Returns the committed manifest. Throws what the library throws.
-inline Manifest save_node_checkpoint(const std::string& dir, int nodes, const RedundancyScheme& scheme, const SaveRequest& request,
-                                     std::vector<std::vector<std::uint8_t>>* images = nullptr) {
-  FileSystem& fs = posix_file_system();
+/// The node roots are written through `fs` (a routed file system, say); the scratch root the
+/// shard files are first saved into is a local directory.
+inline Manifest save_node_checkpoint(FileSystem& fs, const std::string& dir, int nodes, const RedundancyScheme& scheme,
+                                     const SaveRequest& request, std::vector<std::vector<std::uint8_t>>* images = nullptr) {
   const int world = static_cast<int>(request.ranks.size());
   // The shard files: written by the synchronous save into a scratch root, then their bytes.
   TempDir scratch;
-  Manifest m = save_checkpoint_sync(fs, scratch.path().string(), request);
+  Manifest m = save_checkpoint_sync(posix_file_system(), scratch.path().string(), request);
   std::vector<std::vector<std::uint8_t>> files;
   for (const auto& s : m.shards) files.push_back(read_all(scratch / checkpoint_dir_name(m.step) / s.path));
   const NodeLayout layout{nodes, world / nodes, scheme};
@@ -61,6 +62,11 @@ inline Manifest save_node_checkpoint(const std::string& dir, int nodes, const Re
   }
   if (images) *images = std::move(files);
   return m;
+}
+
+inline Manifest save_node_checkpoint(const std::string& dir, int nodes, const RedundancyScheme& scheme, const SaveRequest& request,
+                                     std::vector<std::vector<std::uint8_t>>* images = nullptr) {
+  return save_node_checkpoint(posix_file_system(), dir, nodes, scheme, request, images);
 }
 
 /// The fixture's checkpoint (every dtype, io_fixture.hpp) of `world` ranks at `step` across

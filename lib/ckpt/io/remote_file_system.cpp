@@ -69,6 +69,14 @@ class Encoder {
     return *this;
   }
   Encoder& bytes(std::span<const std::byte> b) { return str(std::string_view(reinterpret_cast<const char*>(b.data()), b.size())); }
+  /// A string of `n` zero bytes, to be filled in place through the span returned (valid until
+  /// the next call): a read lands in the reply without another copy.
+  std::span<std::byte> str_space(std::uint32_t n) {
+    u32(n);
+    const std::size_t at = out_.size();
+    out_.resize(at + n);
+    return std::as_writable_bytes(std::span(out_.data() + at, n));
+  }
   std::string take() { return std::move(out_); }
 
  private:
@@ -290,9 +298,7 @@ std::string FileService::State::execute(int client, std::string_view request) {
       in.done();
       if (length > kMaxRemotePiece) in.fail("a read of at most " + std::to_string(kMaxRemotePiece) + " bytes", std::to_string(length) + " bytes");
       const auto file = reader(client, id);
-      std::string data(static_cast<std::size_t>(length), '\0');
-      file->read_at(offset, std::as_writable_bytes(std::span(data.data(), data.size())));
-      out.str(data);
+      file->read_at(offset, out.str_space(static_cast<std::uint32_t>(length)));
       break;
     }
     case Op::release: {
@@ -415,11 +421,10 @@ struct Link {
     std::string reply;
     try {
       reply = transport->call(peer, request.take());
-    } catch (const Error& e) {
-      if (e.code() == Errc::comm_error) throw;
-      throw Error(Errc::comm_error, e.file(), "file request to process " + std::to_string(peer) + " failed: " + e.what());
     } catch (...) {
+      // Whatever stopped the transport is a communication failure, whatever it threw.
       const Error e = to_error(std::current_exception());
+      if (e.code() == Errc::comm_error) throw e;
       throw Error(Errc::comm_error, e.file(), "file request to process " + std::to_string(peer) + " failed: " + e.what());
     }
     return Reply(std::move(reply));
@@ -442,7 +447,7 @@ class RemoteWritableFile final : public WritableFile {
   RemoteWritableFile(Link link, std::uint64_t id, std::string path) : link_(link), id_(id), path_(std::move(path)) {}
   ~RemoteWritableFile() override { link_.release(id_); }
   void write_at(std::uint64_t offset, std::span<const std::byte> data) override {
-    // An empty write still goes once, so that it fails as the server's would (a closed file).
+    // An empty write still goes once: the server's file decides what it does.
     do {
       const auto piece = data.first(std::min(data.size(), kMaxRemotePiece));
       Encoder r;
@@ -495,7 +500,7 @@ class RemoteReadableFile final : public ReadableFile {
     return n;
   }
   void read_at(std::uint64_t offset, std::span<std::byte> data) const override {
-    do {
+    do {  // an empty read goes once too, as the empty write
       const auto piece = data.first(std::min(data.size(), kMaxRemotePiece));
       Encoder r;
       r.op(Op::read_at).u64(id_).u64(offset).u64(piece.size());
