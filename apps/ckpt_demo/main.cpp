@@ -132,6 +132,15 @@ struct Options {
 constexpr std::uint64_t kMaxStep = std::uint64_t{1} << 40;
 constexpr int kExitNoCommit = 4;  // saves failed and none committed since the first failure
 
+// --nodes and --redundancy against the world size (threads: --world-size; MPI: -np).
+void check_node_options(const Options& o) {
+  if (o.nodes == 0) return;
+  if (o.world % o.nodes != 0)
+    usage("--nodes " + std::to_string(o.nodes) + " must divide the world size " + std::to_string(o.world) + " (ranks split evenly)");
+  const NodeLayout layout{o.nodes, o.world / o.nodes, o.redundancy};
+  if (const auto problem = layout_problem(layout, o.world)) usage("--nodes/--redundancy: " + *problem);
+}
+
 Options parse(int argc, char** argv) {
   Options o;
   o.train.total_steps = 20;
@@ -275,13 +284,7 @@ Options parse(int argc, char** argv) {
 #endif
   if (o.durable_dir && o.dir && fs::weakly_canonical(*o.durable_dir) == fs::weakly_canonical(*o.dir))
     usage("--durable-dir must differ from --dir");
-  if (o.nodes > 0) {
-    if (o.mpi) usage("--nodes runs with --backend threads (every shard of a stripe in one process)");
-    if (o.world % o.nodes != 0)
-      usage("--nodes " + std::to_string(o.nodes) + " must divide the world size " + std::to_string(o.world) + " (ranks split evenly)");
-    const NodeLayout layout{o.nodes, o.world / o.nodes, o.redundancy};
-    if (const auto problem = layout_problem(layout, o.world)) usage("--nodes/--redundancy: " + *problem);
-  }
+  if (!o.mpi) check_node_options(o);  // under MPI once the world size is known
   if (o.inject_spike && *o.inject_spike <= o.save_every)
     usage("--inject-spike must come after the first save (step > --save-every), so there is a checkpoint to roll back to");
   if (o.world % o.train.tensor_parallel != 0 || o.train.model.heads % o.train.tensor_parallel != 0)
@@ -348,6 +351,10 @@ RankRecord train_rank(const Options& o, dist::Communicator& comm, const std::str
     const auto r = trainer.resume_latest_tiered(root, *o.durable_dir, Verify::full, o.reshard ? Reshard::allow : Reshard::no);
     start = r.step;
     rec.resume_tier = r.tier + " tier" + (r.local_error.empty() ? "" : " (local tier passed over: " + r.local_error + ")");
+  } else if (resume && ckpt && o.nodes > 0 && is_mpi()) {
+    // Node roots under MPI: the Checkpointer's construction rebuilt what was lost; each
+    // process reads its part through the Checkpointer's file system.
+    start = trainer.resume_latest(*ckpt, Verify::full, o.reshard ? Reshard::allow : Reshard::no);
   } else if (resume) {
     start = trainer.resume_latest(root, Verify::full, o.reshard ? Reshard::allow : Reshard::no);
   }
@@ -483,6 +490,7 @@ struct RunRecord {
   std::vector<RankRecord> ranks;
   std::string backend;
   std::optional<DurableStats> durable;  // with --durable-dir, after the copies drained
+  std::vector<RepairReport> repairs;     // what the Checkpointer's construction rebuilt (rank 0's)
   const RankRecord& first() const { return ranks.at(0); }
   /// Rank 0's rows by step; a step trained twice (replayed after a rollback) keeps its last row.
   std::map<std::uint64_t, StepStats> final_trajectory() const {
@@ -516,6 +524,7 @@ RunRecord run(const Options& o, const std::string& root, bool resume, bool saves
     // names when that one is corrupt: its saves may then move `latest` back (logged).
     opt.allow_older_than_latest = resume && o.durable_dir;
     ckpt = std::make_unique<Checkpointer>(std::move(opt));
+    rec.repairs = ckpt->repairs();
   }
   rec.backend = ckpt ? std::string(ckpt->backend_name()) : "none";
   std::mutex mu;
@@ -687,6 +696,7 @@ int program_main(int argc, char** argv) {
             " MPI processes (with --backend mpi the world size is mpirun's -np)");
     o.world = mpi->size();
     if (o.train.tensor_parallel < 1 || o.world % o.train.tensor_parallel != 0) usage("--tensor-parallel must divide the world size");
+    check_node_options(o);
     const auto ids = mpi->world().all_gather_bytes(std::as_bytes(std::span(&run_id, 1)));
     std::memcpy(&run_id, ids.at(0).data(), sizeof run_id);
     if (mpi->rank() != 0 && !std::freopen("/dev/null", "w", stdout)) return 1;  // rank 0 reports
@@ -721,7 +731,7 @@ int program_main(int argc, char** argv) {
     // The checkpoint a resume starts from, read before this run's saves can rotate it away.
     std::optional<std::string> source_dir;
     int source_world = o.world;
-    if (o.resume && o.nodes > 0) {
+    if (o.resume && o.nodes > 0 && !is_mpi()) {
       try {
         if (const auto line = repair_before_resume(o, root)) checks['i'] = {line->find("STILL DAMAGED") == std::string::npos, *line};
       } catch (const Error& e) {
@@ -750,6 +760,24 @@ int program_main(int argc, char** argv) {
     g_preemption = nullptr;
     preemption.reset();
     const RankRecord& r0 = rec.first();
+    if (is_mpi() && o.resume && o.nodes > 0 && printer()) {
+      // Under MPI the Checkpointer's construction (rank 0's process) rebuilt what a lost or
+      // damaged node root held, over the coordinator, before any process resumed.
+      std::size_t files = 0, shards = 0;
+      for (const auto& rep : rec.repairs) {
+        for (const auto& line : rep.lines) std::printf("%s: %s\n", rep.name.c_str(), line.c_str());
+        files += rep.lines.size();
+        shards += rep.rebuilt_ranks.size();
+      }
+      if (files > 0) {
+        const auto roots = node_root_paths(root, o.nodes);
+        bool whole = true;
+        for (const auto& rep : rec.repairs) whole &= check_node_checkpoint(posix_file_system(), roots, rep.name, Verify::full).healthy();
+        checks['i'] = {whole, std::to_string(files) + " file(s) of " + std::to_string(rec.repairs.size()) + " checkpoint(s) rebuilt (" +
+                                  std::to_string(shards) + " shard(s)) over the MPI coordinator, each equal to the manifest's SHA-256; afterwards " +
+                                  (whole ? "every shard and block verifies" : "STILL DAMAGED")};
+      }
+    }
     const std::string layout = o.train.tensor_parallel > 1 ? " (tensor " + std::to_string(o.train.tensor_parallel) + " x data " +
                                                                   std::to_string(o.world / o.train.tensor_parallel) + ": attention heads split)"
                                                             : "";

@@ -81,9 +81,9 @@ class CommitCoordinator {
   // move between processes through send_bytes/receive_bytes, the shard sizes through
   // exchange, and the process that commits reaches the other nodes' roots through
   // file_transport() (each process serves its own files to the others). On the coordinator's
-  // own channel, never the training's. The defaults are those of one process: every rank is
-  // local, so these are never needed (they throw Errc::invalid_argument, file_transport() is
-  // null).
+  // own channel, never the training's. The defaults are those of one process, where every
+  // rank is local: exchange() returns {mine}, send_bytes() and receive_bytes() throw
+  // Errc::invalid_argument (nothing to move), file_transport() is null.
 
   /// Every process's `mine` for `step`, one string per process in the order of the ranks they
   /// host. Blocks until each process has called it for the step. Collective over the processes.

@@ -67,6 +67,11 @@ class MpiSession {
 /// and sends the outcome to every rank, whose progress thread delivers it. start_run() runs
 /// the root's crash cleanup on rank 0 only and agrees on one run id (collective over comm,
 /// at Checkpointer construction). abandon() answers only this process's ranks.
+/// For checkpoints across node-local roots it also moves bytes between processes:
+/// exchange(), send_bytes() and receive_bytes() on a second duplicate of `comm`, and
+/// file_transport(): a call to another process's file service (that process's posix file
+/// system, served by its progress thread), so that rank 0 reaches every node's root. The
+/// destructor is collective: it keeps serving file calls until every process has reached it.
 /// Requires MPI_THREAD_MULTIPLE (Errc::comm_error otherwise).
 std::unique_ptr<CommitCoordinator> make_mpi_coordinator(MPI_Comm comm = MPI_COMM_WORLD);
 
