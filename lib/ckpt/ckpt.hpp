@@ -36,6 +36,7 @@
 #include "ckpt/io/mapped.hpp"
 #include "ckpt/io/node_commit.hpp"
 #include "ckpt/io/object_store.hpp"
+#include "ckpt/io/object_transfer.hpp"
 #include "ckpt/io/range_reader.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/io/redundancy_io.hpp"
