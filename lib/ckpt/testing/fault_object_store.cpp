@@ -24,9 +24,9 @@ namespace {
 
 FaultInjectionObjectStore::~FaultInjectionObjectStore() { release_hangs(); }
 
-void FaultInjectionObjectStore::inject(Op op, Fault fault, std::uint64_t count) {
+void FaultInjectionObjectStore::inject(Op op, Fault fault, std::uint64_t count, std::uint64_t after) {
   std::lock_guard lock(mu_);
-  plans_[static_cast<std::size_t>(op)] = {fault, count};
+  plans_[static_cast<std::size_t>(op)] = {fault, after, count};
 }
 
 void FaultInjectionObjectStore::clear() {
@@ -62,6 +62,10 @@ bool FaultInjectionObjectStore::take(Op op, Fault& fault) {
   ++calls_[static_cast<std::size_t>(op)];
   Plan& p = plans_[static_cast<std::size_t>(op)];
   if (p.remaining == 0) return false;
+  if (p.skip > 0) {
+    --p.skip;
+    return false;
+  }
   --p.remaining;
   ++injected_;
   fault = p.fault;

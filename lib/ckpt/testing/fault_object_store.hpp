@@ -35,9 +35,9 @@ class FaultInjectionObjectStore final : public ObjectStoreWrapper {
   /// Releases hanging calls first.
   ~FaultInjectionObjectStore() override;
 
-  /// The next `count` calls of `op` (counted from now) fail with `fault`; a later inject() for
-  /// the same op replaces this one.
-  void inject(Op op, Fault fault, std::uint64_t count = 1);
+  /// After the next `after` calls of `op` (counted from now) pass, the `count` calls that
+  /// follow fail with `fault`; a later inject() for the same op replaces this one.
+  void inject(Op op, Fault fault, std::uint64_t count = 1, std::uint64_t after = 0);
   /// No more faults (calls already hanging stay so until release_hangs()).
   void clear();
   /// Lets every hanging call fail now, and later ones pass through (until inject() again).
@@ -65,6 +65,7 @@ class FaultInjectionObjectStore final : public ObjectStoreWrapper {
  private:
   struct Plan {
     Fault fault = Fault::slow_down;
+    std::uint64_t skip = 0;
     std::uint64_t remaining = 0;
   };
   // Counts the call; returns the fault to inject into it, if any.
