@@ -35,6 +35,7 @@
 #include "ckpt/io/load_into.hpp"
 #include "ckpt/io/mapped.hpp"
 #include "ckpt/io/node_commit.hpp"
+#include "ckpt/io/object_commit.hpp"
 #include "ckpt/io/object_store.hpp"
 #include "ckpt/io/object_transfer.hpp"
 #include "ckpt/io/range_reader.hpp"

@@ -1,0 +1,202 @@
+#include "ckpt/io/object_commit.hpp"
+
+#include <atomic>
+#include <charconv>
+#include <random>
+
+#include <boost/json.hpp>
+
+#include "ckpt/format/manifest.hpp"
+#include "ckpt/hash/sha256.hpp"
+#include "ckpt/io/detail/chunk_check.hpp"
+#include "ckpt/io/layout.hpp"
+#include "ckpt/io/reader.hpp"
+
+namespace ckpt {
+
+namespace {
+
+namespace json = boost::json;
+
+std::string random_run_id() {
+  std::random_device rd;
+  const std::uint64_t v = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out(16, '0');
+  for (int i = 0; i < 16; ++i) out[i] = hex[(v >> (60 - 4 * i)) & 15];
+  return out;
+}
+
+void check_run_id(const std::string& id) {
+  bool ok = !id.empty() && id.size() <= 64;
+  for (char c : id) ok = ok && ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_');
+  if (!ok) throw Error(Errc::invalid_argument, {}, "ObjectCommitOptions::run_id", "1..64 of [A-Za-z0-9_-]", id);
+}
+
+std::string tier_manifest_key(std::uint64_t step) { return checkpoint_dir_name(step) + "/" + std::string(kObjectManifestName); }
+
+std::vector<std::byte> read_whole(FileSystem& fs, const std::string& path) {
+  const auto f = fs.open_read(path);
+  std::vector<std::byte> out(f->size());
+  if (!out.empty()) f->read_at(0, out);
+  return out;
+}
+
+std::string encode(const ObjectManifest& m) {
+  return json::serialize(json::object{{"schema_version", 1},
+                                      {"step", m.step},
+                                      {"run_id", m.run_id},
+                                      {"data_prefix", m.data_prefix},
+                                      {"manifest_sha256", m.manifest_sha256},
+                                      {"manifest_size", m.manifest_size},
+                                      {"bytes", m.bytes},
+                                      {"committed_at", m.committed_at}}) +
+         "\n";
+}
+
+}  // namespace
+
+ObjectManifest read_object_manifest(ObjectStore& store, std::uint64_t step) {
+  const std::string key = tier_manifest_key(step);
+  const ObjectInfo info = store.head(key);
+  if (info.size > (64u << 10))
+    throw Error(Errc::malformed_manifest, key, "tier manifest too large", "at most 65536 bytes", std::to_string(info.size) + " bytes");
+  std::vector<std::byte> bytes(info.size);
+  if (!bytes.empty()) store.get_range(key, 0, bytes);
+  auto bad = [&](const std::string& what) -> ObjectManifest { throw Error(Errc::malformed_manifest, key, what); };
+  boost::system::error_code ec;
+  const json::value v = json::parse(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), ec);
+  const json::object* o = ec ? nullptr : v.if_object();
+  if (!o) return bad("not a JSON object");
+  auto str = [&](const char* k) {
+    const json::value* f = o->if_contains(k);
+    if (!f || !f->is_string()) bad(std::string("field ") + k + " missing or not a string");
+    return std::string(f->get_string());
+  };
+  auto num = [&](const char* k) {
+    const json::value* f = o->if_contains(k);
+    if (!f || !(f->is_uint64() || (f->is_int64() && f->get_int64() >= 0))) bad(std::string("field ") + k + " missing or not a count");
+    return f->is_uint64() ? f->get_uint64() : static_cast<std::uint64_t>(f->get_int64());
+  };
+  if (num("schema_version") != 1) bad("unsupported tier manifest schema_version");
+  ObjectManifest m{num("step"), str("run_id"), str("data_prefix"), str("manifest_sha256"), num("manifest_size"), num("bytes"),
+                   str("committed_at")};
+  if (m.step != step) throw Error(Errc::malformed_manifest, key, "step", std::to_string(step), std::to_string(m.step));
+  check_run_id(m.run_id);
+  if (m.data_prefix != checkpoint_dir_name(step) + "/" + m.run_id + "/")
+    throw Error(Errc::malformed_manifest, key, "data_prefix", checkpoint_dir_name(step) + "/" + m.run_id + "/", m.data_prefix);
+  return m;
+}
+
+std::optional<ObjectLatest> read_object_latest(ObjectStore& store) {
+  ObjectInfo info;
+  try {
+    info = store.head(std::string(kLatestName));
+  } catch (const Error& e) {
+    if (e.code() == Errc::not_found) return std::nullopt;
+    throw;
+  }
+  if (info.size > 64) throw Error(Errc::malformed_manifest, std::string(kLatestName), "latest too large", "step-N", std::to_string(info.size) + " bytes");
+  std::string text(info.size, '\0');
+  if (!text.empty()) store.get_range(kLatestName, 0, std::as_writable_bytes(std::span(text)));
+  std::string_view name = text;
+  if (name.ends_with('\n')) name.remove_suffix(1);
+  const auto step = parse_checkpoint_dir_name(name);
+  if (!step) throw Error(Errc::malformed_manifest, std::string(kLatestName), "content", "step-N", text.substr(0, 64));
+  return ObjectLatest{*step, info.etag};
+}
+
+bool move_object_latest(ObjectStore& store, std::uint64_t step) {
+  (void)read_object_manifest(store, step);  // never name an uncommitted step
+  const std::string content = checkpoint_dir_name(step) + "\n";
+  const auto bytes = std::as_bytes(std::span(content));
+  for (int attempt = 1;; ++attempt) {
+    const auto current = read_object_latest(store);
+    if (current && current->step >= step) return false;
+    try {
+      if (current) store.replace(kLatestName, bytes, current->etag);
+      else store.create(kLatestName, bytes);
+      return true;
+    } catch (const Error& e) {
+      // Another mover got in between (or removed `latest`): read again.
+      if ((e.code() != Errc::conflict && e.code() != Errc::not_found) || attempt >= 16) throw;
+    }
+  }
+}
+
+std::vector<std::uint64_t> list_object_checkpoints(ObjectStore& store) {
+  std::vector<std::uint64_t> steps;
+  std::string token;
+  do {
+    ObjectPage page = store.list("step-", token, 1000);
+    for (const auto& o : page.objects) {
+      const auto slash = o.key.find('/');
+      if (slash == std::string::npos || o.key.substr(slash + 1) != kObjectManifestName) continue;
+      if (const auto step = parse_checkpoint_dir_name(std::string_view(o.key).substr(0, slash))) steps.push_back(*step);
+    }
+    token = std::move(page.next_token);
+  } while (!token.empty());
+  return steps;  // the listing is in key order, and step names sort numerically
+}
+
+ObjectCommitReport commit_to_object_store(FileSystem& local_fs, const std::string& local_root, std::uint64_t step,
+                                          ObjectStore& store, const ObjectCommitOptions& options) {
+  ObjectCommitReport report;
+  report.step = step;
+  report.run_id = options.run_id.empty() ? random_run_id() : options.run_id;
+  check_run_id(report.run_id);
+  report.data_prefix = checkpoint_dir_name(step) + "/" + report.run_id + "/";
+
+  const CheckpointReader reader = open_step(local_fs, local_root, step);
+  const Manifest& m = reader.manifest();
+  if (m.nodes)
+    throw Error(Errc::invalid_argument, reader.dir(), "a checkpoint across node roots cannot be committed to an object store yet");
+  if (m.chunk_size == 0) throw Error(Errc::malformed_manifest, reader.dir(), "chunk_size 0");
+
+  // 1. The shards, each chunk checked against the local manifest as it is read.
+  UploadOptions upload = options.upload;
+  upload.part_size = (upload.part_size + m.chunk_size - 1) / m.chunk_size * m.chunk_size;
+  std::atomic<std::uint64_t> chunks{0};
+  for (const ShardRecord& shard : m.shards) {
+    const std::string path = reader.shard_path(shard.rank);
+    UploadCheck check;
+    if (options.verify_chunks)
+      check = [&](std::uint64_t offset, std::span<const std::byte> bytes) {
+        for (std::uint64_t done = 0; done < bytes.size();) {
+          const std::uint64_t k = (offset + done) / m.chunk_size;
+          const std::uint64_t len = std::min<std::uint64_t>(m.chunk_size, bytes.size() - done);
+          if (k >= shard.chunk_xxh3.size())
+            throw Error(Errc::size_mismatch, path, "chunks", std::to_string(shard.chunk_xxh3.size()), "more");
+          detail::check_chunk_xxh3(path, shard.chunk_xxh3, k, m.chunk_size, bytes.subspan(done, len));
+          done += len;
+          chunks.fetch_add(1);
+        }
+      };
+    const UploadReport r = upload_file(store, local_fs, path, report.data_prefix + shard.path, upload, check);
+    check_size(shard.size, r.bytes, "shard size", path);
+    report.bytes += r.bytes;
+  }
+  report.chunks_verified = chunks.load();
+
+  // 2. The local manifest, byte for byte.
+  const std::vector<std::byte> manifest = read_whole(local_fs, reader.dir() + "/" + std::string(kManifestName));
+  store.put(report.data_prefix + std::string(kManifestName), manifest);
+
+  // 3. The tier manifest, created only if no writer committed this step before: the commit.
+  const Sha256Digest digest = sha256(manifest.data(), manifest.size());
+  const ObjectManifest tier{step, report.run_id, report.data_prefix, to_hex(digest), manifest.size(), report.bytes, utc_now_rfc3339()};
+  const std::string text = encode(tier);
+  try {
+    store.create(tier_manifest_key(step), std::as_bytes(std::span(text)));
+  } catch (const Error& e) {
+    if (e.code() != Errc::conflict) throw;
+    throw Error(Errc::conflict, e.file(), checkpoint_dir_name(step) + " was committed by another writer first; run " +
+                report.run_id + "'s data stays uncommitted", e.expected(), e.actual());
+  }
+
+  // 4. `latest`, forward only.
+  if (options.move_latest) report.latest_moved = move_object_latest(store, step);
+  return report;
+}
+
+}  // namespace ckpt

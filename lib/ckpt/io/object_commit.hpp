@@ -1,0 +1,111 @@
+// The commit of a checkpoint on an object store, which has no rename and no directory fsync:
+// what it offers instead is objects that appear whole, a create that fails if the key exists
+// (If-None-Match: *) and a replace that fails unless the object is the one read before
+// (If-Match). From those, in this order (docs/commit-protocol.md, "On an object store"):
+//
+//   ROOT/step-0000000010/<run>/rank-*.safetensors   1. the shards, each streamed from the local
+//                                                      committed checkpoint (each chunk's XXH3
+//                                                      checked on the way), under a prefix no
+//                                                      other writer and no other attempt uses
+//   ROOT/step-0000000010/<run>/manifest.json         2. the local manifest, byte for byte
+//   ROOT/step-0000000010/manifest.json               3. the tier's manifest, last, created with
+//                                                      If-None-Match: *: the checkpoint exists
+//                                                      exactly when this object does; it names
+//                                                      the run whose data it commits and the
+//                                                      SHA-256 of that run's manifest.json
+//   ROOT/latest                                      4. "step-0000000010\n", moved forward only,
+//                                                      by compare-and-swap (If-Match on the
+//                                                      ETag read before; If-None-Match when
+//                                                      there is none yet)
+//
+// A crash (or failure) before 3 leaves data no tier manifest names: invisible to readers, a
+// leftover to collect (the collector is not written yet: docs/object-store.md). A second writer racing for the same step loses at 3 with
+// Errc::conflict and its data stays uncommitted. A crash between 3 and 4 leaves a complete
+// checkpoint that `latest` does not name yet; the next commit of a later step moves `latest`
+// past it. `latest` never names a step whose tier manifest does not exist, and never goes
+// backwards.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckpt/io/file_system.hpp"
+#include "ckpt/io/object_store.hpp"
+#include "ckpt/io/object_transfer.hpp"
+
+namespace ckpt {
+
+inline constexpr std::string_view kObjectManifestName = "manifest.json";
+
+struct ObjectCommitOptions {
+  /// The writer's identity in the data prefix: 1..64 of [A-Za-z0-9_-]. Empty: a random one
+  /// (16 hex digits), so that no two attempts share a prefix.
+  std::string run_id;
+  /// How the shards go up. part_size is rounded up to a multiple of the manifest's chunk size,
+  /// so each part's chunks are checked whole.
+  UploadOptions upload;
+  /// Check each chunk's XXH3 against the local manifest while reading it (true), or not.
+  bool verify_chunks = true;
+  /// Move `latest` after the tier manifest is created.
+  bool move_latest = true;
+};
+
+struct ObjectCommitReport {
+  std::uint64_t step = 0;
+  std::string run_id;
+  std::string data_prefix;          ///< "step-0000000010/<run>/"
+  std::uint64_t bytes = 0;          ///< shard bytes uploaded
+  std::uint64_t chunks_verified = 0;
+  bool latest_moved = false;        ///< false: `latest` already named this step or a later one
+};
+
+/// The tier manifest (step-N/manifest.json on the store).
+struct ObjectManifest {
+  std::uint64_t step = 0;
+  std::string run_id;
+  std::string data_prefix;       ///< relative to the store's root
+  std::string manifest_sha256;   ///< of data_prefix + "manifest.json"
+  std::uint64_t manifest_size = 0;
+  std::uint64_t bytes = 0;       ///< shard bytes
+  std::string committed_at;      ///< UTC, RFC 3339
+};
+
+/// Uploads the committed local checkpoint `local_root`/step-`step` to `store` and commits it
+/// there as the file comment describes. Blocks until done. Throws the local checkpoint's
+/// errors (not_found, checksum_mismatch naming the local file and chunk, ...),
+/// Errc::invalid_argument for bad options or a checkpoint across node roots (not supported
+/// yet), the store's errors, and Errc::conflict (naming the tier manifest's key) if another
+/// writer committed this step first. On any failure before step 3 nothing is committed: the
+/// data uploaded stays as an uncommitted leftover (each failed multipart upload is aborted).
+/// `latest` is never moved backwards. Thread-safe for different steps.
+ObjectCommitReport commit_to_object_store(FileSystem& local_fs, const std::string& local_root, std::uint64_t step,
+                                          ObjectStore& store, const ObjectCommitOptions& options = {});
+
+/// The step `latest` names and its ETag, or nullopt if there is no `latest`. Errc::malformed_manifest
+/// naming it if its content is not "step-N\n".
+struct ObjectLatest {
+  std::uint64_t step = 0;
+  std::string etag;
+};
+std::optional<ObjectLatest> read_object_latest(ObjectStore& store);
+
+/// Moves `latest` to `step` by compare-and-swap, unless it names `step` or a later step
+/// already (then returns false, having written nothing). A concurrent mover makes the swap
+/// fail with Errc::conflict; this re-reads and tries again (at most 16 times, then throws
+/// that conflict). Errc::not_found if step-`step`/manifest.json does not exist: `latest`
+/// never names an uncommitted step.
+bool move_object_latest(ObjectStore& store, std::uint64_t step);
+
+/// Reads and checks step-`step`/manifest.json. Errc::not_found if the step is not committed;
+/// Errc::malformed_manifest naming the key for content that is not a tier manifest of that
+/// step (or whose data prefix is not step-N/<run>/).
+ObjectManifest read_object_manifest(ObjectStore& store, std::uint64_t step);
+
+/// The committed steps (those with a tier manifest), ascending, read through listings of at
+/// most 1000 keys per page.
+std::vector<std::uint64_t> list_object_checkpoints(ObjectStore& store);
+
+}  // namespace ckpt

@@ -1,0 +1,166 @@
+// The commit of a local checkpoint on the real RGW: shards under a never-reused prefix, the
+// tier manifest created last with If-None-Match, `latest` moved forward by compare-and-swap.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <fstream>
+#include <thread>
+
+#include "ckpt/core/error.hpp"
+#include "ckpt/hash/sha256.hpp"
+#include "ckpt/io/layout.hpp"
+#include "ckpt/io/object_commit.hpp"
+#include "ckpt/testing/fault_object_store.hpp"
+#include "io/io_fixture.hpp"
+#include "objstore/rgw_fixture.hpp"
+
+using namespace ckpt;
+using Fault = testing::FaultInjectionObjectStore::Fault;
+using Op = testing::FaultInjectionObjectStore::Op;
+
+namespace {
+
+std::vector<std::byte> file_bytes(const std::string& path) {
+  const auto b = test::read_all(path);
+  std::vector<std::byte> out(b.size());
+  std::memcpy(out.data(), b.data(), b.size());
+  return out;
+}
+
+std::string local_dir(const test::SavedCheckpoint& ck, std::uint64_t step) {
+  return (ck.dir / checkpoint_dir_name(step)).string();
+}
+
+}  // namespace
+
+TEST_CASE("a local checkpoint is committed to the object store: shards and manifest byte-equal, tier manifest, latest") {
+  test::SavedCheckpoint ck(2, 10);
+  auto store = test::rgw_store("commit");
+  const ObjectCommitReport r = commit_to_object_store(posix_file_system(), ck.dir.path().string(), 10, *store, {.run_id = "run-a"});
+  CHECK(r.step == 10);
+  CHECK(r.data_prefix == "step-0000000010/run-a/");
+  CHECK(r.latest_moved);
+  CHECK(r.chunks_verified > 2);
+  std::uint64_t bytes = 0;
+  for (const auto& shard : ck.m.shards) {
+    CHECK(store->get(r.data_prefix + shard.path) == file_bytes(local_dir(ck, 10) + "/" + shard.path));
+    bytes += shard.size;
+  }
+  CHECK(r.bytes == bytes);
+  const auto manifest = file_bytes(local_dir(ck, 10) + "/manifest.json");
+  CHECK(store->get(r.data_prefix + "manifest.json") == manifest);
+  const ObjectManifest tier = read_object_manifest(*store, 10);
+  CHECK(tier.run_id == "run-a");
+  CHECK(tier.data_prefix == r.data_prefix);
+  CHECK(tier.manifest_sha256 == to_hex(sha256(manifest.data(), manifest.size())));
+  CHECK(tier.bytes == bytes);
+  CHECK(read_object_latest(*store)->step == 10);
+  CHECK(list_object_checkpoints(*store) == std::vector<std::uint64_t>{10});
+}
+
+TEST_CASE("of two writers committing the same step exactly one tier manifest wins and the other reports conflict") {
+  test::SavedCheckpoint ck(2, 10);
+  auto store = test::rgw_store("commit-race");
+  std::atomic<int> won{0};
+  std::vector<Error> lost;
+  std::mutex mu;
+  std::vector<std::thread> writers;
+  for (const char* run : {"writer-1", "writer-2"})
+    writers.emplace_back([&, run] {
+      try {
+        commit_to_object_store(posix_file_system(), ck.dir.path().string(), 10, *store, {.run_id = run});
+        ++won;
+      } catch (const Error& e) {
+        std::lock_guard lock(mu);
+        lost.push_back(e);
+      }
+    });
+  for (auto& t : writers) t.join();
+  CHECK(won == 1);
+  REQUIRE(lost.size() == 1);
+  CHECK(lost[0].code() == Errc::conflict);
+  CHECK(lost[0].file().ends_with("/step-0000000010/manifest.json"));
+  CHECK(lost[0].detail().starts_with("step-0000000010 was committed by another writer first"));
+  CHECK(lost[0].actual() == "HTTP 412 PreconditionFailed");
+  const ObjectManifest tier = read_object_manifest(*store, 10);
+  CHECK(lost[0].detail().find("run " + tier.run_id + "'s") == std::string::npos);  // the loser names its own run
+  CHECK(read_object_latest(*store)->step == 10);
+}
+
+TEST_CASE("latest only moves forward: a step committed after a newer one is complete but latest stays") {
+  test::SavedCheckpoint ck20(2, 20);
+  test::SavedCheckpoint ck10(2, 10);
+  auto store = test::rgw_store("commit-order");
+  CHECK(commit_to_object_store(posix_file_system(), ck20.dir.path().string(), 20, *store).latest_moved);
+  const ObjectCommitReport older = commit_to_object_store(posix_file_system(), ck10.dir.path().string(), 10, *store);
+  CHECK(!older.latest_moved);
+  CHECK(read_object_latest(*store)->step == 20);
+  CHECK(list_object_checkpoints(*store) == std::vector<std::uint64_t>{10, 20});
+}
+
+TEST_CASE("a crash between the tier manifest and latest leaves a complete step that the next commit moves latest past") {
+  test::SavedCheckpoint ck10(2, 10);
+  test::SavedCheckpoint ck20(2, 20);
+  auto store = test::rgw_store("commit-window");
+  commit_to_object_store(posix_file_system(), ck10.dir.path().string(), 10, *store, {.move_latest = false});
+  CHECK(!read_object_latest(*store));
+  CHECK(list_object_checkpoints(*store) == std::vector<std::uint64_t>{10});
+  commit_to_object_store(posix_file_system(), ck20.dir.path().string(), 20, *store);
+  CHECK(read_object_latest(*store)->step == 20);
+}
+
+TEST_CASE("latest is never moved to a step without a tier manifest") {
+  auto store = test::rgw_store("latest-uncommitted");
+  const Error e = test::error_of([&] { move_object_latest(*store, 99); });
+  CHECK(e.code() == Errc::not_found);
+  CHECK(e.file().ends_with("/step-0000000099/manifest.json"));
+  CHECK(!read_object_latest(*store));
+}
+
+TEST_CASE("a local chunk damaged after the save fails the commit with checksum_mismatch naming the file, committing nothing") {
+  test::SavedCheckpoint ck(2, 10);
+  const std::string shard = local_dir(ck, 10) + "/" + ck.m.shards[1].path;
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(5000);
+    char c;
+    f.read(&c, 1);
+    f.seekp(5000);
+    c ^= 0x40;
+    f.write(&c, 1);
+  }
+  auto store = test::rgw_store("commit-damaged");
+  const Error e = test::error_of([&] { commit_to_object_store(posix_file_system(), ck.dir.path().string(), 10, *store); });
+  CHECK(e.code() == Errc::checksum_mismatch);
+  CHECK(e.file() == shard);
+  CHECK(e.detail().starts_with("xxh3 of chunk 1 of "));
+  CHECK(list_object_checkpoints(*store).empty());
+  CHECK(!read_object_latest(*store));
+}
+
+TEST_CASE("a commit whose tier-manifest create loses its answer is retried and succeeds because its own manifest landed") {
+  test::SavedCheckpoint ck(2, 10);
+  auto s3 = test::rgw_store("commit-lost-answer");
+  testing::FaultInjectionObjectStore faults(*s3);
+  RetryingObjectStore store(faults, {.max_attempts = 3, .base_delay = std::chrono::milliseconds(1), .max_delay = std::chrono::milliseconds(5)});
+  // Two shard puts and the local manifest pass; the tier manifest's create is dropped after it landed.
+  faults.inject(Op::put, Fault::dropped, 1, 3);
+  const ObjectCommitReport r = commit_to_object_store(posix_file_system(), ck.dir.path().string(), 10, store, {.run_id = "r1"});
+  CHECK(store.retries() == 1);
+  CHECK(r.latest_moved);
+  CHECK(read_object_manifest(*s3, 10).run_id == "r1");
+}
+
+TEST_CASE("a 503 storm on the tier manifest's create fails the commit with the typed error and leaves the step uncommitted") {
+  test::SavedCheckpoint ck(2, 10);
+  auto s3 = test::rgw_store("commit-storm");
+  testing::FaultInjectionObjectStore faults(*s3);
+  RetryingObjectStore store(faults, {.max_attempts = 3, .base_delay = std::chrono::milliseconds(1), .max_delay = std::chrono::milliseconds(5)});
+  faults.inject(Op::put, Fault::slow_down, 1000, 3);
+  const Error e = test::error_of([&] { commit_to_object_store(posix_file_system(), ck.dir.path().string(), 10, store); });
+  CHECK(e.code() == Errc::io_error);
+  CHECK(e.actual() == "HTTP 503 SlowDown");
+  CHECK(e.file() == "step-0000000010/manifest.json");
+  CHECK(list_object_checkpoints(*s3).empty());
+  CHECK(!read_object_latest(*s3));
+}
