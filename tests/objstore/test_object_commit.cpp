@@ -160,7 +160,79 @@ TEST_CASE("a 503 storm on the tier manifest's create fails the commit with the t
   const Error e = test::error_of([&] { commit_to_object_store(posix_file_system(), ck.dir.path().string(), 10, store); });
   CHECK(e.code() == Errc::io_error);
   CHECK(e.actual() == "HTTP 503 SlowDown");
-  CHECK(e.file() == "step-0000000010/manifest.json");
+  CHECK(e.file().ends_with("/step-0000000010/manifest.json"));
   CHECK(list_object_checkpoints(*s3).empty());
   CHECK(!read_object_latest(*s3));
+}
+
+TEST_CASE("a committed step restores into an empty local root that opens, verifies in full and equals the original") {
+  test::SavedCheckpoint ck(3, 10);
+  auto store = test::rgw_store("restore");
+  commit_to_object_store(posix_file_system(), ck.dir.path().string(), 10, *store, {.run_id = "r"});
+  test::TempDir local;
+  const std::string root = (local / "root").string();
+  const RestoreReport r = restore_from_object_store(*store, 10, posix_file_system(), root, {.read_size = 1, .verify = Verify::full});
+  CHECK(r.run_id == "r");
+  CHECK(r.dir == root + "/step-0000000010");
+  CHECK(r.chunks_verified > 3);
+  const OpenedCheckpoint opened = open_latest(posix_file_system(), root);
+  CHECK(opened.reader.manifest().step == 10);
+  opened.reader.verify(Verify::full);
+  for (const auto& s : ck.m.shards)
+    CHECK(test::read_all(r.dir + "/" + s.path) == test::read_all(local_dir(ck, 10) + "/" + s.path));
+}
+
+TEST_CASE("a shard object rewritten behind ckpt's back is refused on restore with checksum_mismatch naming the object and chunk") {
+  test::SavedCheckpoint ck(2, 10);
+  auto store = test::rgw_store("restore-damaged");
+  const ObjectCommitReport c = commit_to_object_store(posix_file_system(), ck.dir.path().string(), 10, *store);
+  const std::string key = c.data_prefix + ck.m.shards[0].path;
+  auto bytes = store->get(key);
+  bytes[6000] ^= std::byte{1};
+  store->put(key, bytes);
+  test::TempDir local;
+  const std::string root = (local / "root").string();
+  const Error e = test::error_of([&] { restore_from_object_store(*store, 10, posix_file_system(), root); });
+  CHECK(e.code() == Errc::checksum_mismatch);
+  CHECK(e.file().ends_with("/" + key));
+  CHECK(e.detail().starts_with("xxh3 of chunk 1 of "));
+  CHECK(!read_latest(posix_file_system(), root));
+  for (const auto& entry : std::filesystem::directory_iterator(root)) CHECK(entry.path().filename() == ".lock");
+}
+
+TEST_CASE("a checkpoint manifest that differs from the SHA-256 its tier manifest records is refused on restore") {
+  test::SavedCheckpoint ck(2, 10);
+  auto store = test::rgw_store("restore-manifest");
+  const ObjectCommitReport c = commit_to_object_store(posix_file_system(), ck.dir.path().string(), 10, *store);
+  auto text = test::text_of(store->get(c.data_prefix + "manifest.json"));
+  text[text.find("\"step\"") + 1] = 'S';
+  store->put(c.data_prefix + "manifest.json", test::bytes_of(text));
+  test::TempDir local;
+  const Error e = test::error_of([&] { restore_from_object_store(*store, 10, posix_file_system(), (local / "root").string()); });
+  CHECK(e.code() == Errc::checksum_mismatch);
+  CHECK(e.detail() == "sha256 of the checkpoint manifest");
+  CHECK(e.expected() == read_object_manifest(*store, 10).manifest_sha256);
+}
+
+TEST_CASE("restoring a step that was never committed is not_found and creates no checkpoint") {
+  auto store = test::rgw_store("restore-missing");
+  test::TempDir local;
+  const Error e = test::error_of([&] { restore_from_object_store(*store, 10, posix_file_system(), (local / "root").string()); });
+  CHECK(e.code() == Errc::not_found);
+  CHECK(e.file().ends_with("/step-0000000010/manifest.json"));
+}
+
+TEST_CASE("a restore whose ranged gets meet 503s and timeouts is retried and completes") {
+  test::SavedCheckpoint ck(2, 10);
+  auto s3 = test::rgw_store("restore-retry");
+  commit_to_object_store(posix_file_system(), ck.dir.path().string(), 10, *s3);
+  testing::FaultInjectionObjectStore faults(*s3);
+  RetryingObjectStore store(faults, {.max_attempts = 4, .base_delay = std::chrono::milliseconds(1), .max_delay = std::chrono::milliseconds(5)});
+  faults.inject(Op::get_range, Fault::slow_down, 2, 1);
+  faults.inject(Op::head, Fault::timeout, 1, 2);
+  test::TempDir local;
+  const std::string root = (local / "root").string();
+  restore_from_object_store(store, 10, posix_file_system(), root);
+  CHECK(store.retries() == 3);
+  open_latest(posix_file_system(), root).reader.verify(Verify::full);
 }

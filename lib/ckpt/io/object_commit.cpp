@@ -11,6 +11,11 @@
 #include "ckpt/io/detail/chunk_check.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
+#include "ckpt/io/root_lock.hpp"
+#include "ckpt/io/shard_writer.hpp"
+
+#include <mutex>
+#include <thread>
 
 namespace ckpt {
 
@@ -57,12 +62,12 @@ std::string encode(const ObjectManifest& m) {
 }  // namespace
 
 ObjectManifest read_object_manifest(ObjectStore& store, std::uint64_t step) {
-  const std::string key = tier_manifest_key(step);
-  const ObjectInfo info = store.head(key);
+  const std::string key = store.name_of(tier_manifest_key(step));
+  const ObjectInfo info = store.head(tier_manifest_key(step));
   if (info.size > (64u << 10))
     throw Error(Errc::malformed_manifest, key, "tier manifest too large", "at most 65536 bytes", std::to_string(info.size) + " bytes");
   std::vector<std::byte> bytes(info.size);
-  if (!bytes.empty()) store.get_range(key, 0, bytes);
+  if (!bytes.empty()) store.get_range(tier_manifest_key(step), 0, bytes);
   auto bad = [&](const std::string& what) -> ObjectManifest { throw Error(Errc::malformed_manifest, key, what); };
   boost::system::error_code ec;
   const json::value v = json::parse(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), ec);
@@ -96,13 +101,13 @@ std::optional<ObjectLatest> read_object_latest(ObjectStore& store) {
     if (e.code() == Errc::not_found) return std::nullopt;
     throw;
   }
-  if (info.size > 64) throw Error(Errc::malformed_manifest, std::string(kLatestName), "latest too large", "step-N", std::to_string(info.size) + " bytes");
+  if (info.size > 64) throw Error(Errc::malformed_manifest, store.name_of(kLatestName), "latest too large", "step-N", std::to_string(info.size) + " bytes");
   std::string text(info.size, '\0');
   if (!text.empty()) store.get_range(kLatestName, 0, std::as_writable_bytes(std::span(text)));
   std::string_view name = text;
   if (name.ends_with('\n')) name.remove_suffix(1);
   const auto step = parse_checkpoint_dir_name(name);
-  if (!step) throw Error(Errc::malformed_manifest, std::string(kLatestName), "content", "step-N", text.substr(0, 64));
+  if (!step) throw Error(Errc::malformed_manifest, store.name_of(kLatestName), "content", "step-N", text.substr(0, 64));
   return ObjectLatest{*step, info.etag};
 }
 
@@ -196,6 +201,91 @@ ObjectCommitReport commit_to_object_store(FileSystem& local_fs, const std::strin
 
   // 4. `latest`, forward only.
   if (options.move_latest) report.latest_moved = move_object_latest(store, step);
+  return report;
+}
+
+RestoreReport restore_from_object_store(ObjectStore& store, std::uint64_t step, FileSystem& local_fs,
+                                        const std::string& local_root, const RestoreOptions& options) {
+  if (options.parallel_shards < 1 || options.parallel_shards > 64)
+    throw Error(Errc::invalid_argument, local_root, "RestoreOptions::parallel_shards", "1..64", std::to_string(options.parallel_shards));
+  const ObjectManifest tier = read_object_manifest(store, step);
+  const std::string manifest_key = tier.data_prefix + std::string(kManifestName);
+  const ObjectInfo info = store.head(manifest_key);
+  check_size(tier.manifest_size, info.size, "checkpoint manifest size", store.name_of(manifest_key));
+  std::string text(info.size, '\0');
+  if (!text.empty()) store.get_range(manifest_key, 0, std::as_writable_bytes(std::span(text)));
+  const std::string sha = to_hex(sha256(text.data(), text.size()));
+  if (sha != tier.manifest_sha256)
+    throw Error(Errc::checksum_mismatch, store.name_of(manifest_key), "sha256 of the checkpoint manifest", tier.manifest_sha256, sha);
+  const Manifest m = decode_manifest(text, store.name_of(manifest_key));
+  if (m.step != step) throw Error(Errc::malformed_manifest, store.name_of(manifest_key), "step", std::to_string(step), std::to_string(m.step));
+  if (m.nodes) throw Error(Errc::invalid_argument, store.name_of(manifest_key), "a checkpoint across node roots cannot be restored from an object store yet");
+  const std::uint64_t read_size = std::max<std::uint64_t>(1, (options.read_size + m.chunk_size - 1) / m.chunk_size) * m.chunk_size;
+
+  RestoreReport report;
+  report.step = step;
+  report.run_id = tier.run_id;
+  const RootLock lock(local_fs, local_root);
+  prepare_root(local_fs, lock);
+  const std::string temp = begin_checkpoint(local_fs, local_root, step, options.begin);
+  try {
+    std::atomic<std::size_t> next{0};
+    std::atomic<std::uint64_t> chunks{0};
+    std::atomic<bool> failed{false};
+    std::mutex mu;
+    std::exception_ptr first_error;
+    auto worker = [&] {
+      try {
+        std::vector<std::byte> buffer;
+        for (;;) {
+          const std::size_t i = next.fetch_add(1);
+          if (i >= m.shards.size() || failed.load()) return;
+          const ShardRecord& s = m.shards[i];
+          const std::string key = tier.data_prefix + s.path, name = store.name_of(key);
+          check_size(s.size, store.head(key).size, "shard size", name);
+          ShardWriter out = ShardWriter::copy(local_fs, temp, s.path, s.size,
+                                              {.chunk_size = m.chunk_size, .sha256 = options.verify == Verify::full});
+          for (std::uint64_t offset = 0; offset < s.size && !failed.load(); offset += read_size) {
+            buffer.resize(std::min(read_size, s.size - offset));
+            store.get_range(key, offset, buffer);
+            if (options.verify != Verify::none) {
+              for (std::uint64_t done = 0; done < buffer.size(); done += m.chunk_size) {
+                const std::uint64_t k = (offset + done) / m.chunk_size;
+                if (k >= s.chunk_xxh3.size()) throw Error(Errc::malformed_manifest, store.name_of(manifest_key), "chunk_xxh3 of " + s.path);
+                const auto piece = std::span<const std::byte>(buffer).subspan(done, std::min<std::uint64_t>(m.chunk_size, buffer.size() - done));
+                detail::check_chunk_xxh3(name, s.chunk_xxh3, k, m.chunk_size, piece);
+                chunks.fetch_add(1);
+              }
+            }
+            out.write(buffer);
+          }
+          if (failed.load()) return;
+          const ShardReport written = out.finish(s.rank);
+          if (written.shard.xxh3 != s.xxh3)
+            throw Error(Errc::checksum_mismatch, name, "xxh3 of the whole object", xxh3_hex(s.xxh3), xxh3_hex(written.shard.xxh3));
+          if (options.verify == Verify::full && written.shard.sha256 != s.sha256)
+            throw Error(Errc::checksum_mismatch, name, "sha256 of the whole object", s.sha256, written.shard.sha256);
+        }
+      } catch (...) {
+        std::lock_guard guard(mu);
+        if (!first_error) first_error = std::current_exception();
+        failed = true;
+      }
+    };
+    {
+      std::vector<std::jthread> threads;
+      const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(options.parallel_shards), m.shards.size());
+      for (std::size_t t = 1; t < n; ++t) threads.emplace_back(worker);
+      worker();
+    }
+    if (first_error) std::rethrow_exception(first_error);
+    for (const auto& s : m.shards) report.bytes += s.size;
+    report.chunks_verified = chunks.load();
+    report.dir = commit_checkpoint(local_fs, local_root, temp, m);
+  } catch (...) {
+    abort_checkpoint(local_fs, local_root, temp);
+    throw;
+  }
   return report;
 }
 

@@ -32,9 +32,11 @@
 #include <string_view>
 #include <vector>
 
+#include "ckpt/io/commit.hpp"
 #include "ckpt/io/file_system.hpp"
 #include "ckpt/io/object_store.hpp"
 #include "ckpt/io/object_transfer.hpp"
+#include "ckpt/io/reader.hpp"
 
 namespace ckpt {
 
@@ -107,5 +109,38 @@ ObjectManifest read_object_manifest(ObjectStore& store, std::uint64_t step);
 /// The committed steps (those with a tier manifest), ascending, read through listings of at
 /// most 1000 keys per page.
 std::vector<std::uint64_t> list_object_checkpoints(ObjectStore& store);
+
+struct RestoreOptions {
+  /// Bytes per ranged GET, rounded up to a multiple of the manifest's chunk size.
+  std::uint64_t read_size = 16ull << 20;
+  /// Shards fetched at once (each streams its own shard in order): 1..64.
+  int parallel_shards = 4;
+  /// none: the whole-file XXH3 only; fast: also each chunk's XXH3 as it arrives, before it is
+  /// written; full: also the whole-file SHA-256. Errc::checksum_mismatch names the object.
+  Verify verify = Verify::fast;
+  BeginOptions begin;
+};
+
+struct RestoreReport {
+  std::uint64_t step = 0;
+  std::string run_id;               ///< whose data the tier manifest committed
+  std::uint64_t bytes = 0;
+  std::uint64_t chunks_verified = 0;
+  std::string dir;                  ///< the restored checkpoint directory (local_root/step-N)
+};
+
+/// Rehydrates the local tier: fetches the committed step-`step` from `store` into `local_root`
+/// with the local commit protocol (io/commit.hpp: under the root's writer lock, into a
+/// temporary directory, committed with `latest` moved per options.begin), so the result opens
+/// and resumes as a checkpoint written there. The tier manifest is read first, the
+/// checkpoint's manifest is checked against the SHA-256 it records and decoded with the
+/// loader's checks, every shard is streamed in ranged GETs and checked (options.verify) before
+/// a byte is written, and each file's XXH3 (and SHA-256 with Verify::full) is compared with the
+/// manifest's before the commit. Throws the store's errors (not_found: no such committed step),
+/// Errc::checksum_mismatch naming the object (and chunk), Errc::malformed_manifest, the local
+/// file system's errors, Errc::busy (another writer holds the local root). On any failure the
+/// temporary is removed and the local root is as it was.
+RestoreReport restore_from_object_store(ObjectStore& store, std::uint64_t step, FileSystem& local_fs,
+                                        const std::string& local_root, const RestoreOptions& options = {});
 
 }  // namespace ckpt

@@ -135,6 +135,10 @@ class ObjectStore {
 
   /// The whole object (head, then one ranged read of its size).
   std::vector<std::byte> get(std::string_view key);
+
+  /// How errors name the object `key` (the S3 client: "s3://bucket/prefix/key"), for callers
+  /// that raise errors of their own about an object. The default is the key itself.
+  virtual std::string name_of(std::string_view key) const { return std::string(key); }
 };
 
 /// Forwards every call to the store it wraps (which must outlive it), so that a wrapper (the
@@ -169,6 +173,7 @@ class ObjectStoreWrapper : public ObjectStore {
     return base_.list(prefix, token, max_keys);
   }
   void remove(std::string_view key) override { base_.remove(key); }
+  std::string name_of(std::string_view key) const override { return base_.name_of(key); }
 
  private:
   ObjectStore& base_;

@@ -369,7 +369,7 @@ class S3ObjectStore final : public ObjectStore {
   }
 
  private:
-  std::string name_of(std::string_view key) const {
+  std::string name_of(std::string_view key) const override {
     return "s3://" + root_.bucket + "/" + root_prefix_ + std::string(key);
   }
 

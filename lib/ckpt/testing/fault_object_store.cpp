@@ -76,17 +76,18 @@ template <class F>
 decltype(auto) FaultInjectionObjectStore::run(Op op, std::string_view key, std::string_view action, F&& forward) {
   Fault f{};
   if (!take(op, f)) return forward();
+  const std::string name = base().name_of(key);
   switch (f) {
     case Fault::dropped:
       (void)forward();  // it reached the store; the answer is lost
-      throw_fault(f, key, action);
+      throw_fault(f, name, action);
     case Fault::hang: {
       std::unique_lock lock(mu_);
       ++hanging_;
       const std::uint64_t epoch = release_epoch_;
       released_.wait(lock, [&] { return release_epoch_ != epoch; });
       --hanging_;
-      throw_fault(f, key, action);
+      throw_fault(f, name, action);
     }
     case Fault::lost_race:
       if (op == Op::put) {  // the other writer's object lands first
@@ -95,7 +96,7 @@ decltype(auto) FaultInjectionObjectStore::run(Op op, std::string_view key, std::
       }
       return forward();
     default:
-      throw_fault(f, key, action);
+      throw_fault(f, name, action);
   }
 }
 

@@ -3,8 +3,9 @@
 // timeouts, connections dropped after the request reached the server (the answer is lost,
 // the effect is not), conditional writes that lose a race to another writer (a real 412 from
 // the store underneath), and calls that never complete until released (a part stuck in
-// flight). The injected errors have the shape of the S3 client's (object_store.hpp), so
-// is_transient() and RetryingObjectStore treat them as they would the real ones.
+// flight). The injected errors have the shape of the S3 client's (object_store.hpp), naming
+// the object as the wrapped store does (name_of), so is_transient() and RetryingObjectStore
+// treat them as they would the real ones.
 #pragma once
 
 #include <array>
