@@ -10,6 +10,7 @@
 #include "ckpt/hash/sha256.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/object_commit.hpp"
+#include "ckpt/io/save.hpp"
 #include "ckpt/testing/fault_object_store.hpp"
 #include "io/io_fixture.hpp"
 #include "objstore/rgw_fixture.hpp"
@@ -235,4 +236,57 @@ TEST_CASE("a restore whose ranged gets meet 503s and timeouts is retried and com
   restore_from_object_store(store, 10, posix_file_system(), root);
   CHECK(store.retries() == 3);
   open_latest(posix_file_system(), root).reader.verify(Verify::full);
+}
+
+TEST_CASE("rotation keeps the newest committed steps and the one latest names, removing each tier manifest and its data") {
+  auto store = test::rgw_store("rotate");
+  test::TempDir local;
+  const std::string root = (local / "root").string();
+  for (std::uint64_t s = 1; s <= 5; ++s) {
+    test::Fixture fx(2, s);
+    save_checkpoint_sync(posix_file_system(), root, fx.request);
+    commit_to_object_store(posix_file_system(), root, s, *store, {.move_latest = s != 5});  // 5: killed before latest
+  }
+  CHECK(read_object_latest(*store)->step == 4);
+  CHECK(rotate_object_checkpoints(*store, 1) == std::vector<std::uint64_t>{1, 2, 3});
+  CHECK(list_object_checkpoints(*store) == std::vector<std::uint64_t>{4, 5});
+  CHECK(store->list("step-0000000001/").objects.empty());
+  CHECK(store->list("step-0000000003/").objects.empty());
+  test::TempDir into;
+  restore_from_object_store(*store, 4, posix_file_system(), (into / "r").string(), {.verify = Verify::full});
+}
+
+TEST_CASE("removing the step latest names is refused and removes nothing") {
+  test::SavedCheckpoint ck(2, 10);
+  auto store = test::rgw_store("remove-latest");
+  commit_to_object_store(posix_file_system(), ck.dir.path().string(), 10, *store);
+  const Error e = test::error_of([&] { remove_object_checkpoint(*store, 10); });
+  CHECK(e.code() == Errc::invalid_argument);
+  CHECK(e.detail() == "the checkpoint latest names is never removed");
+  CHECK(list_object_checkpoints(*store) == std::vector<std::uint64_t>{10});
+  CHECK(test::error_of([&] { remove_object_checkpoint(*store, 11); }).code() == Errc::not_found);
+}
+
+TEST_CASE("leftovers of failed commits are collected once older than the grace period, and committed data is kept") {
+  test::SavedCheckpoint ck(2, 1);
+  auto store = test::rgw_store("collect");
+  commit_to_object_store(posix_file_system(), ck.dir.path().string(), 1, *store, {.run_id = "winner"});
+  store->put("step-0000000001/loser/rank-00000-of-00002.safetensors", test::bytes_of("a racing writer's data"));
+  store->put("step-0000000002/killed/rank-00000-of-00002.safetensors", test::bytes_of("a killed commit's data"));
+  const std::string upload = store->create_multipart("step-0000000002/killed/rank-00001-of-00002.safetensors");
+
+  const LeftoverReport young = collect_object_leftovers(*store, std::chrono::hours(1));
+  CHECK(young.removed.empty());
+  CHECK(young.aborted.empty());
+  CHECK(young.kept_young == 3);
+
+  const LeftoverReport old = collect_object_leftovers(*store, std::chrono::hours(1), std::chrono::system_clock::now() + std::chrono::hours(2));
+  CHECK(old.removed == std::vector<std::string>{"step-0000000001/loser/rank-00000-of-00002.safetensors",
+                                                "step-0000000002/killed/rank-00000-of-00002.safetensors"});
+  CHECK(old.aborted == std::vector<std::string>{"step-0000000002/killed/rank-00001-of-00002.safetensors"});
+  CHECK(store->list_multipart_uploads("").empty());
+  CHECK(store->list("step-0000000002/").objects.empty());
+  test::TempDir into;
+  restore_from_object_store(*store, 1, posix_file_system(), (into / "r").string(), {.verify = Verify::full});
+  CHECK(read_object_latest(*store)->step == 1);
 }

@@ -1,6 +1,7 @@
 #include "ckpt/io/object_commit.hpp"
 
 #include <atomic>
+#include <map>
 #include <charconv>
 #include <random>
 
@@ -201,6 +202,107 @@ ObjectCommitReport commit_to_object_store(FileSystem& local_fs, const std::strin
 
   // 4. `latest`, forward only.
   if (options.move_latest) report.latest_moved = move_object_latest(store, step);
+  return report;
+}
+
+namespace {
+
+// "2026-12-02T01:15:21.551Z" (S3's LastModified and Initiated); nullopt for anything else.
+std::optional<std::chrono::system_clock::time_point> parse_rfc3339(std::string_view t) {
+  auto num = [&](std::size_t pos, std::size_t len, int& out) {
+    if (pos + len > t.size()) return false;
+    const auto [p, ec] = std::from_chars(t.data() + pos, t.data() + pos + len, out);
+    return ec == std::errc() && p == t.data() + pos + len;
+  };
+  int y, mo, d, h, mi, s;
+  if (t.size() < 20 || t[4] != '-' || t[7] != '-' || t[10] != 'T' || t[13] != ':' || t[16] != ':' || t.back() != 'Z' ||
+      !num(0, 4, y) || !num(5, 2, mo) || !num(8, 2, d) || !num(11, 2, h) || !num(14, 2, mi) || !num(17, 2, s))
+    return std::nullopt;
+  const std::chrono::year_month_day ymd{std::chrono::year(y), std::chrono::month(static_cast<unsigned>(mo)),
+                                        std::chrono::day(static_cast<unsigned>(d))};
+  if (!ymd.ok() || h > 23 || mi > 59 || s > 60) return std::nullopt;
+  return std::chrono::sys_days(ymd) + std::chrono::hours(h) + std::chrono::minutes(mi) + std::chrono::seconds(s);
+}
+
+// Every object whose key starts with `prefix`, through all pages.
+std::vector<ObjectInfo> list_all(ObjectStore& store, const std::string& prefix) {
+  std::vector<ObjectInfo> all;
+  std::string token;
+  do {
+    ObjectPage page = store.list(prefix, token, 1000);
+    for (auto& o : page.objects) all.push_back(std::move(o));
+    token = std::move(page.next_token);
+  } while (!token.empty());
+  return all;
+}
+
+}  // namespace
+
+void remove_object_checkpoint(ObjectStore& store, std::uint64_t step) {
+  (void)read_object_manifest(store, step);  // not_found unless committed
+  if (const auto latest = read_object_latest(store); latest && latest->step == step)
+    throw Error(Errc::invalid_argument, store.name_of(tier_manifest_key(step)), "the checkpoint latest names is never removed",
+                "another step", checkpoint_dir_name(step));
+  store.remove(tier_manifest_key(step));
+  for (const auto& o : list_all(store, checkpoint_dir_name(step) + "/")) store.remove(o.key);
+}
+
+std::vector<std::uint64_t> rotate_object_checkpoints(ObjectStore& store, int keep_last) {
+  if (keep_last < 1) throw Error(Errc::invalid_argument, {}, "keep_last", "at least 1", std::to_string(keep_last));
+  const auto steps = list_object_checkpoints(store);
+  const auto latest = read_object_latest(store);
+  std::vector<std::uint64_t> removed;
+  const std::size_t keep = static_cast<std::size_t>(keep_last);
+  for (std::size_t i = 0; i + keep < steps.size(); ++i) {
+    if (latest && latest->step == steps[i]) continue;
+    remove_object_checkpoint(store, steps[i]);
+    removed.push_back(steps[i]);
+  }
+  return removed;
+}
+
+LeftoverReport collect_object_leftovers(ObjectStore& store, std::chrono::seconds grace, std::chrono::system_clock::time_point now) {
+  LeftoverReport report;
+  auto old_enough = [&](const std::string& stamp) {
+    const auto t = parse_rfc3339(stamp);
+    if (t && *t + grace < now) return true;
+    ++report.kept_young;
+    return false;
+  };
+  std::map<std::uint64_t, std::optional<std::string>> committed_run;  // step -> the run its tier manifest names
+  auto committed = [&](std::uint64_t step) -> const std::optional<std::string>& {
+    auto it = committed_run.find(step);
+    if (it != committed_run.end()) return it->second;
+    std::optional<std::string> run;
+    try {
+      run = read_object_manifest(store, step).run_id;
+    } catch (const Error& e) {
+      if (e.code() != Errc::not_found) throw;  // a damaged tier manifest is not a leftover: leave it to a human
+    }
+    return committed_run.emplace(step, std::move(run)).first->second;
+  };
+  for (const auto& o : list_all(store, "step-")) {
+    // step-N/<run>/<file>: data; step-N/manifest.json: the commit itself, never collected here.
+    const auto first = o.key.find('/');
+    const auto second = first == std::string::npos ? std::string::npos : o.key.find('/', first + 1);
+    const auto step = parse_checkpoint_dir_name(std::string_view(o.key).substr(0, first));
+    if (!step || second == std::string::npos) continue;
+    const std::string run = o.key.substr(first + 1, second - first - 1);
+    const auto& winner = committed(*step);
+    if (winner && *winner == run) continue;
+    if (!old_enough(o.last_modified)) continue;
+    store.remove(o.key);
+    report.removed.push_back(o.key);
+  }
+  for (const auto& u : store.list_multipart_uploads("step-", 1000)) {
+    if (!old_enough(u.initiated)) continue;
+    try {
+      store.abort_multipart(u.key, u.upload_id);
+    } catch (const Error& e) {
+      if (e.code() != Errc::not_found) throw;  // completed or aborted meanwhile
+    }
+    report.aborted.push_back(u.key);
+  }
   return report;
 }
 

@@ -19,13 +19,14 @@
 //                                                      there is none yet)
 //
 // A crash (or failure) before 3 leaves data no tier manifest names: invisible to readers, a
-// leftover to collect (the collector is not written yet: docs/object-store.md). A second writer racing for the same step loses at 3 with
+// leftover that collect_object_leftovers() removes once it is older than a grace period. A second writer racing for the same step loses at 3 with
 // Errc::conflict and its data stays uncommitted. A crash between 3 and 4 leaves a complete
 // checkpoint that `latest` does not name yet; the next commit of a later step moves `latest`
 // past it. `latest` never names a step whose tier manifest does not exist, and never goes
 // backwards.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -109,6 +110,31 @@ ObjectManifest read_object_manifest(ObjectStore& store, std::uint64_t step);
 /// The committed steps (those with a tier manifest), ascending, read through listings of at
 /// most 1000 keys per page.
 std::vector<std::uint64_t> list_object_checkpoints(ObjectStore& store);
+
+/// Removes the committed step-`step`: its tier manifest first (from then on the step does not
+/// exist for any reader), then every object under step-N/. Errc::invalid_argument if `latest`
+/// names the step; Errc::not_found if it is not committed. A crash midway leaves objects no
+/// tier manifest commits: leftovers.
+void remove_object_checkpoint(ObjectStore& store, std::uint64_t step);
+
+/// Keeps the newest `keep_last` (>= 1) committed steps, and always the one `latest` names;
+/// removes the others, oldest first, with remove_object_checkpoint. Returns the steps removed.
+std::vector<std::uint64_t> rotate_object_checkpoints(ObjectStore& store, int keep_last);
+
+struct LeftoverReport {
+  std::vector<std::string> removed;    ///< keys of uncommitted objects removed
+  std::vector<std::string> aborted;    ///< keys of multipart uploads aborted
+  std::uint64_t kept_young = 0;        ///< leftovers younger than the grace period (or undated), kept
+};
+
+/// Collects what failed or killed commits left: every object under step-N/<run>/ that no tier
+/// manifest commits (there is none for step N, or it names another run), and every multipart
+/// upload under step-*/, but only those the server dates more than `grace` before `now`. The
+/// grace period must exceed the longest commit (plus the clock skew between this host and the
+/// server): a commit still uploading when its data is collected would create a tier manifest
+/// naming missing objects. Hours, not seconds, outside tests. Returns what was done.
+LeftoverReport collect_object_leftovers(ObjectStore& store, std::chrono::seconds grace,
+                                        std::chrono::system_clock::time_point now = std::chrono::system_clock::now());
 
 struct RestoreOptions {
   /// Bytes per ranged GET, rounded up to a multiple of the manifest's chunk size.

@@ -55,6 +55,7 @@ struct ObjectInfo {
   std::string key;     ///< relative to the store's root
   std::uint64_t size = 0;
   std::string etag;    ///< unquoted; the hex MD5 of the bytes for a single put, "<md5>-<parts>" for multipart
+  std::string last_modified;  ///< list() only: the server's time of the write, RFC 3339 ("2026-12-02T01:15:21.551Z")
 };
 
 /// One page of a listing, in key order.
@@ -67,6 +68,7 @@ struct ObjectPage {
 struct MultipartUpload {
   std::string key;
   std::string upload_id;
+  std::string initiated;  ///< the server's time of create_multipart, RFC 3339
 };
 
 /// A part uploaded to a multipart upload, as complete_multipart() takes it.

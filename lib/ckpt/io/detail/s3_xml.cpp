@@ -210,7 +210,8 @@ ObjectPage parse_list_objects(std::string_view xml, std::string_view root_prefix
     const XmlElement* key = c.child("Key");
     if (!key) malformed(file, "ListObjectsV2 response", "an entry without a Key");
     page.objects.push_back({relative_key(key->text, root_prefix, prefix, file),
-                            parse_size(c.child_text("Size"), file, "listing entry"), unquote_etag(c.child_text("ETag"))});
+                            parse_size(c.child_text("Size"), file, "listing entry"), unquote_etag(c.child_text("ETag")),
+                            c.child_text("LastModified").substr(0, 64)});
   }
   if (root.child_text("IsTruncated") == "true") {
     page.next_token = root.child_text("NextContinuationToken");
@@ -234,7 +235,7 @@ std::vector<MultipartUpload> parse_list_uploads(std::string_view xml, std::strin
                   "at most " + std::to_string(max_uploads), "more");
     const std::string id = c.child_text("UploadId");
     if (id.empty() || !c.child("Key")) malformed(file, "ListMultipartUploads response", "an upload without Key or UploadId");
-    out.push_back({relative_key(c.child_text("Key"), root_prefix, prefix, file), id});
+    out.push_back({relative_key(c.child_text("Key"), root_prefix, prefix, file), id, c.child_text("Initiated").substr(0, 64)});
   }
   return out;
 }
