@@ -3,9 +3,13 @@
 // retried, never thrown.
 #include <doctest/doctest.h>
 
+#include <filesystem>
+#include <fstream>
+
 #include "ckpt/core/error.hpp"
 #include "ckpt/io/object_commit.hpp"
 #include "ckpt/io/save.hpp"
+#include "ckpt/io/tiers.hpp"
 #include "ckpt/runtime/tiering.hpp"
 #include "ckpt/testing/fault_object_store.hpp"
 #include "io/io_fixture.hpp"
@@ -82,4 +86,53 @@ TEST_CASE("a durable s3 tier without credentials fails its copies, counted and g
   CHECK(st.given_up == 1);
   CHECK(st.last_error_code == Errc::invalid_argument);
   CHECK(st.last_error.find("AWS_ACCESS_KEY_ID") != std::string::npos);
+}
+
+TEST_CASE("a resume whose local root is gone rehydrates it from the object store, verified, and says so") {
+  test::TempDir local;
+  const std::string root = (local / "root").string();
+  auto store = test::rgw_store("resume");
+  for (std::uint64_t s = 1; s <= 2; ++s) {
+    save_step(root, s);
+    commit_to_object_store(posix_file_system(), root, s, *store);
+  }
+  std::filesystem::remove_all(root);
+  const TieredCheckpoint t = open_latest_tiered(posix_file_system(), root, *store, {.expected_world_size = 2, .verify = Verify::full});
+  CHECK(t.tier == "durable");
+  CHECK(t.opened.name == "step-0000000002");
+  CHECK(!t.opened.fell_back);
+  CHECK(t.opened.note.starts_with("restored step-0000000002 from s3://"));
+  CHECK(!t.local_error.empty());
+  t.opened.reader.verify(Verify::full);
+  // The local root is a root again: the next resume is local.
+  CHECK(open_latest_tiered(posix_file_system(), root, *store).tier == "local");
+}
+
+TEST_CASE("a resume whose local latest is corrupt replaces that step with the object store's copy") {
+  test::TempDir local;
+  const std::string root = (local / "root").string();
+  auto store = test::rgw_store("resume-corrupt");
+  save_step(root, 5);
+  commit_to_object_store(posix_file_system(), root, 5, *store);
+  const OpenedCheckpoint before = open_latest(posix_file_system(), root);
+  const std::string shard = before.reader.shard_path(1);
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x7f');
+  }
+  const TieredCheckpoint t = open_latest_tiered(posix_file_system(), root, *store);
+  CHECK(t.tier == "durable");
+  CHECK(t.local_error.find("checksum mismatch") != std::string::npos);
+  t.opened.reader.verify(Verify::full);
+  CHECK(open_latest_tiered(posix_file_system(), root, *store).tier == "local");
+}
+
+TEST_CASE("a resume with neither tier usable is not_found naming both") {
+  test::TempDir local;
+  auto store = test::rgw_store("resume-none");
+  const Error e = test::error_of([&] { open_latest_tiered(posix_file_system(), (local / "root").string(), *store); });
+  CHECK(e.code() == Errc::not_found);
+  CHECK(e.actual().find("durable: ") != std::string::npos);
+  CHECK(e.actual().find("no committed checkpoint on the object store") != std::string::npos);
 }
