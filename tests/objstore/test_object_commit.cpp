@@ -290,3 +290,28 @@ TEST_CASE("leftovers of failed commits are collected once older than the grace p
   restore_from_object_store(*store, 1, posix_file_system(), (into / "r").string(), {.verify = Verify::full});
   CHECK(read_object_latest(*store)->step == 1);
 }
+
+TEST_CASE("a committed step verifies on the store without a local copy, and a rewritten object is named by the check") {
+  test::SavedCheckpoint ck(2, 10);
+  auto store = test::rgw_store("verify");
+  const ObjectCommitReport c = commit_to_object_store(posix_file_system(), ck.dir.path().string(), 10, *store);
+  std::uint64_t last_done = 0, last_total = 0;
+  const ObjectCheckpoint v = verify_object_checkpoint(*store, 10, Verify::full, [&](std::uint64_t done, std::uint64_t total) {
+    last_done = done;
+    last_total = total;
+  });
+  CHECK(v.manifest.world_size == 2);
+  CHECK(v.tier.run_id == c.run_id);
+  CHECK(last_total == c.bytes);
+  CHECK(last_done == c.bytes);
+  const std::string key = c.data_prefix + ck.m.shards[1].path;
+  auto bytes = store->get(key);
+  bytes[bytes.size() - 1] ^= std::byte{0x10};
+  store->put(key, bytes);
+  for (const Verify mode : {Verify::fast, Verify::full}) {
+    const Error e = test::error_of([&] { verify_object_checkpoint(*store, 10, mode); });
+    CHECK(e.code() == Errc::checksum_mismatch);
+    CHECK(e.file() == store->name_of(key));
+  }
+  CHECK_NOTHROW(verify_object_checkpoint(*store, 10, Verify::none));  // sizes only
+}

@@ -1,6 +1,7 @@
 #include "ckpt/io/object_commit.hpp"
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <charconv>
 #include <random>
@@ -9,6 +10,7 @@
 
 #include "ckpt/format/manifest.hpp"
 #include "ckpt/hash/sha256.hpp"
+#include "ckpt/hash/xxh3.hpp"
 #include "ckpt/io/detail/chunk_check.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
@@ -306,83 +308,162 @@ LeftoverReport collect_object_leftovers(ObjectStore& store, std::chrono::seconds
   return report;
 }
 
+ObjectCheckpoint open_object_checkpoint(ObjectStore& store, std::uint64_t step) {
+  ObjectCheckpoint out{read_object_manifest(store, step), {}};
+  const std::string key = out.tier.data_prefix + std::string(kManifestName), name = store.name_of(key);
+  const ObjectInfo info = store.head(key);
+  check_size(out.tier.manifest_size, info.size, "checkpoint manifest size", name);
+  std::string text(info.size, '\0');
+  if (!text.empty()) store.get_range(key, 0, std::as_writable_bytes(std::span(text)));
+  const std::string sha = to_hex(sha256(text.data(), text.size()));
+  if (sha != out.tier.manifest_sha256)
+    throw Error(Errc::checksum_mismatch, name, "sha256 of the checkpoint manifest", out.tier.manifest_sha256, sha);
+  out.manifest = decode_manifest(text, name);
+  if (out.manifest.step != step) throw Error(Errc::malformed_manifest, name, "step", std::to_string(step), std::to_string(out.manifest.step));
+  return out;
+}
+
+namespace {
+
+// The one read loop over a committed step's shards on the store, shared by verify and
+// restore: shards `parallel` at once (each in order, in ranged GETs of `read_size` rounded
+// to whole chunks), each piece's chunks checked against the manifest (Verify::fast and full)
+// before `sink(rank, bytes)` sees it, then `done(rank, whole-file xxh3, sha256 or "")`
+// compares the whole file. The first failure stops the others; it is rethrown.
+void read_object_shards(ObjectStore& store, const ObjectCheckpoint& ck, Verify mode, std::uint64_t read_size, int parallel,
+                        const std::function<void(std::size_t)>& begin,
+                        const std::function<void(std::size_t, std::span<const std::byte>)>& sink,
+                        const std::function<void(std::size_t)>& end, std::atomic<std::uint64_t>& chunks) {
+  const Manifest& m = ck.manifest;
+  if (parallel < 1 || parallel > 64) throw Error(Errc::invalid_argument, {}, "shards in parallel", "1..64", std::to_string(parallel));
+  if (m.chunk_size == 0) throw Error(Errc::malformed_manifest, store.name_of(ck.tier.data_prefix + std::string(kManifestName)), "chunk_size 0");
+  read_size = std::max<std::uint64_t>(1, (read_size + m.chunk_size - 1) / m.chunk_size) * m.chunk_size;
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::mutex mu;
+  std::exception_ptr first_error;
+  auto worker = [&] {
+    try {
+      std::vector<std::byte> buffer;
+      for (;;) {
+        const std::size_t i = next.fetch_add(1);
+        if (i >= m.shards.size() || failed.load()) return;
+        const ShardRecord& s = m.shards[i];
+        const std::string key = ck.tier.data_prefix + s.path, name = store.name_of(key);
+        check_size(s.size, store.head(key).size, "shard size", name);
+        begin(i);
+        for (std::uint64_t offset = 0; offset < s.size && !failed.load(); offset += read_size) {
+          buffer.resize(std::min(read_size, s.size - offset));
+          store.get_range(key, offset, buffer);
+          if (mode != Verify::none) {
+            for (std::uint64_t done = 0; done < buffer.size(); done += m.chunk_size) {
+              const std::uint64_t k = (offset + done) / m.chunk_size;
+              if (k >= s.chunk_xxh3.size()) throw Error(Errc::malformed_manifest, name, "more chunks than chunk_xxh3 lists");
+              detail::check_chunk_xxh3(name, s.chunk_xxh3, k, m.chunk_size,
+                                       std::span<const std::byte>(buffer).subspan(done, std::min<std::uint64_t>(m.chunk_size, buffer.size() - done)));
+              chunks.fetch_add(1);
+            }
+          }
+          sink(i, buffer);
+        }
+        if (failed.load()) return;
+        end(i);
+      }
+    } catch (...) {
+      std::lock_guard guard(mu);
+      if (!first_error) first_error = std::current_exception();
+      failed = true;
+    }
+  };
+  {
+    std::vector<std::jthread> threads;
+    const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(parallel), m.shards.size());
+    for (std::size_t t = 1; t < n; ++t) threads.emplace_back(worker);
+    worker();
+  }
+  if (first_error) std::rethrow_exception(first_error);
+}
+
+}  // namespace
+
+ObjectCheckpoint verify_object_checkpoint(ObjectStore& store, std::uint64_t step, Verify mode, const ProgressFn& progress,
+                                          std::uint64_t read_size, int parallel_shards) {
+  ObjectCheckpoint ck = open_object_checkpoint(store, step);
+  const Manifest& m = ck.manifest;
+  std::uint64_t total = 0;
+  for (const auto& s : m.shards) total += s.size;
+  std::vector<Xxh3> xxh(m.shards.size());
+  std::vector<Sha256> sha(mode == Verify::full ? m.shards.size() : 0);
+  std::mutex progress_mu;
+  std::uint64_t done = 0;
+  std::atomic<std::uint64_t> chunks{0};
+  read_object_shards(
+      store, ck, mode, read_size, parallel_shards, [](std::size_t) {},
+      [&](std::size_t i, std::span<const std::byte> bytes) {
+        if (mode == Verify::full) {
+          xxh[i].update(bytes);
+          sha[i].update(bytes);
+        }
+        if (progress) {
+          std::lock_guard lock(progress_mu);
+          done += bytes.size();
+          progress(done, total);
+        }
+      },
+      [&](std::size_t i) {
+        if (mode != Verify::full) return;
+        const ShardRecord& s = m.shards[i];
+        const std::string name = store.name_of(ck.tier.data_prefix + s.path);
+        if (xxh[i].digest() != s.xxh3) throw Error(Errc::checksum_mismatch, name, "xxh3 of the whole object", xxh3_hex(s.xxh3), xxh3_hex(xxh[i].digest()));
+        const std::string got = to_hex(sha[i].finish());
+        if (got != s.sha256) throw Error(Errc::checksum_mismatch, name, "sha256 of the whole object", s.sha256, got);
+      },
+      chunks);
+  return ck;
+}
+
 RestoreReport restore_from_object_store(ObjectStore& store, std::uint64_t step, FileSystem& local_fs,
                                         const std::string& local_root, const RestoreOptions& options) {
   if (options.parallel_shards < 1 || options.parallel_shards > 64)
     throw Error(Errc::invalid_argument, local_root, "RestoreOptions::parallel_shards", "1..64", std::to_string(options.parallel_shards));
-  const ObjectManifest tier = read_object_manifest(store, step);
-  const std::string manifest_key = tier.data_prefix + std::string(kManifestName);
-  const ObjectInfo info = store.head(manifest_key);
-  check_size(tier.manifest_size, info.size, "checkpoint manifest size", store.name_of(manifest_key));
-  std::string text(info.size, '\0');
-  if (!text.empty()) store.get_range(manifest_key, 0, std::as_writable_bytes(std::span(text)));
-  const std::string sha = to_hex(sha256(text.data(), text.size()));
-  if (sha != tier.manifest_sha256)
-    throw Error(Errc::checksum_mismatch, store.name_of(manifest_key), "sha256 of the checkpoint manifest", tier.manifest_sha256, sha);
-  const Manifest m = decode_manifest(text, store.name_of(manifest_key));
-  if (m.step != step) throw Error(Errc::malformed_manifest, store.name_of(manifest_key), "step", std::to_string(step), std::to_string(m.step));
-  if (m.nodes) throw Error(Errc::invalid_argument, store.name_of(manifest_key), "a checkpoint across node roots cannot be restored from an object store yet");
-  const std::uint64_t read_size = std::max<std::uint64_t>(1, (options.read_size + m.chunk_size - 1) / m.chunk_size) * m.chunk_size;
+  const ObjectCheckpoint ck = open_object_checkpoint(store, step);
+  const Manifest& m = ck.manifest;
+  if (m.nodes)
+    throw Error(Errc::invalid_argument, store.name_of(ck.tier.data_prefix + std::string(kManifestName)),
+                "a checkpoint across node roots cannot be restored from an object store yet");
 
   RestoreReport report;
   report.step = step;
-  report.run_id = tier.run_id;
+  report.run_id = ck.tier.run_id;
   const RootLock lock(local_fs, local_root);
   prepare_root(local_fs, lock);
   const std::string temp = begin_checkpoint(local_fs, local_root, step, options.begin);
   try {
-    std::atomic<std::size_t> next{0};
+    // One writer per shard, each used by the one thread reading that shard.
+    std::vector<std::optional<ShardWriter>> out(m.shards.size());
     std::atomic<std::uint64_t> chunks{0};
-    std::atomic<bool> failed{false};
-    std::mutex mu;
-    std::exception_ptr first_error;
-    auto worker = [&] {
-      try {
-        std::vector<std::byte> buffer;
-        for (;;) {
-          const std::size_t i = next.fetch_add(1);
-          if (i >= m.shards.size() || failed.load()) return;
+    read_object_shards(
+        store, ck, options.verify, options.read_size, options.parallel_shards,
+        [&](std::size_t i) {
           const ShardRecord& s = m.shards[i];
-          const std::string key = tier.data_prefix + s.path, name = store.name_of(key);
-          check_size(s.size, store.head(key).size, "shard size", name);
-          ShardWriter out = ShardWriter::copy(local_fs, temp, s.path, s.size,
-                                              {.chunk_size = m.chunk_size, .sha256 = options.verify == Verify::full});
-          for (std::uint64_t offset = 0; offset < s.size && !failed.load(); offset += read_size) {
-            buffer.resize(std::min(read_size, s.size - offset));
-            store.get_range(key, offset, buffer);
-            if (options.verify != Verify::none) {
-              for (std::uint64_t done = 0; done < buffer.size(); done += m.chunk_size) {
-                const std::uint64_t k = (offset + done) / m.chunk_size;
-                if (k >= s.chunk_xxh3.size()) throw Error(Errc::malformed_manifest, store.name_of(manifest_key), "chunk_xxh3 of " + s.path);
-                const auto piece = std::span<const std::byte>(buffer).subspan(done, std::min<std::uint64_t>(m.chunk_size, buffer.size() - done));
-                detail::check_chunk_xxh3(name, s.chunk_xxh3, k, m.chunk_size, piece);
-                chunks.fetch_add(1);
-              }
-            }
-            out.write(buffer);
-          }
-          if (failed.load()) return;
-          const ShardReport written = out.finish(s.rank);
+          out[i].emplace(ShardWriter::copy(local_fs, temp, s.path, s.size,
+                                           {.chunk_size = m.chunk_size, .sha256 = options.verify == Verify::full}));
+        },
+        [&](std::size_t i, std::span<const std::byte> bytes) { out[i]->write(bytes); },
+        [&](std::size_t i) {
+          const ShardRecord& s = m.shards[i];
+          const std::string name = store.name_of(ck.tier.data_prefix + s.path);
+          const ShardReport written = out[i]->finish(s.rank);
+          out[i].reset();
           if (written.shard.xxh3 != s.xxh3)
             throw Error(Errc::checksum_mismatch, name, "xxh3 of the whole object", xxh3_hex(s.xxh3), xxh3_hex(written.shard.xxh3));
           if (options.verify == Verify::full && written.shard.sha256 != s.sha256)
             throw Error(Errc::checksum_mismatch, name, "sha256 of the whole object", s.sha256, written.shard.sha256);
-        }
-      } catch (...) {
-        std::lock_guard guard(mu);
-        if (!first_error) first_error = std::current_exception();
-        failed = true;
-      }
-    };
-    {
-      std::vector<std::jthread> threads;
-      const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(options.parallel_shards), m.shards.size());
-      for (std::size_t t = 1; t < n; ++t) threads.emplace_back(worker);
-      worker();
-    }
-    if (first_error) std::rethrow_exception(first_error);
+        },
+        chunks);
     for (const auto& s : m.shards) report.bytes += s.size;
     report.chunks_verified = chunks.load();
+    out.clear();
     report.dir = commit_checkpoint(local_fs, local_root, temp, m);
   } catch (...) {
     abort_checkpoint(local_fs, local_root, temp);

@@ -136,6 +136,29 @@ struct LeftoverReport {
 LeftoverReport collect_object_leftovers(ObjectStore& store, std::chrono::seconds grace,
                                         std::chrono::system_clock::time_point now = std::chrono::system_clock::now());
 
+/// A committed step's manifests, read and checked: the tier manifest, and the checkpoint's
+/// manifest whose SHA-256 it records, decoded with the loader's checks.
+struct ObjectCheckpoint {
+  ObjectManifest tier;
+  Manifest manifest;
+};
+/// Reads step-`step`'s tier manifest and the checkpoint manifest it names, checks that one's
+/// size and SHA-256 against the tier manifest (Errc::size_mismatch, Errc::checksum_mismatch
+/// naming the object), decodes it (its errors) and checks its step. Errc::not_found if the step
+/// is not committed.
+ObjectCheckpoint open_object_checkpoint(ObjectStore& store, std::uint64_t step);
+
+/// Reads every shard of the committed step-`step` in ranged GETs of `read_size` bytes (rounded
+/// to whole chunks; shards `parallel_shards` at once) and checks it as CheckpointReader::verify
+/// checks a local one: sizes always; each chunk's XXH3 with Verify::fast; also each whole
+/// file's XXH3 and SHA-256 with Verify::full. Nothing is written. `progress` (may be empty) is
+/// called with (bytes done, bytes total), from the reading threads, serialised. Throws what
+/// open_object_checkpoint throws, Errc::checksum_mismatch naming the object (and chunk), and
+/// the store's errors. Returns the checkpoint's manifests.
+ObjectCheckpoint verify_object_checkpoint(ObjectStore& store, std::uint64_t step, Verify mode,
+                                          const ProgressFn& progress = {}, std::uint64_t read_size = 16ull << 20,
+                                          int parallel_shards = 4);
+
 struct RestoreOptions {
   /// Bytes per ranged GET, rounded up to a multiple of the manifest's chunk size.
   std::uint64_t read_size = 16ull << 20;
