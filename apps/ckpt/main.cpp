@@ -1214,7 +1214,31 @@ int cmd_prune_nodes(const PruneArgs& a, const NodeSet& set) {
   });
 }
 
+// prune of an object-store root: the same rule over its committed steps; a step's tier
+// manifest goes first, then its data (remove_object_checkpoint).
+int cmd_prune_s3(const PruneArgs& a) {
+  const auto store = object_store_of(a.root);
+  const auto latest = read_object_latest(*store);
+  const auto steps = list_object_checkpoints(*store);
+  if (steps.empty() && !latest)
+    throw Error(Errc::not_found, a.root, "not a checkpoint root", "a `latest` object or step-N/manifest.json objects", "none of them");
+  std::vector<PruneEntry> entries;
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {  // newest first
+    PruneEntry e{checkpoint_dir_name(*it), false, latest && latest->step == *it, 0, "corrupt"};
+    try {
+      const ObjectCheckpoint c = verify_object_checkpoint(*store, *it, Verify::none);  // manifests and sizes
+      for (const auto& s : c.manifest.shards) e.bytes += s.size;
+      e.ok = true;
+      e.state = "complete";
+    } catch (const Error&) {
+    }
+    entries.push_back(std::move(e));
+  }
+  return prune_list(a, a.root, entries, [&](const std::string& name) { remove_object_checkpoint(*store, *parse_checkpoint_dir_name(name)); });
+}
+
 int cmd_prune(const PruneArgs& a) {
+  if (is_s3_root(a.root)) return cmd_prune_s3(a);
   const std::string& root = a.root;
   FileSystem& fs = posix_file_system();
   if (!fs.stat(root)) throw Error(Errc::not_found, root, "no such checkpoint root");
@@ -1242,13 +1266,14 @@ checkpoints newer than the K-th are left for inspection; temporaries of a save i
 are never touched. On a node set (DIR/node-0, DIR/node-1, ...) a step is removed on every
 node root, holding every node root's lock; a degraded step (a shard missing that its
 redundancy rebuilds) counts as one that opens. A single node root DIR/node-n is refused
-(prune the node set instead).
+(prune the node set instead). On an object store, s3://bucket/prefix, a step's tier manifest
+is removed first (from then on it does not exist for readers), then its data.
 
 example:
   ckpt prune /ckpts/run1 --keep 3
 )",
                             *a);
-  add_path(*c, "ROOT", a->root, "a checkpoint root, or a node set");
+  add_path(*c, "ROOT", a->root, "a checkpoint root, a node set, or s3://bucket/prefix");
   cli::add_int_option(*c, "--keep", a->keep, std::uint64_t{1}, std::uint64_t{1} << 30, "K", "checkpoints to keep, K >= 1")->required();
   c->add_flag("--dry-run", a->dry_run, "say what would be removed, remove nothing");
   return bind(c, a, cmd_prune);

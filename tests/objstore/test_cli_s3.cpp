@@ -32,7 +32,7 @@ std::pair<int, std::string> run(const std::string& args) {
 
 }  // namespace
 
-TEST_CASE("ckpt ls and ckpt verify read an s3 root, and exit 1 naming an object rewritten behind ckpt's back") {
+TEST_CASE("ckpt ls, verify and prune work on an s3 root, ls and verify exiting 1 naming an object rewritten behind ckpt's back") {
   if (!std::filesystem::exists(kTool)) {
     MESSAGE("skipped: " << kTool << " is not built (CKPT_BUILD_APPS=OFF)");
     return;
@@ -55,6 +55,11 @@ TEST_CASE("ckpt ls and ckpt verify read an s3 root, and exit 1 naming an object 
   CHECK(v_rc == 0);
   CHECK(v.find("OK " + o.root + "/step-0000000020: 2 shards") != std::string::npos);
 
+  const auto [dry_rc, dry] = run("prune --keep 1 --dry-run " + o.root);
+  CHECK(dry_rc == 0);
+  CHECK(dry.find("would remove step-0000000010") != std::string::npos);
+  CHECK(list_object_checkpoints(*store).size() == 2);
+
   const ObjectManifest tier = read_object_manifest(*store, 20);
   const std::string key = tier.data_prefix + "rank-00001-of-00002.safetensors";
   auto bytes = store->get(key);
@@ -67,4 +72,11 @@ TEST_CASE("ckpt ls and ckpt verify read an s3 root, and exit 1 naming an object 
   const auto [bv_rc, bv] = run("verify " + o.root);
   CHECK(bv_rc == 1);
   CHECK(bv.find("checksum mismatch: " + store->name_of(key) + ": xxh3 of chunk 1 of") != std::string::npos);
+  // prune keeps latest's step, corrupt or not, and removes the older one, manifest first.
+  const auto [prune_rc, pruned] = run("prune --keep 1 " + o.root);
+  INFO(pruned);
+  CHECK(prune_rc == 0);
+  CHECK(pruned.find("removed  step-0000000010") != std::string::npos);
+  CHECK(list_object_checkpoints(*store) == std::vector<std::uint64_t>{20});
+  CHECK(store->list("step-0000000010/").objects.empty());
 }
