@@ -41,7 +41,8 @@ struct WriteCondition {
   enum class Kind {
     none,    ///< nothing: the put replaces whatever is there
     absent,  ///< no object under the key (If-None-Match: *), else Errc::conflict
-    matches  ///< the object's ETag equals `etag` (If-Match), else Errc::conflict (not_found if none)
+    matches  ///< the object's ETag equals `etag` (If-Match), else Errc::conflict (the RGW answers 412 for a
+             ///< missing object too; a server answering 404 gives Errc::not_found)
   };
   Kind kind = Kind::none;
   std::string etag;  ///< unquoted; for Kind::matches only
