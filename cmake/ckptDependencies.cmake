@@ -7,6 +7,8 @@ find_package(PkgConfig REQUIRED)
 pkg_check_modules(LIBURING REQUIRED IMPORTED_TARGET liburing)
 # Reed-Solomon erasure coding of checkpoints across nodes (io/erasure.hpp): ISA-L, libisal-dev.
 pkg_check_modules(LIBISAL REQUIRED IMPORTED_TARGET libisal)
+# The S3 object-store client (io/s3.cpp, SigV4 through CURLOPT_AWS_SIGV4): libcurl4-openssl-dev.
+pkg_check_modules(LIBCURL REQUIRED IMPORTED_TARGET libcurl>=7.75)
 find_path(XXHASH_INCLUDE_DIR xxhash.h REQUIRED)
 # The command-line programs (apps/, examples/) parse with CLI11, header-only (libcli11-dev).
 # Only they need it: a consumer of the installed library never does.

@@ -48,9 +48,11 @@
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/mapped.hpp"
 #include "ckpt/io/node_commit.hpp"
+#include "ckpt/io/object_commit.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/io/redundancy_io.hpp"
 #include "ckpt/io/reshard.hpp"
+#include "ckpt/io/s3.hpp"
 #include "ckpt/io/root_lock.hpp"
 #include "ckpt/io/slice_load.hpp"
 #include "ckpt/io/range_reader.hpp"
@@ -470,7 +472,49 @@ int cmd_ls_nodes(const LsArgs& a, const NodeSet& set) {
   return any_bad ? kExitBad : kExitOk;
 }
 
+// An s3://bucket/prefix root's store, with the endpoint and keys of the environment.
+std::unique_ptr<ObjectStore> object_store_of(const std::string& root) {
+  S3Options s3;
+  s3.root = root;
+  return open_s3(s3);
+}
+
+// ls of an object-store root: every committed step (a tier manifest), checked per --verify.
+int cmd_ls_s3(const LsArgs& a) {
+  const auto store = object_store_of(a.root);
+  const Verify mode = verify_of(a.verify);
+  const auto latest = read_object_latest(*store);
+  const auto steps = list_object_checkpoints(*store);
+  if (steps.empty() && !latest)
+    throw Error(Errc::not_found, a.root, "not a checkpoint root", "a `latest` object or step-N/manifest.json objects", "none of them");
+  bool any_corrupt = false;
+  json::array out;
+  Table table({{"NAME"}, {"STEP", true}, {"WORLD", true}, {"SIZE", true}, {"STATE"}});
+  for (const std::uint64_t step : steps) {
+    const std::string name = checkpoint_dir_name(step);
+    const bool is_latest = latest && latest->step == step;
+    try {
+      const ObjectCheckpoint c = verify_object_checkpoint(*store, step, mode);
+      std::uint64_t bytes = 0;
+      for (const auto& s : c.manifest.shards) bytes += s.size;
+      out.push_back(json::object{{"name", name}, {"step", step}, {"world_size", c.manifest.world_size}, {"bytes", bytes},
+                                 {"state", "complete"}, {"latest", is_latest}, {"run_id", c.tier.run_id}, {"error", ""}});
+      table.row({name, std::to_string(step), std::to_string(c.manifest.world_size), human_bytes(bytes),
+                 std::string("complete") + (is_latest ? " (latest)" : "")});
+    } catch (const Error& e) {
+      any_corrupt = true;
+      out.push_back(json::object{{"name", name}, {"step", step}, {"state", "corrupt"}, {"latest", is_latest}, {"error", e.what()}});
+      table.row({name, std::to_string(step), "-", "-", std::string("corrupt") + (is_latest ? " (latest)" : "")});
+      table.note(e.what());
+    }
+  }
+  if (a.json) print_json(json::object{{"ok", !any_corrupt}, {"root", a.root}, {"checkpoints", out}});
+  else table.print();
+  return any_corrupt ? kExitBad : kExitOk;
+}
+
 int cmd_ls(const LsArgs& a) {
+  if (is_s3_root(a.root)) return cmd_ls_s3(a);
   FileSystem& fs = posix_file_system();
   if (!fs.stat(a.root)) throw Error(Errc::not_found, a.root, "no such checkpoint root");
   if (const auto set = node_set_of(a.root)) return cmd_ls_nodes(a, *set);
@@ -508,6 +552,10 @@ names. Without --verify only the manifests and shard sizes are checked; with it 
 is read and checked too. Exit 1 if any checkpoint is corrupt, or if ROOT is not a checkpoint
 root (no `latest`, no step-N directory, no temporary: Errc::not_found naming it).
 
+ROOT may be an object store, s3://bucket/prefix (endpoint and keys from AWS_ENDPOINT_URL,
+AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION): then every committed step (one with
+a tier manifest, docs/object-store.md) is listed, its shards read in ranged GETs per --verify.
+
 ROOT may be a node set (DIR/node-0, DIR/node-1, ...: a checkpoint across node roots): then
 every step on any node root is listed with its node count, redundancy scheme and how many
 more node losses it survives, and each bad shard or block (missing, or failing the checks
@@ -517,7 +565,7 @@ example:
   ckpt ls /ckpts/run1 --verify fast
 )",
                             *a);
-  add_path(*c, "ROOT", a->root, "a checkpoint root, or a node set");
+  add_path(*c, "ROOT", a->root, "a checkpoint root, a node set, or s3://bucket/prefix");
   add_verify_option(*c, a->verify, "none (default): manifests and shard sizes; fast: also the XXH3\nof every chunk; full: also every file's SHA-256");
   return bind(c, a, cmd_ls);
 }
@@ -693,9 +741,31 @@ int cmd_verify_nodes(const VerifyArgs& a, const std::string& mode_name, const No
   return h.healthy() ? kExitOk : kExitBad;
 }
 
+// verify of an object-store root: the step its `latest` names, read in ranged GETs.
+int cmd_verify_s3(const VerifyArgs& a, const std::string& mode_name, Verify mode) {
+  const auto store = object_store_of(a.dir);
+  const auto latest = read_object_latest(*store);
+  if (!latest) throw Error(Errc::not_found, a.dir, "no latest object: nothing committed there");
+  ObjectCheckpoint c;
+  {
+    ProgressBar bar("verifying", !a.json);
+    c = verify_object_checkpoint(*store, latest->step, mode, bar.fn());
+  }
+  std::uint64_t total = 0;
+  for (const auto& s : c.manifest.shards) total += s.size;
+  const std::string dir = store->name_of(checkpoint_dir_name(latest->step));
+  if (a.json)
+    print_json(json::object{{"ok", true}, {"dir", dir}, {"mode", mode_name}, {"shards", c.manifest.shards.size()}, {"bytes", total}});
+  else
+    std::printf("OK %s: %zu shards, %s verified, %s\n", dir.c_str(), c.manifest.shards.size(), human_bytes(total).c_str(),
+                verify_how(mode));
+  return kExitOk;
+}
+
 int cmd_verify(const VerifyArgs& a) {
   const std::string mode_name = a.full ? "full" : a.verify;
   const Verify mode = verify_of(mode_name);
+  if (is_s3_root(a.dir)) return cmd_verify_s3(a, mode_name, mode);
   std::string step;
   if (const auto set = node_set_of(a.dir, true, &step)) return cmd_verify_nodes(a, mode_name, *set, step);
   const auto reader = open_dir_or_root(a.dir);
@@ -729,11 +799,14 @@ node; a bad or missing one is listed (what, node, the typed error), with whether
 scheme (replicate:F, rs:K+M) can rebuild the bad shards (ckpt repair DIR) or not. Exit 1
 if any file is bad, rebuildable or not.
 
+DIR may be an object store, s3://bucket/prefix: then the step its `latest` names is read in
+ranged GETs and checked the same way, nothing written (docs/object-store.md).
+
 example:
   ckpt verify --verify full /ckpts/run1/step-0000000010
 )",
                             *a);
-  add_path(*c, "DIR", a->dir, "a checkpoint directory, a root (its latest), or a node set\n(the newest latest of its node roots)");
+  add_path(*c, "DIR", a->dir, "a checkpoint directory, a root (its latest), a node set\n(the newest latest of its node roots), or s3://bucket/prefix (its latest)");
   auto* mode = add_verify_option(*c, a->verify, "fast (default): the XXH3 of every chunk; full: also every file's\nSHA-256; none: sizes and shard headers only");
   c->add_flag("--full", a->full, "the same as --verify full")->excludes(mode);
   return bind(c, a, cmd_verify);
@@ -1141,7 +1214,31 @@ int cmd_prune_nodes(const PruneArgs& a, const NodeSet& set) {
   });
 }
 
+// prune of an object-store root: the same rule over its committed steps; a step's tier
+// manifest goes first, then its data (remove_object_checkpoint).
+int cmd_prune_s3(const PruneArgs& a) {
+  const auto store = object_store_of(a.root);
+  const auto latest = read_object_latest(*store);
+  const auto steps = list_object_checkpoints(*store);
+  if (steps.empty() && !latest)
+    throw Error(Errc::not_found, a.root, "not a checkpoint root", "a `latest` object or step-N/manifest.json objects", "none of them");
+  std::vector<PruneEntry> entries;
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {  // newest first
+    PruneEntry e{checkpoint_dir_name(*it), false, latest && latest->step == *it, 0, "corrupt"};
+    try {
+      const ObjectCheckpoint c = verify_object_checkpoint(*store, *it, Verify::none);  // manifests and sizes
+      for (const auto& s : c.manifest.shards) e.bytes += s.size;
+      e.ok = true;
+      e.state = "complete";
+    } catch (const Error&) {
+    }
+    entries.push_back(std::move(e));
+  }
+  return prune_list(a, a.root, entries, [&](const std::string& name) { remove_object_checkpoint(*store, *parse_checkpoint_dir_name(name)); });
+}
+
 int cmd_prune(const PruneArgs& a) {
+  if (is_s3_root(a.root)) return cmd_prune_s3(a);
   const std::string& root = a.root;
   FileSystem& fs = posix_file_system();
   if (!fs.stat(root)) throw Error(Errc::not_found, root, "no such checkpoint root");
@@ -1169,13 +1266,14 @@ checkpoints newer than the K-th are left for inspection; temporaries of a save i
 are never touched. On a node set (DIR/node-0, DIR/node-1, ...) a step is removed on every
 node root, holding every node root's lock; a degraded step (a shard missing that its
 redundancy rebuilds) counts as one that opens. A single node root DIR/node-n is refused
-(prune the node set instead).
+(prune the node set instead). On an object store, s3://bucket/prefix, a step's tier manifest
+is removed first (from then on it does not exist for readers), then its data.
 
 example:
   ckpt prune /ckpts/run1 --keep 3
 )",
                             *a);
-  add_path(*c, "ROOT", a->root, "a checkpoint root, or a node set");
+  add_path(*c, "ROOT", a->root, "a checkpoint root, a node set, or s3://bucket/prefix");
   cli::add_int_option(*c, "--keep", a->keep, std::uint64_t{1}, std::uint64_t{1} << 30, "K", "checkpoints to keep, K >= 1")->required();
   c->add_flag("--dry-run", a->dry_run, "say what would be removed, remove nothing");
   return bind(c, a, cmd_prune);

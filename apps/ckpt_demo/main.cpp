@@ -32,9 +32,11 @@
 #include "ckpt/io/commit.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/node_commit.hpp"
+#include "ckpt/io/object_commit.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/io/redundancy_io.hpp"
 #include "ckpt/io/root_lock.hpp"
+#include "ckpt/io/s3.hpp"
 #include "ckpt/io/tiers.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
 #include "ckpt/runtime/preemption.hpp"
@@ -78,6 +80,7 @@ Checks (exit 1 if any fails; exit 2 on a usage error):
       checkpoint verifies (full SHA-256)
   (h) with --durable-dir: the durable tier's `latest` names the local tier's, and every
       checkpoint in the durable tier verifies (full SHA-256) and carries its copy record
+      (an s3:// tier: every committed step restores with full verification)
   (i) with --nodes and --resume, when a node root was lost or damaged: every file rebuilt
       equals the manifest's SHA-256, and the whole checkpoint verifies afterwards
 A fresh run also shows, on scratch copies, the loader refusing a resume at twice the world
@@ -154,7 +157,10 @@ Options parse(int argc, char** argv) {
                  "two tiers: every checkpoint committed in --dir is copied in the background\n"
                  "to DIR (its own commit, `latest` and rotation, XXH3 re-verified on the\n"
                  "way); --resume then takes --dir's checkpoint if it opens and verifies,\n"
-                 "else DIR's, and says which tier it used")
+                 "else DIR's, and says which tier it used. DIR may be s3://bucket/prefix\n"
+                 "(endpoint and keys from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID,\n"
+                 "AWS_SECRET_ACCESS_KEY, AWS_REGION): a resume then restores the local\n"
+                 "root from it when --dir's checkpoint is missing or bad")
       ->option_text("DIR");
   add_int_option(app, "--keep-durable", o.keep_durable, 0, 1 << 20, "K", "keep the last K checkpoints in the durable tier (default 10)");
   std::string redundancy;
@@ -282,7 +288,7 @@ Options parse(int argc, char** argv) {
 #ifndef CKPT_DEMO_MPI
   if (o.mpi) usage("this ckpt-demo was built without MPI (install libopenmpi-dev and reconfigure)");
 #endif
-  if (o.durable_dir && o.dir && fs::weakly_canonical(*o.durable_dir) == fs::weakly_canonical(*o.dir))
+  if (o.durable_dir && o.dir && !is_s3_root(*o.durable_dir) && fs::weakly_canonical(*o.durable_dir) == fs::weakly_canonical(*o.dir))
     usage("--durable-dir must differ from --dir");
   if (!o.mpi) check_node_options(o);  // under MPI once the world size is known
   if (o.inject_spike && *o.inject_spike <= o.save_every)
@@ -607,7 +613,15 @@ std::string fmt_bytes(std::uint64_t b) {
 
 // Whether `root` has a `latest`: a committed checkpoint (one that does not open is reported by
 // the resume itself).
+// The object store of an s3:// --durable-dir (endpoint and keys from the environment).
+std::unique_ptr<ObjectStore> durable_store(const std::string& root) {
+  S3Options s3;
+  s3.root = root;
+  return open_s3(s3);
+}
+
 bool has_latest(const std::string& root) {
+  if (is_s3_root(root)) return read_object_latest(*durable_store(root)).has_value();
   std::error_code ec;
   if (fs::symlink_status(fs::path(root) / kLatestName, ec).type() != fs::file_type::not_found && !ec) return true;
   // A node set: any node root's `latest`.
@@ -739,9 +753,21 @@ int program_main(int argc, char** argv) {
         std::printf("%s\nthe resume falls back to the durable tier %s\n", e.what(), o.durable_dir->c_str());
       }
     }
+    if (o.resume && o.durable_dir && is_s3_root(*o.durable_dir)) {
+      // An object-store tier is not read in place: a local root whose checkpoint is missing or
+      // bad is rehydrated from it (verified, committed locally) now, before this run's
+      // checkpointer takes the local root's lock; the resume then finds it locally.
+      if (printer()) {
+        OpenLatestOptions full;
+        full.verify = Verify::full;
+        const TieredCheckpoint t = open_latest_tiered(posix_file_system(), root, *durable_store(*o.durable_dir), full);
+        if (t.tier == "durable") std::printf("resume: %s (the local tier: %s)\n", t.opened.note.c_str(), t.local_error.c_str());
+      }
+      barrier();
+    }
     if (o.resume) {
       std::string from = root;
-      if (o.durable_dir && !read_latest(posix_file_system(), root)) from = *o.durable_dir;
+      if (o.durable_dir && !is_s3_root(*o.durable_dir) && !read_latest(posix_file_system(), root)) from = *o.durable_dir;
       if (const auto name = read_latest(posix_file_system(), from)) {
         source_dir = join_path(from, *name);
         try {
@@ -963,7 +989,42 @@ int program_main(int argc, char** argv) {
       checks['f'] = {equal, "optim.master, optim.m, optim.v of " + std::to_string(o.world) + " ranks = the " +
                                 std::to_string(src.manifest().world_size) + "-rank flat state of " + *source_dir + ", bitwise"};
     }
-    if (o.durable_dir && rec.durable) {
+    if (o.durable_dir && rec.durable && is_s3_root(*o.durable_dir)) {
+      // (h) on an object store: its latest names the local tier's, and every committed step
+      // restores with full verification (the SHA-256 of its manifest and of every shard).
+      const DurableStats& d = *rec.durable;
+      std::printf("\ndurable tier %s: %llu commits (%llu MiB, XXH3 re-verified), %llu superseded, %llu failed attempts%s%s\n",
+                  o.durable_dir->c_str(), static_cast<unsigned long long>(d.copies), static_cast<unsigned long long>(d.bytes >> 20),
+                  static_cast<unsigned long long>(d.superseded), static_cast<unsigned long long>(d.failures),
+                  d.last_error.empty() ? "" : ", last error: ", d.last_error.c_str());
+      const auto store = durable_store(*o.durable_dir);
+      const auto local_latest = read_latest(posix_file_system(), root);
+      const auto object_latest = read_object_latest(*store);
+      const std::string durable_latest = object_latest ? checkpoint_dir_name(object_latest->step) : "none";
+      bool ok = local_latest.has_value() && durable_latest == *local_latest;
+      std::size_t verified = 0;
+      for (const std::uint64_t step : list_object_checkpoints(*store)) {
+        const fs::path into = scratch / ("durable-check-" + std::to_string(step));
+        try {
+          RestoreOptions full;
+          full.verify = Verify::full;
+          const RestoreReport r = restore_from_object_store(*store, step, posix_file_system(), into.string(), full);
+          const ObjectManifest tier = read_object_manifest(*store, step);
+          std::printf("  %s  committed by run %s at %s, restored with %llu XXH3 chunks and every SHA-256 verified\n",
+                      checkpoint_dir_name(step).c_str(), tier.run_id.c_str(), tier.committed_at.c_str(),
+                      static_cast<unsigned long long>(r.chunks_verified));
+          ++verified;
+        } catch (const Error& e) {
+          std::printf("  %s  %s\n", checkpoint_dir_name(step).c_str(), e.what());
+          ok = false;
+        }
+        std::error_code ec;
+        fs::remove_all(into, ec);
+      }
+      ok &= verified > 0;
+      checks['h'] = {ok, std::to_string(verified) + " checkpoints on the object store restore with full verification; latest " +
+                             durable_latest + " (local tier: " + local_latest.value_or("none") + ")"};
+    } else if (o.durable_dir && rec.durable) {
       // (h): the durable tier holds what the local tier committed, copied and verified.
       const DurableStats& d = *rec.durable;
       std::printf("\ndurable tier %s: %llu copies (%llu MiB, XXH3 re-verified), %llu superseded, %llu failed attempts%s%s\n",

@@ -63,6 +63,7 @@ const char* errc_id(ckpt::Errc c) {
     case Errc::aborted: return "aborted";
     case Errc::comm_error: return "comm_error";
     case Errc::busy: return "busy";
+    case Errc::conflict: return "conflict";
   }
   return "io_error";
 }

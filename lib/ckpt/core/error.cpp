@@ -26,6 +26,7 @@ std::string_view errc_name(Errc code) noexcept {
     case Errc::aborted: return "aborted";
     case Errc::comm_error: return "communication error";
     case Errc::busy: return "busy";
+    case Errc::conflict: return "conflict";
   }
   return "unknown error";
 }
@@ -98,7 +99,7 @@ Error error_from_json(std::string_view text) {
   const auto* code = o->if_contains("code");
   const auto* err = o->if_contains("errno");
   const int c = code && code->is_int64() ? static_cast<int>(code->get_int64()) : static_cast<int>(Errc::comm_error);
-  const Errc errc = c >= 0 && c <= static_cast<int>(Errc::busy) ? static_cast<Errc>(c) : Errc::comm_error;
+  const Errc errc = c >= 0 && c <= static_cast<int>(Errc::conflict) ? static_cast<Errc>(c) : Errc::comm_error;
   return Error(errc, str("file"), str("detail"), str("expected"), str("actual"),
                err && err->is_int64() ? static_cast<int>(err->get_int64()) : 0);
 }

@@ -30,6 +30,7 @@ enum class Errc {
   aborted,              ///< the operation was cancelled (shutdown, a peer failed)
   comm_error,           ///< a collective or the commit coordination failed
   busy,                 ///< another writer holds the root's lock (the message names its pid)
+  conflict,             ///< an object store refused a conditional write (HTTP 412): the key exists, or its ETag moved
 };
 
 /// Stable lower-case name of a code ("checksum mismatch"), used in messages and --json output.

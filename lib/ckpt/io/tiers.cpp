@@ -6,10 +6,13 @@
 #include <optional>
 
 #include "ckpt/core/error.hpp"
+#include "ckpt/core/log.hpp"
 #include "ckpt/format/detail/json_util.hpp"
 #include "ckpt/io/commit.hpp"
 #include "ckpt/io/detail/small_file.hpp"
 #include "ckpt/io/layout.hpp"
+#include "ckpt/io/object_commit.hpp"
+#include "ckpt/io/root_lock.hpp"
 #include "ckpt/io/shard_writer.hpp"
 #include "ckpt/hash/xxh3.hpp"
 
@@ -141,6 +144,65 @@ TieredCheckpoint open_latest_tiered(FileSystem& local_fs, const std::string& loc
     }
   }
   throw Error(Errc::not_found, local_root, "no checkpoint that opens and verifies in either tier (durable: " + durable_root + ")",
+              "a good checkpoint", "local: " + local_error + "; durable: " + durable_error);
+}
+
+TieredCheckpoint open_latest_tiered(FileSystem& local_fs, const std::string& local_root, ObjectStore& durable,
+                                    const OpenLatestOptions& opt) {
+  std::string local_error, durable_error;
+  try {
+    return {open_verified(local_fs, local_root, opt, false), "local", {}};
+  } catch (const Error& e) {
+    if (e.code() == Errc::world_size_mismatch) throw;
+    local_error = e.what();
+  }
+  try {
+    std::vector<std::uint64_t> candidates;
+    if (const auto latest = read_object_latest(durable)) candidates.push_back(latest->step);
+    if (opt.fallback || candidates.empty()) {
+      auto steps = list_object_checkpoints(durable);
+      for (auto it = steps.rbegin(); it != steps.rend(); ++it)
+        if (candidates.empty() || *it != candidates.front()) candidates.push_back(*it);
+      if (!opt.fallback && candidates.size() > 1) candidates.resize(1);
+    }
+    if (candidates.empty()) throw Error(Errc::not_found, durable.name_of(""), "no committed checkpoint on the object store");
+    for (const std::uint64_t step : candidates) {
+      try {
+        const std::string name = checkpoint_dir_name(step);
+        if (local_fs.stat(join_path(local_root, name))) {
+          // A local copy that did not open or verify above (`latest` may name it, so
+          // remove_checkpoint would refuse): renamed to a temporary, which the restore's
+          // prepare_root removes, as it would a crashed writer's.
+          const RootLock lock(local_fs, local_root);
+          const std::string temp = join_path(local_root, temporary_name(name));
+          log_line("resume: setting the local " + join_path(local_root, name) + " aside (" + temp + ") to restore it from " +
+                   durable.name_of(name));
+          local_fs.rename(join_path(local_root, name), temp);
+          local_fs.sync_dir(local_root);
+        }
+        const Verify v = opt.verify == Verify::none ? Verify::fast : opt.verify;
+        restore_from_object_store(durable, step, local_fs, local_root, {.verify = v, .begin = {.allow_older_than_latest = true}});
+        CheckpointReader reader = open_step(local_fs, local_root, step, opt.expected_world_size);
+        const std::string note = "restored " + name + " from " + durable.name_of(name) + " into " + local_root;
+        log_line("resume: " + note);
+        return {OpenedCheckpoint{std::move(reader), name, step != candidates.front(), note}, "durable", local_error};
+      } catch (const Error& e) {
+        if (e.code() == Errc::world_size_mismatch) throw;
+        if (durable_error.empty()) durable_error = e.what();
+      }
+    }
+  } catch (const Error& e) {
+    if (e.code() == Errc::world_size_mismatch) throw;
+    if (durable_error.empty()) durable_error = e.what();
+  }
+  if (opt.fallback) {
+    try {
+      return {open_verified(local_fs, local_root, opt, true), "local", {}};
+    } catch (const Error& e) {
+      if (e.code() == Errc::world_size_mismatch) throw;
+    }
+  }
+  throw Error(Errc::not_found, local_root, "no checkpoint that opens and verifies in either tier (durable: " + durable.name_of("") + ")",
               "a good checkpoint", "local: " + local_error + "; durable: " + durable_error);
 }
 

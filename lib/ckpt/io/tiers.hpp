@@ -28,6 +28,7 @@
 
 #include "ckpt/io/commit.hpp"
 #include "ckpt/io/file_system.hpp"
+#include "ckpt/io/object_store.hpp"
 #include "ckpt/io/reader.hpp"
 
 namespace ckpt {
@@ -75,5 +76,16 @@ struct TieredCheckpoint {
 /// open_latest does. When nothing opens: Errc::not_found naming both tiers' errors.
 TieredCheckpoint open_latest_tiered(FileSystem& local_fs, const std::string& local_root, FileSystem& durable_fs,
                                     const std::string& durable_root, const OpenLatestOptions& options = {});
+
+/// The same with an object store as the durable tier (io/object_commit.hpp's layout): the
+/// local `latest` if it opens and verifies; else the step the store's `latest` names (with
+/// options.fallback, then its other committed steps, newest first) is restored into the local
+/// root (restore_from_object_store: verified, durable, committed there, `latest` moved to it;
+/// a damaged local copy of that step is set aside as a temporary first, with a log line, and
+/// removed by the restore's prepare_root), then opened from
+/// there; tier is "durable" and opened.note says what was restored from where. A world-size
+/// mismatch is thrown at once. When nothing opens: Errc::not_found naming both tiers' errors.
+TieredCheckpoint open_latest_tiered(FileSystem& local_fs, const std::string& local_root, ObjectStore& durable,
+                                    const OpenLatestOptions& options = {});
 
 }  // namespace ckpt

@@ -11,6 +11,8 @@
 #include "ckpt/core/log.hpp"
 #include "ckpt/io/commit.hpp"
 #include "ckpt/io/layout.hpp"
+#include "ckpt/io/object_commit.hpp"
+#include "ckpt/io/s3.hpp"
 #include "ckpt/io/tiers.hpp"
 
 namespace ckpt {
@@ -28,6 +30,10 @@ struct DurableReplicator::Impl {
   const std::string src_root;
   const DurableTierOptions opt;
   FileSystem& dst_fs;
+  // An s3:// durable root's store: options.object_store, or one opened at the first copy (by
+  // the replicator's thread only, which alone calls copy()).
+  mutable std::unique_ptr<ObjectStore> owned_store;
+  mutable ObjectStore* store = nullptr;
 
   mutable std::mutex mu;
   std::condition_variable cv;  // the thread waits for work; wait_idle() for the end of it
@@ -108,6 +114,7 @@ struct DurableReplicator::Impl {
 
   // Outside the lock: the copy and the durable rotation.
   Outcome copy(std::uint64_t step) const {
+    if (is_s3_root(opt.root)) return copy_to_object_store(step);
     Outcome out;
     try {
       out.bytes = copy_checkpoint(src_fs, src_root, step, dst_fs, opt.root, opt.verify,
@@ -122,6 +129,36 @@ struct DurableReplicator::Impl {
       out.rotated = rotate_checkpoints(dst_fs, opt.root, opt.keep_last, checkpoint_dir_name(step)).size();
     } catch (const Error& e) {
       log_line("durable tier: rotation failed (step " + std::to_string(step) + " is committed there): " + e.what());
+    }
+    return out;
+  }
+
+  // The same for an object store: the commit (data, tier manifest, latest) and its rotation.
+  Outcome copy_to_object_store(std::uint64_t step) const {
+    Outcome out;
+    try {
+      if (!store) {
+        if (opt.object_store) store = opt.object_store;
+        else {
+          S3Options s3;
+          s3.root = opt.root;
+          owned_store = open_s3(s3);
+          store = owned_store.get();
+        }
+      }
+      ObjectCommitOptions commit;
+      commit.verify_chunks = opt.verify != Verify::none;
+      out.bytes = commit_to_object_store(src_fs, src_root, step, *store, commit).bytes;
+    } catch (...) {
+      out.error = to_error(std::current_exception());
+      return out;
+    }
+    if (opt.keep_last > 0) {
+      try {
+        out.rotated = rotate_object_checkpoints(*store, opt.keep_last).size();
+      } catch (const Error& e) {
+        log_line("durable tier: rotation failed (step " + std::to_string(step) + " is committed there): " + e.what());
+      }
     }
     return out;
   }

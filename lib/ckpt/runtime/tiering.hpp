@@ -1,6 +1,7 @@
 // Background replication of committed checkpoints from the local tier to the durable tier
-// (io/tiers.hpp does the copy itself). The Checkpointer owns one when
-// CheckpointerOptions::durable is set; it can also be used alone.
+// (io/tiers.hpp does the copy itself; for an `s3://bucket/prefix` root,
+// io/object_commit.hpp's commit_to_object_store and rotate_object_checkpoints). The
+// Checkpointer owns one when CheckpointerOptions::durable is set; it can also be used alone.
 //
 // Policy (docs/commit-protocol.md, "Two tiers"):
 //   - one thread of its own copies one checkpoint at a time; submit() never blocks on I/O,
@@ -31,13 +32,17 @@
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/io/file_system.hpp"
+#include "ckpt/io/object_store.hpp"
 #include "ckpt/io/reader.hpp"
 
 namespace ckpt {
 
 /// The durable tier: where committed checkpoints are copied, and how.
 struct DurableTierOptions {
-  std::string root{};          ///< durable root directory (created at the first copy); not the local root
+  /// Durable root: a directory (created at the first copy; not the local root), or an object
+  /// store, `s3://bucket/prefix` (docs/object-store.md; the commit is io/object_commit.hpp's,
+  /// which never moves `latest` backwards, whatever allow_older_than_latest says).
+  std::string root{};
   int keep_last = 10;          ///< rotation of the durable root (0: keep all)
   Verify verify = Verify::fast;  ///< per-chunk XXH3 while copying; full: also SHA-256 per file
   FileSystem* fs = nullptr;    ///< file system of the durable root (default: posix)
@@ -46,6 +51,11 @@ struct DurableTierOptions {
   /// Copy a step at or before the one the durable `latest` names (BeginOptions); set by a
   /// Checkpointer from CheckpointerOptions::allow_older_than_latest.
   bool allow_older_than_latest = false;
+  /// For an s3:// root: the store to commit to, which must outlive the replicator (tests pass
+  /// a fault-injecting one). Null: open_s3 of `root` with the endpoint and keys of the
+  /// environment (AWS_ENDPOINT_URL, ...), opened at the first copy, so a missing variable
+  /// shows up as a failed copy, never as an exception.
+  ObjectStore* object_store = nullptr;
 };
 
 /// Counters of the replication, over the replicator's life.

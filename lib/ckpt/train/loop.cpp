@@ -9,6 +9,7 @@
 #include "ckpt/io/file_system.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
+#include "ckpt/io/s3.hpp"
 
 namespace ckpt::train {
 
@@ -76,14 +77,19 @@ PreemptionSave save_on_preemption(Checkpointer& checkpointer, Trainer& trainer, 
     shared[0] = latest ? *latest + 1 : 0;
     if (durable && latest) {
       const bool want = out.committed;
-      while (latest_step(durable->root) != latest) {
+      // An object store's `latest` is not polled (a request per 10 ms): the replicator's
+      // newest committed step stands for it.
+      auto durable_latest = [&] {
+        return is_s3_root(durable->root) ? checkpointer.stats().durable.last_step : latest_step(durable->root);
+      };
+      while (durable_latest() != latest) {
         if (!want || Clock::now() >= deadline || decision.hurry || preemption.count() >= 2) {
           shared[2] = want;
           break;
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
-      shared[1] = latest_step(durable->root) == latest;
+      shared[1] = durable_latest() == latest;
       if (shared[1]) shared[2] = 0;
     }
   }

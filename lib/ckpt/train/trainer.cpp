@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <optional>
 
 #include "ckpt/core/error.hpp"
@@ -13,6 +14,7 @@
 #include "ckpt/io/load_into.hpp"
 #include "ckpt/io/slice_load.hpp"
 #include "ckpt/io/reshard.hpp"
+#include "ckpt/io/s3.hpp"
 #include "ckpt/io/tiers.hpp"
 
 namespace ckpt::train {
@@ -632,10 +634,18 @@ std::uint64_t Trainer::resume_from(const std::function<OpenedCheckpoint(std::opt
 Trainer::TieredResume Trainer::resume_latest_tiered(const std::string& local_root, const std::string& durable_root, Verify verify,
                                                     Reshard reshard) {
   TieredResume out;
+  // An s3:// durable root: its checkpoint is restored into the local root (io/tiers.hpp).
+  std::unique_ptr<ObjectStore> store;
+  if (is_s3_root(durable_root)) {
+    S3Options s3;
+    s3.root = durable_root;
+    store = open_s3(s3);
+  }
   out.step = resume_from(
       [&](std::optional<int> expect) {
-        TieredCheckpoint t = open_latest_tiered(posix_file_system(), local_root, posix_file_system(), durable_root,
-                                                {.expected_world_size = expect, .verify = verify});
+        const OpenLatestOptions opt{.expected_world_size = expect, .verify = verify};
+        TieredCheckpoint t = store ? open_latest_tiered(posix_file_system(), local_root, *store, opt)
+                                   : open_latest_tiered(posix_file_system(), local_root, posix_file_system(), durable_root, opt);
         out.tier = t.tier;
         out.local_error = t.local_error;
         return std::move(t.opened);

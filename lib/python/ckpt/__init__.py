@@ -17,9 +17,9 @@ import time as _time
 
 from . import _core
 from ._tensors import describe_all as _describe_all
-from .errors import (Aborted, Busy, ChecksumMismatch, CommError, Error, InvalidArgument, IoError,  # noqa: F401
-                     MalformedManifest, MalformedShard, MissingShard, NoSpace, NotFound, SizeMismatch, UnsafePath,
-                     UnsupportedSchema, WorldSizeMismatch)
+from .errors import (Aborted, Busy, ChecksumMismatch, CommError, Conflict, Error, IoError,  # noqa: F401
+                     InvalidArgument, MalformedManifest, MalformedShard, MissingShard, NoSpace, NotFound,
+                     SizeMismatch, UnsafePath, UnsupportedSchema, WorldSizeMismatch)
 from .state import rng_state, set_rng_state, state_dict_to_tensors, tensors_to_state_dict  # noqa: F401
 
 __version__ = _core.__version__

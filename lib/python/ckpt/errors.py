@@ -96,9 +96,14 @@ class Busy(Error):
     code = "busy"
 
 
+class Conflict(Error):
+    """An object store refused a conditional write (HTTP 412): the key exists, or its ETag moved."""
+    code = "conflict"
+
+
 _BY_CODE = {cls.code: cls for cls in (WorldSizeMismatch, MissingShard, SizeMismatch, ChecksumMismatch, MalformedManifest,
                                       MalformedShard, UnsupportedSchema, UnsafePath, IoError, NoSpace, NotFound,
-                                      InvalidArgument, Aborted, CommError, Busy)}
+                                      InvalidArgument, Aborted, CommError, Busy, Conflict)}
 
 
 def _from_core(code, message, file, detail, expected, actual, errno):

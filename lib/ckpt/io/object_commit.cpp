@@ -1,0 +1,475 @@
+#include "ckpt/io/object_commit.hpp"
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <charconv>
+#include <random>
+
+#include <boost/json.hpp>
+
+#include "ckpt/format/manifest.hpp"
+#include "ckpt/hash/sha256.hpp"
+#include "ckpt/hash/xxh3.hpp"
+#include "ckpt/io/detail/chunk_check.hpp"
+#include "ckpt/io/layout.hpp"
+#include "ckpt/io/reader.hpp"
+#include "ckpt/io/root_lock.hpp"
+#include "ckpt/io/shard_writer.hpp"
+
+#include <mutex>
+#include <thread>
+
+namespace ckpt {
+
+namespace {
+
+namespace json = boost::json;
+
+std::string random_run_id() {
+  std::random_device rd;
+  const std::uint64_t v = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out(16, '0');
+  for (int i = 0; i < 16; ++i) out[i] = hex[(v >> (60 - 4 * i)) & 15];
+  return out;
+}
+
+void check_run_id(const std::string& id) {
+  bool ok = !id.empty() && id.size() <= 64;
+  for (char c : id) ok = ok && ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_');
+  if (!ok) throw Error(Errc::invalid_argument, {}, "ObjectCommitOptions::run_id", "1..64 of [A-Za-z0-9_-]", id);
+}
+
+std::string tier_manifest_key(std::uint64_t step) { return checkpoint_dir_name(step) + "/" + std::string(kObjectManifestName); }
+
+std::vector<std::byte> read_whole(FileSystem& fs, const std::string& path) {
+  const auto f = fs.open_read(path);
+  std::vector<std::byte> out(f->size());
+  if (!out.empty()) f->read_at(0, out);
+  return out;
+}
+
+std::string encode(const ObjectManifest& m) {
+  return json::serialize(json::object{{"schema_version", 1},
+                                      {"step", m.step},
+                                      {"run_id", m.run_id},
+                                      {"data_prefix", m.data_prefix},
+                                      {"manifest_sha256", m.manifest_sha256},
+                                      {"manifest_size", m.manifest_size},
+                                      {"bytes", m.bytes},
+                                      {"committed_at", m.committed_at}}) +
+         "\n";
+}
+
+}  // namespace
+
+ObjectManifest read_object_manifest(ObjectStore& store, std::uint64_t step) {
+  const std::string key = store.name_of(tier_manifest_key(step));
+  const ObjectInfo info = store.head(tier_manifest_key(step));
+  if (info.size > (64u << 10))
+    throw Error(Errc::malformed_manifest, key, "tier manifest too large", "at most 65536 bytes", std::to_string(info.size) + " bytes");
+  std::vector<std::byte> bytes(info.size);
+  if (!bytes.empty()) store.get_range(tier_manifest_key(step), 0, bytes);
+  auto bad = [&](const std::string& what) -> ObjectManifest { throw Error(Errc::malformed_manifest, key, what); };
+  boost::system::error_code ec;
+  const json::value v = json::parse(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), ec);
+  const json::object* o = ec ? nullptr : v.if_object();
+  if (!o) return bad("not a JSON object");
+  auto str = [&](const char* k) {
+    const json::value* f = o->if_contains(k);
+    if (!f || !f->is_string()) bad(std::string("field ") + k + " missing or not a string");
+    return std::string(f->get_string());
+  };
+  auto num = [&](const char* k) {
+    const json::value* f = o->if_contains(k);
+    if (!f || !(f->is_uint64() || (f->is_int64() && f->get_int64() >= 0))) bad(std::string("field ") + k + " missing or not a count");
+    return f->is_uint64() ? f->get_uint64() : static_cast<std::uint64_t>(f->get_int64());
+  };
+  if (num("schema_version") != 1) bad("unsupported tier manifest schema_version");
+  ObjectManifest m{num("step"), str("run_id"), str("data_prefix"), str("manifest_sha256"), num("manifest_size"), num("bytes"),
+                   str("committed_at")};
+  if (m.step != step) throw Error(Errc::malformed_manifest, key, "step", std::to_string(step), std::to_string(m.step));
+  check_run_id(m.run_id);
+  if (m.data_prefix != checkpoint_dir_name(step) + "/" + m.run_id + "/")
+    throw Error(Errc::malformed_manifest, key, "data_prefix", checkpoint_dir_name(step) + "/" + m.run_id + "/", m.data_prefix);
+  return m;
+}
+
+std::optional<ObjectLatest> read_object_latest(ObjectStore& store) {
+  ObjectInfo info;
+  try {
+    info = store.head(std::string(kLatestName));
+  } catch (const Error& e) {
+    if (e.code() == Errc::not_found) return std::nullopt;
+    throw;
+  }
+  if (info.size > 64) throw Error(Errc::malformed_manifest, store.name_of(kLatestName), "latest too large", "step-N", std::to_string(info.size) + " bytes");
+  std::string text(info.size, '\0');
+  if (!text.empty()) store.get_range(kLatestName, 0, std::as_writable_bytes(std::span(text)));
+  std::string_view name = text;
+  if (name.ends_with('\n')) name.remove_suffix(1);
+  const auto step = parse_checkpoint_dir_name(name);
+  if (!step) throw Error(Errc::malformed_manifest, store.name_of(kLatestName), "content", "step-N", text.substr(0, 64));
+  return ObjectLatest{*step, info.etag};
+}
+
+bool move_object_latest(ObjectStore& store, std::uint64_t step) {
+  (void)read_object_manifest(store, step);  // never name an uncommitted step
+  const std::string content = checkpoint_dir_name(step) + "\n";
+  const auto bytes = std::as_bytes(std::span(content));
+  for (int attempt = 1;; ++attempt) {
+    const auto current = read_object_latest(store);
+    if (current && current->step >= step) return false;
+    try {
+      if (current) store.replace(kLatestName, bytes, current->etag);
+      else store.create(kLatestName, bytes);
+      return true;
+    } catch (const Error& e) {
+      // Another mover got in between (or removed `latest`): read again.
+      if ((e.code() != Errc::conflict && e.code() != Errc::not_found) || attempt >= 16) throw;
+    }
+  }
+}
+
+std::vector<std::uint64_t> list_object_checkpoints(ObjectStore& store) {
+  std::vector<std::uint64_t> steps;
+  std::string token;
+  do {
+    ObjectPage page = store.list("step-", token, 1000);
+    for (const auto& o : page.objects) {
+      const auto slash = o.key.find('/');
+      if (slash == std::string::npos || o.key.substr(slash + 1) != kObjectManifestName) continue;
+      if (const auto step = parse_checkpoint_dir_name(std::string_view(o.key).substr(0, slash))) steps.push_back(*step);
+    }
+    token = std::move(page.next_token);
+  } while (!token.empty());
+  return steps;  // the listing is in key order, and step names sort numerically
+}
+
+ObjectCommitReport commit_to_object_store(FileSystem& local_fs, const std::string& local_root, std::uint64_t step,
+                                          ObjectStore& store, const ObjectCommitOptions& options) {
+  ObjectCommitReport report;
+  report.step = step;
+  report.run_id = options.run_id.empty() ? random_run_id() : options.run_id;
+  check_run_id(report.run_id);
+  report.data_prefix = checkpoint_dir_name(step) + "/" + report.run_id + "/";
+
+  const CheckpointReader reader = open_step(local_fs, local_root, step);
+  const Manifest& m = reader.manifest();
+  if (m.nodes)
+    throw Error(Errc::invalid_argument, reader.dir(), "a checkpoint across node roots cannot be committed to an object store yet");
+  if (m.chunk_size == 0) throw Error(Errc::malformed_manifest, reader.dir(), "chunk_size 0");
+
+  // 1. The shards, each chunk checked against the local manifest as it is read.
+  UploadOptions upload = options.upload;
+  upload.part_size = (upload.part_size + m.chunk_size - 1) / m.chunk_size * m.chunk_size;
+  std::atomic<std::uint64_t> chunks{0};
+  for (const ShardRecord& shard : m.shards) {
+    const std::string path = reader.shard_path(shard.rank);
+    UploadCheck check;
+    if (options.verify_chunks)
+      check = [&](std::uint64_t offset, std::span<const std::byte> bytes) {
+        for (std::uint64_t done = 0; done < bytes.size();) {
+          const std::uint64_t k = (offset + done) / m.chunk_size;
+          const std::uint64_t len = std::min<std::uint64_t>(m.chunk_size, bytes.size() - done);
+          if (k >= shard.chunk_xxh3.size())
+            throw Error(Errc::size_mismatch, path, "chunks", std::to_string(shard.chunk_xxh3.size()), "more");
+          detail::check_chunk_xxh3(path, shard.chunk_xxh3, k, m.chunk_size, bytes.subspan(done, len));
+          done += len;
+          chunks.fetch_add(1);
+        }
+      };
+    const UploadReport r = upload_file(store, local_fs, path, report.data_prefix + shard.path, upload, check);
+    check_size(shard.size, r.bytes, "shard size", path);
+    report.bytes += r.bytes;
+  }
+  report.chunks_verified = chunks.load();
+
+  // 2. The local manifest, byte for byte.
+  const std::vector<std::byte> manifest = read_whole(local_fs, reader.dir() + "/" + std::string(kManifestName));
+  store.put(report.data_prefix + std::string(kManifestName), manifest);
+
+  // 3. The tier manifest, created only if no writer committed this step before: the commit.
+  const Sha256Digest digest = sha256(manifest.data(), manifest.size());
+  const ObjectManifest tier{step, report.run_id, report.data_prefix, to_hex(digest), manifest.size(), report.bytes, utc_now_rfc3339()};
+  const std::string text = encode(tier);
+  try {
+    store.create(tier_manifest_key(step), std::as_bytes(std::span(text)));
+  } catch (const Error& e) {
+    if (e.code() != Errc::conflict) throw;
+    throw Error(Errc::conflict, e.file(), checkpoint_dir_name(step) + " was committed by another writer first; run " +
+                report.run_id + "'s data stays uncommitted", e.expected(), e.actual());
+  }
+
+  // 4. `latest`, forward only.
+  if (options.move_latest) report.latest_moved = move_object_latest(store, step);
+  return report;
+}
+
+namespace {
+
+// "2026-12-02T01:15:21.551Z" (S3's LastModified and Initiated); nullopt for anything else.
+std::optional<std::chrono::system_clock::time_point> parse_rfc3339(std::string_view t) {
+  auto num = [&](std::size_t pos, std::size_t len, int& out) {
+    if (pos + len > t.size()) return false;
+    const auto [p, ec] = std::from_chars(t.data() + pos, t.data() + pos + len, out);
+    return ec == std::errc() && p == t.data() + pos + len;
+  };
+  int y, mo, d, h, mi, s;
+  if (t.size() < 20 || t[4] != '-' || t[7] != '-' || t[10] != 'T' || t[13] != ':' || t[16] != ':' || t.back() != 'Z' ||
+      !num(0, 4, y) || !num(5, 2, mo) || !num(8, 2, d) || !num(11, 2, h) || !num(14, 2, mi) || !num(17, 2, s))
+    return std::nullopt;
+  const std::chrono::year_month_day ymd{std::chrono::year(y), std::chrono::month(static_cast<unsigned>(mo)),
+                                        std::chrono::day(static_cast<unsigned>(d))};
+  if (!ymd.ok() || h > 23 || mi > 59 || s > 60) return std::nullopt;
+  return std::chrono::sys_days(ymd) + std::chrono::hours(h) + std::chrono::minutes(mi) + std::chrono::seconds(s);
+}
+
+// Every object whose key starts with `prefix`, through all pages.
+std::vector<ObjectInfo> list_all(ObjectStore& store, const std::string& prefix) {
+  std::vector<ObjectInfo> all;
+  std::string token;
+  do {
+    ObjectPage page = store.list(prefix, token, 1000);
+    for (auto& o : page.objects) all.push_back(std::move(o));
+    token = std::move(page.next_token);
+  } while (!token.empty());
+  return all;
+}
+
+}  // namespace
+
+void remove_object_checkpoint(ObjectStore& store, std::uint64_t step) {
+  (void)read_object_manifest(store, step);  // not_found unless committed
+  if (const auto latest = read_object_latest(store); latest && latest->step == step)
+    throw Error(Errc::invalid_argument, store.name_of(tier_manifest_key(step)), "the checkpoint latest names is never removed",
+                "another step", checkpoint_dir_name(step));
+  store.remove(tier_manifest_key(step));
+  for (const auto& o : list_all(store, checkpoint_dir_name(step) + "/")) store.remove(o.key);
+}
+
+std::vector<std::uint64_t> rotate_object_checkpoints(ObjectStore& store, int keep_last) {
+  if (keep_last < 1) throw Error(Errc::invalid_argument, {}, "keep_last", "at least 1", std::to_string(keep_last));
+  const auto steps = list_object_checkpoints(store);
+  const auto latest = read_object_latest(store);
+  std::vector<std::uint64_t> removed;
+  const std::size_t keep = static_cast<std::size_t>(keep_last);
+  for (std::size_t i = 0; i + keep < steps.size(); ++i) {
+    if (latest && latest->step == steps[i]) continue;
+    remove_object_checkpoint(store, steps[i]);
+    removed.push_back(steps[i]);
+  }
+  return removed;
+}
+
+LeftoverReport collect_object_leftovers(ObjectStore& store, std::chrono::seconds grace, std::chrono::system_clock::time_point now) {
+  LeftoverReport report;
+  auto old_enough = [&](const std::string& stamp) {
+    const auto t = parse_rfc3339(stamp);
+    if (t && *t + grace < now) return true;
+    ++report.kept_young;
+    return false;
+  };
+  std::map<std::uint64_t, std::optional<std::string>> committed_run;  // step -> the run its tier manifest names
+  auto committed = [&](std::uint64_t step) -> const std::optional<std::string>& {
+    auto it = committed_run.find(step);
+    if (it != committed_run.end()) return it->second;
+    std::optional<std::string> run;
+    try {
+      run = read_object_manifest(store, step).run_id;
+    } catch (const Error& e) {
+      if (e.code() != Errc::not_found) throw;  // a damaged tier manifest is not a leftover: leave it to a human
+    }
+    return committed_run.emplace(step, std::move(run)).first->second;
+  };
+  for (const auto& o : list_all(store, "step-")) {
+    // step-N/<run>/<file>: data; step-N/manifest.json: the commit itself, never collected here.
+    const auto first = o.key.find('/');
+    const auto second = first == std::string::npos ? std::string::npos : o.key.find('/', first + 1);
+    const auto step = parse_checkpoint_dir_name(std::string_view(o.key).substr(0, first));
+    if (!step || second == std::string::npos) continue;
+    const std::string run = o.key.substr(first + 1, second - first - 1);
+    const auto& winner = committed(*step);
+    if (winner && *winner == run) continue;
+    if (!old_enough(o.last_modified)) continue;
+    store.remove(o.key);
+    report.removed.push_back(o.key);
+  }
+  for (const auto& u : store.list_multipart_uploads("step-", 1000)) {
+    if (!old_enough(u.initiated)) continue;
+    try {
+      store.abort_multipart(u.key, u.upload_id);
+    } catch (const Error& e) {
+      if (e.code() != Errc::not_found) throw;  // completed or aborted meanwhile
+    }
+    report.aborted.push_back(u.key);
+  }
+  return report;
+}
+
+ObjectCheckpoint open_object_checkpoint(ObjectStore& store, std::uint64_t step) {
+  ObjectCheckpoint out{read_object_manifest(store, step), {}};
+  const std::string key = out.tier.data_prefix + std::string(kManifestName), name = store.name_of(key);
+  const ObjectInfo info = store.head(key);
+  check_size(out.tier.manifest_size, info.size, "checkpoint manifest size", name);
+  std::string text(info.size, '\0');
+  if (!text.empty()) store.get_range(key, 0, std::as_writable_bytes(std::span(text)));
+  const std::string sha = to_hex(sha256(text.data(), text.size()));
+  if (sha != out.tier.manifest_sha256)
+    throw Error(Errc::checksum_mismatch, name, "sha256 of the checkpoint manifest", out.tier.manifest_sha256, sha);
+  out.manifest = decode_manifest(text, name);
+  if (out.manifest.step != step) throw Error(Errc::malformed_manifest, name, "step", std::to_string(step), std::to_string(out.manifest.step));
+  return out;
+}
+
+namespace {
+
+// The one read loop over a committed step's shards on the store, shared by verify and
+// restore: shards `parallel` at once (each in order, in ranged GETs of `read_size` rounded
+// to whole chunks), each piece's chunks checked against the manifest (Verify::fast and full)
+// before `sink(rank, bytes)` sees it, then `done(rank, whole-file xxh3, sha256 or "")`
+// compares the whole file. The first failure stops the others; it is rethrown.
+void read_object_shards(ObjectStore& store, const ObjectCheckpoint& ck, Verify mode, std::uint64_t read_size, int parallel,
+                        const std::function<void(std::size_t)>& begin,
+                        const std::function<void(std::size_t, std::span<const std::byte>)>& sink,
+                        const std::function<void(std::size_t)>& end, std::atomic<std::uint64_t>& chunks) {
+  const Manifest& m = ck.manifest;
+  if (parallel < 1 || parallel > 64) throw Error(Errc::invalid_argument, {}, "shards in parallel", "1..64", std::to_string(parallel));
+  if (m.chunk_size == 0) throw Error(Errc::malformed_manifest, store.name_of(ck.tier.data_prefix + std::string(kManifestName)), "chunk_size 0");
+  read_size = std::max<std::uint64_t>(1, (read_size + m.chunk_size - 1) / m.chunk_size) * m.chunk_size;
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::mutex mu;
+  std::exception_ptr first_error;
+  auto worker = [&] {
+    try {
+      std::vector<std::byte> buffer;
+      for (;;) {
+        const std::size_t i = next.fetch_add(1);
+        if (i >= m.shards.size() || failed.load()) return;
+        const ShardRecord& s = m.shards[i];
+        const std::string key = ck.tier.data_prefix + s.path, name = store.name_of(key);
+        check_size(s.size, store.head(key).size, "shard size", name);
+        begin(i);
+        for (std::uint64_t offset = 0; offset < s.size && !failed.load(); offset += read_size) {
+          buffer.resize(std::min(read_size, s.size - offset));
+          store.get_range(key, offset, buffer);
+          if (mode != Verify::none) {
+            for (std::uint64_t done = 0; done < buffer.size(); done += m.chunk_size) {
+              const std::uint64_t k = (offset + done) / m.chunk_size;
+              if (k >= s.chunk_xxh3.size()) throw Error(Errc::malformed_manifest, name, "more chunks than chunk_xxh3 lists");
+              detail::check_chunk_xxh3(name, s.chunk_xxh3, k, m.chunk_size,
+                                       std::span<const std::byte>(buffer).subspan(done, std::min<std::uint64_t>(m.chunk_size, buffer.size() - done)));
+              chunks.fetch_add(1);
+            }
+          }
+          sink(i, buffer);
+        }
+        if (failed.load()) return;
+        end(i);
+      }
+    } catch (...) {
+      std::lock_guard guard(mu);
+      if (!first_error) first_error = std::current_exception();
+      failed = true;
+    }
+  };
+  {
+    std::vector<std::jthread> threads;
+    const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(parallel), m.shards.size());
+    for (std::size_t t = 1; t < n; ++t) threads.emplace_back(worker);
+    worker();
+  }
+  if (first_error) std::rethrow_exception(first_error);
+}
+
+}  // namespace
+
+ObjectCheckpoint verify_object_checkpoint(ObjectStore& store, std::uint64_t step, Verify mode, const ProgressFn& progress,
+                                          std::uint64_t read_size, int parallel_shards) {
+  ObjectCheckpoint ck = open_object_checkpoint(store, step);
+  const Manifest& m = ck.manifest;
+  std::uint64_t total = 0;
+  for (const auto& s : m.shards) total += s.size;
+  std::vector<Xxh3> xxh(m.shards.size());
+  std::vector<Sha256> sha(mode == Verify::full ? m.shards.size() : 0);
+  std::mutex progress_mu;
+  std::uint64_t done = 0;
+  std::atomic<std::uint64_t> chunks{0};
+  read_object_shards(
+      store, ck, mode, read_size, parallel_shards, [](std::size_t) {},
+      [&](std::size_t i, std::span<const std::byte> bytes) {
+        if (mode == Verify::full) {
+          xxh[i].update(bytes);
+          sha[i].update(bytes);
+        }
+        if (progress) {
+          std::lock_guard lock(progress_mu);
+          done += bytes.size();
+          progress(done, total);
+        }
+      },
+      [&](std::size_t i) {
+        if (mode != Verify::full) return;
+        const ShardRecord& s = m.shards[i];
+        const std::string name = store.name_of(ck.tier.data_prefix + s.path);
+        if (xxh[i].digest() != s.xxh3) throw Error(Errc::checksum_mismatch, name, "xxh3 of the whole object", xxh3_hex(s.xxh3), xxh3_hex(xxh[i].digest()));
+        const std::string got = to_hex(sha[i].finish());
+        if (got != s.sha256) throw Error(Errc::checksum_mismatch, name, "sha256 of the whole object", s.sha256, got);
+      },
+      chunks);
+  return ck;
+}
+
+RestoreReport restore_from_object_store(ObjectStore& store, std::uint64_t step, FileSystem& local_fs,
+                                        const std::string& local_root, const RestoreOptions& options) {
+  if (options.parallel_shards < 1 || options.parallel_shards > 64)
+    throw Error(Errc::invalid_argument, local_root, "RestoreOptions::parallel_shards", "1..64", std::to_string(options.parallel_shards));
+  const ObjectCheckpoint ck = open_object_checkpoint(store, step);
+  const Manifest& m = ck.manifest;
+  if (m.nodes)
+    throw Error(Errc::invalid_argument, store.name_of(ck.tier.data_prefix + std::string(kManifestName)),
+                "a checkpoint across node roots cannot be restored from an object store yet");
+
+  RestoreReport report;
+  report.step = step;
+  report.run_id = ck.tier.run_id;
+  const RootLock lock(local_fs, local_root);
+  prepare_root(local_fs, lock);
+  const std::string temp = begin_checkpoint(local_fs, local_root, step, options.begin);
+  try {
+    // One writer per shard, each used by the one thread reading that shard.
+    std::vector<std::optional<ShardWriter>> out(m.shards.size());
+    std::atomic<std::uint64_t> chunks{0};
+    read_object_shards(
+        store, ck, options.verify, options.read_size, options.parallel_shards,
+        [&](std::size_t i) {
+          const ShardRecord& s = m.shards[i];
+          out[i].emplace(ShardWriter::copy(local_fs, temp, s.path, s.size,
+                                           {.chunk_size = m.chunk_size, .sha256 = options.verify == Verify::full}));
+        },
+        [&](std::size_t i, std::span<const std::byte> bytes) { out[i]->write(bytes); },
+        [&](std::size_t i) {
+          const ShardRecord& s = m.shards[i];
+          const std::string name = store.name_of(ck.tier.data_prefix + s.path);
+          const ShardReport written = out[i]->finish(s.rank);
+          out[i].reset();
+          if (written.shard.xxh3 != s.xxh3)
+            throw Error(Errc::checksum_mismatch, name, "xxh3 of the whole object", xxh3_hex(s.xxh3), xxh3_hex(written.shard.xxh3));
+          if (options.verify == Verify::full && written.shard.sha256 != s.sha256)
+            throw Error(Errc::checksum_mismatch, name, "sha256 of the whole object", s.sha256, written.shard.sha256);
+        },
+        chunks);
+    for (const auto& s : m.shards) report.bytes += s.size;
+    report.chunks_verified = chunks.load();
+    out.clear();
+    report.dir = commit_checkpoint(local_fs, local_root, temp, m);
+  } catch (...) {
+    abort_checkpoint(local_fs, local_root, temp);
+    throw;
+  }
+  return report;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,195 @@
+// The commit of a checkpoint on an object store, which has no rename and no directory fsync:
+// what it offers instead is objects that appear whole, a create that fails if the key exists
+// (If-None-Match: *) and a replace that fails unless the object is the one read before
+// (If-Match). From those, in this order (docs/commit-protocol.md, "On an object store"):
+//
+//   ROOT/step-0000000010/<run>/rank-*.safetensors   1. the shards, each streamed from the local
+//                                                      committed checkpoint (each chunk's XXH3
+//                                                      checked on the way), under a prefix no
+//                                                      other writer and no other attempt uses
+//   ROOT/step-0000000010/<run>/manifest.json         2. the local manifest, byte for byte
+//   ROOT/step-0000000010/manifest.json               3. the tier's manifest, last, created with
+//                                                      If-None-Match: *: the checkpoint exists
+//                                                      exactly when this object does; it names
+//                                                      the run whose data it commits and the
+//                                                      SHA-256 of that run's manifest.json
+//   ROOT/latest                                      4. "step-0000000010\n", moved forward only,
+//                                                      by compare-and-swap (If-Match on the
+//                                                      ETag read before; If-None-Match when
+//                                                      there is none yet)
+//
+// A crash (or failure) before 3 leaves data no tier manifest names: invisible to readers, a
+// leftover that collect_object_leftovers() removes once it is older than a grace period. A second writer racing for the same step loses at 3 with
+// Errc::conflict and its data stays uncommitted. A crash between 3 and 4 leaves a complete
+// checkpoint that `latest` does not name yet; the next commit of a later step moves `latest`
+// past it. `latest` never names a step whose tier manifest does not exist, and never goes
+// backwards.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckpt/io/commit.hpp"
+#include "ckpt/io/file_system.hpp"
+#include "ckpt/io/object_store.hpp"
+#include "ckpt/io/object_transfer.hpp"
+#include "ckpt/io/reader.hpp"
+
+namespace ckpt {
+
+inline constexpr std::string_view kObjectManifestName = "manifest.json";
+
+struct ObjectCommitOptions {
+  /// The writer's identity in the data prefix: 1..64 of [A-Za-z0-9_-]. Empty: a random one
+  /// (16 hex digits), so that no two attempts share a prefix.
+  std::string run_id;
+  /// How the shards go up. part_size is rounded up to a multiple of the manifest's chunk size,
+  /// so each part's chunks are checked whole.
+  UploadOptions upload;
+  /// Check each chunk's XXH3 against the local manifest while reading it (true), or not.
+  bool verify_chunks = true;
+  /// Move `latest` after the tier manifest is created.
+  bool move_latest = true;
+};
+
+struct ObjectCommitReport {
+  std::uint64_t step = 0;
+  std::string run_id;
+  std::string data_prefix;          ///< "step-0000000010/<run>/"
+  std::uint64_t bytes = 0;          ///< shard bytes uploaded
+  std::uint64_t chunks_verified = 0;
+  bool latest_moved = false;        ///< false: `latest` already named this step or a later one
+};
+
+/// The tier manifest (step-N/manifest.json on the store).
+struct ObjectManifest {
+  std::uint64_t step = 0;
+  std::string run_id;
+  std::string data_prefix;       ///< relative to the store's root
+  std::string manifest_sha256;   ///< of data_prefix + "manifest.json"
+  std::uint64_t manifest_size = 0;
+  std::uint64_t bytes = 0;       ///< shard bytes
+  std::string committed_at;      ///< UTC, RFC 3339
+};
+
+/// Uploads the committed local checkpoint `local_root`/step-`step` to `store` and commits it
+/// there as the file comment describes. Blocks until done. Throws the local checkpoint's
+/// errors (not_found, checksum_mismatch naming the local file and chunk, ...),
+/// Errc::invalid_argument for bad options or a checkpoint across node roots (not supported
+/// yet), the store's errors, and Errc::conflict (naming the tier manifest's key) if another
+/// writer committed this step first. On any failure before step 3 nothing is committed: the
+/// data uploaded stays as an uncommitted leftover (each failed multipart upload is aborted).
+/// `latest` is never moved backwards. Thread-safe for different steps.
+ObjectCommitReport commit_to_object_store(FileSystem& local_fs, const std::string& local_root, std::uint64_t step,
+                                          ObjectStore& store, const ObjectCommitOptions& options = {});
+
+/// The step `latest` names and its ETag, or nullopt if there is no `latest`. Errc::malformed_manifest
+/// naming it if its content is not "step-N\n".
+struct ObjectLatest {
+  std::uint64_t step = 0;
+  std::string etag;
+};
+std::optional<ObjectLatest> read_object_latest(ObjectStore& store);
+
+/// Moves `latest` to `step` by compare-and-swap, unless it names `step` or a later step
+/// already (then returns false, having written nothing). A concurrent mover makes the swap
+/// fail with Errc::conflict; this re-reads and tries again (at most 16 times, then throws
+/// that conflict). Errc::not_found if step-`step`/manifest.json does not exist: `latest`
+/// never names an uncommitted step.
+bool move_object_latest(ObjectStore& store, std::uint64_t step);
+
+/// Reads and checks step-`step`/manifest.json. Errc::not_found if the step is not committed;
+/// Errc::malformed_manifest naming the key for content that is not a tier manifest of that
+/// step (or whose data prefix is not step-N/<run>/).
+ObjectManifest read_object_manifest(ObjectStore& store, std::uint64_t step);
+
+/// The committed steps (those with a tier manifest), ascending, read through listings of at
+/// most 1000 keys per page.
+std::vector<std::uint64_t> list_object_checkpoints(ObjectStore& store);
+
+/// Removes the committed step-`step`: its tier manifest first (from then on the step does not
+/// exist for any reader), then every object under step-N/. Errc::invalid_argument if `latest`
+/// names the step; Errc::not_found if it is not committed. A crash midway leaves objects no
+/// tier manifest commits: leftovers.
+void remove_object_checkpoint(ObjectStore& store, std::uint64_t step);
+
+/// Keeps the newest `keep_last` (>= 1) committed steps, and always the one `latest` names;
+/// removes the others, oldest first, with remove_object_checkpoint. Returns the steps removed.
+std::vector<std::uint64_t> rotate_object_checkpoints(ObjectStore& store, int keep_last);
+
+struct LeftoverReport {
+  std::vector<std::string> removed;    ///< keys of uncommitted objects removed
+  std::vector<std::string> aborted;    ///< keys of multipart uploads aborted
+  std::uint64_t kept_young = 0;        ///< leftovers younger than the grace period (or undated), kept
+};
+
+/// Collects what failed or killed commits left: every object under step-N/<run>/ that no tier
+/// manifest commits (there is none for step N, or it names another run), and every multipart
+/// upload under step-*/, but only those the server dates more than `grace` before `now`. The
+/// grace period must exceed the longest commit (plus the clock skew between this host and the
+/// server): a commit still uploading when its data is collected would create a tier manifest
+/// naming missing objects. Hours, not seconds, outside tests. Returns what was done.
+LeftoverReport collect_object_leftovers(ObjectStore& store, std::chrono::seconds grace,
+                                        std::chrono::system_clock::time_point now = std::chrono::system_clock::now());
+
+/// A committed step's manifests, read and checked: the tier manifest, and the checkpoint's
+/// manifest whose SHA-256 it records, decoded with the loader's checks.
+struct ObjectCheckpoint {
+  ObjectManifest tier;
+  Manifest manifest;
+};
+/// Reads step-`step`'s tier manifest and the checkpoint manifest it names, checks that one's
+/// size and SHA-256 against the tier manifest (Errc::size_mismatch, Errc::checksum_mismatch
+/// naming the object), decodes it (its errors) and checks its step. Errc::not_found if the step
+/// is not committed.
+ObjectCheckpoint open_object_checkpoint(ObjectStore& store, std::uint64_t step);
+
+/// Reads every shard of the committed step-`step` in ranged GETs of `read_size` bytes (rounded
+/// to whole chunks; shards `parallel_shards` at once) and checks it as CheckpointReader::verify
+/// checks a local one: sizes always; each chunk's XXH3 with Verify::fast; also each whole
+/// file's XXH3 and SHA-256 with Verify::full. Nothing is written. `progress` (may be empty) is
+/// called with (bytes done, bytes total), from the reading threads, serialised. Throws what
+/// open_object_checkpoint throws, Errc::checksum_mismatch naming the object (and chunk), and
+/// the store's errors. Returns the checkpoint's manifests.
+ObjectCheckpoint verify_object_checkpoint(ObjectStore& store, std::uint64_t step, Verify mode,
+                                          const ProgressFn& progress = {}, std::uint64_t read_size = 16ull << 20,
+                                          int parallel_shards = 4);
+
+struct RestoreOptions {
+  /// Bytes per ranged GET, rounded up to a multiple of the manifest's chunk size.
+  std::uint64_t read_size = 16ull << 20;
+  /// Shards fetched at once (each streams its own shard in order): 1..64.
+  int parallel_shards = 4;
+  /// none: the whole-file XXH3 only; fast: also each chunk's XXH3 as it arrives, before it is
+  /// written; full: also the whole-file SHA-256. Errc::checksum_mismatch names the object.
+  Verify verify = Verify::fast;
+  BeginOptions begin;
+};
+
+struct RestoreReport {
+  std::uint64_t step = 0;
+  std::string run_id;               ///< whose data the tier manifest committed
+  std::uint64_t bytes = 0;
+  std::uint64_t chunks_verified = 0;
+  std::string dir;                  ///< the restored checkpoint directory (local_root/step-N)
+};
+
+/// Rehydrates the local tier: fetches the committed step-`step` from `store` into `local_root`
+/// with the local commit protocol (io/commit.hpp: under the root's writer lock, into a
+/// temporary directory, committed with `latest` moved per options.begin), so the result opens
+/// and resumes as a checkpoint written there. The tier manifest is read first, the
+/// checkpoint's manifest is checked against the SHA-256 it records and decoded with the
+/// loader's checks, every shard is streamed in ranged GETs and checked (options.verify) before
+/// a byte is written, and each file's XXH3 (and SHA-256 with Verify::full) is compared with the
+/// manifest's before the commit. Throws the store's errors (not_found: no such committed step),
+/// Errc::checksum_mismatch naming the object (and chunk), Errc::malformed_manifest, the local
+/// file system's errors, Errc::busy (another writer holds the local root). On any failure the
+/// temporary is removed and the local root is as it was.
+RestoreReport restore_from_object_store(ObjectStore& store, std::uint64_t step, FileSystem& local_fs,
+                                        const std::string& local_root, const RestoreOptions& options = {});
+
+}  // namespace ckpt

@@ -1,0 +1,142 @@
+#include "ckpt/io/object_store.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <openssl/evp.h>
+
+#include "ckpt/hash/sha256.hpp"
+
+namespace ckpt {
+
+bool is_transient(const Error& e) noexcept {
+  if (e.code() != Errc::io_error) return false;
+  const std::string& a = e.actual();
+  return a == "no response" || a.starts_with("HTTP 5") || a.starts_with("HTTP 429");
+}
+
+std::string md5_hex(std::span<const std::byte> data) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  if (EVP_Digest(data.data(), data.size(), md, &n, EVP_md5(), nullptr) != 1)
+    throw Error(Errc::io_error, {}, "MD5 failed (OpenSSL EVP_Digest)");
+  return to_hex(std::span<const std::uint8_t>(md, n));
+}
+
+std::vector<std::byte> ObjectStore::get(std::string_view key) {
+  const ObjectInfo info = head(key);
+  std::vector<std::byte> out(info.size);
+  if (!out.empty()) get_range(key, 0, out);
+  return out;
+}
+
+// ---- RetryingObjectStore ------------------------------------------------------------------
+
+struct RetryingObjectStore::State {
+  std::mutex mu;
+  std::mt19937_64 rng{std::random_device{}()};
+  std::atomic<std::uint64_t> retries{0};
+};
+
+RetryingObjectStore::RetryingObjectStore(ObjectStore& base, RetryPolicy policy)
+    : ObjectStoreWrapper(base), policy_(policy), state_(std::make_shared<State>()) {
+  if (policy_.max_attempts < 1) throw_invalid("RetryPolicy::max_attempts must be at least 1");
+}
+
+RetryingObjectStore::RetryingObjectStore(std::unique_ptr<ObjectStore> base, RetryPolicy policy)
+    : RetryingObjectStore(*base, policy) {
+  owned_ = std::move(base);
+}
+
+std::uint64_t RetryingObjectStore::retries() const noexcept { return state_->retries.load(); }
+
+// Runs `call` until it succeeds, fails for good, or the attempts run out. `call` gets the
+// number of transient failures so far (0 on the first attempt).
+template <class F>
+decltype(auto) RetryingObjectStore::attempt(F&& call) {
+  for (int n = 1;; ++n) {
+    try {
+      return call(n - 1);
+    } catch (const Error& e) {
+      if (!is_transient(e)) throw;
+      if (n >= policy_.max_attempts)
+        throw Error(e.code(), e.file(), "after " + std::to_string(n) + " attempts: " + e.detail(), e.expected(),
+                    e.actual(), e.sys_errno());
+      const auto cap = std::min<std::int64_t>(policy_.max_delay.count(),
+                                              policy_.base_delay.count() << std::min(n - 1, 30));
+      std::int64_t delay;
+      {
+        std::lock_guard lock(state_->mu);
+        delay = std::uniform_int_distribution<std::int64_t>(0, std::max<std::int64_t>(cap, 0))(state_->rng);
+      }
+      state_->retries.fetch_add(1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay));
+    }
+  }
+}
+
+std::string RetryingObjectStore::put(std::string_view key, std::span<const std::byte> data, const WriteCondition& when) {
+  return attempt([&](int failures) {
+    try {
+      return base().put(key, data, when);
+    } catch (const Error& e) {
+      // A conditional write refused after an attempt whose answer was lost: that attempt may
+      // have landed. It did exactly when the object now holds our bytes.
+      if (e.code() != Errc::conflict || failures == 0 || when.kind == WriteCondition::Kind::none) throw;
+      const std::string mine = md5_hex(data);
+      if (base().head(key).etag != mine) throw;
+      return mine;
+    }
+  });
+}
+
+std::string RetryingObjectStore::create_multipart(std::string_view key) {
+  // A lost answer leaves an upload nobody knows of; listing and collecting such leftovers is
+  // the caller's (list_multipart_uploads()).
+  return attempt([&](int) { return base().create_multipart(key); });
+}
+
+std::string RetryingObjectStore::upload_part(std::string_view key, std::string_view upload_id, int part_number,
+                                             std::span<const std::byte> data) {
+  return attempt([&](int) { return base().upload_part(key, upload_id, part_number, data); });
+}
+
+std::string RetryingObjectStore::complete_multipart(std::string_view key, std::string_view upload_id,
+                                                    std::span<const CompletedPart> parts) {
+  return attempt([&](int) { return base().complete_multipart(key, upload_id, parts); });
+}
+
+void RetryingObjectStore::abort_multipart(std::string_view key, std::string_view upload_id) {
+  attempt([&](int failures) {
+    try {
+      base().abort_multipart(key, upload_id);
+    } catch (const Error& e) {
+      if (e.code() != Errc::not_found || failures == 0) throw;  // an earlier attempt aborted it
+    }
+  });
+}
+
+std::vector<MultipartUpload> RetryingObjectStore::list_multipart_uploads(std::string_view prefix, std::size_t max_uploads) {
+  return attempt([&](int) { return base().list_multipart_uploads(prefix, max_uploads); });
+}
+
+void RetryingObjectStore::get_range(std::string_view key, std::uint64_t offset, std::span<std::byte> out) {
+  attempt([&](int) { base().get_range(key, offset, out); });
+}
+
+ObjectInfo RetryingObjectStore::head(std::string_view key) {
+  return attempt([&](int) { return base().head(key); });
+}
+
+ObjectPage RetryingObjectStore::list(std::string_view prefix, std::string_view token, std::size_t max_keys) {
+  return attempt([&](int) { return base().list(prefix, token, max_keys); });
+}
+
+void RetryingObjectStore::remove(std::string_view key) {
+  attempt([&](int) { base().remove(key); });
+}
+
+}  // namespace ckpt

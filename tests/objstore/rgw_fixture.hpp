@@ -1,0 +1,74 @@
+// Shared by the object-store tests: the real S3 server (a Ceph RADOS Gateway) that ctest's
+// fixture objstore/rgw_start started with scripts/rgw in $CKPT_RGW_DIR, and a client for it
+// under a prefix of the test's own (so tests running at once never see each other's keys).
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+
+#include "ckpt/io/object_store.hpp"
+#include "ckpt/io/s3.hpp"
+
+namespace ckpt::test {
+
+/// DIR/env of the running RGW as a map (AWS_ENDPOINT_URL, ..., CKPT_S3_BUCKET). Exits the
+/// test with 77 (ctest's skip), saying why, if there is none: scripts/rgw could not start one
+/// here (the packages are missing; its reason is in DIR/skipped), or the test runs outside
+/// ctest without CKPT_RGW_DIR.
+inline std::map<std::string, std::string> rgw_env() {
+  const char* dir = std::getenv("CKPT_RGW_DIR");
+  if (!dir || !*dir) {
+    MESSAGE("skipped: CKPT_RGW_DIR is not set (run through ctest, or `scripts/rgw start DIR` and set CKPT_RGW_DIR=DIR)");
+    std::exit(77);
+  }
+  std::ifstream in(std::string(dir) + "/env");
+  if (!in) {
+    std::ifstream why(std::string(dir) + "/skipped");
+    std::string reason;
+    std::getline(why, reason);
+    MESSAGE("skipped: no RGW in " << dir << ": " << (reason.empty() ? "scripts/rgw start did not run or failed" : reason));
+    std::exit(77);
+  }
+  std::map<std::string, std::string> env;
+  for (std::string line; std::getline(in, line);) {
+    if (line.starts_with("export ")) line.erase(0, 7);
+    const auto eq = line.find('=');
+    if (eq != std::string::npos) env[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return env;
+}
+
+/// A fresh key prefix ("t-<random>/" under `tag`), so each test has keys of its own.
+inline std::string unique_prefix(const std::string& tag) {
+  std::random_device rd;
+  return tag + "-" + std::to_string(rd()) + std::to_string(rd());
+}
+
+/// Options for the RGW, rooted at s3://BUCKET/`prefix`, with short retry delays.
+inline S3Options rgw_options(const std::string& prefix) {
+  auto env = rgw_env();
+  S3Options o;
+  o.root = "s3://" + env["CKPT_S3_BUCKET"] + "/" + prefix;
+  o.endpoint = env["AWS_ENDPOINT_URL"];
+  o.access_key = env["AWS_ACCESS_KEY_ID"];
+  o.secret_key = env["AWS_SECRET_ACCESS_KEY"];
+  o.region = env["AWS_REGION"];
+  o.retry = {.max_attempts = 4, .base_delay = std::chrono::milliseconds(5), .max_delay = std::chrono::milliseconds(50)};
+  return o;
+}
+
+/// The raw client (no retries) for s3://BUCKET/<a unique prefix under `tag`>.
+inline std::unique_ptr<ObjectStore> rgw_store(const std::string& tag) {
+  return make_s3_object_store(rgw_options(unique_prefix(tag)));
+}
+
+inline std::span<const std::byte> bytes_of(std::string_view s) { return std::as_bytes(std::span(s)); }
+inline std::string text_of(const std::vector<std::byte>& b) { return std::string(reinterpret_cast<const char*>(b.data()), b.size()); }
+
+}  // namespace ckpt::test

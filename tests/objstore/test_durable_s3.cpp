@@ -1,0 +1,138 @@
+// The background durable tier with an s3:// root: committed local checkpoints replicated to
+// the real RGW with the object-store commit and rotated there; a failing store counted and
+// retried, never thrown.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "ckpt/core/error.hpp"
+#include "ckpt/io/object_commit.hpp"
+#include "ckpt/io/save.hpp"
+#include "ckpt/io/tiers.hpp"
+#include "ckpt/runtime/tiering.hpp"
+#include "ckpt/testing/fault_object_store.hpp"
+#include "io/io_fixture.hpp"
+#include "objstore/rgw_fixture.hpp"
+
+using namespace ckpt;
+using Fault = testing::FaultInjectionObjectStore::Fault;
+using Op = testing::FaultInjectionObjectStore::Op;
+
+namespace {
+
+void save_step(const std::string& root, std::uint64_t step) {
+  test::Fixture fx(2, step);
+  save_checkpoint_sync(posix_file_system(), root, fx.request);
+}
+
+}  // namespace
+
+TEST_CASE("the durable tier replicates committed steps to an s3 root, moves latest there and rotates it") {
+  test::TempDir local;
+  const std::string root = (local / "root").string();
+  const S3Options o = test::rgw_options(test::unique_prefix("durable"));
+  auto store = make_s3_object_store(o);
+  {
+    DurableReplicator rep(posix_file_system(), root, {.root = o.root, .keep_last = 2, .object_store = store.get()});
+    for (std::uint64_t s = 1; s <= 4; ++s) {
+      save_step(root, s);
+      rep.submit(s);
+      rep.wait_idle();
+    }
+    const DurableStats st = rep.stats();
+    CHECK(st.copies == 4);
+    CHECK(st.failures == 0);
+    CHECK(st.last_step == 4u);
+    CHECK(st.rotated == 2);
+    CHECK(st.bytes > 0);
+  }
+  CHECK(list_object_checkpoints(*store) == std::vector<std::uint64_t>{3, 4});
+  CHECK(read_object_latest(*store)->step == 4);
+  test::TempDir into;
+  restore_from_object_store(*store, 4, posix_file_system(), (into / "r").string(), {.verify = Verify::full});
+}
+
+TEST_CASE("a durable s3 tier whose store fails is counted with the typed error and retried, never thrown") {
+  test::TempDir local;
+  const std::string root = (local / "root").string();
+  const S3Options o = test::rgw_options(test::unique_prefix("durable-fail"));
+  auto s3 = make_s3_object_store(o);
+  testing::FaultInjectionObjectStore faults(*s3);
+  faults.inject(Op::put, Fault::server_error, 1);  // the first attempt's first put
+  DurableReplicator rep(posix_file_system(), root,
+                        {.root = o.root, .max_attempts = 2, .retry_backoff = std::chrono::milliseconds(1), .object_store = &faults});
+  save_step(root, 7);
+  rep.submit(7);
+  rep.wait_idle();
+  const DurableStats st = rep.stats();
+  CHECK(st.failures == 1);
+  CHECK(st.copies == 1);
+  CHECK(st.last_error_code == Errc::io_error);
+  CHECK(st.last_error.find("HTTP 500 InternalError") != std::string::npos);
+  CHECK(read_object_latest(*s3)->step == 7);
+}
+
+TEST_CASE("a durable s3 tier without credentials fails its copies, counted and given up, and training goes on") {
+  test::TempDir local;
+  const std::string root = (local / "root").string();
+  ::unsetenv("AWS_ACCESS_KEY_ID");
+  ::unsetenv("AWS_SECRET_ACCESS_KEY");
+  DurableReplicator rep(posix_file_system(), root, {.root = "s3://nobody-bucket/x", .max_attempts = 1});
+  save_step(root, 3);
+  rep.submit(3);
+  rep.wait_idle();
+  const DurableStats st = rep.stats();
+  CHECK(st.given_up == 1);
+  CHECK(st.last_error_code == Errc::invalid_argument);
+  CHECK(st.last_error.find("AWS_ACCESS_KEY_ID") != std::string::npos);
+}
+
+TEST_CASE("a resume whose local root is gone rehydrates it from the object store, verified, and says so") {
+  test::TempDir local;
+  const std::string root = (local / "root").string();
+  auto store = test::rgw_store("resume");
+  for (std::uint64_t s = 1; s <= 2; ++s) {
+    save_step(root, s);
+    commit_to_object_store(posix_file_system(), root, s, *store);
+  }
+  std::filesystem::remove_all(root);
+  const TieredCheckpoint t = open_latest_tiered(posix_file_system(), root, *store, {.expected_world_size = 2, .verify = Verify::full});
+  CHECK(t.tier == "durable");
+  CHECK(t.opened.name == "step-0000000002");
+  CHECK(!t.opened.fell_back);
+  CHECK(t.opened.note.starts_with("restored step-0000000002 from s3://"));
+  CHECK(!t.local_error.empty());
+  t.opened.reader.verify(Verify::full);
+  // The local root is a root again: the next resume is local.
+  CHECK(open_latest_tiered(posix_file_system(), root, *store).tier == "local");
+}
+
+TEST_CASE("a resume whose local latest is corrupt replaces that step with the object store's copy") {
+  test::TempDir local;
+  const std::string root = (local / "root").string();
+  auto store = test::rgw_store("resume-corrupt");
+  save_step(root, 5);
+  commit_to_object_store(posix_file_system(), root, 5, *store);
+  const OpenedCheckpoint before = open_latest(posix_file_system(), root);
+  const std::string shard = before.reader.shard_path(1);
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x7f');
+  }
+  const TieredCheckpoint t = open_latest_tiered(posix_file_system(), root, *store);
+  CHECK(t.tier == "durable");
+  CHECK(t.local_error.find("checksum mismatch") != std::string::npos);
+  t.opened.reader.verify(Verify::full);
+  CHECK(open_latest_tiered(posix_file_system(), root, *store).tier == "local");
+}
+
+TEST_CASE("a resume with neither tier usable is not_found naming both") {
+  test::TempDir local;
+  auto store = test::rgw_store("resume-none");
+  const Error e = test::error_of([&] { open_latest_tiered(posix_file_system(), (local / "root").string(), *store); });
+  CHECK(e.code() == Errc::not_found);
+  CHECK(e.actual().find("durable: ") != std::string::npos);
+  CHECK(e.actual().find("no committed checkpoint on the object store") != std::string::npos);
+}
