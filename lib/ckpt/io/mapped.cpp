@@ -14,6 +14,7 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/hash/file_digest.hpp"
 #include "ckpt/io/detail/chunk_check.hpp"
+#include "ckpt/io/detail/tensor_lookup.hpp"
 #include "ckpt/io/detail/posix_open.hpp"
 #include "ckpt/io/layout.hpp"
 
@@ -25,8 +26,6 @@ namespace {
 // good or bad; a failed read goes back to unchecked. Waiters block in atomic::wait on
 // `checking` and are woken by the thread that leaves it.
 enum ChunkState : std::uint32_t { kUnchecked, kChecking, kGood, kBad };
-
-constexpr std::size_t kNamesInError = 20;
 
 }  // namespace
 
@@ -223,16 +222,7 @@ const TensorRecord* MappedShard::find(std::string_view name) const noexcept {
 
 TensorView MappedShard::tensor(std::string_view name) const {
   const TensorRecord* t = find(name);
-  if (!t) {
-    const auto& all = s_->tensors;
-    std::string names;
-    for (std::size_t i = 0; i < all.size() && i < kNamesInError; ++i) names += (i ? ", " : "") + all[i].name;
-    if (all.size() > kNamesInError) names += " and " + std::to_string(all.size() - kNamesInError) + " more";
-    throw Error(Errc::not_found, s_->path, "no tensor '" + std::string(name) + "' on rank " + std::to_string(s_->rank),
-                all.empty() ? std::string("a tensor (rank " + std::to_string(s_->rank) + " has none)")
-                            : "one of the " + std::to_string(all.size()) + " tensors of rank " + std::to_string(s_->rank) + ": " + names,
-                "'" + std::string(name) + "'");
-  }
+  if (!t) detail::throw_no_tensor(s_->path, s_->rank, s_->tensors, name);
   return {t->name, t->dtype, t->shape, s_->view(t->begin, t->end - t->begin), t->sharding};
 }
 

@@ -1,5 +1,6 @@
 #include "ckpt/io/object_commit.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <map>
@@ -12,6 +13,7 @@
 #include "ckpt/hash/sha256.hpp"
 #include "ckpt/hash/xxh3.hpp"
 #include "ckpt/io/detail/chunk_check.hpp"
+#include "ckpt/io/detail/tensor_lookup.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/io/root_lock.hpp"
@@ -325,16 +327,20 @@ ObjectCheckpoint open_object_checkpoint(ObjectStore& store, std::uint64_t step) 
 
 namespace {
 
-// The one read loop over a committed step's shards on the store, shared by verify and
-// restore: shards `parallel` at once (each in order, in ranged GETs of `read_size` rounded
+// The one read loop over a committed step's shards on the store (those of `which`, indices
+// into the manifest's shards; empty: all), shared by verify, restore and the tensor read's
+// full check: shards `parallel` at once (each in order, in ranged GETs of `read_size` rounded
 // to whole chunks), each piece's chunks checked against the manifest (Verify::fast and full)
 // before `sink(rank, bytes)` sees it, then `done(rank, whole-file xxh3, sha256 or "")`
 // compares the whole file. The first failure stops the others; it is rethrown.
 void read_object_shards(ObjectStore& store, const ObjectCheckpoint& ck, Verify mode, std::uint64_t read_size, int parallel,
                         const std::function<void(std::size_t)>& begin,
                         const std::function<void(std::size_t, std::span<const std::byte>)>& sink,
-                        const std::function<void(std::size_t)>& end, std::atomic<std::uint64_t>& chunks) {
+                        const std::function<void(std::size_t)>& end, std::atomic<std::uint64_t>& chunks,
+                        std::vector<std::size_t> which = {}) {
   const Manifest& m = ck.manifest;
+  if (which.empty())
+    for (std::size_t i = 0; i < m.shards.size(); ++i) which.push_back(i);
   if (parallel < 1 || parallel > 64) throw Error(Errc::invalid_argument, {}, "shards in parallel", "1..64", std::to_string(parallel));
   if (m.chunk_size == 0) throw Error(Errc::malformed_manifest, store.name_of(ck.tier.data_prefix + std::string(kManifestName)), "chunk_size 0");
   read_size = std::max<std::uint64_t>(1, (read_size + m.chunk_size - 1) / m.chunk_size) * m.chunk_size;
@@ -346,8 +352,9 @@ void read_object_shards(ObjectStore& store, const ObjectCheckpoint& ck, Verify m
     try {
       std::vector<std::byte> buffer;
       for (;;) {
-        const std::size_t i = next.fetch_add(1);
-        if (i >= m.shards.size() || failed.load()) return;
+        const std::size_t n = next.fetch_add(1);
+        if (n >= which.size() || failed.load()) return;
+        const std::size_t i = which[n];
         const ShardRecord& s = m.shards[i];
         const std::string key = ck.tier.data_prefix + s.path, name = store.name_of(key);
         check_size(s.size, store.head(key).size, "shard size", name);
@@ -377,21 +384,21 @@ void read_object_shards(ObjectStore& store, const ObjectCheckpoint& ck, Verify m
   };
   {
     std::vector<std::jthread> threads;
-    const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(parallel), m.shards.size());
+    const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(parallel), which.size());
     for (std::size_t t = 1; t < n; ++t) threads.emplace_back(worker);
     worker();
   }
   if (first_error) std::rethrow_exception(first_error);
 }
 
-}  // namespace
-
-ObjectCheckpoint verify_object_checkpoint(ObjectStore& store, std::uint64_t step, Verify mode, const ProgressFn& progress,
-                                          std::uint64_t read_size, int parallel_shards) {
-  ObjectCheckpoint ck = open_object_checkpoint(store, step);
+// verify_object_checkpoint's checks of the shards of `which` (empty: all); returns the
+// chunk XXH3s computed.
+std::uint64_t verify_object_shards(ObjectStore& store, const ObjectCheckpoint& ck, Verify mode, const ProgressFn& progress,
+                                   std::uint64_t read_size, int parallel_shards, const std::vector<std::size_t>& which = {}) {
   const Manifest& m = ck.manifest;
   std::uint64_t total = 0;
-  for (const auto& s : m.shards) total += s.size;
+  for (std::size_t i = 0; i < m.shards.size(); ++i)
+    if (which.empty() || std::find(which.begin(), which.end(), i) != which.end()) total += m.shards[i].size;
   std::vector<Xxh3> xxh(m.shards.size());
   std::vector<Sha256> sha(mode == Verify::full ? m.shards.size() : 0);
   std::mutex progress_mu;
@@ -418,8 +425,74 @@ ObjectCheckpoint verify_object_checkpoint(ObjectStore& store, std::uint64_t step
         const std::string got = to_hex(sha[i].finish());
         if (got != s.sha256) throw Error(Errc::checksum_mismatch, name, "sha256 of the whole object", s.sha256, got);
       },
-      chunks);
+      chunks, which);
+  return chunks.load();
+}
+
+}  // namespace
+
+ObjectCheckpoint verify_object_checkpoint(ObjectStore& store, std::uint64_t step, Verify mode, const ProgressFn& progress,
+                                          std::uint64_t read_size, int parallel_shards) {
+  ObjectCheckpoint ck = open_object_checkpoint(store, step);
+  verify_object_shards(store, ck, mode, progress, read_size, parallel_shards);
   return ck;
+}
+
+ObjectTensor read_object_tensor(ObjectStore& store, const ObjectCheckpoint& ck, int rank, std::string_view name, Verify mode,
+                                std::uint64_t read_size) {
+  const Manifest& m = ck.manifest;
+  if (rank < 0 || rank >= m.world_size)
+    throw Error(Errc::invalid_argument, store.name_of(ck.tier.data_prefix + std::string(kManifestName)), "rank",
+                "0.." + std::to_string(m.world_size - 1), std::to_string(rank));
+  const auto shard = std::find_if(m.shards.begin(), m.shards.end(), [&](const ShardRecord& s) { return s.rank == rank; });
+  if (shard == m.shards.end())
+    throw Error(Errc::malformed_manifest, store.name_of(ck.tier.data_prefix + std::string(kManifestName)), "no shard of rank " + std::to_string(rank));
+  const std::string key = ck.tier.data_prefix + shard->path;
+  ObjectTensor out;
+  out.object = store.name_of(key);
+  out.shard_size = shard->size;
+  const TensorRecord* t = m.find_tensor(name, rank);
+  if (!t) {
+    std::vector<TensorRecord> held;
+    for (const auto& r : m.tensors)
+      if (r.rank == rank) held.push_back(r);
+    detail::throw_no_tensor(out.object, rank, held, name);
+  }
+  out.record = *t;
+  if (m.chunk_size == 0) throw Error(Errc::malformed_manifest, store.name_of(ck.tier.data_prefix + std::string(kManifestName)), "chunk_size 0");
+  check_size(shard->size, store.head(key).size, "shard size", out.object);
+  if (mode == Verify::full) {
+    out.chunks_checked = verify_object_shards(store, ck, Verify::full, {}, read_size, 1, {static_cast<std::size_t>(shard - m.shards.begin())});
+    out.bytes_checked = shard->size;
+  }
+  if (t->end == t->begin) return out;
+  if (mode == Verify::none) {
+    out.data.resize(t->end - t->begin);
+    for (std::uint64_t at = 0; at < out.data.size(); at += read_size)
+      store.get_range(key, t->begin + at, std::span(out.data).subspan(at, std::min<std::uint64_t>(read_size, out.data.size() - at)));
+    return out;
+  }
+  // The chunks covering [begin, end), read whole and checked, then the tensor's bytes kept.
+  const std::uint64_t cs = m.chunk_size;
+  read_size = std::max<std::uint64_t>(1, (read_size + cs - 1) / cs) * cs;
+  const std::uint64_t first = t->begin / cs * cs, last = std::min(shard->size, (t->end + cs - 1) / cs * cs);
+  std::vector<std::byte> bytes(last - first);
+  for (std::uint64_t at = 0; at < bytes.size(); at += read_size) {
+    const auto piece = std::span(bytes).subspan(at, std::min<std::uint64_t>(read_size, bytes.size() - at));
+    store.get_range(key, first + at, piece);
+    for (std::uint64_t done = 0; done < piece.size(); done += cs) {
+      const std::uint64_t k = (first + at + done) / cs;
+      if (k >= shard->chunk_xxh3.size()) throw Error(Errc::malformed_manifest, out.object, "more chunks than chunk_xxh3 lists");
+      const auto chunk = piece.subspan(done, std::min<std::uint64_t>(cs, piece.size() - done));
+      detail::check_chunk_xxh3(out.object, shard->chunk_xxh3, k, cs, chunk);
+      ++out.chunks_checked;
+      out.bytes_checked += chunk.size();
+    }
+  }
+  bytes.erase(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(t->begin - first));
+  bytes.resize(t->end - t->begin);
+  out.data = std::move(bytes);
+  return out;
 }
 
 RestoreReport restore_from_object_store(ObjectStore& store, std::uint64_t step, FileSystem& local_fs,

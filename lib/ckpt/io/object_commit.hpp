@@ -159,6 +159,30 @@ ObjectCheckpoint verify_object_checkpoint(ObjectStore& store, std::uint64_t step
                                           const ProgressFn& progress = {}, std::uint64_t read_size = 16ull << 20,
                                           int parallel_shards = 4);
 
+/// One tensor of a committed step, as read_object_tensor() read it.
+struct ObjectTensor {
+  TensorRecord record;               ///< its index entry: rank, dtype, shape, byte range in the shard
+  std::string object;                ///< the shard object, as errors name it (store.name_of)
+  std::uint64_t shard_size = 0;      ///< the shard's size (the manifest's)
+  std::vector<std::byte> data;       ///< the tensor's bytes
+  std::uint64_t chunks_checked = 0;  ///< chunk XXH3s computed
+  std::uint64_t bytes_checked = 0;   ///< bytes hashed: the tensor's chunks, plus the whole shard with Verify::full
+};
+
+/// Reads tensor `name` of `rank` from the committed checkpoint `ck` (open_object_checkpoint's)
+/// in ranged GETs of only the checksum chunks that cover it, at most `read_size` bytes each
+/// (rounded up to whole chunks). Verify::fast: each chunk's XXH3 is checked before any of its
+/// bytes is used; Verify::full: first the whole shard as verify_object_checkpoint checks it
+/// (every chunk, then the object's XXH3 and SHA-256), then the tensor's chunks as with fast;
+/// Verify::none: only the tensor's bytes are read, unchecked. Throws Errc::invalid_argument for
+/// a rank outside 0..world_size-1 (naming the checkpoint manifest object), Errc::not_found
+/// naming the shard object for a tensor the rank does not hold (its expected value lists the
+/// rank's tensors, as MappedShard::tensor's does), Errc::size_mismatch if the object's size is
+/// not the manifest's, Errc::checksum_mismatch naming the object and the chunk (or "xxh3" /
+/// "sha256 of the whole object"), and the store's errors. Blocks; writes nothing.
+ObjectTensor read_object_tensor(ObjectStore& store, const ObjectCheckpoint& ck, int rank, std::string_view name, Verify mode,
+                                std::uint64_t read_size = 16ull << 20);
+
 struct RestoreOptions {
   /// Bytes per ranged GET, rounded up to a multiple of the manifest's chunk size.
   std::uint64_t read_size = 16ull << 20;
