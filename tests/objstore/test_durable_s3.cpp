@@ -5,8 +5,12 @@
 
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #include "ckpt/core/error.hpp"
+#include "ckpt/core/log.hpp"
 #include "ckpt/io/object_commit.hpp"
 #include "ckpt/io/save.hpp"
 #include "ckpt/io/tiers.hpp"
@@ -51,6 +55,52 @@ TEST_CASE("the durable tier replicates committed steps to an s3 root, moves late
   CHECK(read_object_latest(*store)->step == 4);
   test::TempDir into;
   restore_from_object_store(*store, 4, posix_file_system(), (into / "r").string(), {.verify = Verify::full});
+}
+
+TEST_CASE("the durable s3 tier collects a leftover older than its grace after its next commit, keeps a younger one, logs and counts it") {
+  test::TempDir local;
+  const std::string root = (local / "root").string();
+  const S3Options o = test::rgw_options(test::unique_prefix("durable-leftovers"));
+  auto store = make_s3_object_store(o);
+  const std::string old_key = "step-0000000007/deadrun/rank-00000-of-00002.safetensors";
+  const std::string young_key = "step-0000000008/liverun/rank-00000-of-00002.safetensors";
+  store->put(old_key, test::bytes_of("what a killed commit left"));
+  std::this_thread::sleep_for(std::chrono::seconds(3));  // older than the 2 s grace
+  store->put(young_key, test::bytes_of("a commit still uploading"));
+  std::vector<std::string> logged;
+  std::mutex mu;
+  const LogSink previous = set_log_sink([&](std::string_view l) {
+    std::lock_guard lock(mu);
+    logged.emplace_back(l);
+  });
+  DurableStats st;
+  {
+    DurableReplicator rep(posix_file_system(), root, {.root = o.root, .object_store = store.get(), .leftover_grace = std::chrono::seconds(2)});
+    save_step(root, 10);
+    rep.submit(10);
+    rep.wait_idle();
+    st = rep.stats();
+  }
+  set_log_sink(previous);
+  CHECK(st.copies == 1);
+  CHECK(st.leftovers_collected == 1);
+  CHECK(store->list("step-0000000007/").objects.empty());
+  CHECK(store->list("step-0000000008/").objects.size() == 1);
+  CHECK(list_object_checkpoints(*store) == std::vector<std::uint64_t>{10});
+  REQUIRE(logged.size() == 1);
+  CHECK(logged[0] == "durable tier: collected 1 leftover object(s) and aborted 0 multipart upload(s) older than 2 s under " + o.root + ": " + old_key);
+}
+
+TEST_CASE("a durable tier's leftover grace defaults to one hour and a negative one is invalid_argument") {
+  CHECK(DurableTierOptions{}.leftover_grace == std::chrono::hours(1));
+  test::TempDir local;
+  try {
+    DurableReplicator rep(posix_file_system(), (local / "root").string(), {.root = "s3://b/p", .leftover_grace = std::chrono::seconds(-1)});
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::invalid_argument);
+    CHECK(std::string(e.what()) == "invalid argument: DurableTierOptions.leftover_grace must be >= 0");
+  }
 }
 
 TEST_CASE("a durable s3 tier whose store fails is counted with the typed error and retried, never thrown") {

@@ -50,6 +50,7 @@ struct DurableReplicator::Impl {
     if (opt.root == src_root) throw Error(Errc::invalid_argument, opt.root, "the durable root is the local root", "another directory", opt.root);
     if (opt.keep_last < 0) throw_invalid("DurableTierOptions.keep_last must be >= 0");
     if (opt.max_attempts < 1) throw_invalid("DurableTierOptions.max_attempts must be >= 1");
+    if (opt.leftover_grace.count() < 0) throw_invalid("DurableTierOptions.leftover_grace must be >= 0");
     thread = std::thread([this] { run(); });
   }
 
@@ -99,6 +100,7 @@ struct DurableReplicator::Impl {
         ++stats.copies;
         stats.bytes += outcome.bytes;
         stats.rotated += outcome.rotated;
+        stats.leftovers_collected += outcome.leftovers;
         if (!stats.last_step || *stats.last_step < job.step) stats.last_step = job.step;
       }
       lk.unlock();
@@ -109,7 +111,7 @@ struct DurableReplicator::Impl {
 
   struct Outcome {
     std::optional<Error> error;
-    std::uint64_t bytes = 0, rotated = 0;
+    std::uint64_t bytes = 0, rotated = 0, leftovers = 0;
   };
 
   // Outside the lock: the copy and the durable rotation.
@@ -160,7 +162,33 @@ struct DurableReplicator::Impl {
         log_line("durable tier: rotation failed (step " + std::to_string(step) + " is committed there): " + e.what());
       }
     }
+    if (opt.leftover_grace.count() > 0) out.leftovers = collect_leftovers(step);
     return out;
+  }
+
+  // After a commit to the object store: what failed or killed commits left there, older than
+  // the grace period. Logged; a failure too, never thrown. Returns objects removed plus
+  // uploads aborted.
+  std::uint64_t collect_leftovers(std::uint64_t step) const {
+    try {
+      const LeftoverReport r = collect_object_leftovers(*store, opt.leftover_grace);
+      const std::size_t n = r.removed.size() + r.aborted.size();
+      if (n > 0) {
+        std::string keys;
+        std::size_t shown = 0;
+        for (const auto* list : {&r.removed, &r.aborted})
+          for (const auto& k : *list)
+            if (shown++ < 10) keys += (keys.empty() ? "" : ", ") + k;
+        if (n > 10) keys += " and " + std::to_string(n - 10) + " more";
+        log_line("durable tier: collected " + std::to_string(r.removed.size()) + " leftover object(s) and aborted " +
+                 std::to_string(r.aborted.size()) + " multipart upload(s) older than " + std::to_string(opt.leftover_grace.count()) +
+                 " s under " + opt.root + ": " + keys);
+      }
+      return n;
+    } catch (const Error& e) {
+      log_line("durable tier: leftover collection failed (step " + std::to_string(step) + " is committed there): " + e.what());
+      return 0;
+    }
   }
 
   // Under the lock: count, log, and decide between retry, superseded and given up.

@@ -15,7 +15,11 @@
 //     meanwhile is copied instead. Nothing is ever thrown into the caller of submit();
 //   - the steps pending or being copied are pinned: local rotation keeps them (pinned()),
 //     so a copy never reads a directory that rotation is deleting;
-//   - the durable root has its own rotation (keep_last), run after each durable commit;
+//   - the durable root has its own rotation (keep_last), run after each durable commit; on an
+//     object store, each commit (and its rotation, if any) is followed by a collection of
+//     leftovers older than leftover_grace (io/object_commit.hpp's collect_object_leftovers:
+//     data of failed or killed commits, multipart uploads never completed), logged and
+//     counted; a failed collection is logged and never fails the copy;
 //   - each copy and each rotation holds the durable root's writer lock (io/root_lock.hpp),
 //     taken then and not for the replicator's life, since the durable root may not exist
 //     yet; another writer holding it makes that copy fail with Errc::busy (and be retried);
@@ -56,6 +60,12 @@ struct DurableTierOptions {
   /// environment (AWS_ENDPOINT_URL, ...), opened at the first copy, so a missing variable
   /// shows up as a failed copy, never as an exception.
   ObjectStore* object_store = nullptr;
+  /// For an s3:// root: after each commit (and rotation), uncommitted objects and multipart
+  /// uploads the server dates more than this before now are collected (collect_object_leftovers).
+  /// It must exceed the longest commit to this root by any writer, plus the clock skew between
+  /// this host and the server: a commit still uploading when its data is collected fails.
+  /// Zero: no collection. Negative: Errc::invalid_argument.
+  std::chrono::seconds leftover_grace{std::chrono::hours(1)};
 };
 
 /// Counters of the replication, over the replicator's life.
@@ -71,6 +81,7 @@ struct DurableStats {
   std::optional<Errc> last_error_code;     ///< of the last failed attempt
   std::string last_error;                  ///< its message (what())
   std::uint64_t rotated = 0;               ///< durable checkpoints removed by rotation
+  std::uint64_t leftovers_collected = 0;   ///< s3 root: leftover objects removed plus multipart uploads aborted
 };
 
 class DurableReplicator {
@@ -78,7 +89,7 @@ class DurableReplicator {
   /// Copies checkpoints of `source_root` (read through `source_fs`, which must outlive this)
   /// to options.root. Touches neither root here: a missing durable mount shows up as failed
   /// copies, never as an exception. Throws Errc::invalid_argument for bad options (empty
-  /// root, the local root itself, keep_last < 0, max_attempts < 1).
+  /// root, the local root itself, keep_last < 0, max_attempts < 1, leftover_grace < 0).
   DurableReplicator(FileSystem& source_fs, std::string source_root, DurableTierOptions options);
   /// Drains (see the policy above) and joins the thread.
   ~DurableReplicator();
