@@ -472,11 +472,46 @@ int cmd_ls_nodes(const LsArgs& a, const NodeSet& set) {
   return any_bad ? kExitBad : kExitOk;
 }
 
+// "10" or "step-0000000010": the checkpoint's directory name; invalid_argument otherwise.
+std::string step_dir_name(const std::string& text, const std::string& where) {
+  if (parse_checkpoint_dir_name(text)) return text;
+  if (!text.empty() && text.size() <= 10 && text.find_first_not_of("0123456789") == std::string::npos)
+    return checkpoint_dir_name(std::stoull(text));
+  throw Error(Errc::invalid_argument, where, "STEP", "a step number or a step-N name", "'" + text + "'");
+}
+
 // An s3://bucket/prefix root's store, with the endpoint and keys of the environment.
 std::unique_ptr<ObjectStore> object_store_of(const std::string& root) {
   S3Options s3;
   s3.root = root;
   return open_s3(s3);
+}
+
+// An s3:// argument naming a checkpoint: s3://bucket/prefix/step-N, or the root
+// s3://bucket/prefix with `step` (10 or step-0000000010), else its `latest` (Errc::not_found
+// naming the root when there is none).
+struct S3Step {
+  std::string root;
+  std::unique_ptr<ObjectStore> store;
+  std::uint64_t step = 0;
+};
+S3Step s3_step_of(const std::string& arg, const std::string& step = {}) {
+  S3Step out{strip_slashes(arg), nullptr, 0};
+  std::optional<std::uint64_t> named;
+  if (const auto slash = out.root.rfind('/'); slash != std::string::npos && slash > std::string_view("s3://").size())
+    if ((named = parse_checkpoint_dir_name(std::string_view(out.root).substr(slash + 1)))) out.root.resize(slash);
+  if (!step.empty()) {
+    if (named) throw Error(Errc::invalid_argument, arg, "STEP with a checkpoint", "s3://bucket/prefix (a root)", "a checkpoint " + checkpoint_dir_name(*named));
+    named = parse_checkpoint_dir_name(step_dir_name(step, arg));
+  }
+  out.store = object_store_of(out.root);
+  if (!named) {
+    const auto latest = read_object_latest(*out.store);
+    if (!latest) throw Error(Errc::not_found, out.root, "no latest object: nothing committed there");
+    named = latest->step;
+  }
+  out.step = *named;
+  return out;
 }
 
 // ls of an object-store root: every committed step (a tier manifest), checked per --verify.
@@ -574,22 +609,18 @@ struct InspectArgs : Common {
   std::string dir, step;
 };
 
-// "10" or "step-0000000010": the checkpoint's directory name; invalid_argument otherwise.
-std::string step_dir_name(const std::string& text, const std::string& where) {
-  if (parse_checkpoint_dir_name(text)) return text;
-  if (!text.empty() && text.size() <= 10 && text.find_first_not_of("0123456789") == std::string::npos)
-    return checkpoint_dir_name(std::stoull(text));
-  throw Error(Errc::invalid_argument, where, "STEP", "a step number or a step-N name", "'" + text + "'");
-}
 
 // The text of `ckpt inspect`: the manifest summary, the shard table and the tensor index; for
 // a checkpoint across nodes (`h` set) also its layout, where each shard and block lives, the
-// stripes and the health of every file.
-void print_inspect(const std::string& dir, const Manifest& m, const NodeCheckpointHealth* h, const std::string& set_dir = {}) {
+// stripes and the health of every file; for one on an object store (`tier` set) also the run
+// that committed it and when.
+void print_inspect(const std::string& dir, const Manifest& m, const NodeCheckpointHealth* h, const std::string& set_dir = {},
+                   const ObjectManifest* tier = nullptr) {
   std::uint64_t total = 0;
   for (const auto& s : m.shards) total += s.size;
   std::printf("checkpoint  %s\nstep        %llu\nworld size  %d\ncreated     %s\nwall clock  %.3f s\n", dir.c_str(),
               static_cast<unsigned long long>(m.step), m.world_size, m.created_at.c_str(), m.wall_clock_seconds);
+  if (tier) std::printf("run id      %s\ncommitted   %s (the object store's tier manifest)\n", tier->run_id.c_str(), tier->committed_at.c_str());
   std::printf("size        %s in %zu shards, chunk %s\nparameters  %llu (flat)\n", human_bytes(total).c_str(), m.shards.size(),
               human_bytes(m.chunk_size).c_str(), static_cast<unsigned long long>(m.param_numel));
   if (h) {
@@ -657,7 +688,25 @@ void print_inspect(const std::string& dir, const Manifest& m, const NodeCheckpoi
   tensors.print();
 }
 
+// inspect of a checkpoint on an object store: its tier manifest and checkpoint manifest
+// (open_object_checkpoint: sizes and the manifest's SHA-256 checked), no shard read.
+int cmd_inspect_s3(const InspectArgs& a) {
+  const S3Step s = s3_step_of(a.dir, a.step);
+  const ObjectCheckpoint c = open_object_checkpoint(*s.store, s.step);
+  const std::string dir = s.store->name_of(checkpoint_dir_name(s.step));
+  if (a.json)
+    print_json(json::object{{"ok", true},
+                            {"dir", dir},
+                            {"manifest", json::parse(encode_manifest(c.manifest))},
+                            {"tier", {{"run_id", c.tier.run_id}, {"committed_at", c.tier.committed_at}, {"data_prefix", c.tier.data_prefix},
+                                      {"manifest_sha256", c.tier.manifest_sha256}, {"bytes", c.tier.bytes}}}});
+  else
+    print_inspect(dir, c.manifest, nullptr, {}, &c.tier);
+  return kExitOk;
+}
+
 int cmd_inspect(const InspectArgs& a) {
+  if (is_s3_root(a.dir)) return cmd_inspect_s3(a);
   std::string name;
   if (const auto set = node_set_of(a.dir, true, &name)) {
     if (!a.step.empty()) {
@@ -688,12 +737,19 @@ each shard's node, each redundancy block (kind, node, stripe, size), the stripes
 scheme and how many more node losses each survives, and the state of every file (sizes
 checked; ckpt verify reads the checksums).
 
+DIR may be an object store, s3://bucket/prefix (its latest, or with STEP that step's) or
+s3://bucket/prefix/step-N: then the step's tier manifest and checkpoint manifest are read
+(the manifest's size and SHA-256 checked against the tier manifest; no shard is read) and
+also the run id and commit time of the tier manifest are shown (--json: "tier"). A step not
+committed there is exit 1, not_found naming its tier manifest object.
+
 example:
   ckpt inspect /ckpts/run1/step-0000000010
   ckpt inspect /local/run1 20          # a node set: step 20 across its node roots
+  ckpt inspect s3://bucket/run1/step-0000000020
 )",
                             *a);
-  add_path(*c, "DIR", a->dir, "a checkpoint directory, a root (its latest), or a node set (the\nnewest latest of its node roots)");
+  add_path(*c, "DIR", a->dir, "a checkpoint directory, a root (its latest), a node set (the\nnewest latest of its node roots), or s3://bucket/prefix[/step-N]");
   c->add_option("STEP", a->step, "with a root or a node set: the checkpoint of step STEP (10 or\nstep-0000000010) instead of the latest")->type_name("");
   return bind(c, a, cmd_inspect);
 }
@@ -743,17 +799,15 @@ int cmd_verify_nodes(const VerifyArgs& a, const std::string& mode_name, const No
 
 // verify of an object-store root: the step its `latest` names, read in ranged GETs.
 int cmd_verify_s3(const VerifyArgs& a, const std::string& mode_name, Verify mode) {
-  const auto store = object_store_of(a.dir);
-  const auto latest = read_object_latest(*store);
-  if (!latest) throw Error(Errc::not_found, a.dir, "no latest object: nothing committed there");
+  const S3Step s = s3_step_of(a.dir);
   ObjectCheckpoint c;
   {
     ProgressBar bar("verifying", !a.json);
-    c = verify_object_checkpoint(*store, latest->step, mode, bar.fn());
+    c = verify_object_checkpoint(*s.store, s.step, mode, bar.fn());
   }
   std::uint64_t total = 0;
-  for (const auto& s : c.manifest.shards) total += s.size;
-  const std::string dir = store->name_of(checkpoint_dir_name(latest->step));
+  for (const auto& sh : c.manifest.shards) total += sh.size;
+  const std::string dir = s.store->name_of(checkpoint_dir_name(s.step));
   if (a.json)
     print_json(json::object{{"ok", true}, {"dir", dir}, {"mode", mode_name}, {"shards", c.manifest.shards.size()}, {"bytes", total}});
   else
@@ -1132,8 +1186,9 @@ example:
 
 struct PruneArgs : Common {
   std::string root;
-  std::uint64_t keep = 0;
+  std::uint64_t keep = 0;  // 0: not given (then only --leftovers-older-than runs)
   bool dry_run = false;
+  std::optional<std::uint64_t> leftovers_older_than;  // seconds; s3 roots only
 };
 
 // A checkpoint as prune sees it.
@@ -1146,15 +1201,17 @@ struct PruneEntry {
 };
 
 // Keeps the newest a.keep good checkpoints of `list` (newest first) and the latest, removes
-// the older ones through `remove` (unless --dry-run), and reports what it did.
+// the older ones through `remove` (unless --dry-run), and reports what it did, with the
+// leftovers an object store's collection removed (`leftovers`) if it ran. Without --keep
+// (a.keep 0) no checkpoint is touched.
 int prune_list(const PruneArgs& a, const std::string& root, const std::vector<PruneEntry>& list,
-               const std::function<void(const std::string&)>& remove) {
+               const std::function<void(const std::string&)>& remove, const LeftoverReport* leftovers = nullptr) {
   const std::uint64_t keep = a.keep;
   const bool dry = a.dry_run;
   std::uint64_t good = 0;
   json::array kept, removed;
   std::vector<std::string> kept_lines, removed_lines;
-  for (const auto& c : list) {
+  for (const auto& c : keep ? list : std::vector<PruneEntry>{}) {
     const bool past = good >= keep;
     const std::string note = c.is_latest ? " (latest)" : (!c.ok ? " (corrupt)" : "");
     if (!past || c.is_latest) {
@@ -1168,12 +1225,28 @@ int prune_list(const PruneArgs& a, const std::string& root, const std::vector<Pr
     removed_lines.push_back(c.name + note + ", " + human_bytes(c.bytes));
   }
   if (a.json) {
-    print_json(json::object{{"ok", true}, {"root", root}, {"keep", keep}, {"dry_run", dry}, {"kept", kept}, {"removed", removed}});
+    json::object o{{"ok", true}, {"root", root}, {"keep", keep}, {"dry_run", dry}, {"kept", kept}, {"removed", removed}};
+    if (leftovers) {
+      json::array objects, uploads;
+      for (const auto& k : leftovers->removed) objects.emplace_back(k);
+      for (const auto& k : leftovers->aborted) uploads.emplace_back(k);
+      o["leftovers"] = {{"older_than_seconds", *a.leftovers_older_than}, {"removed", objects}, {"aborted", uploads},
+                        {"kept_young", leftovers->kept_young}};
+    }
+    print_json(o);
     return kExitOk;
   }
   for (const auto& l : kept_lines) std::printf("kept     %s\n", l.c_str());
   for (const auto& l : removed_lines) std::printf("%s %s\n", dry ? "would remove" : "removed ", l.c_str());
-  if (removed_lines.empty()) std::printf("nothing to remove: %zu checkpoints, keeping %llu\n", list.size(), static_cast<unsigned long long>(keep));
+  if (keep && removed_lines.empty())
+    std::printf("nothing to remove: %zu checkpoints, keeping %llu\n", list.size(), static_cast<unsigned long long>(keep));
+  if (leftovers) {
+    for (const auto& k : leftovers->removed) std::printf("removed  leftover %s\n", k.c_str());
+    for (const auto& k : leftovers->aborted) std::printf("aborted  multipart upload %s\n", k.c_str());
+    std::printf("leftovers: %zu object%s removed, %zu upload%s aborted, %llu younger than %llu s kept\n", leftovers->removed.size(),
+                leftovers->removed.size() == 1 ? "" : "s", leftovers->aborted.size(), leftovers->aborted.size() == 1 ? "" : "s",
+                static_cast<unsigned long long>(leftovers->kept_young), static_cast<unsigned long long>(*a.leftovers_older_than));
+  }
   return kExitOk;
 }
 
@@ -1215,13 +1288,18 @@ int cmd_prune_nodes(const PruneArgs& a, const NodeSet& set) {
 }
 
 // prune of an object-store root: the same rule over its committed steps; a step's tier
-// manifest goes first, then its data (remove_object_checkpoint).
+// manifest goes first, then its data (remove_object_checkpoint). With
+// --leftovers-older-than, first the leftovers of failed or killed commits older than that
+// (collect_object_leftovers).
 int cmd_prune_s3(const PruneArgs& a) {
   const auto store = object_store_of(a.root);
   const auto latest = read_object_latest(*store);
   const auto steps = list_object_checkpoints(*store);
   if (steps.empty() && !latest)
     throw Error(Errc::not_found, a.root, "not a checkpoint root", "a `latest` object or step-N/manifest.json objects", "none of them");
+  std::optional<LeftoverReport> leftovers;
+  if (a.leftovers_older_than)
+    leftovers = collect_object_leftovers(*store, std::chrono::seconds(static_cast<std::int64_t>(*a.leftovers_older_than)));
   std::vector<PruneEntry> entries;
   for (auto it = steps.rbegin(); it != steps.rend(); ++it) {  // newest first
     PruneEntry e{checkpoint_dir_name(*it), false, latest && latest->step == *it, 0, "corrupt"};
@@ -1234,11 +1312,16 @@ int cmd_prune_s3(const PruneArgs& a) {
     }
     entries.push_back(std::move(e));
   }
-  return prune_list(a, a.root, entries, [&](const std::string& name) { remove_object_checkpoint(*store, *parse_checkpoint_dir_name(name)); });
+  return prune_list(
+      a, a.root, entries, [&](const std::string& name) { remove_object_checkpoint(*store, *parse_checkpoint_dir_name(name)); },
+      leftovers ? &*leftovers : nullptr);
 }
 
 int cmd_prune(const PruneArgs& a) {
   if (is_s3_root(a.root)) return cmd_prune_s3(a);
+  if (a.leftovers_older_than)
+    throw Error(Errc::invalid_argument, a.root, "--leftovers-older-than collects what commits to an object store left",
+                "an s3://bucket/prefix root", "a local root (its temporaries are removed by the next writer)");
   const std::string& root = a.root;
   FileSystem& fs = posix_file_system();
   if (!fs.stat(root)) throw Error(Errc::not_found, root, "no such checkpoint root");
@@ -1269,13 +1352,29 @@ redundancy rebuilds) counts as one that opens. A single node root DIR/node-n is 
 (prune the node set instead). On an object store, s3://bucket/prefix, a step's tier manifest
 is removed first (from then on it does not exist for readers), then its data.
 
+--leftovers-older-than SECONDS (s3:// roots only; with or without --keep) first collects
+what failed or killed commits left there: every object under step-N/<run>/ that no tier
+manifest commits, and every multipart upload never completed, that the server dates more
+than SECONDS ago; each removed is printed. SECONDS must exceed the longest commit to that
+root (hours, not seconds): the data of a commit still uploading would be collected. It does
+not take --dry-run.
+
 example:
   ckpt prune /ckpts/run1 --keep 3
+  ckpt prune s3://bucket/run1 --keep 3 --leftovers-older-than 86400
 )",
                             *a);
   add_path(*c, "ROOT", a->root, "a checkpoint root, a node set, or s3://bucket/prefix");
-  cli::add_int_option(*c, "--keep", a->keep, std::uint64_t{1}, std::uint64_t{1} << 30, "K", "checkpoints to keep, K >= 1")->required();
-  c->add_flag("--dry-run", a->dry_run, "say what would be removed, remove nothing");
+  auto* keep = cli::add_int_option(*c, "--keep", a->keep, std::uint64_t{1}, std::uint64_t{1} << 30, "K", "checkpoints to keep, K >= 1");
+  auto* dry = c->add_flag("--dry-run", a->dry_run, "say what would be removed, remove nothing");
+  auto* leftovers = c->add_option_function<std::uint64_t>("--leftovers-older-than", [a](std::uint64_t s) { a->leftovers_older_than = s; },
+                                                          "s3 roots: also remove leftovers of failed commits older than\nSECONDS")
+                        ->check(CLI::Range(std::uint64_t{0}, std::uint64_t{1} << 40).description(""))
+                        ->option_text("SECONDS")
+                        ->excludes(dry);
+  c->parse_complete_callback([c, keep, leftovers] {
+    if (c->parsed() && keep->count() == 0 && leftovers->count() == 0) throw CLI::RequiredError("--keep (or --leftovers-older-than)");
+  });
   return bind(c, a, cmd_prune);
 }
 
@@ -1551,50 +1650,82 @@ void write_file_atomically(const std::string& path, std::initializer_list<std::s
   }
 }
 
-int cmd_get(const GetArgs& a) {
-  const Verify mode = verify_of(a.verify);
-  const auto reader = open_dir_or_root(a.dir);
-  const Manifest& m = reader.manifest();
-  // Without --rank: the lowest rank holding the tensor (rank 0 if none does: its error lists
-  // what rank 0 holds).
+// Without --rank: the lowest rank holding the tensor (rank 0 if none does: its error lists
+// what rank 0 holds).
+int rank_of(const GetArgs& a, const Manifest& m) {
+  if (a.rank) return *a.rank;
   int rank = 0;
-  if (a.rank) {
-    rank = *a.rank;
-  } else {
-    for (int r = m.world_size - 1; r >= 0; --r)
-      if (m.find_tensor(a.tensor, r)) rank = r;
-  }
-  const MappedShard shard(reader, rank, mode);
-  const TensorView v = shard.tensor(a.tensor);
+  for (int r = m.world_size - 1; r >= 0; --r)
+    if (m.find_tensor(a.tensor, r)) rank = r;
+  return rank;
+}
+
+// A tensor `ckpt get` read, from a mapped shard or an object store, and what reading it checked.
+struct GotTensor {
+  std::string dir;
+  int rank = 0;
+  const TensorRecord* record;  // name, dtype, shape
+  std::span<const std::byte> data;
+  bool mapped = false;
+  std::uint64_t chunks_checked = 0, bytes_checked = 0, shard_size = 0;
+};
+
+// Writes the tensor to --out as .npy (whole or not at all) and reports it.
+int write_npy(const GetArgs& a, Verify mode, const GotTensor& g) {
+  const TensorRecord& v = *g.record;
   const auto preamble = tool::npy_preamble(v.dtype, v.shape);
   if (!preamble)
     throw Error(Errc::invalid_argument, a.out, "a .npy version 1.0 header for tensor '" + a.tensor + "'", "at most 65535 bytes",
                 std::to_string(v.shape.size()) + " dimensions");
-  write_file_atomically(a.out, {std::as_bytes(std::span(preamble->data(), preamble->size())), v.data});
-  const MappedShardStats st = shard.stats();
+  write_file_atomically(a.out, {std::as_bytes(std::span(preamble->data(), preamble->size())), g.data});
   const std::string descr(tool::npy_descr(v.dtype));
   const bool bf16 = v.dtype == DType::BF16;
   if (a.json) {
     json::array shape;
     for (const auto d : v.shape) shape.push_back(d);
-    print_json(json::object{{"ok", true}, {"dir", reader.dir()}, {"tensor", v.name}, {"rank", rank},
+    print_json(json::object{{"ok", true}, {"dir", g.dir}, {"tensor", v.name}, {"rank", g.rank},
                             {"dtype", dtype_name(v.dtype)}, {"descr", descr}, {"bf16_as_raw_u2", bf16},
-                            {"shape", shape}, {"bytes", v.data.size()}, {"out", a.out}, {"verify", a.verify},
-                            {"mapped", shard.is_mapped()}, {"chunks_checked", st.chunks_checked},
-                            {"bytes_checked", st.bytes_checked}});
+                            {"shape", shape}, {"bytes", g.data.size()}, {"out", a.out}, {"verify", a.verify},
+                            {"mapped", g.mapped}, {"chunks_checked", g.chunks_checked},
+                            {"bytes_checked", g.bytes_checked}});
     return kExitOk;
   }
-  std::printf("wrote %s (rank %d, %s %s, %s) to %s as '%s'\n", v.name.c_str(), rank, std::string(dtype_name(v.dtype)).c_str(),
-              shape_str(v.shape).c_str(), human_bytes(v.data.size()).c_str(), a.out.c_str(), descr.c_str());
+  std::printf("wrote %s (rank %d, %s %s, %s) to %s as '%s'\n", v.name.c_str(), g.rank, std::string(dtype_name(v.dtype)).c_str(),
+              shape_str(v.shape).c_str(), human_bytes(g.data.size()).c_str(), a.out.c_str(), descr.c_str());
   if (mode == Verify::fast)
-    std::printf("verified: %llu chunk%s (%s) of %s checked, xxh3\n", static_cast<unsigned long long>(st.chunks_checked),
-                st.chunks_checked == 1 ? "" : "s", human_bytes(st.bytes_checked).c_str(), human_bytes(shard.size()).c_str());
+    std::printf("verified: %llu chunk%s (%s) of %s checked, xxh3\n", static_cast<unsigned long long>(g.chunks_checked),
+                g.chunks_checked == 1 ? "" : "s", human_bytes(g.bytes_checked).c_str(), human_bytes(g.shard_size).c_str());
   else if (mode == Verify::full)
-    std::printf("verified: the whole shard (%s), xxh3 per chunk + sha256\n", human_bytes(shard.size()).c_str());
+    std::printf("verified: the whole shard (%s), xxh3 per chunk + sha256\n", human_bytes(g.shard_size).c_str());
   else
     std::printf("not verified (--verify none)\n");
   if (bf16) std::printf("note: numpy has no bfloat16: the raw bits are written as '<u2' (see ckpt get --help)\n");
   return kExitOk;
+}
+
+// get from an object store: ranged GETs of the chunks covering the tensor (read_object_tensor).
+int cmd_get_s3(const GetArgs& a, Verify mode) {
+  const S3Step s = s3_step_of(a.dir);
+  const ObjectCheckpoint c = open_object_checkpoint(*s.store, s.step);
+  const ObjectTensor t = read_object_tensor(*s.store, c, rank_of(a, c.manifest), a.tensor, mode);
+  return write_npy(a, mode, {s.store->name_of(checkpoint_dir_name(s.step)), t.record.rank, &t.record, t.data, false, t.chunks_checked,
+                             t.bytes_checked, t.shard_size});
+}
+
+int cmd_get(const GetArgs& a) {
+  const Verify mode = verify_of(a.verify);
+  if (is_s3_root(a.dir)) return cmd_get_s3(a, mode);
+  const auto reader = open_dir_or_root(a.dir);
+  const int rank = rank_of(a, reader.manifest());
+  const MappedShard shard(reader, rank, mode);
+  const TensorView v = shard.tensor(a.tensor);
+  TensorRecord record;
+  record.name = v.name;
+  record.rank = rank;
+  record.dtype = v.dtype;
+  record.shape = v.shape;
+  const MappedShardStats st = shard.stats();
+  return write_npy(a, mode, {reader.dir(), rank, &record, v.data, shard.is_mapped(), st.chunks_checked, st.bytes_checked, shard.size()});
 }
 
 Command declare_get(CLI::App& app) {
@@ -1610,12 +1741,18 @@ dtypes map to numpy's: F16 '<f2', F32 '<f4', F64 '<f8', I8..I64 '|i1'..'<i8', U8
 (ml_dtypes.bfloat16 views them as numbers; or (a.astype('<u4') << 16).view('<f4')).
 A missing tensor is exit 1, with the tensors the rank holds in the message.
 
+DIR may be an object store, s3://bucket/prefix (its latest) or s3://bucket/prefix/step-N:
+then only the checksum chunks that cover the tensor are fetched, in ranged GETs, and each
+chunk's XXH3 is checked before its bytes are used (--verify full: the whole shard object's
+SHA-256 first); an object rewritten since its commit is exit 1, checksum_mismatch naming the
+object and the chunk, and FILE is not written.
+
 example:
   ckpt get /ckpts/run1 model.wte --rank 0 --out wte.npy
   python3 -c 'import numpy; print(numpy.load("wte.npy").shape)'
 )",
                             *a);
-  add_path(*c, "DIR", a->dir, "a checkpoint directory, or a root (its latest)");
+  add_path(*c, "DIR", a->dir, "a checkpoint directory, a root (its latest), or s3://bucket/prefix[/step-N]");
   add_path(*c, "TENSOR", a->tensor, "the tensor's name (ckpt inspect lists them)");
   c->add_option_function<int>("--rank", [a](int r) { a->rank = r; }, "the rank whose shard holds it (default: the lowest that does)")
       ->check(CLI::Range(0, (1 << 20) - 1).description(""))
