@@ -6,7 +6,8 @@
 //   ckpt repair DIR [--step N] [--full]  rebuild lost shards of a checkpoint across node roots
 //   ckpt reshard SRC DST --world-size M  the checkpoint at another world size, streamed
 //   ckpt consolidate SRC OUT             the full model as Hugging Face safetensors
-//   ckpt prune ROOT --keep K             remove all but the newest K checkpoints
+//   ckpt prune ROOT --keep K             remove all but the newest K checkpoints (s3 roots: also
+//                                        --leftovers-older-than SECONDS, the leftover collector)
 //   ckpt diff A B                        per-tensor equal / max abs difference
 //   ckpt get DIR TENSOR --out FILE.npy   one tensor as a NumPy .npy file, reading only its chunks
 //
@@ -15,6 +16,10 @@
 // rebuilds what its redundancy covers, prune removes a step on every node, and the commands
 // that read tensors read through CheckpointReader, which never takes a redundancy block for a
 // shard.
+//
+// ls, inspect, verify, get and prune also take an object store, s3://bucket/prefix (inspect,
+// verify and get also .../step-N): its committed steps, read through io/object_commit.hpp in
+// ranged GETs, printed by the same code as local checkpoints.
 //
 // Every command takes --json and --help; `ckpt --help` documents the exit codes. Each
 // command is declared once (declare_<command>: its arguments, options, help text) and runs in

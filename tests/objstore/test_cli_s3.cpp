@@ -146,7 +146,7 @@ TEST_CASE("ckpt inspect of an s3 root prints what it prints for the local checkp
   CHECK(lrc == 0);
   CHECK(without_lines(out, {"checkpoint", "run id", "committed"}) == without_lines(lout, {"checkpoint"}));
 
-  for (const std::string args : {"inspect " + o.root + "/step-0000000010", "inspect " + o.root + " 10", "inspect " + o.root + "/ step-0000000010"}) {
+  for (const std::string& args : {"inspect " + o.root + "/step-0000000010", "inspect " + o.root + " 10", "inspect " + o.root + "/ step-0000000010"}) {
     const auto [src, sout] = run(args);
     INFO(args << "\n" << sout);
     CHECK(src == 0);
@@ -187,6 +187,10 @@ TEST_CASE("ckpt get of an s3 root writes the .npy the local get writes, checking
   CHECK(jrc == 0);
   CHECK(json.find("\"chunks_checked\":" + std::to_string(covering) + ",") != std::string::npos);
   CHECK(json.find("\"dir\":\"" + o.root + "/step-0000000020\"") != std::string::npos);
+  const auto [nvrc, nv] = run("get --json --verify none " + o.root + " f32 --rank 1 --out " + out("none.npy"));
+  CHECK(nvrc == 0);
+  CHECK(nv.find("\"chunks_checked\":0,") != std::string::npos);
+  CHECK(slurp(out("none.npy")) == slurp(out("local.npy")));
   const auto [frc, full] = run("get " + o.root + " f32 --rank 1 --verify full --out " + out("full.npy"));
   CHECK(frc == 0);
   CHECK(full.find("verified: the whole shard (") != std::string::npos);
@@ -207,7 +211,7 @@ TEST_CASE("ckpt get of an s3 root writes the .npy the local get writes, checking
   bytes[t->begin + 1] ^= std::byte{1};
   store->put(key, bytes);
   const std::uint64_t k = t->begin / cs;
-  for (const std::string verify : {"fast", "full"}) {
+  for (const char* verify : {"fast", "full"}) {
     const auto [brc, bad] = run("get " + o.root + " f32 --rank 1 --verify " + verify + " --out " + out("bad.npy"));
     INFO(bad);
     CHECK(brc == 1);

@@ -65,7 +65,9 @@ TEST_CASE("the durable s3 tier collects a leftover older than its grace after it
   const std::string old_key = "step-0000000007/deadrun/rank-00000-of-00002.safetensors";
   const std::string young_key = "step-0000000008/liverun/rank-00000-of-00002.safetensors";
   store->put(old_key, test::bytes_of("what a killed commit left"));
-  std::this_thread::sleep_for(std::chrono::seconds(3));  // older than the 2 s grace
+  // Older than the 4 s grace; the young one stays younger through the commit (the server's
+  // dates are cut to whole seconds, so it may look up to 1 s older than it is).
+  std::this_thread::sleep_for(std::chrono::seconds(5));
   store->put(young_key, test::bytes_of("a commit still uploading"));
   std::vector<std::string> logged;
   std::mutex mu;
@@ -75,7 +77,7 @@ TEST_CASE("the durable s3 tier collects a leftover older than its grace after it
   });
   DurableStats st;
   {
-    DurableReplicator rep(posix_file_system(), root, {.root = o.root, .object_store = store.get(), .leftover_grace = std::chrono::seconds(2)});
+    DurableReplicator rep(posix_file_system(), root, {.root = o.root, .object_store = store.get(), .leftover_grace = std::chrono::seconds(4)});
     save_step(root, 10);
     rep.submit(10);
     rep.wait_idle();
@@ -88,7 +90,7 @@ TEST_CASE("the durable s3 tier collects a leftover older than its grace after it
   CHECK(store->list("step-0000000008/").objects.size() == 1);
   CHECK(list_object_checkpoints(*store) == std::vector<std::uint64_t>{10});
   REQUIRE(logged.size() == 1);
-  CHECK(logged[0] == "durable tier: collected 1 leftover object(s) and aborted 0 multipart upload(s) older than 2 s under " + o.root + ": " + old_key);
+  CHECK(logged[0] == "durable tier: collected 1 leftover object(s) and aborted 0 multipart upload(s) older than 4 s under " + o.root + ": " + old_key);
 }
 
 TEST_CASE("a durable tier's leftover grace defaults to one hour and a negative one is invalid_argument") {
