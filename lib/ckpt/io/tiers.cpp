@@ -3,6 +3,8 @@
 #include "ckpt/io/tiers.hpp"
 
 #include <boost/json.hpp>
+#include <exception>
+#include <functional>
 #include <optional>
 
 #include "ckpt/core/error.hpp"
@@ -121,8 +123,13 @@ OpenedCheckpoint open_verified(FileSystem& fs, const std::string& root, const Op
 
 }  // namespace
 
-TieredCheckpoint open_latest_tiered(FileSystem& local_fs, const std::string& local_root, FileSystem& durable_fs,
-                                    const std::string& durable_root, const OpenLatestOptions& opt) {
+namespace {
+
+// Both durable tiers' order: the newest local checkpoint, verified; else what `open_durable`
+// opens (it throws when the durable tier has nothing good); else, with opt.fallback, an older
+// local one. A world-size mismatch is never retried elsewhere: it is the caller's error.
+TieredCheckpoint open_in_tiers(FileSystem& local_fs, const std::string& local_root, const OpenLatestOptions& opt,
+                               const std::string& durable_name, const std::function<OpenedCheckpoint()>& open_durable) {
   std::string local_error, durable_error;
   try {
     return {open_verified(local_fs, local_root, opt, false), "local", {}};
@@ -131,7 +138,7 @@ TieredCheckpoint open_latest_tiered(FileSystem& local_fs, const std::string& loc
     local_error = e.what();
   }
   try {
-    return {open_verified(durable_fs, durable_root, opt, opt.fallback), "durable", local_error};
+    return {open_durable(), "durable", local_error};
   } catch (const Error& e) {
     if (e.code() == Errc::world_size_mismatch) throw;
     durable_error = e.what();
@@ -143,67 +150,64 @@ TieredCheckpoint open_latest_tiered(FileSystem& local_fs, const std::string& loc
       if (e.code() == Errc::world_size_mismatch) throw;
     }
   }
-  throw Error(Errc::not_found, local_root, "no checkpoint that opens and verifies in either tier (durable: " + durable_root + ")",
+  throw Error(Errc::not_found, local_root, "no checkpoint that opens and verifies in either tier (durable: " + durable_name + ")",
               "a good checkpoint", "local: " + local_error + "; durable: " + durable_error);
+}
+
+// The object store's candidates, newest first, restored into the local root in turn until
+// one opens; the first failure is rethrown when none does.
+OpenedCheckpoint restore_from_object_tier(FileSystem& local_fs, const std::string& local_root, ObjectStore& durable,
+                                          const OpenLatestOptions& opt) {
+  std::vector<std::uint64_t> candidates;
+  if (const auto latest = read_object_latest(durable)) candidates.push_back(latest->step);
+  if (opt.fallback || candidates.empty()) {
+    auto steps = list_object_checkpoints(durable);
+    for (auto it = steps.rbegin(); it != steps.rend(); ++it)
+      if (candidates.empty() || *it != candidates.front()) candidates.push_back(*it);
+    if (!opt.fallback && candidates.size() > 1) candidates.erase(candidates.begin() + 1, candidates.end());
+  }
+  if (candidates.empty()) throw Error(Errc::not_found, durable.name_of(""), "no committed checkpoint on the object store");
+  std::exception_ptr first_error;
+  for (const std::uint64_t step : candidates) {
+    try {
+      const std::string name = checkpoint_dir_name(step);
+      if (local_fs.stat(join_path(local_root, name))) {
+        // A local copy that did not open or verify (`latest` may name it, so
+        // remove_checkpoint would refuse): renamed to a temporary, which the restore's
+        // prepare_root removes, as it would a crashed writer's.
+        const RootLock lock(local_fs, local_root);
+        const std::string temp = join_path(local_root, temporary_name(name));
+        log_line("resume: setting the local " + join_path(local_root, name) + " aside (" + temp + ") to restore it from " +
+                 durable.name_of(name));
+        local_fs.rename(join_path(local_root, name), temp);
+        local_fs.sync_dir(local_root);
+      }
+      const Verify v = opt.verify == Verify::none ? Verify::fast : opt.verify;
+      restore_from_object_store(durable, step, local_fs, local_root, {.verify = v, .begin = {.allow_older_than_latest = true}});
+      CheckpointReader reader = open_step(local_fs, local_root, step, opt.expected_world_size);
+      const std::string note = "restored " + name + " from " + durable.name_of(name) + " into " + local_root;
+      log_line("resume: " + note);
+      return OpenedCheckpoint{std::move(reader), name, step != candidates.front(), note};
+    } catch (const Error& e) {
+      if (e.code() == Errc::world_size_mismatch) throw;
+      if (!first_error) first_error = std::current_exception();
+    }
+  }
+  std::rethrow_exception(first_error);
+}
+
+}  // namespace
+
+TieredCheckpoint open_latest_tiered(FileSystem& local_fs, const std::string& local_root, FileSystem& durable_fs,
+                                    const std::string& durable_root, const OpenLatestOptions& opt) {
+  return open_in_tiers(local_fs, local_root, opt, durable_root,
+                       [&] { return open_verified(durable_fs, durable_root, opt, opt.fallback); });
 }
 
 TieredCheckpoint open_latest_tiered(FileSystem& local_fs, const std::string& local_root, ObjectStore& durable,
                                     const OpenLatestOptions& opt) {
-  std::string local_error, durable_error;
-  try {
-    return {open_verified(local_fs, local_root, opt, false), "local", {}};
-  } catch (const Error& e) {
-    if (e.code() == Errc::world_size_mismatch) throw;
-    local_error = e.what();
-  }
-  try {
-    std::vector<std::uint64_t> candidates;
-    if (const auto latest = read_object_latest(durable)) candidates.push_back(latest->step);
-    if (opt.fallback || candidates.empty()) {
-      auto steps = list_object_checkpoints(durable);
-      for (auto it = steps.rbegin(); it != steps.rend(); ++it)
-        if (candidates.empty() || *it != candidates.front()) candidates.push_back(*it);
-      if (!opt.fallback && candidates.size() > 1) candidates.resize(1);
-    }
-    if (candidates.empty()) throw Error(Errc::not_found, durable.name_of(""), "no committed checkpoint on the object store");
-    for (const std::uint64_t step : candidates) {
-      try {
-        const std::string name = checkpoint_dir_name(step);
-        if (local_fs.stat(join_path(local_root, name))) {
-          // A local copy that did not open or verify above (`latest` may name it, so
-          // remove_checkpoint would refuse): renamed to a temporary, which the restore's
-          // prepare_root removes, as it would a crashed writer's.
-          const RootLock lock(local_fs, local_root);
-          const std::string temp = join_path(local_root, temporary_name(name));
-          log_line("resume: setting the local " + join_path(local_root, name) + " aside (" + temp + ") to restore it from " +
-                   durable.name_of(name));
-          local_fs.rename(join_path(local_root, name), temp);
-          local_fs.sync_dir(local_root);
-        }
-        const Verify v = opt.verify == Verify::none ? Verify::fast : opt.verify;
-        restore_from_object_store(durable, step, local_fs, local_root, {.verify = v, .begin = {.allow_older_than_latest = true}});
-        CheckpointReader reader = open_step(local_fs, local_root, step, opt.expected_world_size);
-        const std::string note = "restored " + name + " from " + durable.name_of(name) + " into " + local_root;
-        log_line("resume: " + note);
-        return {OpenedCheckpoint{std::move(reader), name, step != candidates.front(), note}, "durable", local_error};
-      } catch (const Error& e) {
-        if (e.code() == Errc::world_size_mismatch) throw;
-        if (durable_error.empty()) durable_error = e.what();
-      }
-    }
-  } catch (const Error& e) {
-    if (e.code() == Errc::world_size_mismatch) throw;
-    if (durable_error.empty()) durable_error = e.what();
-  }
-  if (opt.fallback) {
-    try {
-      return {open_verified(local_fs, local_root, opt, true), "local", {}};
-    } catch (const Error& e) {
-      if (e.code() == Errc::world_size_mismatch) throw;
-    }
-  }
-  throw Error(Errc::not_found, local_root, "no checkpoint that opens and verifies in either tier (durable: " + durable.name_of("") + ")",
-              "a good checkpoint", "local: " + local_error + "; durable: " + durable_error);
+  return open_in_tiers(local_fs, local_root, opt, durable.name_of(""),
+                       [&] { return restore_from_object_tier(local_fs, local_root, durable, opt); });
 }
 
 }  // namespace ckpt
