@@ -22,7 +22,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -33,33 +32,20 @@
 #include "ckpt/io/s3.hpp"
 #include "ckpt/io/save.hpp"
 #include "ckpt/io/tiers.hpp"
+#include "bench_support.hpp"
 
 namespace fs = std::filesystem;
 using namespace ckpt;
-using Clock = std::chrono::steady_clock;
+using namespace ckpt::bench;
 
 namespace {
 
 constexpr int kRanks = 4;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
-
 int run(const std::string& bucket, std::uint64_t size, int rounds, const fs::path& dir, const std::string& json_path) {
   // The state: 4 ranks of size/4 bytes each, one U8 tensor per rank, deterministic bytes.
   const std::uint64_t per_rank = size / kRanks;
-  std::vector<std::vector<std::byte>> data(kRanks, std::vector<std::byte>(per_rank));
-  std::mt19937_64 rng(1);
-  for (auto& d : data)
-    for (std::size_t i = 0; i < d.size(); i += 8) {
-      const std::uint64_t x = rng();
-      for (std::size_t j = 0; j < 8 && i + j < d.size(); ++j) d[i + j] = static_cast<std::byte>(x >> (8 * j));
-    }
+  const std::vector<std::vector<std::byte>> data = make_state(kRanks, per_rank);
   SaveRequest req;
   req.param_numel = per_rank * kRanks;
   for (int r = 0; r < kRanks; ++r) {
@@ -135,48 +121,14 @@ int run(const std::string& bucket, std::uint64_t size, int rounds, const fs::pat
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::uint64_t size = 256ull << 20;
-  int rounds = 3;
-  std::string bucket, dir_arg, json;
-  const char* usage = "usage: ckpt-object-store-bench --bucket B [--size BYTES] [--rounds N] [--dir D] [--quick] [--json FILE]\n";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "ckpt-object-store-bench: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    try {
-      if (a == "--bucket") bucket = value();
-      else if (a == "--size") size = std::stoull(value());
-      else if (a == "--rounds") rounds = std::stoi(value());
-      else if (a == "--dir") dir_arg = value();
-      else if (a == "--json") json = value();
-      else if (a == "--quick") size = 16ull << 20, rounds = 1;
-      else {
-        std::fprintf(stderr, "ckpt-object-store-bench: unknown option %s\n%s", a.c_str(), usage);
-        return 2;
-      }
-    } catch (const std::exception&) {
-      std::fprintf(stderr, "ckpt-object-store-bench: bad value for %s\n", a.c_str());
-      return 2;
-    }
-  }
-  if (bucket.empty() || size < (1u << 20) || rounds < 1) {
-    std::fprintf(stderr, "ckpt-object-store-bench: --bucket is required, --size must be at least 1048576 and --rounds at least 1\n%s", usage);
+  const char* name = "ckpt-object-store-bench";
+  const BenchArgs a = parse_bench_args(
+      argc, argv, name, "usage: ckpt-object-store-bench --bucket B [--size BYTES] [--rounds N] [--dir D] [--quick] [--json FILE]\n",
+      {.size = 256ull << 20, .extra = {{"--bucket", ""}}});
+  const std::string bucket = a.extra.at("--bucket");
+  if (bucket.empty()) {
+    std::fprintf(stderr, "%s: --bucket is required\n", name);
     return 2;
   }
-  const fs::path dir = dir_arg.empty() ? fs::path(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/var/tmp") / ("ckpt-object-store-bench-" + std::to_string(::getpid()))
-                                       : fs::path(dir_arg);
-  fs::create_directories(dir);
-  int rc = 1;
-  try {
-    rc = run(bucket, size, rounds, dir, json);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "ckpt-object-store-bench: %s\n", e.what());
-  }
-  if (dir_arg.empty()) fs::remove_all(dir);
-  return rc;
+  return run_in_scratch(name, a, [&](const fs::path& dir) { return run(bucket, a.size, a.rounds, dir, a.json); });
 }

@@ -37,22 +37,15 @@
 #include "ckpt/io/redundancy_io.hpp"
 #include "ckpt/io/tiers.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
+#include "bench_support.hpp"
 
 namespace fs = std::filesystem;
 using namespace ckpt;
-using Clock = std::chrono::steady_clock;
+using namespace ckpt::bench;
 
 namespace {
 
 constexpr int kRanks = 4;
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
 
 void drop_cache(const fs::path& dir) {
   for (const auto& e : fs::recursive_directory_iterator(dir)) {
@@ -106,12 +99,7 @@ double save_once(const fs::path& set, const std::string& scheme, std::uint64_t s
 
 int run(std::uint64_t size, int rounds, const fs::path& dir, const std::string& json_path) {
   const std::uint64_t per_rank = size / kRanks;
-  std::vector<std::vector<std::byte>> state(kRanks, std::vector<std::byte>(per_rank));
-  for (int r = 0; r < kRanks; ++r) {
-    std::uint64_t x = 0x9e3779b97f4a7c15ull * static_cast<std::uint64_t>(r + 1);
-    auto* p = reinterpret_cast<std::uint64_t*>(state[static_cast<std::size_t>(r)].data());
-    for (std::uint64_t i = 0; i < per_rank / 8; ++i) p[i] = (x ^= x << 13, x ^= x >> 7, x ^= x << 17);
-  }
+  const std::vector<std::vector<std::byte>> state = make_state(kRanks, per_rank);
   const std::vector<std::string> schemes = {"none", "rs:3+1", "rs:2+2", "replicate:2"};
   std::map<std::string, SchemeResult> results;
   for (const auto& s : schemes) results[s].scheme = s;
@@ -200,46 +188,9 @@ int run(std::uint64_t size, int rounds, const fs::path& dir, const std::string& 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::uint64_t size = 1ull << 30;
-  int rounds = 3;
-  std::string dir_arg, json;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "ckpt-redundancy-bench: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    try {
-      if (a == "--size") size = std::stoull(value());
-      else if (a == "--rounds") rounds = std::stoi(value());
-      else if (a == "--dir") dir_arg = value();
-      else if (a == "--json") json = value();
-      else if (a == "--quick") size = 16ull << 20, rounds = 1;
-      else {
-        std::fprintf(stderr, "ckpt-redundancy-bench: unknown option %s\nusage: ckpt-redundancy-bench [--size BYTES] [--rounds N] [--dir D] [--quick] [--json FILE]\n", a.c_str());
-        return 2;
-      }
-    } catch (const std::exception&) {
-      std::fprintf(stderr, "ckpt-redundancy-bench: bad value for %s\n", a.c_str());
-      return 2;
-    }
-  }
-  if (size < (1u << 20) || rounds < 1) {
-    std::fprintf(stderr, "ckpt-redundancy-bench: --size must be at least 1048576 and --rounds at least 1\n");
-    return 2;
-  }
-  const fs::path dir = dir_arg.empty() ? fs::path(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/var/tmp") / ("ckpt-redundancy-bench-" + std::to_string(::getpid()))
-                                       : fs::path(dir_arg);
-  fs::create_directories(dir);
-  int rc = 1;
-  try {
-    rc = run(size, rounds, dir, json);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "ckpt-redundancy-bench: %s\n", e.what());
-  }
-  if (dir_arg.empty()) fs::remove_all(dir);
-  return rc;
+  const char* name = "ckpt-redundancy-bench";
+  const BenchArgs a = parse_bench_args(argc, argv, name,
+                                       "usage: ckpt-redundancy-bench [--size BYTES] [--rounds N] [--dir D] [--quick] [--json FILE]\n",
+                                       {.size = 1ull << 30});
+  return run_in_scratch(name, a, [&](const fs::path& dir) { return run(a.size, a.rounds, dir, a.json); });
 }
