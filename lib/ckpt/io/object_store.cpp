@@ -53,10 +53,65 @@ RetryingObjectStore::RetryingObjectStore(std::unique_ptr<ObjectStore> base, Retr
 
 std::uint64_t RetryingObjectStore::retries() const noexcept { return state_->retries.load(); }
 
-// Runs `call` until it succeeds, fails for good, or the attempts run out. `call` gets the
-// number of transient failures so far (0 on the first attempt).
-template <class F>
-decltype(auto) RetryingObjectStore::attempt(F&& call) {
+std::string ObjectStoreWrapper::put(std::string_view key, std::span<const std::byte> data, const WriteCondition& when) {
+  std::string etag;
+  around({ObjectCall::Op::put, key}, [&] { etag = base_.put(key, data, when); });
+  return etag;
+}
+
+std::string ObjectStoreWrapper::create_multipart(std::string_view key) {
+  std::string id;
+  around({ObjectCall::Op::create_multipart, key}, [&] { id = base_.create_multipart(key); });
+  return id;
+}
+
+std::string ObjectStoreWrapper::upload_part(std::string_view key, std::string_view upload_id, int part_number,
+                                            std::span<const std::byte> data) {
+  std::string etag;
+  around({ObjectCall::Op::upload_part, key, part_number}, [&] { etag = base_.upload_part(key, upload_id, part_number, data); });
+  return etag;
+}
+
+std::string ObjectStoreWrapper::complete_multipart(std::string_view key, std::string_view upload_id,
+                                                   std::span<const CompletedPart> parts) {
+  std::string etag;
+  around({ObjectCall::Op::complete_multipart, key}, [&] { etag = base_.complete_multipart(key, upload_id, parts); });
+  return etag;
+}
+
+void ObjectStoreWrapper::abort_multipart(std::string_view key, std::string_view upload_id) {
+  around({ObjectCall::Op::abort_multipart, key}, [&] { base_.abort_multipart(key, upload_id); });
+}
+
+std::vector<MultipartUpload> ObjectStoreWrapper::list_multipart_uploads(std::string_view prefix, std::size_t max_uploads) {
+  std::vector<MultipartUpload> uploads;
+  around({ObjectCall::Op::list_uploads, prefix}, [&] { uploads = base_.list_multipart_uploads(prefix, max_uploads); });
+  return uploads;
+}
+
+void ObjectStoreWrapper::get_range(std::string_view key, std::uint64_t offset, std::span<std::byte> out) {
+  around({ObjectCall::Op::get_range, key}, [&] { base_.get_range(key, offset, out); });
+}
+
+ObjectInfo ObjectStoreWrapper::head(std::string_view key) {
+  ObjectInfo info;
+  around({ObjectCall::Op::head, key}, [&] { info = base_.head(key); });
+  return info;
+}
+
+ObjectPage ObjectStoreWrapper::list(std::string_view prefix, std::string_view token, std::size_t max_keys) {
+  ObjectPage page;
+  around({ObjectCall::Op::list, prefix}, [&] { page = base_.list(prefix, token, max_keys); });
+  return page;
+}
+
+void ObjectStoreWrapper::remove(std::string_view key) {
+  around({ObjectCall::Op::remove, key}, [&] { base_.remove(key); });
+}
+
+void ObjectStoreWrapper::around(const ObjectCall&, const std::function<void()>& forward) { forward(); }
+
+void RetryingObjectStore::attempt(const std::function<void(int)>& call) {
   for (int n = 1;; ++n) {
     try {
       return call(n - 1);
@@ -78,35 +133,27 @@ decltype(auto) RetryingObjectStore::attempt(F&& call) {
   }
 }
 
+void RetryingObjectStore::around(const ObjectCall&, const std::function<void()>& forward) {
+  // A lost answer to create_multipart leaves an upload nobody knows of; listing and
+  // collecting such leftovers is the caller's (list_multipart_uploads()).
+  attempt([&](int) { forward(); });
+}
+
 std::string RetryingObjectStore::put(std::string_view key, std::span<const std::byte> data, const WriteCondition& when) {
-  return attempt([&](int failures) {
+  std::string etag;
+  attempt([&](int failures) {
     try {
-      return base().put(key, data, when);
+      etag = base().put(key, data, when);
     } catch (const Error& e) {
       // A conditional write refused after an attempt whose answer was lost: that attempt may
       // have landed. It did exactly when the object now holds our bytes.
       if (e.code() != Errc::conflict || failures == 0 || when.kind == WriteCondition::Kind::none) throw;
       const std::string mine = md5_hex(data);
       if (base().head(key).etag != mine) throw;
-      return mine;
+      etag = mine;
     }
   });
-}
-
-std::string RetryingObjectStore::create_multipart(std::string_view key) {
-  // A lost answer leaves an upload nobody knows of; listing and collecting such leftovers is
-  // the caller's (list_multipart_uploads()).
-  return attempt([&](int) { return base().create_multipart(key); });
-}
-
-std::string RetryingObjectStore::upload_part(std::string_view key, std::string_view upload_id, int part_number,
-                                             std::span<const std::byte> data) {
-  return attempt([&](int) { return base().upload_part(key, upload_id, part_number, data); });
-}
-
-std::string RetryingObjectStore::complete_multipart(std::string_view key, std::string_view upload_id,
-                                                    std::span<const CompletedPart> parts) {
-  return attempt([&](int) { return base().complete_multipart(key, upload_id, parts); });
+  return etag;
 }
 
 void RetryingObjectStore::abort_multipart(std::string_view key, std::string_view upload_id) {
@@ -117,26 +164,6 @@ void RetryingObjectStore::abort_multipart(std::string_view key, std::string_view
       if (e.code() != Errc::not_found || failures == 0) throw;  // an earlier attempt aborted it
     }
   });
-}
-
-std::vector<MultipartUpload> RetryingObjectStore::list_multipart_uploads(std::string_view prefix, std::size_t max_uploads) {
-  return attempt([&](int) { return base().list_multipart_uploads(prefix, max_uploads); });
-}
-
-void RetryingObjectStore::get_range(std::string_view key, std::uint64_t offset, std::span<std::byte> out) {
-  attempt([&](int) { base().get_range(key, offset, out); });
-}
-
-ObjectInfo RetryingObjectStore::head(std::string_view key) {
-  return attempt([&](int) { return base().head(key); });
-}
-
-ObjectPage RetryingObjectStore::list(std::string_view prefix, std::string_view token, std::size_t max_keys) {
-  return attempt([&](int) { return base().list(prefix, token, max_keys); });
-}
-
-void RetryingObjectStore::remove(std::string_view key) {
-  attempt([&](int) { base().remove(key); });
 }
 
 }  // namespace ckpt

@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -144,39 +145,40 @@ class ObjectStore {
   virtual std::string name_of(std::string_view key) const { return std::string(key); }
 };
 
-/// Forwards every call to the store it wraps (which must outlive it), so that a wrapper (the
-/// retrying store below, the fault-injecting one in ckpt::testing) overrides only what it
-/// changes.
+/// One call of the ObjectStore interface, as ObjectStoreWrapper::around() sees it.
+struct ObjectCall {
+  enum class Op { put, create_multipart, upload_part, complete_multipart, abort_multipart, list_uploads, get_range, head, list, remove, kCount };
+  Op op;
+  std::string_view key;  ///< the object's key; for a listing, its prefix
+  int part_number = 0;   ///< upload_part's
+};
+
+/// Forwards every call to the store it wraps (which must outlive it) through around(), so
+/// that a wrapper (the retrying store below, the fault-injecting one in ckpt::testing) says
+/// once what it does around every call, and overrides a call only where it does more.
 class ObjectStoreWrapper : public ObjectStore {
  public:
   explicit ObjectStoreWrapper(ObjectStore& base) : base_(base) {}
   ObjectStore& base() const noexcept { return base_; }
 
-  std::string put(std::string_view key, std::span<const std::byte> data, const WriteCondition& when = {}) override {
-    return base_.put(key, data, when);
-  }
-  std::string create_multipart(std::string_view key) override { return base_.create_multipart(key); }
+  std::string put(std::string_view key, std::span<const std::byte> data, const WriteCondition& when = {}) override;
+  std::string create_multipart(std::string_view key) override;
   std::string upload_part(std::string_view key, std::string_view upload_id, int part_number,
-                          std::span<const std::byte> data) override {
-    return base_.upload_part(key, upload_id, part_number, data);
-  }
+                          std::span<const std::byte> data) override;
   std::string complete_multipart(std::string_view key, std::string_view upload_id,
-                                 std::span<const CompletedPart> parts) override {
-    return base_.complete_multipart(key, upload_id, parts);
-  }
-  void abort_multipart(std::string_view key, std::string_view upload_id) override { base_.abort_multipart(key, upload_id); }
-  std::vector<MultipartUpload> list_multipart_uploads(std::string_view prefix, std::size_t max_uploads = 1000) override {
-    return base_.list_multipart_uploads(prefix, max_uploads);
-  }
-  void get_range(std::string_view key, std::uint64_t offset, std::span<std::byte> out) override {
-    base_.get_range(key, offset, out);
-  }
-  ObjectInfo head(std::string_view key) override { return base_.head(key); }
-  ObjectPage list(std::string_view prefix, std::string_view token = {}, std::size_t max_keys = 1000) override {
-    return base_.list(prefix, token, max_keys);
-  }
-  void remove(std::string_view key) override { base_.remove(key); }
+                                 std::span<const CompletedPart> parts) override;
+  void abort_multipart(std::string_view key, std::string_view upload_id) override;
+  std::vector<MultipartUpload> list_multipart_uploads(std::string_view prefix, std::size_t max_uploads = 1000) override;
+  void get_range(std::string_view key, std::uint64_t offset, std::span<std::byte> out) override;
+  ObjectInfo head(std::string_view key) override;
+  ObjectPage list(std::string_view prefix, std::string_view token = {}, std::size_t max_keys = 1000) override;
+  void remove(std::string_view key) override;
   std::string name_of(std::string_view key) const override { return base_.name_of(key); }
+
+ protected:
+  /// Runs `forward` (the call on the wrapped store; it may run more than once, or not at
+  /// all) for `call`. The default runs it once.
+  virtual void around(const ObjectCall& call, const std::function<void()>& forward);
 
  private:
   ObjectStore& base_;
@@ -206,24 +208,18 @@ class RetryingObjectStore final : public ObjectStoreWrapper {
   RetryingObjectStore(std::unique_ptr<ObjectStore> base, RetryPolicy policy);
 
   std::string put(std::string_view key, std::span<const std::byte> data, const WriteCondition& when = {}) override;
-  std::string create_multipart(std::string_view key) override;
-  std::string upload_part(std::string_view key, std::string_view upload_id, int part_number,
-                          std::span<const std::byte> data) override;
-  std::string complete_multipart(std::string_view key, std::string_view upload_id,
-                                 std::span<const CompletedPart> parts) override;
   void abort_multipart(std::string_view key, std::string_view upload_id) override;
-  std::vector<MultipartUpload> list_multipart_uploads(std::string_view prefix, std::size_t max_uploads = 1000) override;
-  void get_range(std::string_view key, std::uint64_t offset, std::span<std::byte> out) override;
-  ObjectInfo head(std::string_view key) override;
-  ObjectPage list(std::string_view prefix, std::string_view token = {}, std::size_t max_keys = 1000) override;
-  void remove(std::string_view key) override;
 
   /// Retries made so far (attempts beyond the first of each call), over all calls.
   std::uint64_t retries() const noexcept;
 
+ protected:
+  void around(const ObjectCall& call, const std::function<void()>& forward) override;
+
  private:
-  template <class F>
-  decltype(auto) attempt(F&& call);
+  // Runs `call(failures)` (transient failures so far) until it succeeds, fails for good, or
+  // the attempts run out.
+  void attempt(const std::function<void(int failures)>& call);
   std::unique_ptr<ObjectStore> owned_;
   RetryPolicy policy_;
   struct State;

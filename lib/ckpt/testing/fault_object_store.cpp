@@ -20,6 +20,25 @@ namespace {
   throw Error(Errc::io_error, file, what);
 }
 
+// How the S3 client's errors name the request of `call`.
+std::string action_of(const ObjectCall& call) {
+  using Op = ObjectCall::Op;
+  switch (call.op) {
+    case Op::put: return "PUT";
+    case Op::create_multipart: return "create multipart upload";
+    case Op::upload_part: return "PUT part " + std::to_string(call.part_number);
+    case Op::complete_multipart: return "complete multipart upload";
+    case Op::abort_multipart: return "abort multipart upload";
+    case Op::list_uploads: return "list multipart uploads";
+    case Op::get_range: return "GET";
+    case Op::head: return "HEAD";
+    case Op::list: return "list objects";
+    case Op::remove:
+    case Op::kCount: break;
+  }
+  return "DELETE";
+}
+
 }  // namespace
 
 FaultInjectionObjectStore::~FaultInjectionObjectStore() { release_hangs(); }
@@ -72,14 +91,13 @@ bool FaultInjectionObjectStore::take(Op op, Fault& fault) {
   return true;
 }
 
-template <class F>
-decltype(auto) FaultInjectionObjectStore::run(Op op, std::string_view key, std::string_view action, F&& forward) {
+void FaultInjectionObjectStore::around(const ObjectCall& call, const std::function<void()>& forward) {
   Fault f{};
-  if (!take(op, f)) return forward();
-  const std::string name = base().name_of(key);
+  if (!take(call.op, f)) return forward();
+  const std::string name = base().name_of(call.key), action = action_of(call);
   switch (f) {
     case Fault::dropped:
-      (void)forward();  // it reached the store; the answer is lost
+      forward();  // it reached the store; the answer is lost
       throw_fault(f, name, action);
     case Fault::hang: {
       std::unique_lock lock(mu_);
@@ -90,69 +108,14 @@ decltype(auto) FaultInjectionObjectStore::run(Op op, std::string_view key, std::
       throw_fault(f, name, action);
     }
     case Fault::lost_race:
-      if (op == Op::put) {  // the other writer's object lands first
+      if (call.op == Op::put) {  // the other writer's object lands first
         static constexpr std::string_view other = "an object another writer put first";
-        base().put(key, std::as_bytes(std::span(other)));
+        base().put(call.key, std::as_bytes(std::span(other)));
       }
       return forward();
     default:
       throw_fault(f, name, action);
   }
-}
-
-std::string FaultInjectionObjectStore::put(std::string_view key, std::span<const std::byte> data, const WriteCondition& when) {
-  return run(Op::put, key, "PUT", [&] {
-    return base().put(key, data, when);
-  });
-}
-
-std::string FaultInjectionObjectStore::create_multipart(std::string_view key) {
-  return run(Op::create_multipart, key, "create multipart upload", [&] { return base().create_multipart(key); });
-}
-
-std::string FaultInjectionObjectStore::upload_part(std::string_view key, std::string_view upload_id, int part_number,
-                                                   std::span<const std::byte> data) {
-  return run(Op::upload_part, key, "PUT part " + std::to_string(part_number),
-             [&] { return base().upload_part(key, upload_id, part_number, data); });
-}
-
-std::string FaultInjectionObjectStore::complete_multipart(std::string_view key, std::string_view upload_id,
-                                                          std::span<const CompletedPart> parts) {
-  return run(Op::complete_multipart, key, "complete multipart upload",
-             [&] { return base().complete_multipart(key, upload_id, parts); });
-}
-
-void FaultInjectionObjectStore::abort_multipart(std::string_view key, std::string_view upload_id) {
-  run(Op::abort_multipart, key, "abort multipart upload", [&] {
-    base().abort_multipart(key, upload_id);
-    return 0;
-  });
-}
-
-std::vector<MultipartUpload> FaultInjectionObjectStore::list_multipart_uploads(std::string_view prefix, std::size_t max_uploads) {
-  return run(Op::list_uploads, prefix, "list multipart uploads", [&] { return base().list_multipart_uploads(prefix, max_uploads); });
-}
-
-void FaultInjectionObjectStore::get_range(std::string_view key, std::uint64_t offset, std::span<std::byte> out) {
-  run(Op::get_range, key, "GET", [&] {
-    base().get_range(key, offset, out);
-    return 0;
-  });
-}
-
-ObjectInfo FaultInjectionObjectStore::head(std::string_view key) {
-  return run(Op::head, key, "HEAD", [&] { return base().head(key); });
-}
-
-ObjectPage FaultInjectionObjectStore::list(std::string_view prefix, std::string_view token, std::size_t max_keys) {
-  return run(Op::list, prefix, "list objects", [&] { return base().list(prefix, token, max_keys); });
-}
-
-void FaultInjectionObjectStore::remove(std::string_view key) {
-  run(Op::remove, key, "DELETE", [&] {
-    base().remove(key);
-    return 0;
-  });
 }
 
 }  // namespace ckpt::testing

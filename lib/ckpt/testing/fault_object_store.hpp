@@ -20,7 +20,7 @@ namespace ckpt::testing {
 
 class FaultInjectionObjectStore final : public ObjectStoreWrapper {
  public:
-  enum class Op { put, create_multipart, upload_part, complete_multipart, abort_multipart, list_uploads, get_range, head, list, remove, kCount };
+  using Op = ObjectCall::Op;
   enum class Fault {
     slow_down,      ///< HTTP 503 SlowDown; the call does not reach the store
     server_error,   ///< HTTP 500 InternalError; the call does not reach the store
@@ -50,18 +50,8 @@ class FaultInjectionObjectStore final : public ObjectStoreWrapper {
   /// Calls hanging now.
   std::uint64_t hanging() const;
 
-  std::string put(std::string_view key, std::span<const std::byte> data, const WriteCondition& when = {}) override;
-  std::string create_multipart(std::string_view key) override;
-  std::string upload_part(std::string_view key, std::string_view upload_id, int part_number,
-                          std::span<const std::byte> data) override;
-  std::string complete_multipart(std::string_view key, std::string_view upload_id,
-                                 std::span<const CompletedPart> parts) override;
-  void abort_multipart(std::string_view key, std::string_view upload_id) override;
-  std::vector<MultipartUpload> list_multipart_uploads(std::string_view prefix, std::size_t max_uploads = 1000) override;
-  void get_range(std::string_view key, std::uint64_t offset, std::span<std::byte> out) override;
-  ObjectInfo head(std::string_view key) override;
-  ObjectPage list(std::string_view prefix, std::string_view token = {}, std::size_t max_keys = 1000) override;
-  void remove(std::string_view key) override;
+ protected:
+  void around(const ObjectCall& call, const std::function<void()>& forward) override;
 
  private:
   struct Plan {
@@ -71,9 +61,6 @@ class FaultInjectionObjectStore final : public ObjectStoreWrapper {
   };
   // Counts the call; returns the fault to inject into it, if any.
   bool take(Op op, Fault& fault);
-  // Runs `forward` under the fault planned for `op` on `key`.
-  template <class F>
-  decltype(auto) run(Op op, std::string_view key, std::string_view action, F&& forward);
 
   mutable std::mutex mu_;
   std::condition_variable released_;
