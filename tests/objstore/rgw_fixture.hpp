@@ -5,15 +5,18 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 
 #include "ckpt/io/object_store.hpp"
 #include "ckpt/io/s3.hpp"
+#include "support/test_support.hpp"
 
 namespace ckpt::test {
 
@@ -44,10 +47,25 @@ inline std::map<std::string, std::string> rgw_env() {
   return env;
 }
 
+/// Runs the shell command `cmd` with the RGW's environment (rgw_env()) set; returns its exit
+/// status (128+N for signal N) and its stdout and stderr together.
+inline std::pair<int, std::string> run_with_rgw_env(const std::string& cmd) {
+  std::string vars;
+  for (const auto& [k, v] : rgw_env()) vars += k + "=" + v + " ";
+  int status = 0;
+  std::string out = run_command("env " + vars + cmd + " 2>&1", &status);
+  return {status, std::move(out)};
+}
+
 /// A fresh key prefix ("t-<random>/" under `tag`), so each test has keys of its own.
 inline std::string unique_prefix(const std::string& tag) {
   std::random_device rd;
   return tag + "-" + std::to_string(rd()) + std::to_string(rd());
+}
+
+/// `attempts` tries with millisecond delays, for tests that retry injected faults.
+inline RetryPolicy fast_retries(int attempts) {
+  return {.max_attempts = attempts, .base_delay = std::chrono::milliseconds(1), .max_delay = std::chrono::milliseconds(5)};
 }
 
 /// Options for the RGW, rooted at s3://BUCKET/`prefix`, with short retry delays.

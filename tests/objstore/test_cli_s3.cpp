@@ -24,18 +24,7 @@ namespace {
 
 const std::string kTool = std::string(CKPT_TEST_BINARY_DIR) + "/bin/ckpt";
 
-std::pair<int, std::string> run(const std::string& args) {
-  auto env = test::rgw_env();
-  std::string line;
-  for (const auto& [k, v] : env) line += k + "=" + v + " ";
-  FILE* p = ::popen(("env " + line + kTool + " " + args + " 2>&1").c_str(), "r");
-  REQUIRE(p);
-  std::string out;
-  char buf[4096];
-  while (const std::size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+std::pair<int, std::string> run(const std::string& args) { return test::run_with_rgw_env(kTool + " " + args); }
 
 }  // namespace
 

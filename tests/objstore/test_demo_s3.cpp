@@ -15,20 +15,6 @@ namespace {
 
 const std::string kDemo = std::string(CKPT_TEST_BINARY_DIR) + "/bin/ckpt-demo";
 
-// Runs `cmd` with the RGW's environment; returns its exit status and output.
-std::pair<int, std::string> run(const std::string& cmd) {
-  auto env = ckpt::test::rgw_env();
-  std::string line;
-  for (const auto& [k, v] : env) line += k + "=" + v + " ";
-  FILE* p = ::popen(("env " + line + cmd + " 2>&1").c_str(), "r");
-  REQUIRE(p);
-  std::string out;
-  char buf[4096];
-  while (const std::size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
 // The loss table's rows of steps `first`..`last`, without the step-time column.
 std::vector<std::string> rows(const std::string& out, int first, int last) {
   std::vector<std::string> got;
@@ -52,13 +38,13 @@ TEST_CASE("ckpt-demo with an s3 durable tier, its local root deleted, resumes fr
   }
   ckpt::test::TempDir dir;
   const std::string s3 = "s3://" + ckpt::test::rgw_env()["CKPT_S3_BUCKET"] + "/" + ckpt::test::unique_prefix("demo");
-  const auto [full_rc, full] = run(kDemo + " --dir " + (dir / "full").string());
+  const auto [full_rc, full] = ckpt::test::run_with_rgw_env(kDemo + " --dir " + (dir / "full").string());
   REQUIRE(full_rc == 0);
-  const auto [half_rc, half] = run(kDemo + " --dir " + (dir / "local").string() + " --durable-dir " + s3 + " --steps 10");
+  const auto [half_rc, half] = ckpt::test::run_with_rgw_env(kDemo + " --dir " + (dir / "local").string() + " --durable-dir " + s3 + " --steps 10");
   REQUIRE(half_rc == 0);
   CHECK(half.find("(h) both tiers hold the checkpoints      PASS") != std::string::npos);
   std::filesystem::remove_all(dir / "local");
-  const auto [rc, resumed] = run(kDemo + " --dir " + (dir / "local").string() + " --durable-dir " + s3 + " --resume");
+  const auto [rc, resumed] = ckpt::test::run_with_rgw_env(kDemo + " --dir " + (dir / "local").string() + " --durable-dir " + s3 + " --resume");
   INFO(resumed);
   REQUIRE(rc == 0);
   CHECK(resumed.find("resume: restored step-0000000010 from " + s3 + "/step-0000000010 into") != std::string::npos);

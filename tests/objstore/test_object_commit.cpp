@@ -143,7 +143,7 @@ TEST_CASE("a commit whose tier-manifest create loses its answer is retried and s
   test::SavedCheckpoint ck(2, 10);
   auto s3 = test::rgw_store("commit-lost-answer");
   testing::FaultInjectionObjectStore faults(*s3);
-  RetryingObjectStore store(faults, {.max_attempts = 3, .base_delay = std::chrono::milliseconds(1), .max_delay = std::chrono::milliseconds(5)});
+  RetryingObjectStore store(faults, test::fast_retries(3));
   // Two shard puts and the local manifest pass; the tier manifest's create is dropped after it landed.
   faults.inject(Op::put, Fault::dropped, 1, 3);
   const ObjectCommitReport r = commit_to_object_store(posix_file_system(), ck.dir.path().string(), 10, store, {.run_id = "r1"});
@@ -156,7 +156,7 @@ TEST_CASE("a 503 storm on the tier manifest's create fails the commit with the t
   test::SavedCheckpoint ck(2, 10);
   auto s3 = test::rgw_store("commit-storm");
   testing::FaultInjectionObjectStore faults(*s3);
-  RetryingObjectStore store(faults, {.max_attempts = 3, .base_delay = std::chrono::milliseconds(1), .max_delay = std::chrono::milliseconds(5)});
+  RetryingObjectStore store(faults, test::fast_retries(3));
   faults.inject(Op::put, Fault::slow_down, 1000, 3);
   const Error e = test::error_of([&] { commit_to_object_store(posix_file_system(), ck.dir.path().string(), 10, store); });
   CHECK(e.code() == Errc::io_error);
@@ -228,7 +228,7 @@ TEST_CASE("a restore whose ranged gets meet 503s and timeouts is retried and com
   auto s3 = test::rgw_store("restore-retry");
   commit_to_object_store(posix_file_system(), ck.dir.path().string(), 10, *s3);
   testing::FaultInjectionObjectStore faults(*s3);
-  RetryingObjectStore store(faults, {.max_attempts = 4, .base_delay = std::chrono::milliseconds(1), .max_delay = std::chrono::milliseconds(5)});
+  RetryingObjectStore store(faults, test::fast_retries(4));
   faults.inject(Op::get_range, Fault::slow_down, 2, 1);
   faults.inject(Op::head, Fault::timeout, 1, 2);
   test::TempDir local;

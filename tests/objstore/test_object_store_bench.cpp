@@ -21,20 +21,12 @@ TEST_CASE("ckpt-object-store-bench --quick measures upload and resume against th
     std::exit(77);
   }
   auto env = ckpt::test::rgw_env();
-  std::string vars;
-  for (const auto& [k, v] : env) vars += k + "=" + v + " ";
   ckpt::test::TempDir dir;
   const std::string json = (dir / "out.json").string();
-  FILE* p = ::popen(("env " + vars + bin + " --quick --bucket " + env["CKPT_S3_BUCKET"] + " --dir " + (dir / "work").string() +
-                     " --json " + json + " 2>&1").c_str(), "r");
-  REQUIRE(p);
-  std::string out;
-  char buf[4096];
-  while (const std::size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int status = ::pclose(p);
+  const auto [status, out] = ckpt::test::run_with_rgw_env(bin + " --quick --bucket " + env["CKPT_S3_BUCKET"] + " --dir " +
+                                                          (dir / "work").string() + " --json " + json);
   INFO(out);
-  REQUIRE(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(status == 0);
   for (const char* row : {"upload to the object store", "copy to a durable directory", "resume from the object store",
                           "resume from a durable directory"})
     CHECK(out.find(row) != std::string::npos);

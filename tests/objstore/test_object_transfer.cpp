@@ -71,7 +71,7 @@ TEST_CASE("an upload whose parts meet a 503 storm fails with the typed error aft
   write_file(dir / "big", 12u << 20, 5);
   auto s3 = test::rgw_store("upload-storm");
   testing::FaultInjectionObjectStore faults(*s3);
-  RetryingObjectStore store(faults, {.max_attempts = 3, .base_delay = std::chrono::milliseconds(1), .max_delay = std::chrono::milliseconds(5)});
+  RetryingObjectStore store(faults, test::fast_retries(3));
   faults.inject(Op::upload_part, Fault::slow_down, 1000);
   const UploadOptions opt{.multipart_threshold = 1, .part_size = 5u << 20, .parts_in_flight = 2};
   const Error e = test::error_of([&] { upload_file(store, posix_file_system(), (dir / "big").string(), "obj", opt); });
