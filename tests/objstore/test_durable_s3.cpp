@@ -14,6 +14,7 @@
 #include "ckpt/io/object_commit.hpp"
 #include "ckpt/io/save.hpp"
 #include "ckpt/io/tiers.hpp"
+#include "ckpt/runtime/checkpointer.hpp"
 #include "ckpt/runtime/tiering.hpp"
 #include "ckpt/testing/fault_object_store.hpp"
 #include "io/io_fixture.hpp"
@@ -125,19 +126,45 @@ TEST_CASE("a durable s3 tier whose store fails is counted with the typed error a
   CHECK(read_object_latest(*s3)->step == 7);
 }
 
-TEST_CASE("a durable s3 tier without credentials fails its copies, counted and given up, and training goes on") {
+TEST_CASE("a durable s3 tier without credentials is refused when it is made, before any training, naming the variables") {
   test::TempDir local;
   const std::string root = (local / "root").string();
   ::unsetenv("AWS_ACCESS_KEY_ID");
   ::unsetenv("AWS_SECRET_ACCESS_KEY");
-  DurableReplicator rep(posix_file_system(), root, {.root = "s3://nobody-bucket/x", .max_attempts = 1});
+  const Error e = test::error_of([&] { DurableReplicator rep(posix_file_system(), root, {.root = "s3://nobody-bucket/x"}); });
+  CHECK(e.code() == Errc::invalid_argument);
+  CHECK(e.file() == "s3://nobody-bucket/x");
+  CHECK(e.detail().find("AWS_ACCESS_KEY_ID") != std::string::npos);
+  // The same through a Checkpointer: its constructor throws, nothing is written locally.
+  const Error c = test::error_of([&] {
+    CheckpointerOptions o{.root = root, .world_size = 1};
+    o.durable = DurableTierOptions{.root = "s3://nobody-bucket/x"};
+    Checkpointer ck(std::move(o));
+  });
+  CHECK(c.code() == Errc::invalid_argument);
+  CHECK(!std::filesystem::exists(root));
+}
+
+TEST_CASE("a durable s3 tier whose server refuses the connection fails its copies, counted and given up, and training goes on") {
+  test::TempDir local;
+  const std::string root = (local / "root").string();
+  S3Options o;
+  o.root = "s3://nobody-bucket/x";
+  o.endpoint = "http://127.0.0.1:1";
+  o.access_key = "a";
+  o.secret_key = "b";
+  o.retry.max_attempts = 1;
+  const auto store = open_s3(o);
+  DurableReplicator rep(posix_file_system(), root, {.root = o.root, .max_attempts = 1, .object_store = store.get()});
   save_step(root, 3);
   rep.submit(3);
   rep.wait_idle();
   const DurableStats st = rep.stats();
   CHECK(st.given_up == 1);
-  CHECK(st.last_error_code == Errc::invalid_argument);
-  CHECK(st.last_error.find("AWS_ACCESS_KEY_ID") != std::string::npos);
+  CHECK(st.copies == 0);
+  CHECK(st.last_error_code == Errc::io_error);
+  CHECK(st.last_error.find("127.0.0.1:1") != std::string::npos);
+  CHECK(open_latest(posix_file_system(), root).name == "step-0000000003");  // the local checkpoint stands
 }
 
 TEST_CASE("a resume whose local root is gone rehydrates it from the object store, verified, and says so") {

@@ -373,6 +373,14 @@ struct Checkpointer::Impl {
       layout = l;
       node_roots = node_root_paths(opt.root, l.nodes);
     }
+    // The durable tier first: a configuration it refuses (an s3:// root without credentials)
+    // fails here, before the root is touched or staging allocated. Node roots: the durable
+    // copy reads each checkpoint through node 0's directory (the reader finds the other
+    // nodes' shards; redundancy blocks are not copied).
+    if (opt.durable) {
+      opt.durable->allow_older_than_latest |= opt.allow_older_than_latest;
+      replicator = std::make_unique<DurableReplicator>(fs, layout ? node_roots[0] : opt.root, *opt.durable);
+    }
     choose_backend();
     // In several processes, one of them cleans the root up before any can start writing.
     run_id = coordinator->start_run([this] {
@@ -402,10 +410,6 @@ struct Checkpointer::Impl {
         ++stats.staging_allocations;
         stats.staging_bytes += b.capacity();
       }
-    if (opt.durable) opt.durable->allow_older_than_latest |= opt.allow_older_than_latest;
-    // Node roots: the durable copy reads each checkpoint through node 0's directory (the
-    // reader finds the other nodes' shards; redundancy blocks are not copied).
-    if (opt.durable) replicator = std::make_unique<DurableReplicator>(fs, layout ? node_roots[0] : opt.root, *opt.durable);
     io_thread = std::thread([this] { ctx.run(); });
   }
 

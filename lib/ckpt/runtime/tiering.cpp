@@ -30,8 +30,8 @@ struct DurableReplicator::Impl {
   const std::string src_root;
   const DurableTierOptions opt;
   FileSystem& dst_fs;
-  // An s3:// durable root's store: options.object_store, or one opened at the first copy (by
-  // the replicator's thread only, which alone calls copy()).
+  // An s3:// durable root's store: options.object_store, or the one opened at construction
+  // (used by the replicator's thread only, which alone calls copy()).
   mutable std::unique_ptr<ObjectStore> owned_store;
   mutable ObjectStore* store = nullptr;
 
@@ -51,6 +51,17 @@ struct DurableReplicator::Impl {
     if (opt.keep_last < 0) throw_invalid("DurableTierOptions.keep_last must be >= 0");
     if (opt.max_attempts < 1) throw_invalid("DurableTierOptions.max_attempts must be >= 1");
     if (opt.leftover_grace.count() < 0) throw_invalid("DurableTierOptions.leftover_grace must be >= 0");
+    if (is_s3_root(opt.root)) {
+      // Opening checks the configuration (root, endpoint, keys) without a request: a tier
+      // that could never copy is refused here, before training, not after hours of it.
+      if (opt.object_store) store = opt.object_store;
+      else {
+        S3Options s3;
+        s3.root = opt.root;
+        owned_store = open_s3(s3);
+        store = owned_store.get();
+      }
+    }
     thread = std::thread([this] { run(); });
   }
 
@@ -139,15 +150,6 @@ struct DurableReplicator::Impl {
   Outcome copy_to_object_store(std::uint64_t step) const {
     Outcome out;
     try {
-      if (!store) {
-        if (opt.object_store) store = opt.object_store;
-        else {
-          S3Options s3;
-          s3.root = opt.root;
-          owned_store = open_s3(s3);
-          store = owned_store.get();
-        }
-      }
       ObjectCommitOptions commit;
       commit.verify_chunks = opt.verify != Verify::none;
       out.bytes = commit_to_object_store(src_fs, src_root, step, *store, commit).bytes;

@@ -57,8 +57,9 @@ struct DurableTierOptions {
   bool allow_older_than_latest = false;
   /// For an s3:// root: the store to commit to, which must outlive the replicator (tests pass
   /// a fault-injecting one). Null: open_s3 of `root` with the endpoint and keys of the
-  /// environment (AWS_ENDPOINT_URL, ...), opened at the first copy, so a missing variable
-  /// shows up as a failed copy, never as an exception.
+  /// environment (AWS_ENDPOINT_URL, ...), opened by the constructor, which throws
+  /// Errc::invalid_argument for a configuration that could never work (a malformed root or
+  /// endpoint, a missing key); what fails once requests are made is a counted failure.
   ObjectStore* object_store = nullptr;
   /// For an s3:// root: after each commit (and rotation), uncommitted objects and multipart
   /// uploads the server dates more than this before now are collected (collect_object_leftovers).
