@@ -127,8 +127,12 @@ struct Options {
   TrainConfig train;
 };
 
+// Under MPI every process checks the options and exits; rank 0 alone says why (the others'
+// lines would interleave with its own).
+bool g_quiet_usage = false;
+
 [[noreturn]] void usage(const std::string& msg) {
-  cli::print_usage_error("ckpt-demo", msg);
+  if (!g_quiet_usage) cli::print_usage_error("ckpt-demo", msg);
   std::exit(cli::kExitUsage);
 }
 
@@ -705,6 +709,7 @@ int program_main(int argc, char** argv) {
       return 1;
     }
     g_mpi = &*mpi;
+    g_quiet_usage = mpi->rank() != 0;
     if (o.world_given && o.world != mpi->size())
       usage("--world-size " + std::to_string(o.world) + " differs from the " + std::to_string(mpi->size()) +
             " MPI processes (with --backend mpi the world size is mpirun's -np)");
