@@ -758,6 +758,7 @@ int program_main(int argc, char** argv) {
         std::printf("%s\nthe resume falls back to the durable tier %s\n", e.what(), o.durable_dir->c_str());
       }
     }
+    std::string rehydrated_from;  // the object store a resume restored the local root from
     if (o.resume && o.durable_dir && is_s3_root(*o.durable_dir)) {
       // An object-store tier is not read in place: a local root whose checkpoint is missing or
       // bad is rehydrated from it (verified, committed locally) now, before this run's
@@ -766,7 +767,10 @@ int program_main(int argc, char** argv) {
         OpenLatestOptions full;
         full.verify = Verify::full;
         const TieredCheckpoint t = open_latest_tiered(posix_file_system(), root, *durable_store(*o.durable_dir), full);
-        if (t.tier == "durable") std::printf("resume: %s (the local tier: %s)\n", t.opened.note.c_str(), t.local_error.c_str());
+        if (t.tier == "durable") {
+          std::printf("resume: %s (the local tier: %s)\n", t.opened.note.c_str(), t.local_error.c_str());
+          rehydrated_from = *o.durable_dir;
+        }
       }
       barrier();
     }
@@ -821,7 +825,9 @@ int program_main(int argc, char** argv) {
                   source_world != o.world
                       ? (" (resharded from world size " + std::to_string(source_world) + " to " + std::to_string(o.world) + ")").c_str()
                       : "",
-                  r0.resume_tier.empty() ? "" : (", from the " + r0.resume_tier).c_str());
+                  r0.resume_tier.empty() ? ""
+                  : rehydrated_from.empty() ? (", from the " + r0.resume_tier).c_str()
+                                            : (", from the " + r0.resume_tier + " (restored from " + rehydrated_from + ")").c_str());
 
     // ---- the loss table ----
     std::printf("\n%5s %10s %10s %11s %9s %9s %13s\n", "step", "loss", "grad norm", "param norm", "lr", "step ms", "save stall ms");

@@ -48,7 +48,7 @@ TEST_CASE("ckpt-demo with an s3 durable tier, its local root deleted, resumes fr
   INFO(resumed);
   REQUIRE(rc == 0);
   CHECK(resumed.find("resume: restored step-0000000010 from " + s3 + "/step-0000000010 into") != std::string::npos);
-  CHECK(resumed.find("resumed from step 10") != std::string::npos);
+  CHECK(resumed.find("resumed from step 10, from the local tier (restored from " + s3 + ")\n") != std::string::npos);
   CHECK(resumed.find("(h) both tiers hold the checkpoints      PASS") != std::string::npos);
   const auto expect = rows(full, 11, 20);
   CHECK(expect.size() == 10);
