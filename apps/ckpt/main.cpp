@@ -1216,7 +1216,8 @@ int prune_list(const PruneArgs& a, const std::string& root, const std::vector<Pr
   std::uint64_t good = 0;
   json::array kept, removed;
   std::vector<std::string> kept_lines, removed_lines;
-  for (const auto& c : keep ? list : std::vector<PruneEntry>{}) {
+  for (const auto& c : list) {
+    if (!keep) break;  // without --keep no checkpoint is kept or removed
     const bool past = good >= keep;
     const std::string note = c.is_latest ? " (latest)" : (!c.ok ? " (corrupt)" : "");
     if (!past || c.is_latest) {
@@ -1723,14 +1724,10 @@ int cmd_get(const GetArgs& a) {
   const auto reader = open_dir_or_root(a.dir);
   const int rank = rank_of(a, reader.manifest());
   const MappedShard shard(reader, rank, mode);
-  const TensorView v = shard.tensor(a.tensor);
-  TensorRecord record;
-  record.name = v.name;
-  record.rank = rank;
-  record.dtype = v.dtype;
-  record.shape = v.shape;
+  const TensorView v = shard.tensor(a.tensor);  // a missing tensor: not_found listing the rank's
   const MappedShardStats st = shard.stats();
-  return write_npy(a, mode, {reader.dir(), rank, &record, v.data, shard.is_mapped(), st.chunks_checked, st.bytes_checked, shard.size()});
+  return write_npy(a, mode, {reader.dir(), rank, reader.manifest().find_tensor(a.tensor, rank), v.data, shard.is_mapped(),
+                             st.chunks_checked, st.bytes_checked, shard.size()});
 }
 
 Command declare_get(CLI::App& app) {

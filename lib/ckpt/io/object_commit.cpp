@@ -441,12 +441,13 @@ ObjectCheckpoint verify_object_checkpoint(ObjectStore& store, std::uint64_t step
 ObjectTensor read_object_tensor(ObjectStore& store, const ObjectCheckpoint& ck, int rank, std::string_view name, Verify mode,
                                 std::uint64_t read_size) {
   const Manifest& m = ck.manifest;
+  const std::string manifest_name = store.name_of(ck.tier.data_prefix + std::string(kManifestName));
   if (rank < 0 || rank >= m.world_size)
-    throw Error(Errc::invalid_argument, store.name_of(ck.tier.data_prefix + std::string(kManifestName)), "rank",
+    throw Error(Errc::invalid_argument, manifest_name, "rank",
                 "0.." + std::to_string(m.world_size - 1), std::to_string(rank));
   const auto shard = std::find_if(m.shards.begin(), m.shards.end(), [&](const ShardRecord& s) { return s.rank == rank; });
   if (shard == m.shards.end())
-    throw Error(Errc::malformed_manifest, store.name_of(ck.tier.data_prefix + std::string(kManifestName)), "no shard of rank " + std::to_string(rank));
+    throw Error(Errc::malformed_manifest, manifest_name, "no shard of rank " + std::to_string(rank));
   const std::string key = ck.tier.data_prefix + shard->path;
   ObjectTensor out;
   out.object = store.name_of(key);
@@ -459,7 +460,7 @@ ObjectTensor read_object_tensor(ObjectStore& store, const ObjectCheckpoint& ck, 
     detail::throw_no_tensor(out.object, rank, held, name);
   }
   out.record = *t;
-  if (m.chunk_size == 0) throw Error(Errc::malformed_manifest, store.name_of(ck.tier.data_prefix + std::string(kManifestName)), "chunk_size 0");
+  if (m.chunk_size == 0) throw Error(Errc::malformed_manifest, manifest_name, "chunk_size 0");
   check_size(shard->size, store.head(key).size, "shard size", out.object);
   if (mode == Verify::full) {
     out.chunks_checked = verify_object_shards(store, ck, Verify::full, {}, read_size, 1, {static_cast<std::size_t>(shard - m.shards.begin())});

@@ -32,8 +32,8 @@ struct DurableReplicator::Impl {
   FileSystem& dst_fs;
   // An s3:// durable root's store: options.object_store, or the one opened at construction
   // (used by the replicator's thread only, which alone calls copy()).
-  mutable std::unique_ptr<ObjectStore> owned_store;
-  mutable ObjectStore* store = nullptr;
+  std::unique_ptr<ObjectStore> owned_store;
+  ObjectStore* store = nullptr;
 
   mutable std::mutex mu;
   std::condition_variable cv;  // the thread waits for work; wait_idle() for the end of it
