@@ -2,6 +2,8 @@
 // ctest's fixture (scripts/rgw). Each test works under a prefix of its own.
 #include <doctest/doctest.h>
 
+#include <functional>
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -83,6 +85,33 @@ TEST_CASE("head and get of a missing object are not_found naming the object and 
   CHECK(g.code() == Errc::not_found);
   CHECK(g.expected() == "HTTP 2xx");
   CHECK(g.actual() == "HTTP 404 NoSuchKey");
+}
+
+TEST_CASE("every call on a bucket that does not exist is invalid_argument naming the bucket, never not_found") {
+  S3Options o = test::rgw_options("p");
+  o.root = "s3://ckpt-no-such-bucket/p";
+  for (auto* store_of : {&make_s3_object_store, &open_s3}) {
+    const auto store = (*store_of)(o);
+    std::vector<std::byte> out(4);
+    const std::vector<std::pair<const char*, std::function<void()>>> calls = {
+        {"head", [&] { store->head("latest"); }},
+        {"get", [&] { store->get_range("latest", 0, out); }},
+        {"put", [&] { store->put("x", bytes_of("x")); }},
+        {"create", [&] { store->create("x", bytes_of("x")); }},
+        {"list", [&] { store->list("step-"); }},
+        {"remove", [&] { store->remove("x"); }},
+        {"list uploads", [&] { store->list_multipart_uploads("step-"); }},
+    };
+    for (const auto& [name, call] : calls) {
+      CAPTURE(name);
+      const Error e = test::error_of(call);
+      CHECK(e.code() == Errc::invalid_argument);
+      CHECK(e.file() == "s3://ckpt-no-such-bucket");
+      CHECK(e.detail().find("the bucket of s3://ckpt-no-such-bucket/p does not exist") != std::string::npos);
+      CHECK(e.expected() == "an existing bucket");
+      CHECK(e.actual() == "HTTP 404 NoSuchBucket");
+    }
+  }
 }
 
 TEST_CASE("remove deletes an object, and removing a key that does not exist succeeds") {

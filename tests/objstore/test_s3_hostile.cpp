@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <thread>
 
@@ -96,6 +97,45 @@ TEST_CASE("a server that accepts the connection and never answers is a transient
   CHECK(e.actual() == "no response");
   CHECK(e.sys_errno() == ETIMEDOUT);
   CHECK(is_transient(e));
+  CHECK(e.file() == "s3://bucket/p/x");
+}
+
+TEST_CASE("a call to a server that never answers ends within about a second of abort_calls, aborted, and later calls fail at once") {
+  Listener silent;
+  auto store = make_s3_object_store(offline(silent.url()));  // stall timeout: the default 30 s
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread giver([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    store->abort_calls();
+  });
+  const Error e = test::error_of([&] { store->head("x"); });
+  giver.join();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(took < 2.5);
+  CHECK(e.code() == Errc::aborted);
+  CHECK(e.file() == "s3://bucket/p/x");
+  CHECK(e.detail() == "HEAD: the caller gave up on the store (abort_calls)");
+  CHECK(!is_transient(e));
+  const auto t1 = std::chrono::steady_clock::now();
+  CHECK(test::error_of([&] { store->put("y", bytes_of("y")); }).code() == Errc::aborted);
+  CHECK(std::chrono::steady_clock::now() - t1 < std::chrono::milliseconds(100));
+}
+
+TEST_CASE("a retrying store neither retries nor waits for its next attempt after abort_calls") {
+  Listener silent;
+  S3Options o = offline(silent.url());
+  o.request_timeout = std::chrono::milliseconds(200);
+  o.retry = {.max_attempts = 100, .base_delay = std::chrono::milliseconds(2000), .max_delay = std::chrono::milliseconds(2000)};
+  auto store = open_s3(o);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread giver([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(700));  // inside a wait before a retry, or an attempt
+    store->abort_calls();
+  });
+  const Error e = test::error_of([&] { store->head("x"); });
+  giver.join();
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(2500));
+  CHECK(e.code() == Errc::aborted);
   CHECK(e.file() == "s3://bucket/p/x");
 }
 

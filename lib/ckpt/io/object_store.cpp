@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -37,6 +38,8 @@ std::vector<std::byte> ObjectStore::get(std::string_view key) {
 
 struct RetryingObjectStore::State {
   std::mutex mu;
+  std::condition_variable wake;  // abort_calls() ends the waits before retries
+  bool aborted = false;
   std::mt19937_64 rng{std::random_device{}()};
   std::atomic<std::uint64_t> retries{0};
 };
@@ -117,18 +120,19 @@ void RetryingObjectStore::attempt(const std::function<void(int)>& call) {
       return call(n - 1);
     } catch (const Error& e) {
       if (!is_transient(e)) throw;
+      std::unique_lock lock(state_->mu);
+      // After abort_calls() the caller has given up: a transient failure is not retried.
+      if (state_->aborted)
+        throw Error(Errc::aborted, e.file(), "not retried, the caller gave up on the store (abort_calls): " + e.detail(),
+                    e.expected(), e.actual(), e.sys_errno());
       if (n >= policy_.max_attempts)
         throw Error(e.code(), e.file(), "after " + std::to_string(n) + " attempts: " + e.detail(), e.expected(),
                     e.actual(), e.sys_errno());
       const auto cap = std::min<std::int64_t>(policy_.max_delay.count(),
                                               policy_.base_delay.count() << std::min(n - 1, 30));
-      std::int64_t delay;
-      {
-        std::lock_guard lock(state_->mu);
-        delay = std::uniform_int_distribution<std::int64_t>(0, std::max<std::int64_t>(cap, 0))(state_->rng);
-      }
+      const std::int64_t delay = std::uniform_int_distribution<std::int64_t>(0, std::max<std::int64_t>(cap, 0))(state_->rng);
       state_->retries.fetch_add(1);
-      std::this_thread::sleep_for(std::chrono::milliseconds(delay));
+      state_->wake.wait_for(lock, std::chrono::milliseconds(delay), [&] { return state_->aborted; });
     }
   }
 }
@@ -154,6 +158,15 @@ std::string RetryingObjectStore::put(std::string_view key, std::span<const std::
     }
   });
   return etag;
+}
+
+void RetryingObjectStore::abort_calls() noexcept {
+  {
+    std::lock_guard lock(state_->mu);
+    state_->aborted = true;
+  }
+  state_->wake.notify_all();
+  base().abort_calls();
 }
 
 void RetryingObjectStore::abort_multipart(std::string_view key, std::string_view upload_id) {

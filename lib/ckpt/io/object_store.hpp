@@ -143,6 +143,14 @@ class ObjectStore {
   /// How errors name the object `key` (the S3 client: "s3://bucket/prefix/key"), for callers
   /// that raise errors of their own about an object. The default is the key itself.
   virtual std::string name_of(std::string_view key) const { return std::string(key); }
+
+  /// Gives up on the store: every call in flight ends promptly (the S3 client: within about a
+  /// second, connecting and waiting for an answer included) and every later call fails at
+  /// once, each with Errc::aborted naming its object; a retrying store retries neither. For a
+  /// caller that stops waiting for a store that stopped answering (the durable tier's drain
+  /// deadline). Irreversible. Thread-safe; never blocks. The default does nothing (a store
+  /// whose calls cannot be interrupted).
+  virtual void abort_calls() noexcept {}
 };
 
 /// One call of the ObjectStore interface, as ObjectStoreWrapper::around() sees it.
@@ -174,6 +182,7 @@ class ObjectStoreWrapper : public ObjectStore {
   ObjectPage list(std::string_view prefix, std::string_view token = {}, std::size_t max_keys = 1000) override;
   void remove(std::string_view key) override;
   std::string name_of(std::string_view key) const override { return base_.name_of(key); }
+  void abort_calls() noexcept override { base_.abort_calls(); }
 
  protected:
   /// Runs `forward` (the call on the wrapped store; it may run more than once, or not at
@@ -200,7 +209,8 @@ struct RetryPolicy {
 /// attempt landed; its ETag, the MD5 of the bytes, is the proof), and an abort whose retry
 /// finds the upload gone succeeds. A complete_multipart whose retry finds the upload gone
 /// reports Errc::not_found (the caller checks the object). When the attempts run out, the
-/// last error is thrown, its detail prefixed with "after N attempts: ". Thread-safe.
+/// last error is thrown, its detail prefixed with "after N attempts: ". After abort_calls()
+/// nothing is retried and a wait before a retry ends at once. Thread-safe.
 class RetryingObjectStore final : public ObjectStoreWrapper {
  public:
   RetryingObjectStore(ObjectStore& base, RetryPolicy policy);
@@ -209,6 +219,7 @@ class RetryingObjectStore final : public ObjectStoreWrapper {
 
   std::string put(std::string_view key, std::span<const std::byte> data, const WriteCondition& when = {}) override;
   void abort_multipart(std::string_view key, std::string_view upload_id) override;
+  void abort_calls() noexcept override;
 
   /// Retries made so far (attempts beyond the first of each call), over all calls.
   std::uint64_t retries() const noexcept;

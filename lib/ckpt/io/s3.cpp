@@ -6,6 +6,7 @@
 #include "ckpt/io/s3.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -102,7 +103,14 @@ struct Transfer {
   std::size_t max_body;
   std::span<const std::byte> upload;
   std::size_t upload_pos = 0;
+  const std::atomic<bool>* aborted = nullptr;  // abort_calls(): the transfer ends at the next progress call
 };
+
+// libcurl calls this at least once a second during a transfer, connecting and waiting for an
+// answer included: a non-zero return ends the transfer (CURLE_ABORTED_BY_CALLBACK).
+int on_progress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+  return static_cast<Transfer*>(user)->aborted->load() ? 1 : 0;
+}
 
 std::size_t on_body(char* data, std::size_t size, std::size_t n, void* user) {
   auto* t = static_cast<Transfer*>(user);
@@ -212,6 +220,8 @@ class S3ObjectStore final : public ObjectStore {
   ~S3ObjectStore() override {
     for (CURL* h : idle_) curl_easy_cleanup(h);
   }
+
+  void abort_calls() noexcept override { aborted_.store(true); }
 
   std::string put(std::string_view key, std::span<const std::byte> data, const WriteCondition& when) override {
     const std::string file = name_of(key);
@@ -340,6 +350,9 @@ class S3ObjectStore final : public ObjectStore {
     check_object_key(key, file);
     Request req{.method = "HEAD", .key = root_prefix_ + std::string(key)};
     Response r = perform(req, file, "HEAD");
+    // A HEAD's 404 has no body to tell NoSuchKey from NoSuchBucket: a missing bucket must not
+    // read as a missing key (a typo in the root would look like an empty store).
+    if (r.status == 404 && r.body.empty()) check_bucket_exists("HEAD");
     if (r.status / 100 != 2) fail(r, file, "HEAD");
     if (!r.have_length) throw Error(Errc::io_error, file, "HEAD: no Content-Length in the response");
     return {std::string(key), r.content_length, etag_of(r, file, "HEAD")};
@@ -365,7 +378,7 @@ class S3ObjectStore final : public ObjectStore {
     check_object_key(key, file);
     Request req{.method = "DELETE", .key = root_prefix_ + std::string(key)};
     Response r = perform(req, file, "DELETE");
-    if (r.status / 100 != 2 && r.status != 404) fail(r, file, "DELETE");
+    if (r.status / 100 != 2 && (r.status != 404 || detail::parse_error_body(r.body).code == "NoSuchBucket")) fail(r, file, "DELETE");
   }
 
  private:
@@ -378,16 +391,34 @@ class S3ObjectStore final : public ObjectStore {
     return r.etag;
   }
 
-  // Throws the typed error of a non-2xx response: 404 not_found, 412 conflict, else io_error.
-  [[noreturn]] static void fail(const Response& r, const std::string& file, std::string_view action,
-                                std::string expected = "HTTP 2xx") {
+  // Throws the typed error of a non-2xx response: 404 not_found (of the key or upload; a
+  // missing bucket is no_such_bucket's), 412 conflict, else io_error.
+  [[noreturn]] void fail(const Response& r, const std::string& file, std::string_view action,
+                         std::string expected = "HTTP 2xx") const {
     const auto body = detail::parse_error_body(r.body);
+    if (r.status == 404 && body.code == "NoSuchBucket") no_such_bucket(action);
     const Errc code = r.status == 404 ? Errc::not_found : r.status == 412 ? Errc::conflict : Errc::io_error;
     std::string detail(action);
     if (!body.message.empty()) detail += ": " + body.message;
     std::string actual = "HTTP " + std::to_string(r.status);
     if (!body.code.empty()) actual += " " + body.code;
     throw Error(code, file, std::move(detail), std::move(expected), std::move(actual));
+  }
+
+  // The bucket of the root does not exist: Errc::invalid_argument naming it, never the
+  // not_found that callers read as "no such object".
+  [[noreturn]] void no_such_bucket(std::string_view action) const {
+    throw Error(Errc::invalid_argument, "s3://" + root_.bucket,
+                std::string(action) + ": the bucket of " + opt_.root + " does not exist (a typo in the root, or the bucket was deleted)",
+                "an existing bucket", "HTTP 404 NoSuchBucket");
+  }
+
+  // After an object's HEAD answered 404: a HEAD of the bucket, and no_such_bucket() if that is
+  // 404 too. Any other answer leaves the object's 404 standing.
+  void check_bucket_exists(std::string_view action) {
+    Request req{.method = "HEAD"};
+    const Response r = perform(req, "s3://" + root_.bucket, "HEAD (bucket)");
+    if (r.status == 404) no_such_bucket(action);
   }
 
   CURL* acquire() {
@@ -410,6 +441,7 @@ class S3ObjectStore final : public ObjectStore {
   }
 
   Response perform(const Request& req, const std::string& file, std::string_view action) {
+    if (aborted_.load()) throw aborted_error(file, action);
     std::string url = opt_.endpoint + "/" + root_.bucket;
     if (!req.key.empty()) url += "/" + uri_encode(req.key, true);
     Query q = req.query;
@@ -437,7 +469,7 @@ class S3ObjectStore final : public ObjectStore {
       CURL* h;
       ~Release() { self->release(h); }
     } release_on_exit{this, h};
-    Transfer t{h, &r, req.sink, opt_.max_response_bytes, req.body};
+    Transfer t{h, &r, req.sink, opt_.max_response_bytes, req.body, 0, &aborted_};
     curl_easy_setopt(h, CURLOPT_URL, url.c_str());
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_AWS_SIGV4, sigv4_.c_str());
@@ -451,6 +483,9 @@ class S3ObjectStore final : public ObjectStore {
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &t);
     curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(h, CURLOPT_HEADERDATA, &t);
+    curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(h, CURLOPT_XFERINFODATA, &t);
     const std::string_view method = req.method;
     if (method == "PUT") {
       curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
@@ -477,6 +512,7 @@ class S3ObjectStore final : public ObjectStore {
       throw Error(Errc::io_error, file, std::string(action) + ": response larger than the client's bound",
                   "at most " + std::to_string(opt_.max_response_bytes) + " bytes", "more");
     }
+    if (rc == CURLE_ABORTED_BY_CALLBACK) throw aborted_error(file, action);
     if (rc != CURLE_OK) {
       const int err = transport_errno(rc);
       const std::string why = errbuf[0] ? errbuf : curl_easy_strerror(rc);
@@ -486,7 +522,13 @@ class S3ObjectStore final : public ObjectStore {
     return r;
   }
 
+  static Error aborted_error(const std::string& file, std::string_view action) {
+    return Error(Errc::aborted, file, std::string(action) + ": the caller gave up on the store (abort_calls)", "a response",
+                 "aborted");
+  }
+
   S3Options opt_;
+  std::atomic<bool> aborted_{false};
   S3Root root_;
   std::string root_prefix_;  // "prefix/" or ""
   std::string sigv4_, userpwd_;

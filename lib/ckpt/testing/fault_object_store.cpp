@@ -61,6 +61,11 @@ void FaultInjectionObjectStore::release_hangs() {
   released_.notify_all();
 }
 
+void FaultInjectionObjectStore::abort_calls() noexcept {
+  release_hangs();
+  ObjectStoreWrapper::abort_calls();
+}
+
 std::uint64_t FaultInjectionObjectStore::calls(Op op) const {
   std::lock_guard lock(mu_);
   return calls_[static_cast<std::size_t>(op)];

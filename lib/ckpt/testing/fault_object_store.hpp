@@ -28,7 +28,8 @@ class FaultInjectionObjectStore final : public ObjectStoreWrapper {
     dropped,        ///< the call reaches the store, then the connection drops: no response (ECONNRESET)
     lost_race,      ///< a put: another writer's object lands under the key first (a different body), so a
                     ///< conditional put meets the store's real 412; other ops: forwarded unchanged
-    hang,           ///< the call blocks until release_hangs() (or destruction), then fails: no response (ETIMEDOUT)
+    hang,           ///< the call blocks until release_hangs() (or abort_calls(), or destruction), then fails: no
+                    ///< response (ETIMEDOUT)
   };
 
   /// Wraps `base`, which must outlive this object. Thread-safe.
@@ -43,6 +44,9 @@ class FaultInjectionObjectStore final : public ObjectStoreWrapper {
   void clear();
   /// Lets every hanging call fail now, and later ones pass through (until inject() again).
   void release_hangs();
+  /// release_hangs(), then the wrapped store's abort_calls(): a caller giving up on a hung
+  /// store ends the injected hangs as it would the real ones.
+  void abort_calls() noexcept override;
   /// Calls of `op` so far, faulty or not.
   std::uint64_t calls(Op op) const;
   /// Faults injected so far.
