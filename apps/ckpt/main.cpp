@@ -538,7 +538,7 @@ int cmd_ls_s3(const LsArgs& a) {
       std::uint64_t bytes = 0;
       for (const auto& s : c.manifest.shards) bytes += s.size;
       out.push_back(json::object{{"name", name}, {"step", step}, {"world_size", c.manifest.world_size}, {"bytes", bytes},
-                                 {"state", "complete"}, {"latest", is_latest}, {"run_id", c.tier.run_id}, {"error", ""}});
+                                 {"state", "complete"}, {"latest", is_latest}, {"run", c.tier.run}, {"run_id", c.tier.run_id}, {"error", ""}});
       table.row({name, std::to_string(step), std::to_string(c.manifest.world_size), human_bytes(bytes),
                  std::string("complete") + (is_latest ? " (latest)" : "")});
     } catch (const Error& e) {
@@ -625,7 +625,10 @@ void print_inspect(const std::string& dir, const Manifest& m, const NodeCheckpoi
   for (const auto& s : m.shards) total += s.size;
   std::printf("checkpoint  %s\nstep        %llu\nworld size  %d\ncreated     %s\nwall clock  %.3f s\n", dir.c_str(),
               static_cast<unsigned long long>(m.step), m.world_size, m.created_at.c_str(), m.wall_clock_seconds);
-  if (tier) std::printf("run id      %s\ncommitted   %s (the object store's tier manifest)\n", tier->run_id.c_str(), tier->committed_at.c_str());
+  if (tier)
+    std::printf("run         %s\nwriter id   %s\ncommitted   %s (the object store's tier manifest)\n",
+                tier->run.empty() ? "(not recorded: committed before run identities)" : tier->run.c_str(), tier->run_id.c_str(),
+                tier->committed_at.c_str());
   std::printf("size        %s in %zu shards, chunk %s\nparameters  %llu (flat)\n", human_bytes(total).c_str(), m.shards.size(),
               human_bytes(m.chunk_size).c_str(), static_cast<unsigned long long>(m.param_numel));
   if (h) {
@@ -703,7 +706,7 @@ int cmd_inspect_s3(const InspectArgs& a) {
     print_json(json::object{{"ok", true},
                             {"dir", dir},
                             {"manifest", json::parse(encode_manifest(c.manifest))},
-                            {"tier", {{"run_id", c.tier.run_id}, {"committed_at", c.tier.committed_at}, {"data_prefix", c.tier.data_prefix},
+                            {"tier", {{"run", c.tier.run}, {"run_id", c.tier.run_id}, {"committed_at", c.tier.committed_at}, {"data_prefix", c.tier.data_prefix},
                                       {"manifest_sha256", c.tier.manifest_sha256}, {"bytes", c.tier.bytes}}}});
   else
     print_inspect(dir, c.manifest, nullptr, {}, &c.tier);

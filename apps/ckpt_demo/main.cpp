@@ -98,11 +98,18 @@ Exit status:
   4  saves failed and no checkpoint was committed since the first of them (a full or
      unwritable root): the last line says so, naming the step and the last error; this
      takes precedence over 1
+  5  with --durable-dir: training finished and its checkpoints are committed locally, but
+     the durable tier gave up (--durable-drain-deadline passed, or a signal cut the wait
+     short): the last line says `durable tier: no, gave up after N s` and which step is not
+     there; takes precedence over 1 (check (h) is then skipped), not over 4
 )";
 
 struct Options {
   std::optional<std::string> dir, durable_dir;
   int keep_durable = 10;
+  double drain_deadline = 300;  // --durable-drain-deadline: seconds
+  std::optional<double> lease_seconds;  // --lease-seconds: an s3 tier's writer lease period
+  bool adopt_run = false;  // --adopt-run: a resume may continue another run's checkpoint from the store
   int nodes = 0;  // --nodes: node n's local root is DIR/node-n (0: DIR is the one root)
   RedundancyScheme redundancy{};
   bool mpi = false;
@@ -138,6 +145,7 @@ bool g_quiet_usage = false;
 
 constexpr std::uint64_t kMaxStep = std::uint64_t{1} << 40;
 constexpr int kExitNoCommit = 4;  // saves failed and none committed since the first failure
+constexpr int kExitDurableGaveUp = 5;  // the durable tier's drain gave up
 
 // --nodes and --redundancy against the world size (threads: --world-size; MPI: -np).
 void check_node_options(const Options& o) {
@@ -167,6 +175,19 @@ Options parse(int argc, char** argv) {
                  "root from it when --dir's checkpoint is missing or bad")
       ->option_text("DIR");
   add_int_option(app, "--keep-durable", o.keep_durable, 0, 1 << 20, "K", "keep the last K checkpoints in the durable tier (default 10)");
+  app.add_option("--durable-drain-deadline", o.drain_deadline,
+                 "with --durable-dir: after training, wait at most S seconds for the durable\n"
+                 "tier to catch up (printing what it waits for every 10 s), then give up\n"
+                 "the copies not done (exit status 5, last line `durable tier: no, gave up\n"
+                 "after N s`); a signal gives up at once (default 300)")
+      ->check(CLI::NonNegativeNumber.description(""))
+      ->option_text("S");
+  app.add_option("--lease-seconds", o.lease_seconds,
+                 "with an s3:// --durable-dir: the period of the prefix's writer lease (renewed\n"
+                 "every S/4; a second job on the prefix is refused while it holds, and takes\n"
+                 "it over between S and 2 S after its holder died; default 60)")
+      ->check(CLI::Range(0.1, 3600.0).description(""))
+      ->option_text("S");
   std::string redundancy;
   auto* nodes = add_int_option(app, "--nodes", o.nodes, 1, 1 << 16, "N",
                                "group the ranks evenly into N nodes, node n's local root DIR/node-n;\n"
@@ -214,6 +235,12 @@ Options parse(int argc, char** argv) {
                      ->expected(0, 1)
                      ->check(CLI::IsMember({"auto"}).description(""))
                      ->option_text("[auto]");
+  app.add_flag("--adopt-run", o.adopt_run,
+               "with --resume and an s3:// --durable-dir: continue a checkpoint the object\n"
+               "store holds from another run than --dir's (or into a new --dir, which has no\n"
+               "run yet); --dir then becomes that run's. Without it such a resume is refused\n"
+               "naming both runs (two jobs on one prefix)")
+      ->needs(resume);
   app.add_flag("--reshard", o.reshard,
                "with --resume: accept a checkpoint written at another world size and\n"
                "re-slice its optimizer state for --world-size (without it such a\n"
@@ -294,6 +321,8 @@ Options parse(int argc, char** argv) {
 #endif
   if (o.durable_dir && o.dir && !is_s3_root(*o.durable_dir) && fs::weakly_canonical(*o.durable_dir) == fs::weakly_canonical(*o.dir))
     usage("--durable-dir must differ from --dir");
+  if ((o.lease_seconds || o.adopt_run) && !(o.durable_dir && is_s3_root(*o.durable_dir)))
+    usage(std::string(o.adopt_run ? "--adopt-run" : "--lease-seconds") + " needs an s3:// --durable-dir");
   if (!o.mpi) check_node_options(o);  // under MPI once the world size is known
   if (o.inject_spike && *o.inject_spike <= o.save_every)
     usage("--inject-spike must come after the first save (step > --save-every), so there is a checkpoint to roll back to");
@@ -358,7 +387,7 @@ RankRecord train_rank(const Options& o, dist::Communicator& comm, const std::str
   if (o.inflate_optimizer) trainer.optimizer().hold_extra_for_testing(static_cast<std::size_t>(o.inflate_optimizer));
   std::uint64_t start = 0;
   if (resume && o.durable_dir) {
-    const auto r = trainer.resume_latest_tiered(root, *o.durable_dir, Verify::full, o.reshard ? Reshard::allow : Reshard::no);
+    const auto r = trainer.resume_latest_tiered(root, *o.durable_dir, Verify::full, o.reshard ? Reshard::allow : Reshard::no, o.adopt_run);
     start = r.step;
     rec.resume_tier = r.tier + " tier" + (r.local_error.empty() ? "" : " (local tier passed over: " + r.local_error + ")");
   } else if (resume && ckpt && o.nodes > 0 && is_mpi()) {
@@ -500,6 +529,7 @@ struct RunRecord {
   std::vector<RankRecord> ranks;
   std::string backend;
   std::optional<DurableStats> durable;  // with --durable-dir, after the copies drained
+  std::optional<DurableDrain> drain;    // how that drain ended
   std::vector<RepairReport> repairs;     // what the Checkpointer's construction rebuilt (rank 0's)
   const RankRecord& first() const { return ranks.at(0); }
   /// Rank 0's rows by step; a step trained twice (replayed after a rollback) keeps its last row.
@@ -515,6 +545,26 @@ struct RunRecord {
   }
 };
 
+// The drain of the durable tier after training: at most --durable-drain-deadline, saying
+// what it waits for every 10 s, and given up at once on a signal (the main run's).
+DurableDrainOptions drain_options(const Options& o) {
+  DurableDrainOptions d;
+  d.deadline = std::chrono::milliseconds(static_cast<std::int64_t>(o.drain_deadline * 1000));
+  const std::string root = o.durable_dir.value_or("");
+  d.progress = [root](const DurableDrainStatus& st) {
+    if (!printer()) return;
+    const auto step = st.running ? st.running : st.pending;
+    std::printf("durable tier: waiting for step %s to reach %s (attempt %d of %d): %.0f s of %.0f s%s%s\n",
+                step ? std::to_string(*step).c_str() : "?", root.c_str(), st.attempt, st.max_attempts,
+                std::chrono::duration<double>(st.waited).count(), std::chrono::duration<double>(st.deadline).count(),
+                st.last_error.empty() ? "" : "; the last error: ", st.last_error.c_str());
+    std::fflush(stdout);
+  };
+  if (o.watch_signals)
+    d.stop = [] { return g_preemption && g_preemption->count() > 0 ? signal_name(g_preemption->first_signal()) : std::string(); };
+  return d;
+}
+
 RunRecord run(const Options& o, const std::string& root, bool resume, bool saves) {
   RunRecord rec;
   auto faults = std::make_unique<FaultInjectionFileSystem>(posix_file_system());
@@ -528,7 +578,14 @@ RunRecord run(const Options& o, const std::string& root, bool resume, bool saves
                             .fs = o.fail_save ? faults.get() : nullptr, .coordinator = coordinator.get()};
     opt.max_consecutive_failures = o.max_consecutive_failures;
     opt.staging = o.deferred_staging ? Staging::deferred : Staging::copy;
-    if (o.durable_dir) opt.durable = DurableTierOptions{.root = *o.durable_dir, .keep_last = o.keep_durable};
+    if (o.durable_dir) {
+      opt.durable = DurableTierOptions{.root = *o.durable_dir, .keep_last = o.keep_durable};
+      opt.durable->drain_deadline = std::chrono::milliseconds(static_cast<std::int64_t>(o.drain_deadline * 1000));
+      if (o.lease_seconds) {
+        const auto period = std::chrono::milliseconds(static_cast<std::int64_t>(*o.lease_seconds * 1000));
+        opt.durable->lease = {.period = period, .renew_every = std::max(std::chrono::milliseconds(1), period / 4)};
+      }
+    }
     if (o.nodes > 0) opt.nodes = NodeOptions{.ranks_per_node = o.world / o.nodes, .redundancy = o.redundancy};
     // A tiered resume may continue from the durable tier, older than what the local `latest`
     // names when that one is corrupt: its saves may then move `latest` back (logged).
@@ -559,7 +616,7 @@ RunRecord run(const Options& o, const std::string& root, bool resume, bool saves
   }
   if (ckpt && o.durable_dir && !g_preempted) {
     ckpt->wait_all();
-    ckpt->wait_durable();
+    rec.drain = ckpt->drain_durable(drain_options(o));
     rec.durable = ckpt->stats().durable;
   }
   barrier();  // under MPI only rank 0 commits and copies: its work is on disk before anyone checks
@@ -615,8 +672,6 @@ std::string fmt_bytes(std::uint64_t b) {
   return buf;
 }
 
-// Whether `root` has a `latest`: a committed checkpoint (one that does not open is reported by
-// the resume itself).
 // The object store of an s3:// --durable-dir (endpoint and keys from the environment).
 std::unique_ptr<ObjectStore> durable_store(const std::string& root) {
   S3Options s3;
@@ -624,16 +679,12 @@ std::unique_ptr<ObjectStore> durable_store(const std::string& root) {
   return open_s3(s3);
 }
 
-bool has_latest(const std::string& root) {
-  if (is_s3_root(root)) return read_object_latest(*durable_store(root)).has_value();
-  std::error_code ec;
-  if (fs::symlink_status(fs::path(root) / kLatestName, ec).type() != fs::file_type::not_found && !ec) return true;
-  // A node set: any node root's `latest`.
-  const int nodes = count_node_roots(posix_file_system(), root);
-  for (int n = 0; n < nodes; ++n)
-    if (fs::symlink_status(fs::path(root) / ("node-" + std::to_string(n)) / kLatestName, ec).type() != fs::file_type::not_found && !ec)
-      return true;
-  return false;
+// What in `root` (--dir, or a --durable-dir of either kind) may be a committed checkpoint, as
+// its kind's commit protocol says (io/tiers.hpp): nullopt only for an empty root. A missing
+// bucket is an error naming it, never "empty".
+std::optional<std::string> committed_in(const std::string& root) {
+  if (is_s3_root(root)) return find_committed_checkpoint(*durable_store(root));
+  return find_committed_checkpoint(posix_file_system(), root);
 }
 
 // Where checkpoint `name` of `root` keeps its manifest: ROOT/name, or node 0's copy of it.
@@ -691,6 +742,31 @@ std::optional<std::string> repair_before_resume(const Options& o, const std::str
          " shard(s)), each equal to the manifest's SHA-256; afterwards " + (after.healthy() ? "every shard and block verifies" : "STILL DAMAGED");
 }
 
+// The line a run with --durable-dir ends with: whether the durable tier holds the run's
+// newest checkpoint, and if not, why.
+std::string durable_tier_line(const Options& o, const std::string& local_root, const RunRecord& rec, bool gave_up) {
+  const DurableStats& d = *rec.durable;
+  const std::string root = *o.durable_dir;
+  const std::string last_error = d.last_error.empty() ? "" : "; the last error: " + d.last_error;
+  if (gave_up) {
+    const DurableDrain& g = *rec.drain;
+    char secs[32];
+    std::snprintf(secs, sizeof secs, "%.0f", std::chrono::duration<double>(g.waited).count());
+    char deadline[32];
+    std::snprintf(deadline, sizeof deadline, "%g", o.drain_deadline);
+    const std::string why = g.gave_up_on == "the deadline" ? "--durable-drain-deadline " + std::string(deadline) : g.gave_up_on;
+    return "durable tier: no, gave up after " + std::string(secs) + " s (" + why + "): step " +
+           (g.step ? std::to_string(*g.step) : std::string("?")) + " did not reach " + root +
+           (g.last_error.empty() ? "" : "; the last error: " + g.last_error);
+  }
+  if (d.lease_lost) return "durable tier: no, this run's writer lease on " + root + " was taken over by another writer, which commits there now" + last_error;
+  const auto local = read_latest(posix_file_system(), local_root);
+  const auto local_step = local ? parse_checkpoint_dir_name(*local) : std::nullopt;
+  if (local_step && d.last_step != local_step)
+    return "durable tier: no, step " + std::to_string(*local_step) + " did not reach " + root + last_error;
+  return "durable tier: yes" + (d.last_step ? ", " + root + " holds " + checkpoint_dir_name(*d.last_step) : std::string());
+}
+
 }  // namespace
 
 namespace {
@@ -724,23 +800,40 @@ int program_main(int argc, char** argv) {
   const bool temp_root = !o.dir;
   const std::string root = o.dir ? *o.dir : (fs::temp_directory_path() / ("ckpt-demo-" + std::to_string(run_id))).string();
   if (o.resume && temp_root) usage("--resume needs --dir");
-  // Only a committed checkpoint (a `latest`) makes a root non-empty: step directories without
-  // one were never committed, and the checkpointer removes them (with a log line).
+  // Only a committed checkpoint makes a root non-empty, as each kind's commit protocol says
+  // (a `latest`; on a node set also a step renamed into place on every node root; on an
+  // object store a tier manifest): step directories no `latest` named were never committed,
+  // and the checkpointer removes them (with a log line). --resume auto never starts fresh
+  // while either tier may hold one.
   std::string auto_line;
-  if (o.resume_auto) {
-    const std::optional<std::string> from = has_latest(root)                            ? std::optional(root)
-                                            : o.durable_dir && has_latest(*o.durable_dir) ? o.durable_dir
-                                                                                        : std::nullopt;
-    o.resume = from.has_value();
-    auto_line = from ? "resume auto: resuming from the checkpoint " + join_path(*from, kLatestName) + " names"
-                     : "resume auto: no committed checkpoint in " + root + (o.durable_dir ? " or " + *o.durable_dir : "") + ": starting fresh";
+  std::optional<std::string> local_committed;
+  try {
+    local_committed = committed_in(root);
+    if (o.resume_auto) {
+      const std::optional<std::string> from = local_committed ? local_committed : o.durable_dir ? committed_in(*o.durable_dir) : std::nullopt;
+      o.resume = from.has_value();
+      auto_line = !from                         ? "resume auto: no committed checkpoint in " + root + (o.durable_dir ? " or " + *o.durable_dir : "") +
+                                                      ": starting fresh"
+                  : from->ends_with(kLatestName) ? "resume auto: resuming from the checkpoint " + *from + " names"
+                                                 : "resume auto: resuming from " + *from;
+    }
+  } catch (const Error& e) {
+    std::fprintf(stderr, "ckpt-demo: %s\n", e.what());
+    return cli::kExitError;
   }
-  if (!o.resume && has_latest(root))
+  if (!o.resume && local_committed)
     usage(root + " already holds committed checkpoints: pass --resume (or --resume auto) to continue them, or another --dir");
   const fs::path scratch = fs::temp_directory_path() / ("ckpt-demo-scratch-" + std::to_string(run_id));
+  // SIGTERM, SIGINT and SIGUSR1 are handled from here to the end of the process: while
+  // training they stop it at a step boundary (an emergency save), while the durable tier
+  // drains they cut the wait short, afterwards they are counted and the checks finish.
+  Preemption preemption;
+  g_preemption = &preemption;
   std::map<char, std::pair<bool, std::string>> checks;
   int exit_code = 0;
   std::string no_commit_line;  // set when the run ends with exit status 4
+  std::string durable_line;    // with --durable-dir: the line that says what the durable tier holds
+  bool durable_gave_up = false;  // exit status 5
 
   try {
     const auto& m = o.train.model;
@@ -766,7 +859,7 @@ int program_main(int argc, char** argv) {
       if (printer()) {
         OpenLatestOptions full;
         full.verify = Verify::full;
-        const TieredCheckpoint t = open_latest_tiered(posix_file_system(), root, *durable_store(*o.durable_dir), full);
+        const TieredCheckpoint t = open_latest_tiered(posix_file_system(), root, *durable_store(*o.durable_dir), full, o.adopt_run);
         if (t.tier == "durable") {
           std::printf("resume: %s (the local tier: %s)\n", t.opened.note.c_str(), t.local_error.c_str());
           rehydrated_from = *o.durable_dir;
@@ -786,14 +879,12 @@ int program_main(int argc, char** argv) {
         }
       }
     }
-    // The signals are watched while this run trains; afterwards they have their usual effect.
-    std::optional<Preemption> preemption(std::in_place);
-    g_preemption = &*preemption;
+    // The signals are watched while this run trains and while it drains the durable tier;
+    // the handlers stay until the process ends, so a signal during the checks does not kill
+    // it either.
     Options main_run = o;
     main_run.watch_signals = true;
     const RunRecord rec = run(main_run, root, o.resume, true);
-    g_preemption = nullptr;
-    preemption.reset();
     const RankRecord& r0 = rec.first();
     if (is_mpi() && o.resume && o.nodes > 0 && printer()) {
       // Under MPI the Checkpointer's construction (rank 0's process) rebuilt what a lost or
@@ -1000,7 +1091,10 @@ int program_main(int argc, char** argv) {
       checks['f'] = {equal, "optim.master, optim.m, optim.v of " + std::to_string(o.world) + " ranks = the " +
                                 std::to_string(src.manifest().world_size) + "-rank flat state of " + *source_dir + ", bitwise"};
     }
-    if (o.durable_dir && rec.durable && is_s3_root(*o.durable_dir)) {
+    const bool gave_up = rec.drain && !rec.drain->complete;  // nothing more may touch the durable tier
+    durable_gave_up = gave_up;
+    if (o.durable_dir && rec.durable) durable_line = durable_tier_line(o, root, rec, gave_up);
+    if (o.durable_dir && rec.durable && !gave_up && is_s3_root(*o.durable_dir)) {
       // (h) on an object store: its latest names the local tier's, and every committed step
       // restores with full verification (the SHA-256 of its manifest and of every shard).
       const DurableStats& d = *rec.durable;
@@ -1022,7 +1116,7 @@ int program_main(int argc, char** argv) {
           const RestoreReport r = restore_from_object_store(*store, step, posix_file_system(), into.string(), full);
           const ObjectManifest tier = read_object_manifest(*store, step);
           std::printf("  %s  committed by run %s at %s, restored with %llu XXH3 chunks and every SHA-256 verified\n",
-                      checkpoint_dir_name(step).c_str(), tier.run_id.c_str(), tier.committed_at.c_str(),
+                      checkpoint_dir_name(step).c_str(), tier.run.empty() ? "(not recorded)" : tier.run.c_str(), tier.committed_at.c_str(),
                       static_cast<unsigned long long>(r.chunks_verified));
           ++verified;
         } catch (const Error& e) {
@@ -1035,7 +1129,7 @@ int program_main(int argc, char** argv) {
       ok &= verified > 0;
       checks['h'] = {ok, std::to_string(verified) + " checkpoints on the object store restore with full verification; latest " +
                              durable_latest + " (local tier: " + local_latest.value_or("none") + ")"};
-    } else if (o.durable_dir && rec.durable) {
+    } else if (o.durable_dir && rec.durable && !gave_up) {
       // (h): the durable tier holds what the local tier committed, copied and verified.
       const DurableStats& d = *rec.durable;
       std::printf("\ndurable tier %s: %llu copies (%llu MiB, XXH3 re-verified), %llu superseded, %llu failed attempts%s%s\n",
@@ -1190,10 +1284,12 @@ int program_main(int argc, char** argv) {
   }
   if (checks.count('e') && checks['e'].first) std::printf("resume verified\n");
   if (temp_root && printer()) fs::remove_all(root);
+  if (!durable_line.empty()) std::printf("%s\n", durable_line.c_str());
   if (!no_commit_line.empty()) {
     std::printf("%s\n", no_commit_line.c_str());
     return kExitNoCommit;
   }
+  if (durable_gave_up) return kExitDurableGaveUp;
   return exit_code;
 }
 }  // namespace

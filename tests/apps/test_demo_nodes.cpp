@@ -180,6 +180,23 @@ TEST_CASE("ckpt-demo --nodes: more lost nodes than the scheme survives are refus
   check_resumed_matches(dir / "c.jsonl");
 }
 
+TEST_CASE("ckpt-demo --resume auto on node roots a crash left with a step renamed into place everywhere but no latest resumes from it instead of starting fresh") {
+  ckpt::test::TempDir dir;
+  const fs::path root = dir / "run";
+  int status = 0;
+  run(kBin + "ckpt-demo --nodes 2 --steps 10 --dir " + root.string(), status);
+  REQUIRE(status == 0);
+  // A crash after both renames, before the first `latest`: committed, though nothing names it.
+  for (int n = 0; n < 2; ++n) fs::remove(fs::path(node(root, n)) / "latest");
+  const auto out = run(kBin + "ckpt-demo --nodes 2 --resume auto --dir " + root.string() + " --metrics " + (dir / "c.jsonl").string(), status);
+  INFO(out);
+  CHECK(status == 0);
+  CHECK(out.find("resume auto: resuming from " + root.string() + "/node-*/step-0000000010 (renamed into place on every node root, no latest names it yet)\n") !=
+        std::string::npos);
+  CHECK(out.find("resumed from step 10") != std::string::npos);
+  check_resumed_matches(dir / "c.jsonl");
+}
+
 TEST_CASE("ckpt-demo refuses a node layout that cannot hold the ranks, with exit 2 and the reason") {
   int status = 0;
   const std::vector<std::pair<std::string, std::string>> bad = {

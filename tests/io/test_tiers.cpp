@@ -12,6 +12,7 @@
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/tiers.hpp"
 #include "io/io_fixture.hpp"
+#include "support/node_checkpoint.hpp"
 
 using namespace ckpt;
 namespace fs = std::filesystem;
@@ -195,4 +196,32 @@ TEST_CASE("a copy of a step older than the durable latest is refused unless allo
   CHECK(holds_only_checkpoints(roots.durable));
   copy_checkpoint(posix_file_system(), roots.local, 3, posix_file_system(), roots.durable, Verify::fast, {.allow_older_than_latest = true});
   CHECK(read_latest(posix_file_system(), roots.durable) == "step-0000000003");
+}
+
+TEST_CASE("a restart finds a directory root's committed checkpoint by its latest alone: step directories without one are nothing, a missing root is empty") {
+  Roots r;
+  CHECK(find_committed_checkpoint(posix_file_system(), r.local) == std::nullopt);
+  save_steps(r.local, {1, 2});
+  CHECK(find_committed_checkpoint(posix_file_system(), r.local) == r.local + "/latest");
+  test::write_all(fs::path(r.local) / "latest", {'?'});  // one that does not open: the resume's error, not a fresh start
+  CHECK(find_committed_checkpoint(posix_file_system(), r.local) == r.local + "/latest");
+  fs::remove(fs::path(r.local) / "latest");  // a crash before the first `latest`: never committed
+  CHECK(find_committed_checkpoint(posix_file_system(), r.local) == std::nullopt);
+}
+
+TEST_CASE("a restart finds a node set's committed checkpoint in any node's latest, or in a step renamed into place on every node root that no latest names") {
+  test::TempDir dir("ckpt-tiers");
+  const std::string set = (dir / "set").string();
+  test::Fixture fx(2, 10);
+  test::save_node_checkpoint(posix_file_system(), set, 2, RedundancyScheme{}, fx.request);
+  CHECK(find_committed_checkpoint(posix_file_system(), set) == set + "/node-0/latest");
+  fs::remove(fs::path(set) / "node-0" / "latest");
+  CHECK(find_committed_checkpoint(posix_file_system(), set) == set + "/node-1/latest");
+  fs::remove(fs::path(set) / "node-1" / "latest");
+  CHECK(find_committed_checkpoint(posix_file_system(), set) ==
+        set + "/node-*/step-0000000010 (renamed into place on every node root, no latest names it yet)");
+  // Renamed on one node only (the crash came between the renames): never committed.
+  fs::remove_all(fs::path(set) / "node-1" / "step-0000000010");
+  fs::create_directories(fs::path(set) / "node-1" / "step-0000000005");
+  CHECK(find_committed_checkpoint(posix_file_system(), set) == std::nullopt);
 }

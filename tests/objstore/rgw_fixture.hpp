@@ -5,14 +5,24 @@
 
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "ckpt/io/object_store.hpp"
 #include "ckpt/io/s3.hpp"
@@ -55,6 +65,101 @@ inline std::pair<int, std::string> run_with_rgw_env(const std::string& cmd) {
   int status = 0;
   std::string out = run_command("env " + vars + cmd + " 2>&1", &status);
   return {status, std::move(out)};
+}
+
+/// A program started in the background with the RGW's environment (rgw_env()) and then
+/// `overrides` set, its stdout and stderr both into `log`; killed (SIGKILL) by the
+/// destructor if it still runs.
+class Background {
+ public:
+  Background(const std::vector<std::string>& argv, std::filesystem::path log, std::map<std::string, std::string> overrides = {})
+      : log_(std::move(log)) {
+    std::map<std::string, std::string> vars;
+    for (char** e = ::environ; *e; ++e) {
+      const std::string kv(*e);
+      vars[kv.substr(0, kv.find('='))] = kv.substr(kv.find('=') + 1);
+    }
+    for (auto& [k, v] : rgw_env()) vars[k] = v;
+    for (auto& [k, v] : overrides) vars[k] = v;
+    std::vector<std::string> env;
+    for (auto& [k, v] : vars) env.push_back(k + "=" + v);
+    std::vector<char*> envp, args;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    std::vector<std::string> argv_copy = argv;
+    for (auto& a : argv_copy) args.push_back(a.data());
+    args.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    const int rc = posix_spawn(&pid_, args[0], &fa, nullptr, args.data(), envp.data());
+    posix_spawn_file_actions_destroy(&fa);
+    REQUIRE(rc == 0);
+  }
+  ~Background() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  Background(const Background&) = delete;
+  Background& operator=(const Background&) = delete;
+
+  pid_t pid() const { return pid_; }
+  void signal(int sig) const { ::kill(pid_, sig); }
+  /// Waits up to `limit` for the program to exit: its exit status (128+N for signal N), or -1
+  /// if it still ran (it is then killed).
+  int wait(std::chrono::milliseconds limit) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    int raw = 0;
+    pid_t done = 0;
+    while ((done = ::waitpid(pid_, &raw, WNOHANG)) == 0 && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (done == 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, &raw, 0);
+      pid_ = -1;
+      return -1;
+    }
+    pid_ = -1;
+    return WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+  }
+  /// True while it runs (not exited; a stopped program runs).
+  bool running() const {
+    siginfo_t info{};
+    return pid_ > 0 && ::waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == 0;
+  }
+  std::string output() const {
+    std::ifstream in(log_);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+
+ private:
+  pid_t pid_ = -1;
+  std::filesystem::path log_;
+};
+
+/// ckpt-demo in this build tree; a test that runs it exits 77 (skipped), saying why, where it
+/// is not built (CKPT_BUILD_APPS=OFF).
+inline std::string demo_program() {
+  const std::string demo = std::string(CKPT_TEST_BINARY_DIR) + "/bin/ckpt-demo";
+  if (!std::filesystem::exists(demo)) {
+    MESSAGE("skipped: " << demo << " is not built (CKPT_BUILD_APPS=OFF)");
+    std::exit(77);
+  }
+  return demo;
+}
+
+/// True if `text` holds `what`.
+inline bool has(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+
+/// The last non-empty line of `text`.
+inline std::string last_line(std::string text) {
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  return text.substr(text.rfind('\n') + 1);
 }
 
 /// A fresh key prefix ("t-<random>/" under `tag`), so each test has keys of its own.

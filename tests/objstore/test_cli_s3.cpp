@@ -120,7 +120,7 @@ struct TwoSteps {
 
 }  // namespace
 
-TEST_CASE("ckpt inspect of an s3 root prints what it prints for the local checkpoint plus the run id and commit time, and a missing step is not_found naming its key") {
+TEST_CASE("ckpt inspect of an s3 root prints what it prints for the local checkpoint plus the run, writer id and commit time, and a missing step is not_found naming its key") {
   TwoSteps two("cli-inspect");
   auto& [o, store, local, root] = two;
   const ObjectManifest tier = read_object_manifest(*store, 20);
@@ -129,22 +129,23 @@ TEST_CASE("ckpt inspect of an s3 root prints what it prints for the local checkp
   INFO(out);
   CHECK(rc == 0);
   CHECK(out.find("checkpoint  " + o.root + "/step-0000000020\n") != std::string::npos);
-  CHECK(out.find("run id      " + tier.run_id + "\n") != std::string::npos);
+  CHECK(out.find("writer id   " + tier.run_id + "\n") != std::string::npos);
+  CHECK(out.find("run         (not recorded: committed before run identities)\n") != std::string::npos);
   CHECK(out.find("committed   " + tier.committed_at + " (the object store's tier manifest)\n") != std::string::npos);
   const auto [lrc, lout] = run("inspect " + root + "/step-0000000020");
   CHECK(lrc == 0);
-  CHECK(without_lines(out, {"checkpoint", "run id", "committed"}) == without_lines(lout, {"checkpoint"}));
+  CHECK(without_lines(out, {"checkpoint", "run ", "writer id", "committed"}) == without_lines(lout, {"checkpoint"}));
 
   for (const std::string& args : {"inspect " + o.root + "/step-0000000010", "inspect " + o.root + " 10", "inspect " + o.root + "/ step-0000000010"}) {
     const auto [src, sout] = run(args);
     INFO(args << "\n" << sout);
     CHECK(src == 0);
     CHECK(sout.find("checkpoint  " + o.root + "/step-0000000010\nstep        10\n") != std::string::npos);
-    CHECK(sout.find("run id      " + read_object_manifest(*store, 10).run_id + "\n") != std::string::npos);
+    CHECK(sout.find("writer id   " + read_object_manifest(*store, 10).run_id + "\n") != std::string::npos);
   }
   const auto [jrc, jout] = run("inspect --json " + o.root);
   CHECK(jrc == 0);
-  CHECK(jout.find("\"tier\":{\"run_id\":\"" + tier.run_id + "\",\"committed_at\":\"" + tier.committed_at + "\"") != std::string::npos);
+  CHECK(jout.find("\"tier\":{\"run\":\"\",\"run_id\":\"" + tier.run_id + "\",\"committed_at\":\"" + tier.committed_at + "\"") != std::string::npos);
   CHECK(jout.find("\"manifest\":{") != std::string::npos);
 
   const auto [mrc, mout] = run("inspect " + o.root + "/step-0000000030");

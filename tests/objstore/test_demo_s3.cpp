@@ -1,19 +1,30 @@
 // ckpt-demo with an s3:// durable tier on the real RGW: the local root deleted after the
-// first half of a run, `--resume` rehydrates it from the object store and continues exactly
-// as the uninterrupted run. Skipped where the demo is not built (CKPT_BUILD_APPS=OFF).
+// first half of a run, `--resume --adopt-run` rehydrates it from the object store and
+// continues exactly as the uninterrupted run (without --adopt-run the new root refuses the
+// store's run); `--resume auto` never starts fresh over a missing bucket or over committed
+// steps no `latest` names; a store that stops answering (a proxy that stalls like a stopped
+// radosgw) ends the run at --durable-drain-deadline or at a SIGTERM, exit status 5. Skipped
+// where the demo is not built (CKPT_BUILD_APPS=OFF).
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <sstream>
 
+#include "ckpt/io/object_commit.hpp"
+#include "ckpt/io/run_identity.hpp"
+#include "ckpt/io/s3.hpp"
 #include "objstore/rgw_fixture.hpp"
+#include "objstore/stall_proxy.hpp"
 #include "support/test_support.hpp"
 
 namespace {
 
-const std::string kDemo = std::string(CKPT_TEST_BINARY_DIR) + "/bin/ckpt-demo";
+namespace fs = std::filesystem;
+using ckpt::test::has;
 
 // The loss table's rows of steps `first`..`last`, without the step-time column.
 std::vector<std::string> rows(const std::string& out, int first, int last) {
@@ -31,26 +42,132 @@ std::vector<std::string> rows(const std::string& out, int first, int last) {
 
 }  // namespace
 
-TEST_CASE("ckpt-demo with an s3 durable tier, its local root deleted, resumes from the object store bit for bit") {
-  if (!std::filesystem::exists(kDemo)) {
-    MESSAGE("skipped: " << kDemo << " is not built (CKPT_BUILD_APPS=OFF)");
-    std::exit(77);
-  }
+TEST_CASE("ckpt-demo with an s3 durable tier, its local root deleted, resumes with --adopt-run from the object store bit for bit") {
+  const std::string kDemo = ckpt::test::demo_program();
   ckpt::test::TempDir dir;
   const std::string s3 = "s3://" + ckpt::test::rgw_env()["CKPT_S3_BUCKET"] + "/" + ckpt::test::unique_prefix("demo");
   const auto [full_rc, full] = ckpt::test::run_with_rgw_env(kDemo + " --dir " + (dir / "full").string());
   REQUIRE(full_rc == 0);
   const auto [half_rc, half] = ckpt::test::run_with_rgw_env(kDemo + " --dir " + (dir / "local").string() + " --durable-dir " + s3 + " --steps 10");
   REQUIRE(half_rc == 0);
-  CHECK(half.find("(h) both tiers hold the checkpoints      PASS") != std::string::npos);
-  std::filesystem::remove_all(dir / "local");
-  const auto [rc, resumed] = ckpt::test::run_with_rgw_env(kDemo + " --dir " + (dir / "local").string() + " --durable-dir " + s3 + " --resume");
+  CHECK(has(half, "(h) both tiers hold the checkpoints      PASS"));
+  CHECK(ckpt::test::last_line(half) == "durable tier: yes, " + s3 + " holds step-0000000010");
+  const auto run = ckpt::read_run_identity(ckpt::posix_file_system(), (dir / "local").string());
+  REQUIRE(run.has_value());
+  fs::remove_all(dir / "local");
+  const auto [rc, resumed] =
+      ckpt::test::run_with_rgw_env(kDemo + " --dir " + (dir / "local").string() + " --durable-dir " + s3 + " --resume --adopt-run");
   INFO(resumed);
   REQUIRE(rc == 0);
-  CHECK(resumed.find("resume: restored step-0000000010 from " + s3 + "/step-0000000010 into") != std::string::npos);
-  CHECK(resumed.find("resumed from step 10, from the local tier (restored from " + s3 + ")\n") != std::string::npos);
-  CHECK(resumed.find("(h) both tiers hold the checkpoints      PASS") != std::string::npos);
+  CHECK(has(resumed, "resume: restored step-0000000010 from " + s3 + "/step-0000000010 into " + (dir / "local").string() + ", adopting run " + *run));
+  CHECK(has(resumed, "resumed from step 10, from the local tier (restored from " + s3 + ")\n"));
+  CHECK(has(resumed, "(h) both tiers hold the checkpoints      PASS"));
+  CHECK(ckpt::read_run_identity(ckpt::posix_file_system(), (dir / "local").string()) == run);
   const auto expect = rows(full, 11, 20);
   CHECK(expect.size() == 10);
   CHECK(rows(resumed, 11, 20) == expect);
+}
+
+TEST_CASE("ckpt-demo --resume into a new local root refuses the object store's checkpoint of a recorded run without --adopt-run, naming it, and restores nothing") {
+  const std::string kDemo = ckpt::test::demo_program();
+  ckpt::test::TempDir dir;
+  const std::string s3 = "s3://" + ckpt::test::rgw_env()["CKPT_S3_BUCKET"] + "/" + ckpt::test::unique_prefix("demo-foreign");
+  const auto [first_rc, first] = ckpt::test::run_with_rgw_env(kDemo + " --dir " + (dir / "a").string() + " --durable-dir " + s3 + " --steps 10");
+  REQUIRE(first_rc == 0);
+  const auto run = ckpt::read_run_identity(ckpt::posix_file_system(), (dir / "a").string());
+  REQUIRE(run.has_value());
+  const auto [rc, out] = ckpt::test::run_with_rgw_env(kDemo + " --dir " + (dir / "b").string() + " --durable-dir " + s3 + " --resume");
+  INFO(out);
+  CHECK(rc == 1);
+  CHECK(has(out, "ckpt-demo: conflict: " + s3 + "/step-0000000010/manifest.json: step-0000000010 was committed by run " + *run + "; the local root " +
+                     (dir / "b").string() + " has no run of its own (a new root): resume with adopt_run (ckpt-demo --adopt-run) to continue run " +
+                     *run + " here: expected a run of the local root, actual run " + *run));
+  CHECK(!fs::exists(dir / "b" / "latest"));
+  CHECK(!fs::exists(dir / "b" / "step-0000000010"));
+}
+
+TEST_CASE("ckpt-demo --resume auto with an s3 durable tier whose bucket does not exist fails naming the bucket instead of starting fresh") {
+  const std::string kDemo = ckpt::test::demo_program();
+  ckpt::test::TempDir dir;
+  const auto [rc, out] =
+      ckpt::test::run_with_rgw_env(kDemo + " --dir " + (dir / "a").string() + " --durable-dir s3://ckpt-no-such-bucket/run --resume auto");
+  INFO(out);
+  CHECK(rc == 1);
+  CHECK(has(out, "ckpt-demo: invalid argument: s3://ckpt-no-such-bucket: HEAD: the bucket of s3://ckpt-no-such-bucket/run does not exist "
+                 "(a typo in the root, or the bucket was deleted): expected an existing bucket, actual HTTP 404 NoSuchBucket"));
+  CHECK(!has(out, "starting fresh"));
+  CHECK(!has(out, "loss"));  // no step trained
+}
+
+TEST_CASE("ckpt-demo --resume auto resumes from committed steps on the store that no latest names, as --resume does, and continues bit for bit") {
+  const std::string kDemo = ckpt::test::demo_program();
+  ckpt::test::TempDir dir;
+  const std::string prefix = ckpt::test::unique_prefix("demo-no-latest");
+  const std::string s3 = "s3://" + ckpt::test::rgw_env()["CKPT_S3_BUCKET"] + "/" + prefix;
+  const auto [full_rc, full] = ckpt::test::run_with_rgw_env(kDemo + " --dir " + (dir / "full").string());
+  REQUIRE(full_rc == 0);
+  const std::string local = (dir / "local").string();
+  const auto [half_rc, half] = ckpt::test::run_with_rgw_env(kDemo + " --dir " + local + " --durable-dir " + s3 + " --steps 10 --save-every 5");
+  REQUIRE(half_rc == 0);
+  // What a crash between a commit's tier manifest and its `latest` leaves, the local tier
+  // lost too (the root keeps its run identity).
+  auto store = ckpt::open_s3(ckpt::test::rgw_options(prefix));
+  store->remove("latest");
+  REQUIRE(ckpt::list_object_checkpoints(*store) == std::vector<std::uint64_t>{5, 10});
+  for (const auto& e : fs::directory_iterator(local))
+    if (e.path().filename() != ".run") fs::remove_all(e.path());
+  const auto [rc, out] = ckpt::test::run_with_rgw_env(kDemo + " --dir " + local + " --durable-dir " + s3 + " --resume auto");
+  INFO(out);
+  REQUIRE(rc == 0);
+  CHECK(has(out, "resume auto: resuming from " + s3 + "/step-0000000010/manifest.json (committed, no latest names it)\n"));
+  CHECK(has(out, "resumed from step 10, from the local tier (restored from " + s3 + ")\n"));
+  const auto expect = rows(full, 11, 20);
+  CHECK(expect.size() == 10);
+  CHECK(rows(out, 11, 20) == expect);
+  CHECK(ckpt::read_object_latest(*store)->step == 20);
+}
+
+TEST_CASE("ckpt-demo whose object store stops answering gives up draining at --durable-drain-deadline, says so in its last line and exits 5") {
+  const std::string kDemo = ckpt::test::demo_program();
+  ckpt::test::TempDir dir;
+  const std::string s3 = "s3://" + ckpt::test::rgw_env()["CKPT_S3_BUCKET"] + "/" + ckpt::test::unique_prefix("demo-hung");
+  ckpt::test::StallProxy proxy(ckpt::test::rgw_env()["AWS_ENDPOINT_URL"]);
+  proxy.stall_on("/step-0000000020/");  // the store stops answering at the last step's first upload
+  ckpt::test::Background demo({kDemo, "--dir", (dir / "a").string(), "--durable-dir", s3, "--steps", "20", "--durable-drain-deadline", "3"},
+                              dir / "log", {{"AWS_ENDPOINT_URL", proxy.url()}});
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc = demo.wait(std::chrono::minutes(2));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string out = demo.output();
+  INFO(out);
+  CHECK(proxy.stalled());
+  CHECK(rc == 5);
+  CHECK(took < 40);  // 20 steps, a 3 s drain, the checks: not 4 copy attempts of minutes each
+  CHECK(has(out, "durable tier: waiting for step 20 to reach " + s3 + " (attempt 1 of 3): 1 s of 3 s\n"));
+  CHECK(has(out, "(h) both tiers hold the checkpoints      skipped"));
+  CHECK(ckpt::test::last_line(out) == "durable tier: no, gave up after 3 s (--durable-drain-deadline 3): step 20 did not reach " + s3);
+}
+
+TEST_CASE("a SIGTERM while ckpt-demo waits for an object store that stopped answering ends the wait at once, exit status 5, not killed") {
+  const std::string kDemo = ckpt::test::demo_program();
+  ckpt::test::TempDir dir;
+  const std::string s3 = "s3://" + ckpt::test::rgw_env()["CKPT_S3_BUCKET"] + "/" + ckpt::test::unique_prefix("demo-hung-term");
+  ckpt::test::StallProxy proxy(ckpt::test::rgw_env()["AWS_ENDPOINT_URL"]);
+  proxy.stall_on("/step-0000000020/");
+  ckpt::test::Background demo({kDemo, "--dir", (dir / "a").string(), "--durable-dir", s3, "--steps", "20", "--durable-drain-deadline", "600"},
+                              dir / "log", {{"AWS_ENDPOINT_URL", proxy.url()}});
+  const auto start = std::chrono::steady_clock::now();
+  while (!has(demo.output(), "durable tier: waiting for step 20") && std::chrono::steady_clock::now() - start < std::chrono::minutes(1))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  REQUIRE(has(demo.output(), "durable tier: waiting for step 20"));
+  const auto t0 = std::chrono::steady_clock::now();
+  demo.signal(SIGTERM);
+  const int rc = demo.wait(std::chrono::minutes(1));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string out = demo.output();
+  INFO(out);
+  CHECK(rc == 5);
+  CHECK(took < 15);  // the abort (about a second), the checks that need no store
+  CHECK(ckpt::test::last_line(out).starts_with("durable tier: no, gave up after "));
+  CHECK(has(ckpt::test::last_line(out), " s (SIGTERM): step 20 did not reach " + s3));
 }

@@ -3,6 +3,7 @@
 // retried, never thrown.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -11,6 +12,8 @@
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
+#include "ckpt/format/manifest.hpp"
+#include "ckpt/io/object_lease.hpp"
 #include "ckpt/io/object_commit.hpp"
 #include "ckpt/io/save.hpp"
 #include "ckpt/io/tiers.hpp"
@@ -214,4 +217,153 @@ TEST_CASE("a resume with neither tier usable is not_found naming both") {
   CHECK(e.code() == Errc::not_found);
   CHECK(e.actual().find("durable: ") != std::string::npos);
   CHECK(e.actual().find("no committed checkpoint on the object store") != std::string::npos);
+}
+
+namespace {
+
+// Lets the injected hangs go when a test ends, however it ends.
+struct Unhang {
+  testing::FaultInjectionObjectStore& faults;
+  ~Unhang() { faults.release_hangs(); }
+};
+
+}  // namespace
+
+TEST_CASE("a drain of a durable s3 tier whose store hangs gives up at its deadline: the copy is aborted, given up, nothing is committed") {
+  test::TempDir local;
+  const std::string root = (local / "root").string();
+  const S3Options o = test::rgw_options(test::unique_prefix("drain-deadline"));
+  auto s3 = make_s3_object_store(o);
+  testing::FaultInjectionObjectStore faults(*s3);
+  const Unhang unhang{faults};
+  std::vector<DurableDrainStatus> seen;
+  DurableStats st;
+  DurableDrain d;
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    DurableReplicator rep(posix_file_system(), root, {.root = o.root, .object_store = &faults});
+    rep.claim("run-a");
+    faults.inject(Op::put, Fault::hang, 1000);  // from here on the store answers nothing
+    save_step(root, 4);
+    rep.submit(4);
+    d = rep.drain({.deadline = std::chrono::milliseconds(1500),
+                   .progress = [&](const DurableDrainStatus& s) { seen.push_back(s); },
+                   .first_progress = std::chrono::milliseconds(500),
+                   .progress_every = std::chrono::milliseconds(500)});
+    st = rep.stats();
+    rep.submit(5);  // after giving up: counted, never copied
+    CHECK(rep.stats().given_up == st.given_up + 1);
+  }
+  const auto took = std::chrono::steady_clock::now() - t0;
+  CHECK(!d.complete);
+  CHECK(d.gave_up_on == "the deadline");
+  CHECK(d.step == 4u);
+  CHECK(d.waited >= std::chrono::milliseconds(1500));
+  CHECK(took < std::chrono::milliseconds(4000));  // the deadline, the abort, the destructor: no 30 s stall
+  CHECK(st.gave_up);
+  CHECK(st.copies == 0);
+  CHECK(st.given_up == 1);
+  REQUIRE(seen.size() >= 2);
+  CHECK(seen[0].running == 4u);
+  CHECK(seen[0].attempt == 1);
+  CHECK(seen[0].deadline == std::chrono::milliseconds(1500));
+  CHECK(seen[0].waited >= std::chrono::milliseconds(500));
+  const auto fresh = make_s3_object_store(o);  // the one the replicator used was given up on
+  CHECK(list_object_checkpoints(*fresh).empty());
+  CHECK(!read_object_latest(*fresh).has_value());
+}
+
+TEST_CASE("a drain gives up at once when its stop answers, naming that answer") {
+  test::TempDir local;
+  const std::string root = (local / "root").string();
+  const S3Options o = test::rgw_options(test::unique_prefix("drain-stop"));
+  auto s3 = make_s3_object_store(o);
+  testing::FaultInjectionObjectStore faults(*s3);
+  const Unhang unhang{faults};
+  DurableReplicator rep(posix_file_system(), root, {.root = o.root, .object_store = &faults});
+  rep.claim("run-a");
+  faults.inject(Op::put, Fault::hang, 1000);
+  save_step(root, 4);
+  rep.submit(4);
+  const auto t0 = std::chrono::steady_clock::now();
+  const DurableDrain d = rep.drain({.deadline = std::chrono::minutes(5), .stop = [&] {
+                                      return std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(300) ? "SIGTERM" : "";
+                                    }});
+  CHECK(!d.complete);
+  CHECK(d.gave_up_on == "SIGTERM");
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(2500));
+}
+
+TEST_CASE("a durable s3 tier's destructor gives up at drain_deadline on a store that hangs") {
+  test::TempDir local;
+  const std::string root = (local / "root").string();
+  const S3Options o = test::rgw_options(test::unique_prefix("drain-destructor"));
+  auto s3 = make_s3_object_store(o);
+  testing::FaultInjectionObjectStore faults(*s3);
+  const Unhang unhang{faults};
+  std::chrono::steady_clock::time_point t0;
+  {
+    DurableReplicator rep(posix_file_system(), root,
+                          {.root = o.root, .object_store = &faults, .drain_deadline = std::chrono::milliseconds(1000)});
+    rep.claim("run-a");
+    faults.inject(Op::put, Fault::hang, 1000);
+    save_step(root, 4);
+    rep.submit(4);
+    t0 = std::chrono::steady_clock::now();
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(3500));
+  CHECK(list_object_checkpoints(*make_s3_object_store(o)).empty());
+}
+
+TEST_CASE("a durable s3 tier refuses a prefix whose newest checkpoint is another run's, naming both, and leaves the lease free") {
+  test::TempDir local;
+  const std::string root = (local / "root").string();
+  const S3Options o = test::rgw_options(test::unique_prefix("claim-other-run"));
+  auto store = make_s3_object_store(o);
+  save_step(root, 3);
+  commit_to_object_store(posix_file_system(), root, 3, *store, {.run = "run-a", .holder = "h"});
+  DurableReplicator rep(posix_file_system(), root, {.root = o.root, .object_store = store.get()});
+  const Error e = test::error_of([&] { rep.claim("run-b"); });
+  CHECK(e.code() == Errc::conflict);
+  CHECK(e.file() == store->name_of("step-0000000003/manifest.json"));
+  CHECK(e.detail().find("was committed by run run-a, not by this run run-b") != std::string::npos);
+  CHECK(e.expected() == "run run-b");
+  CHECK(e.actual() == "run run-a");
+  CHECK(read_object_lease(*store)->record.released);
+  rep.claim("run-a");  // the run that owns it is welcome
+  CHECK(read_object_lease(*store)->record.run == "run-a");
+}
+
+TEST_CASE("a durable s3 tier whose lease was taken over fails every later copy with busy and commits nothing more") {
+  test::TempDir local;
+  const std::string root = (local / "root").string();
+  const S3Options o = test::rgw_options(test::unique_prefix("lease-lost"));
+  auto store = make_s3_object_store(o);
+  DurableReplicator rep(posix_file_system(), root,
+                        {.root = o.root, .max_attempts = 1, .object_store = store.get(),
+                         .lease = {.period = std::chrono::milliseconds(1000), .renew_every = std::chrono::milliseconds(100)}});
+  rep.claim("run-a");
+  save_step(root, 1);
+  rep.submit(1);
+  rep.wait_idle();
+  REQUIRE(rep.stats().copies == 1);
+  // Another writer takes the prefix over (as one does after the lease went unrenewed).
+  const std::string now = utc_now_rfc3339(), expires = utc_rfc3339(std::chrono::system_clock::now() + std::chrono::minutes(1));
+  store->put("lease", test::bytes_of("{\"schema_version\":1,\"run\":\"run-a\",\"holder\":\"successor\",\"host\":\"h\",\"pid\":1,\"program\":\"p\","
+                                     "\"acquired_at\":\"" + now + "\",\"renewed_at\":\"" + now + "\",\"expires_at\":\"" + expires +
+                                     "\",\"period_ms\":60000,\"released\":false}\n"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // a renewal meets it
+  save_step(root, 2);
+  rep.submit(2);
+  rep.wait_idle();
+  const DurableStats st = rep.stats();
+  CHECK(st.lease_lost);
+  CHECK(st.copies == 1);
+  CHECK(st.last_failed_step == 2u);
+  CHECK(st.last_error_code == Errc::busy);
+  CHECK(st.last_error.find("the lease was taken over") != std::string::npos);
+  CHECK(st.last_error.find("holder successor") != std::string::npos);
+  CHECK(list_object_checkpoints(*store) == std::vector<std::uint64_t>{1});
+  CHECK(read_object_latest(*store)->step == 1);
+  CHECK(read_object_lease(*store)->record.holder == "successor");
 }

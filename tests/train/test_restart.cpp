@@ -180,3 +180,38 @@ TEST_CASE("resume_or_start on a missing root starts fresh, on a root whose lates
   });
   CHECK(codes == std::vector<Errc>{Errc::not_found, Errc::not_found});
 }
+
+TEST_CASE("resume_or_start on a node set whose newest step no latest names never starts fresh: it resumes that step once the Checkpointer moved the latest pointers") {
+  test::TempDir dir;
+  const std::string root = (dir.path() / "nodes").string();
+  const CheckpointerOptions opt{.root = root, .world_size = kWorld, .backend = WriterBackend::posix, .nodes = NodeOptions{.ranks_per_node = 1}};
+  {
+    Checkpointer ckpt(opt);
+    dist::run_ranks(kWorld, [&](dist::Communicator& comm) {
+      Trainer t(restart_config(), comm);
+      while (t.step_count() < kFirstSave) t.step();
+      start_save(ckpt, t).wait();
+    });
+  }
+  // A crash after every node's rename, before the first `latest`: what that leaves.
+  for (int n = 0; n < kWorld; ++n) fs::remove(dir.path() / "nodes" / ("node-" + std::to_string(n)) / kLatestName);
+  std::mutex mu;
+  std::vector<Errc> codes;
+  dist::run_ranks(kWorld, [&](dist::Communicator& comm) {
+    Trainer t(restart_config(), comm);
+    try {
+      t.resume_or_start(root);
+    } catch (const Error& e) {
+      std::lock_guard lk(mu);
+      codes.push_back(e.code());
+    }
+  });
+  CHECK(codes == std::vector<Errc>{Errc::not_found, Errc::not_found});  // not a fresh start
+  Checkpointer ckpt(opt);  // prepare_node_roots: every `latest` moves to the complete step
+  std::vector<std::optional<std::uint64_t>> from(kWorld);
+  dist::run_ranks(kWorld, [&](dist::Communicator& comm) {
+    Trainer t(restart_config(), comm);
+    from[static_cast<std::size_t>(comm.rank())] = t.resume_or_start(root);
+  });
+  CHECK(from == std::vector<std::optional<std::uint64_t>>{kFirstSave, kFirstSave});
+}

@@ -1,6 +1,7 @@
 #include "ckpt/format/manifest.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -68,9 +69,10 @@ const TensorRecord* Manifest::find_held_tensor(std::string_view name, int rank) 
   return nullptr;
 }
 
-std::string utc_now_rfc3339() {
-  const auto now = std::chrono::system_clock::now();
-  const std::time_t secs = std::chrono::system_clock::to_time_t(now);
+std::string utc_now_rfc3339() { return utc_rfc3339(std::chrono::system_clock::now()); }
+
+std::string utc_rfc3339(std::chrono::system_clock::time_point now) {
+  const std::time_t secs = std::chrono::system_clock::to_time_t(std::chrono::floor<std::chrono::seconds>(now));
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
   std::tm tm{};
   gmtime_r(&secs, &tm);
@@ -78,6 +80,29 @@ std::string utc_now_rfc3339() {
   std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
                 tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms));
   return buf;
+}
+
+std::optional<std::chrono::system_clock::time_point> parse_rfc3339(std::string_view t) noexcept {
+  auto num = [&](std::size_t pos, std::size_t len, int& out) {
+    if (pos + len > t.size()) return false;
+    const auto [p, ec] = std::from_chars(t.data() + pos, t.data() + pos + len, out);
+    return ec == std::errc() && p == t.data() + pos + len;
+  };
+  int y, mo, d, h, mi, s, ms = 0;
+  if (t.size() < 20 || t[4] != '-' || t[7] != '-' || t[10] != 'T' || t[13] != ':' || t[16] != ':' || t.back() != 'Z' ||
+      !num(0, 4, y) || !num(5, 2, mo) || !num(8, 2, d) || !num(11, 2, h) || !num(14, 2, mi) || !num(17, 2, s))
+    return std::nullopt;
+  if (t.size() > 20) {  // ".fff...Z": milliseconds kept, finer digits ignored
+    if (t[19] != '.' || t.size() < 22) return std::nullopt;
+    for (std::size_t i = 20; i + 1 < t.size(); ++i)
+      if (t[i] < '0' || t[i] > '9') return std::nullopt;
+    for (std::size_t i = 20; i < 23; ++i) ms = ms * 10 + (i + 1 < t.size() ? t[i] - '0' : 0);
+  }
+  const std::chrono::year_month_day ymd{std::chrono::year(y), std::chrono::month(static_cast<unsigned>(mo)),
+                                        std::chrono::day(static_cast<unsigned>(d))};
+  if (!ymd.ok() || h > 23 || mi > 59 || s > 60) return std::nullopt;
+  return std::chrono::sys_days(ymd) + std::chrono::hours(h) + std::chrono::minutes(mi) + std::chrono::seconds(s) +
+         std::chrono::milliseconds(ms);
 }
 
 json::object shard_to_json(const ShardRecord& s) {

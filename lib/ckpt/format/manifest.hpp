@@ -4,6 +4,8 @@
 // a plain file name, and the shard table checked against world_size, before a caller sees it.
 #pragma once
 
+#include <chrono>
+
 #include <boost/json/object.hpp>
 #include <cstdint>
 #include <functional>
@@ -143,5 +145,11 @@ bool is_plain_file_name(std::string_view name) noexcept;
 
 /// Current time as RFC 3339 UTC with milliseconds.
 std::string utc_now_rfc3339();
+/// `t` as RFC 3339 UTC with milliseconds ("2026-12-02T01:15:21.551Z").
+std::string utc_rfc3339(std::chrono::system_clock::time_point t);
+/// Inverse of utc_rfc3339, also for S3's LastModified and Initiated ("2026-12-02T01:15:21.551Z",
+/// with or without the fraction, which is read to the millisecond); nullopt for anything else.
+/// Never throws.
+std::optional<std::chrono::system_clock::time_point> parse_rfc3339(std::string_view t) noexcept;
 
 }  // namespace ckpt

@@ -83,40 +83,44 @@ std::optional<std::string> read_latest_nodes(FileSystem& fs, std::span<const std
   return checkpoint_dir_name(*newest);
 }
 
+std::optional<std::string> newest_node_checkpoint(FileSystem& fs, std::span<const std::string> roots) {
+  auto newest = read_latest_nodes(fs, roots);
+  // A step renamed into place on every node root that holds checkpoints (an empty root is
+  // a lost node's) is complete: every file of it was durable before the first rename. If
+  // it is newer than every `latest` (the nodes whose `latest` had moved may be the lost
+  // ones, or the crash came before the first `latest`), and the scheme can rebuild what
+  // the lost nodes held, it is the newest checkpoint.
+  std::optional<std::set<std::string>> common;
+  for (const auto& r : roots) {
+    if (!fs.stat(r)) continue;  // a lost node
+    std::set<std::string> mine;
+    bool holds = false;
+    for (const auto& e : fs.list_dir(r)) {
+      const bool step_dir = e.type == EntryType::directory && parse_checkpoint_dir_name(e.name);
+      holds |= e.name == kLatestName || step_dir;
+      if (step_dir && (!newest || e.name > *newest)) mine.insert(e.name);
+    }
+    if (!holds) continue;
+    if (!common) common = std::move(mine);
+    else
+      for (auto it = common->begin(); it != common->end();) it = mine.count(*it) ? std::next(it) : common->erase(it);
+  }
+  if (common)
+    for (auto it = common->rbegin(); it != common->rend(); ++it) {
+      try {
+        if (check_node_checkpoint(fs, roots, *it, Verify::none).recoverable()) return *it;
+      } catch (const Error&) {
+      }
+    }
+  return newest;
+}
+
 std::vector<std::string> prepare_node_roots(FileSystem& fs, std::span<const RootLock> locks) {
   std::vector<std::string> roots;
   for (const auto& l : locks) roots.push_back(l.root());
-  auto newest = read_latest_nodes(fs, roots);
-  {
-    // A step renamed into place on every node root that holds checkpoints (an empty root is
-    // a lost node's) is complete: every file of it was durable before the first rename. If
-    // it is newer than every `latest` (the nodes whose `latest` had moved may be the lost
-    // ones, or the crash came before the first `latest`), and the scheme can rebuild what
-    // the lost nodes held, it is the newest checkpoint.
-    std::optional<std::set<std::string>> common;
-    for (const auto& r : roots) {
-      std::set<std::string> mine;
-      for (const auto& e : fs.list_dir(r))
-        if (e.type == EntryType::directory && parse_checkpoint_dir_name(e.name) && (!newest || e.name > *newest)) mine.insert(e.name);
-      bool holds = false;
-      for (const auto& e : fs.list_dir(r)) holds |= e.name == kLatestName || (e.type == EntryType::directory && parse_checkpoint_dir_name(e.name));
-      if (!holds) continue;
-      if (!common) common = std::move(mine);
-      else
-        for (auto it = common->begin(); it != common->end();) it = mine.count(*it) ? std::next(it) : common->erase(it);
-    }
-    if (common)
-      for (auto it = common->rbegin(); it != common->rend(); ++it) {
-        try {
-          if (!check_node_checkpoint(fs, roots, *it, Verify::none).recoverable()) continue;
-        } catch (const Error&) {
-          continue;
-        }
-        log_line(join_path(roots[0], *it) + " is complete on every node root that holds checkpoints: it is the newest checkpoint");
-        newest = *it;
-        break;
-      }
-  }
+  const auto newest = newest_node_checkpoint(fs, roots);
+  if (newest && newest != read_latest_nodes(fs, roots))
+    log_line(join_path(roots[0], *newest) + " is complete on every node root that holds checkpoints: it is the newest checkpoint");
   if (newest) {
     const auto step = parse_checkpoint_dir_name(*newest);
     for (const auto& r : roots) {

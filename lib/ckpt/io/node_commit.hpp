@@ -48,6 +48,13 @@ int count_node_roots(FileSystem& fs, const std::string& dir);
 /// one without `latest` (a lost node).
 std::optional<std::string> read_latest_nodes(FileSystem& fs, std::span<const std::string> roots);
 
+/// The newest checkpoint of the node roots `roots` as prepare_node_roots decides it, without
+/// writing anything: the newest step any node's `latest` names, or a newer step renamed into
+/// place on every node root that holds checkpoints (an empty or missing root is a lost
+/// node's) whose lost files the scheme can rebuild (committed, though no `latest` names it
+/// yet: the crash came between the renames and the first `latest`). nullopt: none.
+std::optional<std::string> newest_node_checkpoint(FileSystem& fs, std::span<const std::string> roots);
+
 /// Crash cleanup across node roots, holding every root's lock (`locks`, in node order).
 /// The newest checkpoint is the newest step any node's `latest` names, or a newer step
 /// renamed into place on every node root that holds checkpoints (an empty root is a lost

@@ -17,6 +17,7 @@
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/io/root_lock.hpp"
+#include "ckpt/io/run_identity.hpp"
 #include "ckpt/io/shard_writer.hpp"
 
 #include <mutex>
@@ -28,19 +29,8 @@ namespace {
 
 namespace json = boost::json;
 
-std::string random_run_id() {
-  std::random_device rd;
-  const std::uint64_t v = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
-  static constexpr char hex[] = "0123456789abcdef";
-  std::string out(16, '0');
-  for (int i = 0; i < 16; ++i) out[i] = hex[(v >> (60 - 4 * i)) & 15];
-  return out;
-}
-
 void check_run_id(const std::string& id) {
-  bool ok = !id.empty() && id.size() <= 64;
-  for (char c : id) ok = ok && ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_');
-  if (!ok) throw Error(Errc::invalid_argument, {}, "ObjectCommitOptions::run_id", "1..64 of [A-Za-z0-9_-]", id);
+  if (!is_valid_id(id)) throw Error(Errc::invalid_argument, {}, "ObjectCommitOptions::run_id", "1..64 of [A-Za-z0-9_-]", id);
 }
 
 std::string tier_manifest_key(std::uint64_t step) { return checkpoint_dir_name(step) + "/" + std::string(kObjectManifestName); }
@@ -53,15 +43,24 @@ std::vector<std::byte> read_whole(FileSystem& fs, const std::string& path) {
 }
 
 std::string encode(const ObjectManifest& m) {
-  return json::serialize(json::object{{"schema_version", 1},
-                                      {"step", m.step},
-                                      {"run_id", m.run_id},
-                                      {"data_prefix", m.data_prefix},
-                                      {"manifest_sha256", m.manifest_sha256},
-                                      {"manifest_size", m.manifest_size},
-                                      {"bytes", m.bytes},
-                                      {"committed_at", m.committed_at}}) +
-         "\n";
+  json::object o{{"schema_version", 1},
+                 {"step", m.step},
+                 {"run_id", m.run_id},
+                 {"data_prefix", m.data_prefix},
+                 {"manifest_sha256", m.manifest_sha256},
+                 {"manifest_size", m.manifest_size},
+                 {"bytes", m.bytes},
+                 {"committed_at", m.committed_at}};
+  if (!m.run.empty()) o["run"] = m.run;  // absent in stores written before run identities
+  return json::serialize(o) + "\n";
+}
+
+// `latest`'s content: the step, then who moved it there.
+std::string latest_text(std::uint64_t step, const std::string& run, const std::string& holder) {
+  std::string text = checkpoint_dir_name(step) + "\n";
+  if (!run.empty()) text += "run " + run + "\n";
+  if (!holder.empty()) text += "holder " + holder + "\n";
+  return text;
 }
 
 }  // namespace
@@ -89,10 +88,14 @@ ObjectManifest read_object_manifest(ObjectStore& store, std::uint64_t step) {
     return f->is_uint64() ? f->get_uint64() : static_cast<std::uint64_t>(f->get_int64());
   };
   if (num("schema_version") != 1) bad("unsupported tier manifest schema_version");
-  ObjectManifest m{num("step"), str("run_id"), str("data_prefix"), str("manifest_sha256"), num("manifest_size"), num("bytes"),
+  ObjectManifest m{num("step"), str("run_id"), {}, str("data_prefix"), str("manifest_sha256"), num("manifest_size"), num("bytes"),
                    str("committed_at")};
   if (m.step != step) throw Error(Errc::malformed_manifest, key, "step", std::to_string(step), std::to_string(m.step));
-  check_run_id(m.run_id);
+  if (!is_valid_id(m.run_id)) throw Error(Errc::malformed_manifest, key, "run_id", "1..64 of [A-Za-z0-9_-]", m.run_id.substr(0, 80));
+  if (o->contains("run")) {
+    m.run = str("run");
+    if (!is_valid_id(m.run)) throw Error(Errc::malformed_manifest, key, "run", "1..64 of [A-Za-z0-9_-]", m.run.substr(0, 80));
+  }
   if (m.data_prefix != checkpoint_dir_name(step) + "/" + m.run_id + "/")
     throw Error(Errc::malformed_manifest, key, "data_prefix", checkpoint_dir_name(step) + "/" + m.run_id + "/", m.data_prefix);
   return m;
@@ -106,22 +109,42 @@ std::optional<ObjectLatest> read_object_latest(ObjectStore& store) {
     if (e.code() == Errc::not_found) return std::nullopt;
     throw;
   }
-  if (info.size > 64) throw Error(Errc::malformed_manifest, store.name_of(kLatestName), "latest too large", "step-N", std::to_string(info.size) + " bytes");
+  const std::string name = store.name_of(kLatestName);
+  if (info.size > 512) throw Error(Errc::malformed_manifest, name, "latest too large", "at most 512 bytes", std::to_string(info.size) + " bytes");
   std::string text(info.size, '\0');
   if (!text.empty()) store.get_range(kLatestName, 0, std::as_writable_bytes(std::span(text)));
-  std::string_view name = text;
-  if (name.ends_with('\n')) name.remove_suffix(1);
-  const auto step = parse_checkpoint_dir_name(name);
-  if (!step) throw Error(Errc::malformed_manifest, store.name_of(kLatestName), "content", "step-N", text.substr(0, 64));
-  return ObjectLatest{*step, info.etag};
+  std::string_view rest = text;
+  const std::size_t eol = std::min(rest.find('\n'), rest.size());
+  const auto step = parse_checkpoint_dir_name(rest.substr(0, eol));
+  if (!step) throw Error(Errc::malformed_manifest, name, "content", "step-N", text.substr(0, 64));
+  ObjectLatest out{*step, info.etag, {}, {}};
+  rest.remove_prefix(std::min(eol + 1, rest.size()));
+  while (!rest.empty()) {
+    const std::size_t end = std::min(rest.find('\n'), rest.size());
+    const std::string_view line = rest.substr(0, end);
+    rest.remove_prefix(std::min(end + 1, rest.size()));
+    std::string* field = line.starts_with("run ") ? &out.run : line.starts_with("holder ") ? &out.holder : nullptr;
+    if (!field) continue;  // a later version's line
+    const std::string_view value = line.substr(line.find(' ') + 1);
+    if (!is_valid_id(value)) throw Error(Errc::malformed_manifest, name, std::string(line.substr(0, line.find(' '))), "1..64 of [A-Za-z0-9_-]",
+                                         std::string(value.substr(0, 80)));
+    *field = std::string(value);
+  }
+  return out;
 }
 
-bool move_object_latest(ObjectStore& store, std::uint64_t step) {
+bool move_object_latest(ObjectStore& store, std::uint64_t step, const std::string& run, const std::string& holder) {
   (void)read_object_manifest(store, step);  // never name an uncommitted step
-  const std::string content = checkpoint_dir_name(step) + "\n";
+  const std::string content = latest_text(step, run, holder);
   const auto bytes = std::as_bytes(std::span(content));
   for (int attempt = 1;; ++attempt) {
     const auto current = read_object_latest(store);
+    if (attempt > 1 && current && !holder.empty() && !current->holder.empty() && current->holder != holder)
+      throw Error(Errc::busy, store.name_of(kLatestName),
+                  "latest was moved to " + checkpoint_dir_name(current->step) + " by another writer while writer " + holder + " of run " +
+                      (run.empty() ? "?" : run) + " moved it to " + checkpoint_dir_name(step) +
+                      ": another writer commits to this prefix (this one's lease was taken over), so this one stops",
+                  "holder " + holder, "holder " + current->holder + " of run " + (current->run.empty() ? "?" : current->run));
     if (current && current->step >= step) return false;
     try {
       if (current) store.replace(kLatestName, bytes, current->etag);
@@ -153,8 +176,14 @@ ObjectCommitReport commit_to_object_store(FileSystem& local_fs, const std::strin
                                           ObjectStore& store, const ObjectCommitOptions& options) {
   ObjectCommitReport report;
   report.step = step;
-  report.run_id = options.run_id.empty() ? random_run_id() : options.run_id;
+  report.run_id = options.run_id.empty() ? random_id() : options.run_id;
   check_run_id(report.run_id);
+  if (!options.run.empty() && !is_valid_id(options.run))
+    throw Error(Errc::invalid_argument, {}, "ObjectCommitOptions::run", "1..64 of [A-Za-z0-9_-]", options.run);
+  auto fence = [&] {
+    if (options.fence) options.fence();
+  };
+  fence();
   report.data_prefix = checkpoint_dir_name(step) + "/" + report.run_id + "/";
 
   const CheckpointReader reader = open_step(local_fs, local_root, step);
@@ -194,8 +223,9 @@ ObjectCommitReport commit_to_object_store(FileSystem& local_fs, const std::strin
 
   // 3. The tier manifest, created only if no writer committed this step before: the commit.
   const Sha256Digest digest = sha256(manifest.data(), manifest.size());
-  const ObjectManifest tier{step, report.run_id, report.data_prefix, to_hex(digest), manifest.size(), report.bytes, utc_now_rfc3339()};
+  const ObjectManifest tier{step, report.run_id, options.run, report.data_prefix, to_hex(digest), manifest.size(), report.bytes, utc_now_rfc3339()};
   const std::string text = encode(tier);
+  fence();
   try {
     store.create(tier_manifest_key(step), std::as_bytes(std::span(text)));
   } catch (const Error& e) {
@@ -205,28 +235,14 @@ ObjectCommitReport commit_to_object_store(FileSystem& local_fs, const std::strin
   }
 
   // 4. `latest`, forward only.
-  if (options.move_latest) report.latest_moved = move_object_latest(store, step);
+  if (options.move_latest) {
+    fence();
+    report.latest_moved = move_object_latest(store, step, options.run, options.holder);
+  }
   return report;
 }
 
 namespace {
-
-// "2026-12-02T01:15:21.551Z" (S3's LastModified and Initiated); nullopt for anything else.
-std::optional<std::chrono::system_clock::time_point> parse_rfc3339(std::string_view t) {
-  auto num = [&](std::size_t pos, std::size_t len, int& out) {
-    if (pos + len > t.size()) return false;
-    const auto [p, ec] = std::from_chars(t.data() + pos, t.data() + pos + len, out);
-    return ec == std::errc() && p == t.data() + pos + len;
-  };
-  int y, mo, d, h, mi, s;
-  if (t.size() < 20 || t[4] != '-' || t[7] != '-' || t[10] != 'T' || t[13] != ':' || t[16] != ':' || t.back() != 'Z' ||
-      !num(0, 4, y) || !num(5, 2, mo) || !num(8, 2, d) || !num(11, 2, h) || !num(14, 2, mi) || !num(17, 2, s))
-    return std::nullopt;
-  const std::chrono::year_month_day ymd{std::chrono::year(y), std::chrono::month(static_cast<unsigned>(mo)),
-                                        std::chrono::day(static_cast<unsigned>(d))};
-  if (!ymd.ok() || h > 23 || mi > 59 || s > 60) return std::nullopt;
-  return std::chrono::sys_days(ymd) + std::chrono::hours(h) + std::chrono::minutes(mi) + std::chrono::seconds(s);
-}
 
 // Every object whose key starts with `prefix`, through all pages.
 std::vector<ObjectInfo> list_all(ObjectStore& store, const std::string& prefix) {

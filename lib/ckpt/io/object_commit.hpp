@@ -13,10 +13,10 @@
 //                                                      exactly when this object does; it names
 //                                                      the run whose data it commits and the
 //                                                      SHA-256 of that run's manifest.json
-//   ROOT/latest                                      4. "step-0000000010\n", moved forward only,
-//                                                      by compare-and-swap (If-Match on the
-//                                                      ETag read before; If-None-Match when
-//                                                      there is none yet)
+//   ROOT/latest                                      4. "step-0000000010\nrun R\nholder H\n",
+//                                                      moved forward only, by compare-and-swap
+//                                                      (If-Match on the ETag read before;
+//                                                      If-None-Match when there is none yet)
 //
 // A crash (or failure) before 3 leaves data no tier manifest names: invisible to readers, a
 // leftover that collect_object_leftovers() removes once it is older than a grace period. A second writer racing for the same step loses at 3 with
@@ -24,10 +24,17 @@
 // checkpoint that `latest` does not name yet; the next commit of a later step moves `latest`
 // past it. `latest` never names a step whose tier manifest does not exist, and never goes
 // backwards.
+//
+// The tier manifest and `latest` record the run that committed (its run identity,
+// io/run_identity.hpp) and `latest` also the writer that moved it (its lease holder id,
+// io/object_lease.hpp): a writer whose lease was taken over finds another holder's `latest`
+// when its swap meets a 412, and stops (Errc::busy). Stores written before run identities
+// have neither, and read as before.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -54,6 +61,16 @@ struct ObjectCommitOptions {
   bool verify_chunks = true;
   /// Move `latest` after the tier manifest is created.
   bool move_latest = true;
+  /// The run identity recorded in the tier manifest and `latest` (io/run_identity.hpp). Empty:
+  /// none (as a store written before run identities).
+  std::string run;
+  /// The writer recorded in `latest` (the holder id of its writer lease). Empty: none, and
+  /// move_object_latest then does not check who moved `latest` before it.
+  std::string holder;
+  /// Called before any byte is uploaded, before the tier manifest is created and before
+  /// `latest` is moved; what it throws stops the commit there (the writer lease's check: a
+  /// writer whose lease lapsed or was taken over commits nothing). Empty: nothing.
+  std::function<void()> fence;
 };
 
 struct ObjectCommitReport {
@@ -68,7 +85,8 @@ struct ObjectCommitReport {
 /// The tier manifest (step-N/manifest.json on the store).
 struct ObjectManifest {
   std::uint64_t step = 0;
-  std::string run_id;
+  std::string run_id;            ///< the commit attempt's writer id: its data prefix is step-N/<run_id>/
+  std::string run;               ///< the run identity that committed it ("" if the store predates them)
   std::string data_prefix;       ///< relative to the store's root
   std::string manifest_sha256;   ///< of data_prefix + "manifest.json"
   std::uint64_t manifest_size = 0;
@@ -87,20 +105,27 @@ struct ObjectManifest {
 ObjectCommitReport commit_to_object_store(FileSystem& local_fs, const std::string& local_root, std::uint64_t step,
                                           ObjectStore& store, const ObjectCommitOptions& options = {});
 
-/// The step `latest` names and its ETag, or nullopt if there is no `latest`. Errc::malformed_manifest
-/// naming it if its content is not "step-N\n".
+/// The step `latest` names, its ETag, and who moved it there, or nullopt if there is no
+/// `latest`. Errc::malformed_manifest naming it if its content is not "step-N\n" followed by
+/// optional "run R\n" and "holder H\n" lines (unknown "key value" lines are ignored).
+/// Errc::invalid_argument naming the bucket if the root's bucket does not exist.
 struct ObjectLatest {
   std::uint64_t step = 0;
   std::string etag;
+  std::string run;     ///< the run identity that moved it ("" if not recorded)
+  std::string holder;  ///< the writer (lease holder id) that moved it ("" if not recorded)
 };
 std::optional<ObjectLatest> read_object_latest(ObjectStore& store);
 
-/// Moves `latest` to `step` by compare-and-swap, unless it names `step` or a later step
-/// already (then returns false, having written nothing). A concurrent mover makes the swap
-/// fail with Errc::conflict; this re-reads and tries again (at most 16 times, then throws
-/// that conflict). Errc::not_found if step-`step`/manifest.json does not exist: `latest`
-/// never names an uncommitted step.
-bool move_object_latest(ObjectStore& store, std::uint64_t step);
+/// Moves `latest` to `step` by compare-and-swap, recording `run` and `holder` (each may be
+/// empty), unless it names `step` or a later step already (then returns false, having written
+/// nothing). A concurrent mover makes the swap fail with Errc::conflict; this re-reads and
+/// tries again (at most 16 times, then throws that conflict), unless the `latest` it re-reads
+/// was moved by another holder than `holder` (both non-empty): then another writer is
+/// committing to this prefix (this writer's lease was taken over) and it throws Errc::busy
+/// naming both. Errc::not_found if step-`step`/manifest.json does not exist: `latest` never
+/// names an uncommitted step.
+bool move_object_latest(ObjectStore& store, std::uint64_t step, const std::string& run = {}, const std::string& holder = {});
 
 /// Reads and checks step-`step`/manifest.json. Errc::not_found if the step is not committed;
 /// Errc::malformed_manifest naming the key for content that is not a tier manifest of that

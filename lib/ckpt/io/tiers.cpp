@@ -9,12 +9,16 @@
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
+#include "ckpt/format/manifest.hpp"
 #include "ckpt/format/detail/json_util.hpp"
 #include "ckpt/io/commit.hpp"
 #include "ckpt/io/detail/small_file.hpp"
 #include "ckpt/io/layout.hpp"
+#include "ckpt/io/node_commit.hpp"
 #include "ckpt/io/object_commit.hpp"
+#include "ckpt/io/object_lease.hpp"
 #include "ckpt/io/root_lock.hpp"
+#include "ckpt/io/run_identity.hpp"
 #include "ckpt/io/shard_writer.hpp"
 #include "ckpt/hash/xxh3.hpp"
 
@@ -132,20 +136,22 @@ TieredCheckpoint open_in_tiers(FileSystem& local_fs, const std::string& local_ro
                                const std::string& durable_name, const std::function<OpenedCheckpoint()>& open_durable) {
   std::string local_error, durable_error;
   try {
-    return {open_verified(local_fs, local_root, opt, false), "local", {}};
+    return {open_verified(local_fs, local_root, opt, false), "local", {}, {}};
   } catch (const Error& e) {
     if (e.code() == Errc::world_size_mismatch) throw;
     local_error = e.what();
   }
   try {
-    return {open_durable(), "durable", local_error};
+    return {open_durable(), "durable", local_error, {}};
   } catch (const Error& e) {
-    if (e.code() == Errc::world_size_mismatch) throw;
+    // A world-size mismatch is the caller's; a checkpoint of another run, or a live writer
+    // (of the store, or of the local root), is refused, not passed over for an older one.
+    if (e.code() == Errc::world_size_mismatch || e.code() == Errc::conflict || e.code() == Errc::busy) throw;
     durable_error = e.what();
   }
   if (opt.fallback) {
     try {
-      return {open_verified(local_fs, local_root, opt, true), "local", {}};
+      return {open_verified(local_fs, local_root, opt, true), "local", {}, {}};
     } catch (const Error& e) {
       if (e.code() == Errc::world_size_mismatch) throw;
     }
@@ -154,23 +160,66 @@ TieredCheckpoint open_in_tiers(FileSystem& local_fs, const std::string& local_ro
               "a good checkpoint", "local: " + local_error + "; durable: " + durable_error);
 }
 
+// Refuses (Errc::conflict, naming both runs) to continue `tier`'s checkpoint in a local root
+// of another run (or of none), unless `adopt`. A checkpoint that records no run (a store
+// written before run identities) passes.
+void check_run(const ObjectManifest& tier, const std::optional<std::string>& local_run, bool adopt, const std::string& object,
+               const std::string& local_root) {
+  if (tier.run.empty() || tier.run == local_run || adopt) return;
+  const std::string step = checkpoint_dir_name(tier.step);
+  if (local_run)
+    throw Error(Errc::conflict, object,
+                step + " was committed by run " + tier.run + ", not by run " + *local_run + " of the local root " + local_root +
+                    ": another job's checkpoint on this prefix (to continue run " + tier.run +
+                    " here, resume with adopt_run (ckpt-demo --adopt-run); to keep run " + *local_run + ", use another prefix)",
+                "run " + *local_run, "run " + tier.run);
+  throw Error(Errc::conflict, object,
+              step + " was committed by run " + tier.run + "; the local root " + local_root +
+                  " has no run of its own (a new root): resume with adopt_run (ckpt-demo --adopt-run) to continue run " + tier.run + " here",
+              "a run of the local root", "run " + tier.run);
+}
+
+// A writer of another run than the local root's holds the store's lease and it has not
+// expired: restoring (and adopting) what it is still writing would race it, and its lease
+// refuses this run's writer anyway (io/object_lease.hpp). Errc::busy naming both.
+void refuse_live_writer(ObjectStore& durable, const std::optional<std::string>& local_run, const std::string& local_root) {
+  std::optional<ObjectLeaseState> lease;
+  try {
+    lease = read_object_lease(durable);
+  } catch (const Error& e) {
+    if (e.code() != Errc::malformed_manifest) throw;  // not a lease: the writer's take() deals with it
+  }
+  if (!lease || lease->record.released || lease->record.run == local_run) return;
+  const auto expires = parse_rfc3339(lease->record.expires_at);
+  if (!expires || *expires <= std::chrono::system_clock::now()) return;
+  throw Error(Errc::busy, durable.name_of(kLeaseName),
+              "another writer holds the lease of " + durable.name_of("") + " and writes there now: a resume into " + local_root + " (run " +
+                  local_run.value_or("none yet") + ") does not restore its checkpoints",
+              "no live writer of another run", lease->record.describe());
+}
+
 // The object store's candidates, newest first, restored into the local root in turn until
-// one opens; the first failure is rethrown when none does.
+// one opens; the first failure is rethrown when none does. Without a `latest` every
+// committed step is a candidate (none is "the" checkpoint: the newest that restores is).
 OpenedCheckpoint restore_from_object_tier(FileSystem& local_fs, const std::string& local_root, ObjectStore& durable,
-                                          const OpenLatestOptions& opt) {
+                                          const OpenLatestOptions& opt, bool adopt, std::string& adopted) {
   std::vector<std::uint64_t> candidates;
   if (const auto latest = read_object_latest(durable)) candidates.push_back(latest->step);
-  if (opt.fallback || candidates.empty()) {
+  const bool no_latest = candidates.empty();
+  if (opt.fallback || no_latest) {
     auto steps = list_object_checkpoints(durable);
     for (auto it = steps.rbegin(); it != steps.rend(); ++it)
       if (candidates.empty() || *it != candidates.front()) candidates.push_back(*it);
-    if (!opt.fallback && candidates.size() > 1) candidates.erase(candidates.begin() + 1, candidates.end());
   }
   if (candidates.empty()) throw Error(Errc::not_found, durable.name_of(""), "no committed checkpoint on the object store");
+  const std::optional<std::string> local_run = read_run_identity(local_fs, local_root);
+  refuse_live_writer(durable, local_run, local_root);
   std::exception_ptr first_error;
   for (const std::uint64_t step : candidates) {
     try {
       const std::string name = checkpoint_dir_name(step);
+      const ObjectManifest tier = read_object_manifest(durable, step);
+      check_run(tier, local_run, adopt, durable.name_of(name + "/" + std::string(kObjectManifestName)), local_root);
       if (local_fs.stat(join_path(local_root, name))) {
         // A local copy that did not open or verify (`latest` may name it, so
         // remove_checkpoint would refuse): renamed to a temporary, which the restore's
@@ -184,12 +233,18 @@ OpenedCheckpoint restore_from_object_tier(FileSystem& local_fs, const std::strin
       }
       const Verify v = opt.verify == Verify::none ? Verify::fast : opt.verify;
       restore_from_object_store(durable, step, local_fs, local_root, {.verify = v, .begin = {.allow_older_than_latest = true}});
+      std::string note = "restored " + name + " from " + durable.name_of(name) + " into " + local_root;
+      if (!tier.run.empty() && tier.run != local_run) {
+        // Adopted: the local root continues that run from now on.
+        write_run_identity(local_fs, RootLock(local_fs, local_root), tier.run);
+        adopted = tier.run;
+        note += ", adopting run " + tier.run + (local_run ? " in place of the local root's run " + *local_run : std::string());
+      }
       CheckpointReader reader = open_step(local_fs, local_root, step, opt.expected_world_size);
-      const std::string note = "restored " + name + " from " + durable.name_of(name) + " into " + local_root;
       log_line("resume: " + note);
-      return OpenedCheckpoint{std::move(reader), name, step != candidates.front(), note};
+      return OpenedCheckpoint{std::move(reader), name, step != candidates.front() && !no_latest, note};
     } catch (const Error& e) {
-      if (e.code() == Errc::world_size_mismatch) throw;
+      if (e.code() == Errc::world_size_mismatch || e.code() == Errc::conflict || e.code() == Errc::busy) throw;
       if (!first_error) first_error = std::current_exception();
     }
   }
@@ -205,9 +260,33 @@ TieredCheckpoint open_latest_tiered(FileSystem& local_fs, const std::string& loc
 }
 
 TieredCheckpoint open_latest_tiered(FileSystem& local_fs, const std::string& local_root, ObjectStore& durable,
-                                    const OpenLatestOptions& opt) {
-  return open_in_tiers(local_fs, local_root, opt, durable.name_of(""),
-                       [&] { return restore_from_object_tier(local_fs, local_root, durable, opt); });
+                                    const OpenLatestOptions& opt, bool adopt_run) {
+  std::string adopted;
+  TieredCheckpoint t = open_in_tiers(local_fs, local_root, opt, durable.name_of(""),
+                                     [&] { return restore_from_object_tier(local_fs, local_root, durable, opt, adopt_run, adopted); });
+  t.adopted_run = std::move(adopted);
+  return t;
+}
+
+std::optional<std::string> find_committed_checkpoint(FileSystem& fs, const std::string& root) {
+  if (!fs.stat(root)) return std::nullopt;
+  const std::string latest = join_path(root, kLatestName);
+  if (fs.stat(latest)) return latest;
+  const int nodes = count_node_roots(fs, root);
+  if (nodes == 0) return std::nullopt;
+  const auto roots = node_root_paths(root, nodes);
+  for (const auto& r : roots)
+    if (fs.stat(r) && fs.stat(join_path(r, kLatestName))) return join_path(r, kLatestName);
+  if (const auto step = newest_node_checkpoint(fs, roots))
+    return join_path(join_path(root, "node-*"), *step) + " (renamed into place on every node root, no latest names it yet)";
+  return std::nullopt;
+}
+
+std::optional<std::string> find_committed_checkpoint(ObjectStore& store) {
+  if (read_object_latest(store)) return store.name_of(kLatestName);
+  const auto steps = list_object_checkpoints(store);
+  if (steps.empty()) return std::nullopt;
+  return store.name_of(checkpoint_dir_name(steps.back()) + "/" + std::string(kObjectManifestName)) + " (committed, no latest names it)";
 }
 
 }  // namespace ckpt

@@ -67,7 +67,27 @@ struct TieredCheckpoint {
   OpenedCheckpoint opened;
   std::string tier;         ///< "local" or "durable"
   std::string local_error;  ///< when tier is "durable": the local tier's error (missing, corrupt, ...)
+  std::string adopted_run;  ///< an object store's checkpoint of another run was restored with adopt_run: that run
 };
+
+/// Whether a resume-or-start may start fresh in `root`: what in it may be a committed
+/// checkpoint, or nullopt if nothing is (an empty root). Per kind of root, as its commit
+/// protocol defines "committed" (docs/commit-protocol.md, "What counts as an empty root"):
+///   - a directory: its `latest` (whatever it holds: one that does not open is the resume's
+///     error to report, never a reason to start over); step directories without one were
+///     never committed and the next writer removes them;
+///   - a node set (DIR/node-n): any node root's `latest`, or else a step renamed into place
+///     on every node root that holds checkpoints (newest_node_checkpoint: committed, though
+///     no `latest` names it yet; the next writer's prepare_node_roots moves every `latest`
+///     to it).
+/// Returns what says so ("ROOT/latest", "ROOT/node-1/latest", "ROOT/node-*/step-N (...)").
+/// A missing root is an empty one. Reads only; throws the file system's errors.
+std::optional<std::string> find_committed_checkpoint(FileSystem& fs, const std::string& root);
+/// The same for an object store, whose commit point is the tier manifest: its `latest`, or
+/// else its newest committed step (a crash between a first commit's tier manifest and its
+/// `latest` leaves committed steps and no `latest`). Throws the store's errors (a missing
+/// bucket is Errc::invalid_argument naming it, never "empty").
+std::optional<std::string> find_committed_checkpoint(ObjectStore& store);
 
 /// Opens the newest checkpoint for a resume: the one the local `latest` names if it opens and
 /// verifies (options.verify; Verify::none still checks the manifest and file sizes), else the
@@ -79,13 +99,22 @@ TieredCheckpoint open_latest_tiered(FileSystem& local_fs, const std::string& loc
 
 /// The same with an object store as the durable tier (io/object_commit.hpp's layout): the
 /// local `latest` if it opens and verifies; else the step the store's `latest` names (with
-/// options.fallback, then its other committed steps, newest first) is restored into the local
-/// root (restore_from_object_store: verified, durable, committed there, `latest` moved to it;
-/// a damaged local copy of that step is set aside as a temporary first, with a log line, and
-/// removed by the restore's prepare_root), then opened from
-/// there; tier is "durable" and opened.note says what was restored from where. A world-size
-/// mismatch is thrown at once. When nothing opens: Errc::not_found naming both tiers' errors.
+/// options.fallback, then its other committed steps, newest first; without a `latest`, every
+/// committed step, newest first, until one restores: what --resume and a resume-or-start
+/// take alike) is restored into the local root (restore_from_object_store: verified, durable,
+/// committed there, `latest` moved to it; a damaged local copy of that step is set aside as a
+/// temporary first, with a log line, and removed by the restore's prepare_root), then opened
+/// from there; tier is "durable" and opened.note says what was restored from where.
+/// A checkpoint on the store committed by another run than the local root's
+/// (io/run_identity.hpp; a local root without one counts as another) is refused with
+/// Errc::conflict naming both runs, unless `adopt_run`: then it is restored and its run
+/// becomes the local root's (adopted_run says which). One that records no run (a store
+/// written before run identities) is restored either way. Nothing is restored while the
+/// store's writer lease is held, unexpired, by another run than the local root's
+/// (io/object_lease.hpp): Errc::busy naming its holder. A world-size mismatch, a run refusal
+/// and busy (the store's lease, or the local root's lock) are thrown at once. When nothing
+/// opens: Errc::not_found naming both tiers' errors.
 TieredCheckpoint open_latest_tiered(FileSystem& local_fs, const std::string& local_root, ObjectStore& durable,
-                                    const OpenLatestOptions& options = {});
+                                    const OpenLatestOptions& options = {}, bool adopt_run = false);
 
 }  // namespace ckpt

@@ -63,6 +63,8 @@
 #include "ckpt/io/node_commit.hpp"
 #include "ckpt/io/redundancy_io.hpp"
 #include "ckpt/io/remote_file_system.hpp"
+#include "ckpt/io/run_identity.hpp"
+#include "ckpt/io/s3.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/io/shard_writer.hpp"
 #include "ckpt/io/sharded_save.hpp"
@@ -386,11 +388,13 @@ struct Checkpointer::Impl {
     run_id = coordinator->start_run([this] {
       if (!layout) {
         prepare_root(fs, root_lock.emplace(fs, opt.root));
+        claim_durable(*root_lock);
         return;
       }
       fs.create_dirs(opt.root);
       for (const auto& r : node_roots) node_locks.emplace_back(fs, r);
       prepare_node_roots(fs, node_locks);
+      claim_durable(node_locks[0]);
       // A replaced node's empty root (or a truncated file): every kept checkpoint is made
       // whole again, not only the one a resume reads.
       repairs = repair_node_roots(fs, node_roots);
@@ -411,6 +415,24 @@ struct Checkpointer::Impl {
         stats.staging_bytes += b.capacity();
       }
     io_thread = std::thread([this] { ctx.run(); });
+  }
+
+  // An s3:// durable tier: the prefix's writer lease, taken for this root's run (its identity
+  // kept in the root the tier copies from, drawn for a fresh root), before anything is saved:
+  // a prefix another job writes to, or whose newest checkpoint is another run's, is refused
+  // here (io/object_lease.hpp). A store that does not answer now is not a refusal: the first
+  // copy takes the lease instead, and until then nothing is committed there (a durable tier
+  // that fails never fails training).
+  void claim_durable(const RootLock& source_lock) {
+    if (!replicator || !is_s3_root(opt.durable->root)) return;
+    const std::string run = opt.durable->run.empty() ? establish_run_identity(fs, source_lock) : opt.durable->run;
+    try {
+      replicator->claim(run);
+    } catch (const Error& e) {
+      if (e.code() == Errc::busy || e.code() == Errc::conflict || e.code() == Errc::invalid_argument) throw;
+      log_line("durable tier: the writer lease of " + opt.durable->root + " could not be taken now (" + e.what() +
+               "); the first copy takes it, and nothing is committed there until then");
+    }
   }
 
   // The checkpoint `latest` names across the node roots, checked (Verify::fast) and repaired;
@@ -1232,6 +1254,10 @@ std::optional<StagedSnapshot> Checkpointer::staged(int rank) const {
 
 void Checkpointer::wait_durable() {
   if (impl_->replicator) impl_->replicator->wait_idle();
+}
+
+DurableDrain Checkpointer::drain_durable(const DurableDrainOptions& options) {
+  return impl_->replicator ? impl_->replicator->drain(options) : DurableDrain{};
 }
 
 FileSystem& Checkpointer::file_system() const noexcept { return impl_->fs; }

@@ -114,7 +114,15 @@ struct CheckpointerOptions {
   CommitCoordinator* coordinator = nullptr;
   /// Two tiers: after each commit (and local rotation) the checkpoint is copied in the
   /// background to this durable root, with its own commit and rotation (runtime/tiering.hpp).
-  /// Steps waiting for or being copied are kept by local rotation. Unset: one tier.
+  /// Steps waiting for or being copied are kept by local rotation. Unset: one tier. An
+  /// s3:// durable root is claimed at construction (DurableReplicator::claim: its writer
+  /// lease, for the run identity kept in this root, ROOT/.run, drawn for a fresh root), so
+  /// the constructor throws Errc::busy when another job writes to that prefix,
+  /// Errc::conflict when its newest checkpoint is another run's (io/run_identity.hpp), and
+  /// Errc::invalid_argument naming the bucket when it does not exist. A store that fails
+  /// otherwise (unreachable, 5xx) is logged and left to the first copy, which takes the lease
+  /// first; the constructor waits for the client's retries then (a store that accepts
+  /// connections and never answers: up to its attempts times its stall timeout).
   std::optional<DurableTierOptions> durable{};
   /// Saving a step at or before the one the root's `latest` names is refused (the save fails
   /// with Errc::invalid_argument naming both steps): it would move `latest` back. A run
@@ -313,6 +321,13 @@ class Checkpointer {
   /// outcome is in stats().durable. Returns at once without a durable tier. Does not wait
   /// for local saves: call wait_all() first to have the newest one copied as well.
   void wait_durable();
+  /// wait_durable() with a deadline (options.deadline, default DurableTierOptions::
+  /// drain_deadline), progress reports and a way to stop early (DurableReplicator::drain):
+  /// past the deadline, or when options.stop answers, the copies not done are given up (an
+  /// s3:// tier's requests aborted, logged and counted) and the durable tier copies nothing
+  /// more. Returns how it ended (complete without a durable tier). Never throws. The
+  /// destructor drains this way too, with the tier's drain_deadline.
+  DurableDrain drain_durable(const DurableDrainOptions& options = {});
 
   /// The file system this Checkpointer writes through: options().fs (the posix one by
   /// default), or, with node roots and ranks in several processes, one on which the other

@@ -23,12 +23,24 @@
 //   - each copy and each rotation holds the durable root's writer lock (io/root_lock.hpp),
 //     taken then and not for the replicator's life, since the durable root may not exist
 //     yet; another writer holding it makes that copy fail with Errc::busy (and be retried);
-//   - the destructor drains: it finishes the copy running and the pending one, one attempt
-//     each with no backoff or retry, then joins the thread.
+//   - an s3:// root has no lock: the replicator holds the prefix's writer lease
+//     (io/object_lease.hpp) for its life, taken by claim() (the Checkpointer calls it at
+//     construction; else the first copy takes it), and commits only while the lease holds
+//     (checked before the tier manifest, `latest`, rotation and collection). The tier
+//     manifests and `latest` record the run identity (io/run_identity.hpp); claim() refuses
+//     a prefix whose newest checkpoint is another run's. A lease taken over by another
+//     writer fails every later copy with Errc::busy: this replicator commits nothing more;
+//   - drain(deadline) waits for the tier to catch up, and gives up at the deadline (or when
+//     asked): pending copies are dropped, an s3:// root's requests in flight are aborted
+//     (ObjectStore::abort_calls), and nothing more is copied; the destructor drains the same
+//     way with DurableTierOptions::drain_deadline: it finishes the copy running and the
+//     pending one, one attempt each with no backoff or retry, within that deadline, then
+//     joins the thread.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,6 +48,7 @@
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/io/file_system.hpp"
+#include "ckpt/io/object_lease.hpp"
 #include "ckpt/io/object_store.hpp"
 #include "ckpt/io/reader.hpp"
 
@@ -67,6 +80,28 @@ struct DurableTierOptions {
   /// this host and the server: a commit still uploading when its data is collected fails.
   /// Zero: no collection. Negative: Errc::invalid_argument.
   std::chrono::seconds leftover_grace{std::chrono::hours(1)};
+  /// How long the drain at the end (the destructor's; Checkpointer::drain_durable's default)
+  /// waits for the copy running and the one pending before giving them up: an s3:// root's
+  /// requests are then aborted and those steps stay in the local tier only (logged, counted
+  /// as given up). Default 5 minutes: about twice the longest a store that answers takes for
+  /// one attempt of a commit the size of the demo's to a large job's per-node shard at the
+  /// measured 100-160 MiB/s (tens of GiB), and well past the 30 s stall timeout after which
+  /// one request of a silent store fails; a store that stopped answering holds the end of a
+  /// run this long and no longer (it was 4 attempts of ~190 s each). Zero: give up at once.
+  /// Negative: Errc::invalid_argument. A directory root's copy stuck in a system call cannot
+  /// be aborted: the drain returns at the deadline, the destructor still waits for it.
+  std::chrono::milliseconds drain_deadline{std::chrono::minutes(5)};
+  /// For an s3:// root: the writer lease's period and renewal interval (io/object_lease.hpp).
+  /// The defaults, 60 s and 15 s, cost one small PUT per 15 s, survive three failed renewals
+  /// in a row (a 30 s stall of the store included) without losing the lease, and let the
+  /// successor of a job that died take over within one to two minutes, less than a requeue
+  /// takes. Tests use periods of a second or two.
+  ObjectLeaseOptions lease{};
+  /// For an s3:// root: this run's identity (io/run_identity.hpp), recorded in the tier
+  /// manifests and `latest` and held in the lease. Empty: the Checkpointer passes the local
+  /// root's to claim(); a replicator used alone whose first copy claims the prefix reads the
+  /// source root's (ROOT/.run), or draws a random one for its life.
+  std::string run{};
 };
 
 /// Counters of the replication, over the replicator's life.
@@ -83,6 +118,42 @@ struct DurableStats {
   std::string last_error;                  ///< its message (what())
   std::uint64_t rotated = 0;               ///< durable checkpoints removed by rotation
   std::uint64_t leftovers_collected = 0;   ///< s3 root: leftover objects removed plus multipart uploads aborted
+  bool gave_up = false;                    ///< a drain gave up: nothing more is copied
+  bool lease_lost = false;                 ///< s3 root: the writer lease was taken over: nothing more is committed
+};
+
+/// What a drain is waiting for, as its progress callback sees it.
+struct DurableDrainStatus {
+  std::chrono::milliseconds waited{0}, deadline{0};
+  std::optional<std::uint64_t> running;  ///< the step being copied
+  std::optional<std::uint64_t> pending;  ///< the step waiting (or waiting for its retry)
+  int attempt = 0;                       ///< of the step pending or running
+  int max_attempts = 0;
+  std::string last_error;                ///< of the last failed attempt, if any
+};
+
+/// How DurableReplicator::drain waits.
+struct DurableDrainOptions {
+  /// Give up after this long. nullopt: DurableTierOptions::drain_deadline.
+  std::optional<std::chrono::milliseconds> deadline;
+  /// Called on the caller's thread once the wait has lasted `first_progress` (a drain that
+  /// ends sooner says nothing) and then every `progress_every`, outside the replicator's
+  /// lock. May be empty.
+  std::function<void(const DurableDrainStatus&)> progress;
+  std::chrono::milliseconds first_progress{1000};
+  std::chrono::milliseconds progress_every{10000};
+  /// Polled about every 100 ms on the caller's thread: a non-empty answer gives up at once,
+  /// that answer being the reason ("SIGTERM"). May be empty.
+  std::function<std::string()> stop;
+};
+
+/// How a drain ended.
+struct DurableDrain {
+  bool complete = true;                  ///< the durable tier caught up: nothing pending or running
+  std::chrono::milliseconds waited{0};
+  std::string gave_up_on;                ///< when not complete: "the deadline" or the stop() answer
+  std::optional<std::uint64_t> step;     ///< when not complete: the newest step given up
+  std::string last_error;                ///< when not complete: the last copy failure before it gave up, if any
 };
 
 class DurableReplicator {
@@ -105,6 +176,23 @@ class DurableReplicator {
   /// Blocks until nothing is pending or running (retries included, up to max_attempts).
   /// Never throws: failures are in stats().
   void wait_idle();
+  /// Waits, as wait_idle() does (retries included), until nothing is pending or running, or
+  /// until the deadline passes or options.stop answers: then it gives up (logged, counted in
+  /// stats().given_up; stats().gave_up set): the pending step is dropped, an s3:// root's
+  /// calls are aborted (the copy running fails within about a second), and nothing more is
+  /// copied (a later submit() is counted as given up). Returns once the copy running has
+  /// ended (a directory root's copy stuck in a system call: after 5 s more at most, still
+  /// running). Never throws.
+  DurableDrain drain(const DurableDrainOptions& options = {});
+  /// For an s3:// root: takes the prefix's writer lease for run `run` (io/object_lease.hpp;
+  /// may wait up to one lease period if the lease it finds has expired, to see its holder is
+  /// gone) and checks that the store's newest checkpoint (what find_committed_checkpoint
+  /// finds) records this run or none. Throws Errc::busy (another live writer holds the lease,
+  /// naming it and this run), Errc::conflict (the newest checkpoint is another run's, naming
+  /// both: the lease is released again), Errc::invalid_argument (a bad run), the store's
+  /// errors (a missing bucket: invalid_argument naming it). Idempotent once it succeeded.
+  /// A directory root: nothing. Not thread-safe against another claim().
+  void claim(const std::string& run);
   DurableStats stats() const;
   const DurableTierOptions& options() const noexcept;
 

@@ -581,7 +581,7 @@ std::optional<std::uint64_t> Trainer::resume_or_start(const std::string& root, V
   // The ranks agree on the decision before any of them enters the collective resume.
   char mine = 0;
   try {
-    mine = fs.stat(root) && fs.stat(join_path(root, kLatestName)) ? 1 : 0;
+    mine = find_committed_checkpoint(fs, root) ? 1 : 0;
   } catch (const Error&) {
     mine = 1;  // the resume reports what is wrong with the root
   }
@@ -632,7 +632,7 @@ std::uint64_t Trainer::resume_from(const std::function<OpenedCheckpoint(std::opt
 // ---- two tiers ----
 
 Trainer::TieredResume Trainer::resume_latest_tiered(const std::string& local_root, const std::string& durable_root, Verify verify,
-                                                    Reshard reshard) {
+                                                    Reshard reshard, bool adopt_run) {
   TieredResume out;
   // An s3:// durable root: its checkpoint is restored into the local root (io/tiers.hpp).
   std::unique_ptr<ObjectStore> store;
@@ -644,10 +644,11 @@ Trainer::TieredResume Trainer::resume_latest_tiered(const std::string& local_roo
   out.step = resume_from(
       [&](std::optional<int> expect) {
         const OpenLatestOptions opt{.expected_world_size = expect, .verify = verify};
-        TieredCheckpoint t = store ? open_latest_tiered(posix_file_system(), local_root, *store, opt)
+        TieredCheckpoint t = store ? open_latest_tiered(posix_file_system(), local_root, *store, opt, adopt_run)
                                    : open_latest_tiered(posix_file_system(), local_root, posix_file_system(), durable_root, opt);
         out.tier = t.tier;
         out.local_error = t.local_error;
+        out.adopted_run = t.adopted_run;
         return std::move(t.opened);
       },
       local_root, verify, reshard);

@@ -270,12 +270,16 @@ class Trainer {
   /// construction did it once for every process; each rank's loads verify what they read.
   /// Collective.
   std::uint64_t resume_latest(const Checkpointer& checkpointer, Verify verify = Verify::fast, Reshard reshard = Reshard::no);
-  /// The restart loop's resume: resume_latest(root, ...) if ROOT has a `latest` (a committed
-  /// checkpoint), else nothing (the trainer stays at step 0: start fresh) and nullopt. A
-  /// missing root is an empty one; so is a root holding only step directories that `latest`
-  /// never named (a crash in the first save: the Checkpointer's prepare_root removes them).
-  /// A `latest` naming a checkpoint that fails to load throws its error, as resume_latest
-  /// does: a committed checkpoint is never silently passed over. Every rank must see the
+  /// The restart loop's resume: resume_latest(root, ...) if ROOT may hold a committed
+  /// checkpoint (io/tiers.hpp's find_committed_checkpoint: a `latest`; for a node set any
+  /// node's `latest`, or a step renamed into place on every node root), else nothing (the
+  /// trainer stays at step 0: start fresh) and nullopt. A missing root is an empty one; so is
+  /// a root holding only step directories that `latest` never named (a crash in the first
+  /// save: the Checkpointer's prepare_root removes them). A `latest` naming a checkpoint that
+  /// fails to load throws its error, as resume_latest does: a committed checkpoint is never
+  /// silently passed over. A node set whose newest step no `latest` names yet is resumed
+  /// once the Checkpointer's construction moved every `latest` to it (construct it first, as
+  /// the restart loop does); before that the resume throws not_found, never starts fresh. Every rank must see the
   /// same root (else Errc::aborted naming the rank that differs). Returns the step resumed
   /// from. Collective.
   std::optional<std::uint64_t> resume_or_start(const std::string& root, Verify verify = Verify::fast, Reshard reshard = Reshard::no);
@@ -286,6 +290,7 @@ class Trainer {
     std::uint64_t step = 0;   ///< the step resumed from
     std::string tier;         ///< "local" or "durable"
     std::string local_error;  ///< why the local tier was passed over (tier "durable")
+    std::string adopted_run;  ///< the object store's run this resume adopted (adopt_run), if any
   };
   /// resume_latest over two tiers: the checkpoint the local root's `latest` names if it opens
   /// and verifies (`verify`, every shard, on every rank), else the durable root's
@@ -293,9 +298,11 @@ class Trainer {
   /// Errc::aborted naming the rank that differs). The durable tier's newest may be older
   /// than what the local `latest` names (that one was corrupt): a run that saves after such
   /// a resume builds its Checkpointer with CheckpointerOptions::allow_older_than_latest, or
-  /// its saves up to that step are refused. Collective.
+  /// its saves up to that step are refused. An s3:// durable root's checkpoint of another
+  /// run than the local root's is refused (Errc::conflict naming both runs) unless
+  /// `adopt_run` (open_latest_tiered). Collective.
   TieredResume resume_latest_tiered(const std::string& local_root, const std::string& durable_root, Verify verify = Verify::fast,
-                                    Reshard reshard = Reshard::no);
+                                    Reshard reshard = Reshard::no, bool adopt_run = false);
 
  private:
   TrainConfig cfg_;
