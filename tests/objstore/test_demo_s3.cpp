@@ -26,6 +26,15 @@ namespace {
 namespace fs = std::filesystem;
 using ckpt::test::has;
 
+// How much slower the demo runs here: ~20x under ThreadSanitizer, ~3x under ASan.
+#if defined(__SANITIZE_THREAD__)
+constexpr double kSlowdown = 20;
+#elif defined(__SANITIZE_ADDRESS__)
+constexpr double kSlowdown = 3;
+#else
+constexpr double kSlowdown = 1;
+#endif
+
 // The loss table's rows of steps `first`..`last`, without the step-time column.
 std::vector<std::string> rows(const std::string& out, int first, int last) {
   std::vector<std::string> got;
@@ -142,10 +151,12 @@ TEST_CASE("ckpt-demo whose object store stops answering gives up draining at --d
   INFO(out);
   CHECK(proxy.stalled());
   CHECK(rc == 5);
-  CHECK(took < 40);  // 20 steps, a 3 s drain, the checks: not 4 copy attempts of minutes each
-  CHECK(has(out, "durable tier: waiting for step 20 to reach " + s3 + " (attempt 1 of 3): 1 s of 3 s\n"));
+  CHECK(took < kSlowdown * 40);  // 20 steps, a 3 s drain, the checks: not 4 copy attempts of minutes each
+  CHECK(has(out, "durable tier: waiting for step 20 to reach " + s3 + " (attempt 1 of 3): "));
+  CHECK(has(out, " s of 3 s\n"));
   CHECK(has(out, "(h) both tiers hold the checkpoints      skipped"));
-  CHECK(ckpt::test::last_line(out) == "durable tier: no, gave up after 3 s (--durable-drain-deadline 3): step 20 did not reach " + s3);
+  const std::string last = ckpt::test::last_line(out);
+  CHECK(last.starts_with("durable tier: no, gave up after 3 s (--durable-drain-deadline 3): step 20 did not reach " + s3));
 }
 
 TEST_CASE("a SIGTERM while ckpt-demo waits for an object store that stopped answering ends the wait at once, exit status 5, not killed") {
@@ -167,7 +178,7 @@ TEST_CASE("a SIGTERM while ckpt-demo waits for an object store that stopped answ
   const std::string out = demo.output();
   INFO(out);
   CHECK(rc == 5);
-  CHECK(took < 15);  // the abort (about a second), the checks that need no store
+  CHECK(took < kSlowdown * 15);  // the abort (about a second), the checks that need no store
   CHECK(ckpt::test::last_line(out).starts_with("durable tier: no, gave up after "));
   CHECK(has(ckpt::test::last_line(out), " s (SIGTERM): step 20 did not reach " + s3));
 }
