@@ -120,6 +120,14 @@ TEST_CASE("a second ckpt-demo on a running one's s3 prefix is refused naming bot
                      run_a + " (holder "));
   CHECK(!has(out, "grad norm"));  // refused before the first step
   CHECK(!fs::exists(dir / "b" / "latest"));
+  // Nor does it restore the first's checkpoints to continue them while the first writes.
+  const auto [rrc, rout] = successor(dir / "c", p, 1000);
+  INFO(rout);
+  CHECK(rrc == 1);
+  CHECK(has(rout, "ckpt-demo: busy: " + p.root + "/lease: another writer holds the lease of " + p.root + "/ and writes there now: a resume into " +
+                      (dir / "c").string() + " (run none yet) does not restore its checkpoints: expected no live writer of another run, actual run " +
+                      run_a + " (holder "));
+  CHECK(!fs::exists(dir / "c" / "latest"));
 
   // The first job is unharmed: it lives and its commits go on, as its own run.
   const std::uint64_t before = p.latest();
