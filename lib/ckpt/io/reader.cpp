@@ -275,6 +275,8 @@ CheckpointReader CheckpointReader::open_nodes(FileSystem& fs, std::span<const st
   throw *first;
 }
 
+std::string CheckpointReader::manifest_path() const { return join_path(dir_, kManifestName); }
+
 std::string CheckpointReader::shard_path(int rank) const {
   return join_path(shard_dirs_.empty() ? dir_ : shard_dirs_.at(static_cast<std::size_t>(manifest_.shard(rank).rank)), manifest_.shard(rank).path);
 }
@@ -402,7 +404,7 @@ LoadedShard CheckpointReader::load_shard(int rank, Verify mode) const {
 
 std::vector<std::byte> CheckpointReader::read_tensor(std::string_view name, int rank, Verify mode) const {
   const TensorRecord* t = manifest_.find_tensor(name, rank);
-  if (!t) throw Error(Errc::not_found, join_path(dir_, kManifestName), "no tensor '" + std::string(name) + "' on rank " + std::to_string(rank));
+  if (!t) throw Error(Errc::not_found, manifest_path(), "no tensor '" + std::string(name) + "' on rank " + std::to_string(rank));
   const ShardRecord& rec = manifest_.shard(rank);
   const std::string path = shard_path(rank);
   auto f = fs_->open_read(path);
@@ -431,7 +433,7 @@ std::vector<std::byte> CheckpointReader::read_tensor(std::string_view name, int 
 std::vector<std::byte> CheckpointReader::read_tensor_range(std::string_view name, int rank, std::uint64_t first, std::uint64_t count,
                                                           Verify mode) const {
   const TensorRecord* t = manifest_.find_tensor(name, rank);
-  if (!t) throw Error(Errc::not_found, join_path(dir_, kManifestName), "no tensor '" + std::string(name) + "' on rank " + std::to_string(rank));
+  if (!t) throw Error(Errc::not_found, manifest_path(), "no tensor '" + std::string(name) + "' on rank " + std::to_string(rank));
   const std::uint64_t esize = dtype_size(t->dtype), numel = (t->end - t->begin) / esize;
   if (first > numel || count > numel - first)
     throw Error(Errc::invalid_argument, shard_path(rank), "element range of tensor '" + std::string(name) + "'",

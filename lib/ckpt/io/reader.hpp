@@ -47,6 +47,8 @@ class LoadedShard {
   /// The tensor called `name`; Errc::not_found (naming the shard file) if absent.
   const LoadedTensor& tensor(std::string_view name) const;
   std::span<const std::byte> file_bytes() const noexcept { return buffer_.span(size_); }
+  /// The shard file it was read from.
+  const std::string& path() const noexcept { return path_; }
 
  private:
   friend class CheckpointReader;
@@ -87,6 +89,10 @@ class CheckpointReader {
 
   const Manifest& manifest() const noexcept { return manifest_; }
   const std::string& dir() const noexcept { return dir_; }
+  /// The manifest file it was opened from (DIR/manifest.json; for a checkpoint across node
+  /// roots, the node directory's copy that was read): what errors about the checkpoint as a
+  /// whole name, so that of several roots, tiers or copies the user can tell which.
+  std::string manifest_path() const;
   std::string shard_path(int rank) const;
 
   /// Reads every shard and checks its checksums (none: sizes and headers only).

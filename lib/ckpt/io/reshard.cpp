@@ -32,8 +32,6 @@ std::uint64_t json_u64(const json::value& v, std::string_view file, const std::s
   bad_manifest(file, field, "a non-negative integer", json::serialize(v).substr(0, 64));
 }
 
-std::string manifest_path(const CheckpointReader& r) { return join_path(r.dir(), kManifestName); }
-
 bool contains(const std::vector<std::string>& v, std::string_view s) { return std::find(v.begin(), v.end(), s) != v.end(); }
 
 // Rank 0's tensors in file order: the order every resharded shard keeps, so that a round
@@ -172,7 +170,7 @@ std::vector<ParamSlice> param_layout(const Manifest& m, const FlatLayout& layout
 FlatReader::FlatReader(const CheckpointReader& checkpoint, FlatLayout layout, Verify mode)
     : checkpoint_(&checkpoint), layout_(std::move(layout)), mode_(mode) {
   const Manifest& m = checkpoint.manifest();
-  const std::string file = manifest_path(checkpoint);
+  const std::string file = checkpoint.manifest_path();
   if (layout_.num_params > m.param_numel)
     bad_manifest(file, "num_params", "at most param_numel " + std::to_string(m.param_numel), std::to_string(layout_.num_params));
   for (int r = 0; r < m.world_size; ++r) by_offset_.push_back(r);
@@ -211,7 +209,7 @@ FlatReader::FlatReader(const CheckpointReader& checkpoint, FlatLayout layout, Ve
 DType FlatReader::dtype(std::string_view name) const {
   for (std::size_t i = 0; i < layout_.tensors.size(); ++i)
     if (layout_.tensors[i] == name) return dtypes_[i];
-  throw Error(Errc::not_found, manifest_path(*checkpoint_), "no flat tensor '" + std::string(name) + "'");
+  throw Error(Errc::not_found, checkpoint_->manifest_path(), "no flat tensor '" + std::string(name) + "'");
 }
 
 ShardRangeReader& FlatReader::shard(int rank) {
@@ -255,7 +253,7 @@ void FlatReader::read(std::string_view name, std::uint64_t first, std::span<std:
   const DType type = dtype(name);
   const std::uint64_t es = dtype_size(type);
   if (out.size() % es != 0)
-    throw Error(Errc::invalid_argument, manifest_path(*checkpoint_), "read of flat tensor '" + std::string(name) + "'",
+    throw Error(Errc::invalid_argument, checkpoint_->manifest_path(), "read of flat tensor '" + std::string(name) + "'",
                 "a multiple of " + std::to_string(es) + " bytes", std::to_string(out.size()) + " bytes");
   const std::uint64_t count = out.size() / es;
   std::uint64_t padding_from = 0;
@@ -306,7 +304,7 @@ std::vector<json::object> remap_rank_metadata(const Manifest& src, int world) {
 ReshardResult reshard_checkpoint(FileSystem& fs, const CheckpointReader& source, const std::string& dst_root,
                                  const ReshardOptions& opt) {
   const Manifest& src = source.manifest();
-  const std::string src_file = manifest_path(source);
+  const std::string src_file = source.manifest_path();
   if (opt.world_size < 1 || opt.world_size > (1 << 20))
     throw Error(Errc::invalid_argument, dst_root, "target world size", "1.." + std::to_string(1 << 20), std::to_string(opt.world_size));
   if (opt.buffer_bytes < kMinReshardBuffer)
@@ -584,7 +582,7 @@ void remove_abandoned_outputs(FileSystem& fs, const std::string& parent, const s
 ConsolidateResult consolidate_checkpoint(FileSystem& fs, const CheckpointReader& source, const std::string& out_dir,
                                          const ConsolidateOptions& opt) {
   const Manifest& src = source.manifest();
-  const std::string src_file = manifest_path(source);
+  const std::string src_file = source.manifest_path();
   if (opt.buffer_bytes < kMinReshardBuffer)
     throw Error(Errc::invalid_argument, out_dir, "buffer size", "at least " + std::to_string(kMinReshardBuffer) + " bytes",
                 std::to_string(opt.buffer_bytes) + " bytes");
