@@ -507,18 +507,24 @@ OpenedCheckpoint open_latest(FileSystem& fs, const std::string& root, const Open
       throw Error(Errc::not_found, root, "no checkpoint of the node set that opens and verifies", "a good checkpoint", why);
     }
   std::string tried, note;
-  try {
-    const auto name = read_latest(fs, root);
-    if (!name) throw Error(Errc::not_found, join_path(root, kLatestName), "no latest pointer: nothing committed yet");
-    if (!parse_checkpoint_dir_name(*name))
-      throw Error(Errc::malformed_manifest, join_path(root, kLatestName), "content", "step-NNNNNNNNNN", "'" + name->substr(0, 64) + "'");
-    tried = *name;
-    auto reader = CheckpointReader::open(fs, join_path(root, *name), opt.expected_world_size);
-    if (opt.fallback) reader.verify(opt.verify);
-    return {std::move(reader), *name, false, {}};
-  } catch (const Error& e) {
-    if (!opt.fallback || e.code() == Errc::world_size_mismatch) throw;
-    note = e.what();
+  for (int attempt = 1;; ++attempt) {
+    try {
+      const auto name = read_latest(fs, root);
+      if (!name) throw Error(Errc::not_found, join_path(root, kLatestName), "no latest pointer: nothing committed yet");
+      if (!parse_checkpoint_dir_name(*name))
+        throw Error(Errc::malformed_manifest, join_path(root, kLatestName), "content", "step-NNNNNNNNNN", "'" + name->substr(0, 64) + "'");
+      tried = *name;
+      auto reader = CheckpointReader::open(fs, join_path(root, *name), opt.expected_world_size);
+      if (opt.fallback) reader.verify(opt.verify);
+      return {std::move(reader), *name, false, {}};
+    } catch (const Error& e) {
+      // A save committed newer checkpoints and rotated this one away since `latest` was
+      // read: what `latest` names now is the live checkpoint.
+      if (attempt < kOpenLatestAttempts && !tried.empty() && e.code() != Errc::world_size_mismatch && rotated_away(fs, root, tried)) continue;
+      if (!opt.fallback || e.code() == Errc::world_size_mismatch) throw;
+      note = e.what();
+      break;
+    }
   }
   std::vector<std::string> names;
   for (const auto& e : fs.list_dir(root))
@@ -534,6 +540,19 @@ OpenedCheckpoint open_latest(FileSystem& fs, const std::string& root, const Open
     }
   }
   throw Error(Errc::not_found, root, "no checkpoint that opens and verifies", "a good checkpoint", note.empty() ? "none" : note);
+}
+
+bool rotated_away(FileSystem& fs, const std::string& root, const std::string& name) noexcept {
+  try {
+    const auto step = parse_checkpoint_dir_name(name);
+    // A node set keeps its steps in its node roots and its `latest` files there: not a plain root.
+    if (!step || fs.stat(join_path(root, name)) || !fs.stat(join_path(root, kLatestName))) return false;
+    const auto latest = read_latest(fs, root);
+    const auto live = latest ? parse_checkpoint_dir_name(*latest) : std::nullopt;
+    return live && *live > *step;
+  } catch (...) {
+    return false;
+  }
 }
 
 CheckpointReader open_step(FileSystem& fs, const std::string& root, std::uint64_t step, std::optional<int> expected_world_size) {
