@@ -470,7 +470,10 @@ TEST_CASE("ckpt --help documents every command and exit code, and each command h
       CHECK(r.out.find("example:") != std::string::npos);
     }
   }
-  for (const char* code : {"  0  ", "  1  ", "  2  ", "  3  "}) CHECK(top.out.find(code) != std::string::npos);
+  for (const char* code : {"  0  ", "  1  ", "  2  ", "  3  ", "  4  "}) CHECK(top.out.find(code) != std::string::npos);
+  CHECK(top.out.find("  4  verify, inspect, get, diff, reshard, consolidate: the checkpoint being read was\n     rotated away") !=
+        std::string::npos);
+  CHECK(ckpt_run("verify --help").out.find("exit: 0 verified, 1 damaged or unreadable, 4 rotated away while it was read") != std::string::npos);
   CHECK(ckpt_run("reshard a b").status == 2);                     // --world-size missing
   CHECK(ckpt_run("reshard a b --world-size 0").status == 2);
   CHECK(ckpt_run("consolidate a b --dtype f64").status == 2);
