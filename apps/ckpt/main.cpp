@@ -709,6 +709,37 @@ struct InspectArgs : Common {
 };
 
 
+// A checkpoint written by `ckpt reshard`: the world size it came from and how its bytes were
+// checked since a job saved them (training.resharded_from.source_verify, docs/format.md), for
+// inspect and verify. nullopt for any other checkpoint.
+struct ReshardedFrom {
+  std::optional<int> world_size;
+  std::optional<Verify> source_verify;  // nullopt: resharded before the field was recorded
+};
+std::optional<ReshardedFrom> resharded_from(const Manifest& m, const std::string& file) {
+  const json::value* from = m.training.if_contains("resharded_from");
+  if (!from || !from->is_object()) return std::nullopt;
+  ReshardedFrom out;
+  if (const json::value* w = from->as_object().if_contains("world_size"); w && w->is_int64()) out.world_size = static_cast<int>(w->as_int64());
+  out.source_verify = resharded_source_verify(m, file);
+  return out;
+}
+
+// "resharded from world size 4, its source read with --verify none: ..." (one line).
+std::string resharded_text(const ReshardedFrom& r) {
+  std::string t = "resharded from " + (r.world_size ? "world size " + std::to_string(*r.world_size) : std::string("another checkpoint"));
+  if (!r.source_verify) return t + " (how its source was checked is not recorded)";
+  if (*r.source_verify == Verify::none)
+    return t + ", its source read with --verify none: its bytes were copied unchecked, and its checksums say only that they are "
+               "what was copied, not that the source was sound";
+  return t + ", its source checked as it was read (" + std::string(verify_name(*r.source_verify)) + ")";
+}
+
+json::value source_verify_json(const std::optional<ReshardedFrom>& r) {
+  if (!r || !r->source_verify) return nullptr;
+  return json::string(verify_name(*r->source_verify));
+}
+
 // The text of `ckpt inspect`: the manifest summary, the shard table and the tensor index; for
 // a checkpoint across nodes (`h` set) also its layout, where each shard and block lives, the
 // stripes and the health of every file; for one on an object store (`tier` set) also the run
@@ -722,6 +753,7 @@ void print_inspect(const std::string& dir, const Manifest& m, const NodeCheckpoi
   if (tier) std::printf("run id      %s\ncommitted   %s (the object store's tier manifest)\n", tier->run_id.c_str(), tier->committed_at.c_str());
   std::printf("size        %s in %zu shards, chunk %s\nparameters  %llu (flat)\n", human_bytes(total).c_str(), m.shards.size(),
               human_bytes(m.chunk_size).c_str(), static_cast<unsigned long long>(m.param_numel));
+  if (const auto from = resharded_from(m, join_path(dir, kManifestName))) std::printf("origin      %s\n", resharded_text(*from).c_str());
   if (h) {
     const NodeLayout& l = *m.nodes;
     std::printf("nodes       %d, %d rank%s per node\nredundancy  %s (survives %d lost node%s), %s in %zu blocks\n", l.nodes, l.ranks_per_node,
@@ -942,12 +974,15 @@ int cmd_verify(const VerifyArgs& a) {
     std::uint64_t total = 0;
     for (const auto& s : reader.manifest().shards) total += s.size;
     const char* how = verify_how(mode);
-    if (a.json)
+    const auto from = resharded_from(reader.manifest(), reader.manifest_path());
+    if (a.json) {
       print_json(json::object{{"ok", true}, {"dir", reader.dir()}, {"mode", mode_name}, {"shards", reader.manifest().shards.size()},
-                              {"bytes", total}, {"rotated_away", live.rotated_json()}});
-    else
+                              {"bytes", total}, {"source_verify", source_verify_json(from)}, {"rotated_away", live.rotated_json()}});
+    } else {
       std::printf("OK %s: %zu shards, %s verified, %s\n", reader.dir().c_str(), reader.manifest().shards.size(),
                   human_bytes(total).c_str(), how);
+      if (from) std::printf("%s %s\n", from->source_verify == Verify::none ? "warning:" : "note:", resharded_text(*from).c_str());
+    }
     return kExitOk;
   });
 }
@@ -972,7 +1007,9 @@ ranged GETs and checked the same way, nothing written (docs/object-store.md).
 A root a job saves to may rotate its checkpoint away while it is read: that is not damage.
 The checkpoint `latest` names then is verified instead (up to 3 tries; --json lists the ones
 rotated away in "rotated_away"); a checkpoint named by its directory, or rotated away on
-every try, is exit 4, "rotated away", never exit 1.
+every try, is exit 4, "rotated away", never exit 1. A checkpoint written by ckpt reshard
+says how its source was checked (--json: "source_verify"); one resharded with --verify none
+gets a warning: its checksums say only that its bytes are what was copied.
 
 exit: 0 verified, 1 damaged or unreadable, 4 rotated away while it was read (see ckpt --help).
 
@@ -1149,13 +1186,17 @@ int cmd_reshard(const ReshardArgs& a) {
                               {"from_world_size", source.manifest().world_size}, {"world_size", m.world_size},
                               {"param_numel", m.param_numel}, {"bytes_read", r.bytes_read}, {"bytes_written", r.bytes_written},
                               {"buffer_bytes", opt.buffer_bytes}, {"seconds", secs}, {"shards", shards},
-                              {"rotated_away", live.rotated_json()}});
+                              {"source_verify", verify_name(r.source_verify)}, {"rotated_away", live.rotated_json()}});
       return kExitOk;
     }
     std::printf("resharded step %llu from world size %d to %d: %s\n", static_cast<unsigned long long>(m.step),
                 source.manifest().world_size, m.world_size, r.dir.c_str());
     std::printf("read %s, wrote %s in %zu shards through a %s buffer, %.2f s\n", human_bytes(r.bytes_read).c_str(),
                 human_bytes(r.bytes_written).c_str(), m.shards.size(), human_bytes(opt.buffer_bytes).c_str(), secs);
+    const std::string weaker = r.source_verify < opt.verify ? "; the source is itself a reshard whose source was checked only as " +
+                                                                   std::string(verify_name(r.source_verify)) + " (recorded as such)"
+                                                             : "";
+    std::printf("source checked: %s%s\n", verify_how(opt.verify), weaker.c_str());
     Table table({{"RANK"}, {"SHARD"}, {"SIZE", true}, {"PARAM OFF", true}, {"PARAM NUMEL", true}});
     for (const auto& s : m.shards)
       table.row({std::to_string(s.rank), s.path, human_bytes(s.size), std::to_string(s.param_shard_offset), std::to_string(s.param_shard_numel)});
@@ -1175,7 +1216,10 @@ state (the tensors training.flat_tensors names, padded with zeros to a multiple 
 dimension they were split on, replicated tensors stay replicated (written once), rank-local
 ones stay on their rank while it exists; per-rank metadata is remapped (docs/resharding.md). The new checkpoint
 has its own checksums and goes through the durable commit; a corrupt source fails with the
-typed error and leaves nothing behind.
+typed error and leaves nothing behind (--verify fast or full). --verify none copies the
+source unchecked: a line on stderr says so, and the new manifest records how its source was
+checked (training.resharded_from.source_verify, shown by ckpt inspect and ckpt verify), so
+checksums computed over damaged bytes never pass for a check of the source.
 SRC may be a node set (read through its node roots; the new checkpoint is a plain one in
 DST); DST may not be a node set or one of its node roots (Errc::invalid_argument).
 
@@ -1255,7 +1299,7 @@ int cmd_consolidate(const ConsolidateArgs& a) {
                               {"config", r.config ? json::value(*r.config) : json::value(nullptr)}, {"files", files},
                               {"optimizer_files", optimizer_files}, {"optimizer_size", r.optimizer_size},
                               {"optimizer_index", r.optimizer_index ? json::value(*r.optimizer_index) : json::value(nullptr)},
-                              {"left_out", r.left_out},
+                              {"left_out", r.left_out}, {"source_verify", verify_name(r.source_verify)},
                               {"bytes_read", r.bytes_read}, {"seconds", secs}, {"rotated_away", live.rotated_json()}});
       return kExitOk;
     }
@@ -1305,7 +1349,7 @@ example:
   c->add_flag("--with-optimizer", a->opt.with_optimizer, "also write the optimizer state, in its own dtype, into\noptimizer.safetensors (or optimizer-0000k-of-0000n + index)")
       ->excludes(weights);
   add_buffer_option(*c, a->opt.buffer_bytes);
-  add_verify_option(*c, a->verify, "of the source, as for reshard (default fast)");
+  add_verify_option(*c, a->verify, "of the source, as for reshard (default fast); recorded in every\nfile's __metadata__ as ckpt.source_verify");
   return bind(c, a, cmd_consolidate);
 }
 

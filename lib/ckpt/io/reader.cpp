@@ -60,6 +60,15 @@ std::optional<Verify> parse_verify(std::string_view s) noexcept {
   return std::nullopt;
 }
 
+std::string_view verify_name(Verify mode) noexcept {
+  switch (mode) {
+    case Verify::none: return "none";
+    case Verify::fast: return "fast";
+    case Verify::full: return "full";
+  }
+  return "?";
+}
+
 const LoadedTensor& LoadedShard::tensor(std::string_view name) const {
   for (const auto& t : tensors)
     if (t.name == name) return t;

@@ -32,6 +32,8 @@ enum class Verify {
 
 /// Parses "none" / "fast" / "full".
 std::optional<Verify> parse_verify(std::string_view s) noexcept;
+/// "none" / "fast" / "full": the inverse of parse_verify.
+std::string_view verify_name(Verify mode) noexcept;
 
 /// A tensor of a loaded shard; `data` points into the shard's buffer.
 using LoadedTensor = TensorView;

@@ -90,6 +90,30 @@ void verify_headers(const CheckpointReader& checkpoint, Verify mode, int first_r
   }
 }
 
+std::optional<Verify> resharded_source_verify(const Manifest& m, std::string_view file) {
+  const json::value* from = m.training.if_contains("resharded_from");
+  if (!from || !from->is_object()) return std::nullopt;
+  const json::value* v = from->as_object().if_contains("source_verify");
+  if (!v) return std::nullopt;
+  const auto mode = v->is_string() ? parse_verify(v->as_string()) : std::nullopt;
+  if (!mode) bad_manifest(file, "training.resharded_from.source_verify", "\"none\", \"fast\" or \"full\"", json::serialize(*v).substr(0, 64));
+  return mode;
+}
+
+namespace {
+// How the bytes read from `source` with `mode` were checked since a job saved them: `mode`,
+// or the source's recorded source_verify when that is weaker. `what` (reshard, consolidate)
+// logs a read with Verify::none, the one that copies bytes unchecked.
+Verify checked_since_saved(const CheckpointReader& source, Verify mode, std::string_view what) {
+  if (mode == Verify::none)
+    log_line(source.dir() + ": " + std::string(what) +
+             " with verify none: the source's checksums are not checked, so damage in it is copied as it is; the output records "
+             "source_verify \"none\"");
+  const auto recorded = resharded_source_verify(source.manifest(), source.manifest_path());
+  return recorded ? std::min(mode, *recorded) : mode;
+}
+}  // namespace
+
 FlatLayout flat_layout(const Manifest& m, std::string_view file) {
   FlatLayout out;
   const json::value* ft = m.training.if_contains("flat_tensors");
@@ -447,13 +471,16 @@ ReshardResult reshard_checkpoint(FileSystem& fs, const CheckpointReader& source,
     total += plan_shard_specs(specs[ri], header_meta[ri]).file_size();
   }
   const auto metadata = remap_rank_metadata(src, world);
-  training["resharded_from"] = json::object{{"world_size", src.world_size}, {"param_numel", src.param_numel}};
+  const Verify checked = checked_since_saved(source, opt.verify, "reshard");
+  training["resharded_from"] =
+      json::object{{"world_size", src.world_size}, {"param_numel", src.param_numel}, {"source_verify", verify_name(checked)}};
   if (parallel) training["parallel"] = std::move(*parallel);
 
   const bool created_root = !fs.stat(dst_root);
   if (created_root) require_dir(fs, parent_of(dst_root), "the parent of the destination root");
   else require_dir(fs, dst_root, "the destination root");
   ReshardResult result;
+  result.source_verify = checked;
   std::string temp;
   std::optional<RootLock> lock;
   try {
@@ -649,6 +676,8 @@ ConsolidateResult consolidate_checkpoint(FileSystem& fs, const CheckpointReader&
   verify_headers(source, opt.verify);
   // With full, verify_headers checked every file's SHA-256: the pieces are then read chunk-checked.
   const Verify piece_mode = opt.verify == Verify::none ? Verify::none : Verify::fast;
+  const Verify checked = checked_since_saved(source, opt.verify, "consolidate");
+  const std::map<std::string, std::string> file_metadata{{"format", "pt"}, {"ckpt.source_verify", std::string(verify_name(checked))}};
 
   // One set of files per kind ("model", "optimizer"): filled in export order; a new file
   // starts when the next tensor would pass the limit (a tensor larger than the limit gets a
@@ -686,6 +715,7 @@ ConsolidateResult consolidate_checkpoint(FileSystem& fs, const CheckpointReader&
   result.dtype = weights.empty() ? opt.dtype.value_or(DType::F32) : weights.front().out_type;
   for (const Set& set : sets) (set.exports == &weights ? result.total_size : result.optimizer_size) = set.total_size;
   result.left_out = left_out;
+  result.source_verify = checked;
 
   const std::string parent = parent_of(out_dir);
   require_dir(fs, parent, "the parent of the output directory");
@@ -704,7 +734,7 @@ ConsolidateResult consolidate_checkpoint(FileSystem& fs, const CheckpointReader&
     for (const Set& set : sets) {
       std::vector<ConsolidatedFile> files;
       for (std::size_t k = 0; k < set.specs.size(); ++k) {
-        ShardWriter writer = ShardWriter::stream(fs, temp, set.file_name(k), set.specs[k], {{"format", "pt"}},
+        ShardWriter writer = ShardWriter::stream(fs, temp, set.file_name(k), set.specs[k], file_metadata,
                                                  {.chunk_size = src.chunk_size, .sha256 = false});
         ConsolidatedFile cf;
         cf.name = set.file_name(k);
