@@ -162,8 +162,9 @@ TEST_CASE("ckpt verify --full and ckpt ls --json on a root a job saves to every 
   MESSAGE(commits << " checkpoints committed (and rotated); " << verify.runs << " verify --full runs: " << verify.retried
                   << " read again after a rotation, " << verify.rotated_exit << " rotated away on every try; " << listings
                   << " listings of " << listed << " entries");
-  CHECK(commits > 20);
-  CHECK(verify.runs > 10);
+  // (A sanitized tool takes up to a second a run: there, that the race ran at all.)
+  CHECK(commits > (sanitized() ? 3u : 20u));
+  CHECK(verify.runs > (sanitized() ? 0 : 10));
   // The race was run, not dodged: in 30 s some verify met a rotation (13 of 135 runs here,
   // where the code before this check reported 6 of 150 as `not found`). Too few runs under
   // a sanitizer to count on one.
