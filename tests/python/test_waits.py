@@ -70,6 +70,20 @@ try:
 except ckpt.Aborted as e:
     out["error"] = str(e)
 ''' for call in ("wait_all", "wait_durable")},
+    # A preemption handler that closes the Checkpointer while the main thread waits: the wait
+    # ends with the abandoned step's error.
+    "handler_closes": r'''
+with ckpt.Checkpointer(root, world_size=2) as c:
+    signal.signal(signal.SIGINT, lambda *_: c.close())
+    h = c.save(0, 1, {"a": np.zeros(4)})
+    print("waiting", flush=True)
+    try:
+        h.wait()
+    except ckpt.Aborted as e:
+        out["interrupted"] = True
+        out["error"] = str(e)
+    out["done_after_interrupt"] = h.done()
+''',
     # save() waiting at the barrier for the previous checkpoint: step 2 never starts.
     "save": r'''
 with ckpt.Checkpointer(root, world_size=2) as c:
@@ -111,12 +125,13 @@ def interrupt_while_waiting(code, root):
 
 @pytest.mark.parametrize("wait", sorted(SCENARIOS))
 def test_sigint_interrupts_each_wait_and_the_process_ends_normally_with_every_handle_ended(tmp_path, wait):
+    # (handler_closes: the SIGINT handler closes the Checkpointer, as a preemption handler does.)
     if wait == "wait_staged" and BlockingMemory.unavailable():
         pytest.skip(BlockingMemory.unavailable())
     out = result_of(interrupt_while_waiting(PRELUDE + SCENARIOS[wait] + "print(json.dumps(out))\n", str(tmp_path / "root")))
     assert out["interrupted"] is True
-    if wait in ("wait_all", "wait_durable"):
-        # Left the with block: close() drained, abandoning the step rank 1 never saved.
+    if wait in ("wait_all", "wait_durable", "handler_closes"):
+        # Closed (leaving the with block, or by the handler): the step rank 1 never saved is abandoned.
         assert out["done_after_interrupt"] is True
         assert "checkpoint of step 1 abandoned at shutdown: rank(s) 1 never saved it" in out["error"]
         with ckpt.Checkpointer(tmp_path / "root") as again:  # the lock was released
