@@ -21,12 +21,12 @@ from .errors import (Aborted, Busy, ChecksumMismatch, CommError, Conflict, Error
                      InvalidArgument, MalformedManifest, MalformedShard, MissingShard, NoSpace, NotFound,
                      SizeMismatch, Timeout, UnsafePath, UnsupportedSchema, WorldSizeMismatch)
 from .errors import _timeout
-
-_MAX_STEP = _core.MAX_STEP
-_MAX_INT = (1 << 31) - 1
 from .state import rng_state, set_rng_state, state_dict_to_tensors, tensors_to_state_dict  # noqa: F401
 
 __version__ = _core.__version__
+
+_MAX_STEP = _core.MAX_STEP  # the largest step a checkpoint directory name holds
+_MAX_INT = (1 << 31) - 1
 
 
 # ---- sharding descriptions (docs/format.md, "Sharded tensors") -------------------------------
