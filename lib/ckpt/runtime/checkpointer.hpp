@@ -331,9 +331,9 @@ class Checkpointer {
   /// several processes the coordinator's outcome is awaited when every local rank saved);
   /// the rotation after the last commit runs; the threads stop; the durable tier drains
   /// (runtime/tiering.hpp); the staging memory is freed and the root's lock (and node
-  /// roots' locks) released. Blocks until all that is done. Thread-safe, also against
-  /// every other call on other threads (which must not destroy this object meanwhile); a
-  /// second call waits for the first. Afterwards wait_all() and wait_durable() return at
+  /// roots' locks) released. Blocks until all that is done, so never from a ckpt thread (an
+  /// on_ready callback). Thread-safe, also against every other call on other threads (which
+  /// must not destroy this object meanwhile); a second call waits for the first. Afterwards wait_all() and wait_durable() return at
   /// once, staged() gives nullopt and stats() the final counts.
   /// In a process forked from the one that constructed this object (which has none of its
   /// threads), returns at once having touched nothing: the parent's root, lock (whose file
