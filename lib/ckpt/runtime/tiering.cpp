@@ -43,6 +43,7 @@ struct DurableReplicator::Impl {
   bool stopping = false;
   DurableStats stats;
   std::thread thread;
+  std::once_flag stopped;
 
   Impl(FileSystem& fs, std::string root, DurableTierOptions o)
       : src_fs(fs), src_root(std::move(root)), opt(std::move(o)), dst_fs(opt.fs ? *opt.fs : posix_file_system()) {
@@ -65,18 +66,26 @@ struct DurableReplicator::Impl {
     thread = std::thread([this] { run(); });
   }
 
-  ~Impl() {
-    {
-      std::lock_guard lk(mu);
-      stopping = true;
-    }
-    cv.notify_all();
-    thread.join();
+  ~Impl() { stop(); }
+
+  void stop() {
+    std::call_once(stopped, [this] {
+      {
+        std::lock_guard lk(mu);
+        stopping = true;
+      }
+      cv.notify_all();
+      thread.join();
+    });
   }
 
   void submit(std::uint64_t step) {
     {
       std::lock_guard lk(mu);
+      if (stopping) {
+        log_line("durable tier: step " + std::to_string(step) + " submitted after close: not copied to " + opt.root);
+        return;
+      }
       ++stats.submitted;
       if (pending) ++stats.superseded;
       pending = Job{step, 1, {}};
@@ -232,6 +241,13 @@ void DurableReplicator::wait_idle() {
   std::unique_lock lk(impl_->mu);
   impl_->cv.wait(lk, [&] { return !impl_->pending && !impl_->running; });
 }
+
+bool DurableReplicator::wait_idle_for(std::chrono::nanoseconds timeout) {
+  std::unique_lock lk(impl_->mu);
+  return impl_->cv.wait_for(lk, timeout, [&] { return !impl_->pending && !impl_->running; });
+}
+
+void DurableReplicator::close() { impl_->stop(); }
 
 DurableStats DurableReplicator::stats() const {
   std::lock_guard lk(impl_->mu);

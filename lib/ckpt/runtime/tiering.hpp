@@ -92,7 +92,7 @@ class DurableReplicator {
   /// copies, never as an exception. Throws Errc::invalid_argument for bad options (empty
   /// root, the local root itself, keep_last < 0, max_attempts < 1, leftover_grace < 0).
   DurableReplicator(FileSystem& source_fs, std::string source_root, DurableTierOptions options);
-  /// Drains (see the policy above) and joins the thread.
+  /// close().
   ~DurableReplicator();
   DurableReplicator(const DurableReplicator&) = delete;
   DurableReplicator& operator=(const DurableReplicator&) = delete;
@@ -105,6 +105,12 @@ class DurableReplicator {
   /// Blocks until nothing is pending or running (retries included, up to max_attempts).
   /// Never throws: failures are in stats().
   void wait_idle();
+  /// wait_idle() for at most `timeout`: true once nothing is pending or running.
+  bool wait_idle_for(std::chrono::nanoseconds timeout);
+  /// Drains (see the policy above) and joins the thread; a step submitted afterwards is not
+  /// copied (a log line says so). Thread-safe; a second call waits for the first. stats(),
+  /// pinned() and the waits keep working (nothing is pending any more).
+  void close();
   DurableStats stats() const;
   const DurableTierOptions& options() const noexcept;
 
