@@ -32,8 +32,13 @@ int program_main(int argc, char** argv) {
   const std::uint64_t numel = 1 << 16;  // per rank
 
   // Each rank's state: a slice of fp32 master weights and Adam moments, plus a step counter.
+  // Every tensor says what it is of the job's state (ckpt/format/sharding.hpp): the slices
+  // are boxes of global tensors, the step counter is the same on every rank (replicated:
+  // written once). So `ckpt reshard` and `ckpt consolidate` know where each one goes.
   std::vector<std::vector<float>> master(world), m(world), v(world);
   std::vector<std::int64_t> step_counter(world, 10);
+  std::vector<int> every_rank(world);
+  for (int r = 0; r < world; ++r) every_rank[r] = r;
   SaveRequest req;
   req.step = 10;
   req.wall_clock_seconds = 42.0;
@@ -43,10 +48,11 @@ int program_main(int argc, char** argv) {
     for (auto* vec : {&master[r], &m[r], &v[r]}) vec->resize(numel);
     for (std::uint64_t i = 0; i < numel; ++i) master[r][i] = static_cast<float>(r * numel + i) * 1e-6f;
     RankState rs;
-    rs.tensors = {{"master", DType::F32, {numel}, std::as_bytes(std::span(master[r]))},
-                  {"adam.m", DType::F32, {numel}, std::as_bytes(std::span(m[r]))},
-                  {"adam.v", DType::F32, {numel}, std::as_bytes(std::span(v[r]))},
-                  {"step", DType::I64, {1}, std::as_bytes(std::span(&step_counter[r], 1))}};
+    const auto slice = [&](const char* name) { return slice_of(name, {numel * world}, {numel * r}, {numel}); };
+    rs.tensors = {{"master", DType::F32, {numel}, std::as_bytes(std::span(master[r])), slice("master")},
+                  {"adam.m", DType::F32, {numel}, std::as_bytes(std::span(m[r])), slice("adam.m")},
+                  {"adam.v", DType::F32, {numel}, std::as_bytes(std::span(v[r])), slice("adam.v")},
+                  {"step", DType::I64, {1}, std::as_bytes(std::span(&step_counter[r], 1)), replicated(every_rank)}};
     rs.param_shard_offset = numel * r;
     rs.param_shard_numel = numel;
     rs.metadata["data_position"] = 10 * 4 + r;

@@ -49,7 +49,10 @@ int program_main(int argc, char** argv) {
       info.param_shard_numel = n;
       info.param_numel = world * n;
       info.metadata["step"] = step;
-      std::vector<ckpt::TensorView> state{{"weights", ckpt::DType::F32, {n}, std::as_bytes(std::span(weights))}};
+      // What the tensor is of the job's state: rank's slice of the global "weights" (so ckpt
+      // reshard and consolidate know where it goes; replicated() and rank_local() say the rest).
+      const auto slice = ckpt::slice_of("weights", {world * n}, {rank * n}, {n});
+      std::vector<ckpt::TensorView> state{{"weights", ckpt::DType::F32, {n}, std::as_bytes(std::span(weights)), slice}};
       pending.push_back(checkpointer.save(rank, step, state, info));  // returns once staged
     }
     for (auto& h : pending) {  // every save reports its commit, or rethrows its error

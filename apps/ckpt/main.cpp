@@ -71,7 +71,7 @@ using ckpt::tool::Table;
 
 namespace {
 
-constexpr int kExitOk = 0, kExitBad = 1, kExitUsage = cli::kExitUsage, kExitDiffer = 3;
+constexpr int kExitOk = 0, kExitBad = 1, kExitUsage = cli::kExitUsage, kExitDiffer = 3, kExitRotated = 4;
 
 const char* kDescription = "ckpt: inspect, check, reshard, export and compare ckpt checkpoints";
 
@@ -90,6 +90,12 @@ exit codes:
   2  usage error (unknown command or option, missing or malformed argument); with --json:
      {"ok": false, "error": {"code": "usage", "message", ...}}
   3  diff: the checkpoints differ
+  4  verify, inspect, get, diff, reshard, consolidate: the checkpoint being read was
+     rotated away (a job saving to its root committed newer ones and removed it) on every
+     try, or was named by its directory; nothing is wrong with it. Read from a root, a
+     checkpoint rotated away is read again as `latest` names it then, up to 3 tries; the
+     ones rotated away are listed ("rotated_away" in --json). With --json:
+     {"ok": false, "rotated_away": [...], "error": {"code": "rotated away", ...}}
 )";
 
 std::string human_bytes(std::uint64_t b) {
@@ -348,9 +354,83 @@ NodeCheckpoint node_checkpoint(const NodeSet& set, const std::string& name = {})
   return c;
 }
 
+// ---- reading a root a job saves to ------------------------------------------------------
+//
+// A job saving to ROOT commits newer checkpoints and rotates old ones away (renamed to a
+// temporary, then removed) while a command reads ROOT: the checkpoint `latest` named when the
+// command began can vanish under it, and its next open fails (no manifest, missing shard, no
+// such file). That is no damage, and must not read as damage. Each command that reads
+// checkpoints of plain roots notes them in a LiveReads; when it fails and a noted checkpoint
+// was rotated away (rotated_away: its directory gone, `latest` naming a newer step), the
+// command runs again on what `latest` names then (kRotationAttempts in all). A checkpoint
+// the user named by its directory, or one rotated away on every try, ends the command with
+// exit status kExitRotated (RotatedAway), never with exit 1.
+
+constexpr int kRotationAttempts = 3;
+
+// The command's checkpoint `dir` was rotated away: named by the user, or on every try.
+struct RotatedAway {
+  std::string dir, latest;           // what was read; what `latest` names now
+  std::vector<std::string> rotated;  // every checkpoint rotated away, in order
+  bool named = false;                // `dir` was the user's, not a root's latest
+};
+
+class LiveReads {
+ public:
+  // Before the checkpoint directory `dir` (named by the user) is opened.
+  void note_dir(const std::string& dir) {
+    const std::filesystem::path p(strip_slashes(dir));
+    const std::string parent = p.parent_path().string();
+    reads_.push_back({parent.empty() ? "." : parent, p.filename().string(), true});
+  }
+  // Before the checkpoint ROOT/latest names is opened; `name` what it named just before.
+  std::size_t note_latest(const std::string& root, std::string name) {
+    reads_.push_back({root, std::move(name), false});
+    return reads_.size() - 1;
+  }
+  // The checkpoint of note `i` that was opened (`latest` may have moved meanwhile).
+  void opened(std::size_t i, std::string name) { reads_[i].name = std::move(name); }
+  // The checkpoints rotated away in earlier tries ("ROOT/step-N"), for --json.
+  json::array rotated_json() const {
+    json::array out;
+    for (const auto& r : rotated_) out.emplace_back(r);
+    return out;
+  }
+
+  // Runs `body`, once more on each checkpoint rotated away under it (see above).
+  template <class Body>
+  int run(Body&& body) {
+    for (int attempt = 1;; ++attempt) {
+      reads_.clear();
+      try {
+        return body();
+      } catch (...) {
+        FileSystem& fs = posix_file_system();
+        const auto gone = std::find_if(reads_.begin(), reads_.end(),
+                                       [&](const Read& r) { return !r.name.empty() && rotated_away(fs, r.root, r.name); });
+        if (gone == reads_.end()) throw;
+        const std::string dir = join_path(gone->root, gone->name), latest = read_latest(fs, gone->root).value_or("");
+        rotated_.push_back(dir);
+        if (gone->named || attempt == kRotationAttempts) throw RotatedAway{dir, latest, rotated_, gone->named};
+        std::fprintf(stderr, "ckpt: %s was rotated away while it was read (a save committed %s and removed it): reading %s\n",
+                     dir.c_str(), latest.c_str(), latest.c_str());
+      }
+    }
+  }
+
+ private:
+  struct Read {
+    std::string root, name;
+    bool named = false;
+  };
+  std::vector<Read> reads_;
+  std::vector<std::string> rotated_;
+};
+
 // DIR may be a checkpoint directory or a root (then its latest), or a node set (then the
 // checkpoint the newest `latest` of its node roots names, every shard read from its node).
-CheckpointReader open_dir_or_root(const std::string& path) {
+// With `live`, a checkpoint of a plain root is noted there before it is opened.
+CheckpointReader open_dir_or_root(const std::string& path, LiveReads* live = nullptr) {
   FileSystem& fs = posix_file_system();
   if (const auto set = node_set_of(path)) {
     const NodeCheckpoint c = node_checkpoint(*set);
@@ -358,8 +438,22 @@ CheckpointReader open_dir_or_root(const std::string& path) {
     for (const auto& r : c.roots) dirs.push_back(join_path(r, c.name));
     return CheckpointReader::open_nodes(fs, dirs);
   }
-  if (fs.stat(join_path(path, kManifestName))) return CheckpointReader::open(fs, path);
-  if (fs.stat(join_path(path, kLatestName))) return open_latest(fs, path).reader;
+  if (fs.stat(join_path(path, kManifestName))) {
+    if (live) live->note_dir(path);
+    return CheckpointReader::open(fs, path);
+  }
+  if (fs.stat(join_path(path, kLatestName))) {
+    if (!live) return open_latest(fs, path).reader;
+    std::optional<std::string> named;
+    try {
+      named = read_latest(fs, path);
+    } catch (const Error&) {  // open_latest reports it
+    }
+    const std::size_t note = live->note_latest(path, named.value_or(""));
+    OpenedCheckpoint opened = open_latest(fs, path);
+    live->opened(note, opened.name);
+    return std::move(opened.reader);
+  }
   return CheckpointReader::open(fs, path);  // reports the missing manifest
 }
 
@@ -615,6 +709,37 @@ struct InspectArgs : Common {
 };
 
 
+// A checkpoint written by `ckpt reshard`: the world size it came from and how its bytes were
+// checked since a job saved them (training.resharded_from.source_verify, docs/format.md), for
+// inspect and verify. nullopt for any other checkpoint.
+struct ReshardedFrom {
+  std::optional<int> world_size;
+  std::optional<Verify> source_verify;  // nullopt: resharded before the field was recorded
+};
+std::optional<ReshardedFrom> resharded_from(const Manifest& m, const std::string& file) {
+  const json::value* from = m.training.if_contains("resharded_from");
+  if (!from || !from->is_object()) return std::nullopt;
+  ReshardedFrom out;
+  if (const json::value* w = from->as_object().if_contains("world_size"); w && w->is_int64()) out.world_size = static_cast<int>(w->as_int64());
+  out.source_verify = resharded_source_verify(m, file);
+  return out;
+}
+
+// "resharded from world size 4, its source read with --verify none: ..." (one line).
+std::string resharded_text(const ReshardedFrom& r) {
+  std::string t = "resharded from " + (r.world_size ? "world size " + std::to_string(*r.world_size) : std::string("another checkpoint"));
+  if (!r.source_verify) return t + " (how its source was checked is not recorded)";
+  if (*r.source_verify == Verify::none)
+    return t + ", its source read with --verify none: its bytes were copied unchecked, and its checksums say only that they are "
+               "what was copied, not that the source was sound";
+  return t + ", its source checked as it was read (" + std::string(verify_name(*r.source_verify)) + ")";
+}
+
+json::value source_verify_json(const std::optional<ReshardedFrom>& r) {
+  if (!r || !r->source_verify) return nullptr;
+  return json::string(verify_name(*r->source_verify));
+}
+
 // The text of `ckpt inspect`: the manifest summary, the shard table and the tensor index; for
 // a checkpoint across nodes (`h` set) also its layout, where each shard and block lives, the
 // stripes and the health of every file; for one on an object store (`tier` set) also the run
@@ -631,6 +756,7 @@ void print_inspect(const std::string& dir, const Manifest& m, const NodeCheckpoi
                 tier->committed_at.c_str());
   std::printf("size        %s in %zu shards, chunk %s\nparameters  %llu (flat)\n", human_bytes(total).c_str(), m.shards.size(),
               human_bytes(m.chunk_size).c_str(), static_cast<unsigned long long>(m.param_numel));
+  if (const auto from = resharded_from(m, join_path(dir, kManifestName))) std::printf("origin      %s\n", resharded_text(*from).c_str());
   if (h) {
     const NodeLayout& l = *m.nodes;
     std::printf("nodes       %d, %d rank%s per node\nredundancy  %s (survives %d lost node%s), %s in %zu blocks\n", l.nodes, l.ranks_per_node,
@@ -728,10 +854,21 @@ int cmd_inspect(const InspectArgs& a) {
     else print_inspect(dir, c.manifest, &h, set->dir);
     return kExitOk;
   }
-  const auto reader = a.step.empty() ? open_dir_or_root(a.dir) : CheckpointReader::open(posix_file_system(), join_path(a.dir, step_dir_name(a.step, a.dir)));
-  if (a.json) print_json(json::object{{"ok", true}, {"dir", reader.dir()}, {"manifest", json::parse(encode_manifest(reader.manifest()))}});
-  else print_inspect(reader.dir(), reader.manifest(), nullptr);
-  return kExitOk;
+  LiveReads live;
+  return live.run([&] {
+    const auto reader = [&] {
+      if (a.step.empty()) return open_dir_or_root(a.dir, &live);
+      const std::string dir = join_path(a.dir, step_dir_name(a.step, a.dir));
+      live.note_dir(dir);
+      return CheckpointReader::open(posix_file_system(), dir);
+    }();
+    if (a.json)
+      print_json(json::object{{"ok", true}, {"dir", reader.dir()}, {"manifest", json::parse(encode_manifest(reader.manifest()))},
+                              {"rotated_away", live.rotated_json()}});
+    else
+      print_inspect(reader.dir(), reader.manifest(), nullptr);
+    return kExitOk;
+  });
 }
 
 Command declare_inspect(CLI::App& app) {
@@ -830,21 +967,27 @@ int cmd_verify(const VerifyArgs& a) {
   if (is_s3_root(a.dir)) return cmd_verify_s3(a, mode_name, mode);
   std::string step;
   if (const auto set = node_set_of(a.dir, true, &step)) return cmd_verify_nodes(a, mode_name, *set, step);
-  const auto reader = open_dir_or_root(a.dir);
-  {
-    ProgressBar bar("verifying", !a.json);
-    reader.verify(mode, bar.fn());
-  }
-  std::uint64_t total = 0;
-  for (const auto& s : reader.manifest().shards) total += s.size;
-  const char* how = verify_how(mode);
-  if (a.json)
-    print_json(json::object{{"ok", true}, {"dir", reader.dir()}, {"mode", mode_name},
-                            {"shards", reader.manifest().shards.size()}, {"bytes", total}});
-  else
-    std::printf("OK %s: %zu shards, %s verified, %s\n", reader.dir().c_str(), reader.manifest().shards.size(),
-                human_bytes(total).c_str(), how);
-  return kExitOk;
+  LiveReads live;
+  return live.run([&] {
+    const auto reader = open_dir_or_root(a.dir, &live);
+    {
+      ProgressBar bar("verifying", !a.json);
+      reader.verify(mode, bar.fn());
+    }
+    std::uint64_t total = 0;
+    for (const auto& s : reader.manifest().shards) total += s.size;
+    const char* how = verify_how(mode);
+    const auto from = resharded_from(reader.manifest(), reader.manifest_path());
+    if (a.json) {
+      print_json(json::object{{"ok", true}, {"dir", reader.dir()}, {"mode", mode_name}, {"shards", reader.manifest().shards.size()},
+                              {"bytes", total}, {"source_verify", source_verify_json(from)}, {"rotated_away", live.rotated_json()}});
+    } else {
+      std::printf("OK %s: %zu shards, %s verified, %s\n", reader.dir().c_str(), reader.manifest().shards.size(),
+                  human_bytes(total).c_str(), how);
+      if (from) std::printf("%s %s\n", from->source_verify == Verify::none ? "warning:" : "note:", resharded_text(*from).c_str());
+    }
+    return kExitOk;
+  });
 }
 
 Command declare_verify(CLI::App& app) {
@@ -863,6 +1006,15 @@ if any file is bad, rebuildable or not.
 
 DIR may be an object store, s3://bucket/prefix: then the step its `latest` names is read in
 ranged GETs and checked the same way, nothing written (docs/object-store.md).
+
+A root a job saves to may rotate its checkpoint away while it is read: that is not damage.
+The checkpoint `latest` names then is verified instead (up to 3 tries; --json lists the ones
+rotated away in "rotated_away"); a checkpoint named by its directory, or rotated away on
+every try, is exit 4, "rotated away", never exit 1. A checkpoint written by ckpt reshard
+says how its source was checked (--json: "source_verify"); one resharded with --verify none
+gets a warning: its checksums say only that its bytes are what was copied.
+
+exit: 0 verified, 1 damaged or unreadable, 4 rotated away while it was read (see ckpt --help).
 
 example:
   ckpt verify --verify full /ckpts/run1/step-0000000010
@@ -1016,36 +1168,44 @@ int cmd_reshard(const ReshardArgs& a) {
   if (node_set_of(a.dst) || node_set_above(a.dst))
     throw Error(Errc::invalid_argument, a.dst, "reshard writes its checkpoint into one root, not across node roots",
                 "DST a checkpoint root", node_set_of(a.dst) ? "a node set" : "one node root of the node set " + *node_set_above(a.dst));
-  const auto source = open_dir_or_root(a.src);
-  const auto t0 = std::chrono::steady_clock::now();
-  ReshardResult r;
-  {
-    ProgressBar bar("resharding", !a.json);
-    opt.progress = bar.fn();
-    r = reshard_checkpoint(posix_file_system(), source, a.dst, opt);
-  }
-  const double secs = seconds_since(t0);
-  const Manifest& m = r.manifest;
-  if (a.json) {
-    json::array shards;
+  LiveReads live;
+  return live.run([&] {
+    const auto source = open_dir_or_root(a.src, &live);
+    const auto t0 = std::chrono::steady_clock::now();
+    ReshardResult r;
+    {
+      ProgressBar bar("resharding", !a.json);
+      opt.progress = bar.fn();
+      r = reshard_checkpoint(posix_file_system(), source, a.dst, opt);
+    }
+    const double secs = seconds_since(t0);
+    const Manifest& m = r.manifest;
+    if (a.json) {
+      json::array shards;
+      for (const auto& s : m.shards)
+        shards.push_back(json::object{{"rank", s.rank}, {"path", s.path}, {"size", s.size}, {"sha256", s.sha256},
+                                      {"param_shard_offset", s.param_shard_offset}, {"param_shard_numel", s.param_shard_numel}});
+      print_json(json::object{{"ok", true}, {"source", source.dir()}, {"dir", r.dir}, {"step", m.step},
+                              {"from_world_size", source.manifest().world_size}, {"world_size", m.world_size},
+                              {"param_numel", m.param_numel}, {"bytes_read", r.bytes_read}, {"bytes_written", r.bytes_written},
+                              {"buffer_bytes", opt.buffer_bytes}, {"seconds", secs}, {"shards", shards},
+                              {"source_verify", verify_name(r.source_verify)}, {"rotated_away", live.rotated_json()}});
+      return kExitOk;
+    }
+    std::printf("resharded step %llu from world size %d to %d: %s\n", static_cast<unsigned long long>(m.step),
+                source.manifest().world_size, m.world_size, r.dir.c_str());
+    std::printf("read %s, wrote %s in %zu shards through a %s buffer, %.2f s\n", human_bytes(r.bytes_read).c_str(),
+                human_bytes(r.bytes_written).c_str(), m.shards.size(), human_bytes(opt.buffer_bytes).c_str(), secs);
+    const std::string weaker = r.source_verify < opt.verify ? "; the source is itself a reshard whose source was checked only as " +
+                                                                   std::string(verify_name(r.source_verify)) + " (recorded as such)"
+                                                             : "";
+    std::printf("source checked: %s%s\n", verify_how(opt.verify), weaker.c_str());
+    Table table({{"RANK"}, {"SHARD"}, {"SIZE", true}, {"PARAM OFF", true}, {"PARAM NUMEL", true}});
     for (const auto& s : m.shards)
-      shards.push_back(json::object{{"rank", s.rank}, {"path", s.path}, {"size", s.size}, {"sha256", s.sha256},
-                                    {"param_shard_offset", s.param_shard_offset}, {"param_shard_numel", s.param_shard_numel}});
-    print_json(json::object{{"ok", true}, {"source", source.dir()}, {"dir", r.dir}, {"step", m.step},
-                            {"from_world_size", source.manifest().world_size}, {"world_size", m.world_size},
-                            {"param_numel", m.param_numel}, {"bytes_read", r.bytes_read}, {"bytes_written", r.bytes_written},
-                            {"buffer_bytes", opt.buffer_bytes}, {"seconds", secs}, {"shards", shards}});
+      table.row({std::to_string(s.rank), s.path, human_bytes(s.size), std::to_string(s.param_shard_offset), std::to_string(s.param_shard_numel)});
+    table.print();
     return kExitOk;
-  }
-  std::printf("resharded step %llu from world size %d to %d: %s\n", static_cast<unsigned long long>(m.step),
-              source.manifest().world_size, m.world_size, r.dir.c_str());
-  std::printf("read %s, wrote %s in %zu shards through a %s buffer, %.2f s\n", human_bytes(r.bytes_read).c_str(),
-              human_bytes(r.bytes_written).c_str(), m.shards.size(), human_bytes(opt.buffer_bytes).c_str(), secs);
-  Table table({{"RANK"}, {"SHARD"}, {"SIZE", true}, {"PARAM OFF", true}, {"PARAM NUMEL", true}});
-  for (const auto& s : m.shards)
-    table.row({std::to_string(s.rank), s.path, human_bytes(s.size), std::to_string(s.param_shard_offset), std::to_string(s.param_shard_numel)});
-  table.print();
-  return kExitOk;
+  });
 }
 
 Command declare_reshard(CLI::App& app) {
@@ -1059,7 +1219,10 @@ state (the tensors training.flat_tensors names, padded with zeros to a multiple 
 dimension they were split on, replicated tensors stay replicated (written once), rank-local
 ones stay on their rank while it exists; per-rank metadata is remapped (docs/resharding.md). The new checkpoint
 has its own checksums and goes through the durable commit; a corrupt source fails with the
-typed error and leaves nothing behind.
+typed error and leaves nothing behind (--verify fast or full). --verify none copies the
+source unchecked: a line on stderr says so, and the new manifest records how its source was
+checked (training.resharded_from.source_verify, shown by ckpt inspect and ckpt verify), so
+checksums computed over damaged bytes never pass for a check of the source.
 SRC may be a node set (read through its node roots; the new checkpoint is a plain one in
 DST); DST may not be a node set or one of its node roots (Errc::invalid_argument).
 
@@ -1096,65 +1259,68 @@ int cmd_consolidate(const ConsolidateArgs& a) {
   else if (a.dtype == "f16") opt.dtype = DType::F16;
   else if (a.dtype == "bf16") opt.dtype = DType::BF16;
   opt.verify = verify_of(a.verify);
-  const auto source = open_dir_or_root(a.src);
-  // OUT's parent is created like reshard's DST: made here, and removed again if nothing is written into it.
-  FileSystem& fs = posix_file_system();
-  const auto created = missing_dirs(std::filesystem::path(a.out).parent_path());
-  if (!created.empty()) {
-    fs.create_dirs(created.front().string());
-    const auto above = created.back().parent_path();
-    fs.sync_dir(above.empty() ? "." : above.string());
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  ConsolidateResult r;
-  try {
-    ProgressBar bar("consolidating", !a.json);
-    opt.progress = bar.fn();
-    r = consolidate_checkpoint(fs, source, a.out, opt);
-  } catch (...) {
-    if (!created.empty()) fs.remove_all(created.back().string());
-    throw;
-  }
-  const double secs = seconds_since(t0);
-  std::size_t tensors = 0;
-  for (const auto& f : r.files) tensors += f.tensors.size();
-  // What was exported: a trainer checkpoint's flat tensor, or every global tensor.
-  const std::string from = source.manifest().training.contains("flat_tensors") ? opt.tensor : "global tensors";
-  if (a.json) {
-    const auto listed = [](const std::vector<ConsolidatedFile>& fs) {
-      json::array out;
-      for (const auto& f : fs) {
-        json::array names;
-        for (const auto& t : f.tensors) names.emplace_back(t);
-        out.push_back(json::object{{"name", f.name}, {"size", f.size}, {"tensors", names}});
-      }
-      return out;
-    };
-    const json::array files = listed(r.files), optimizer_files = listed(r.optimizer_files);
-    print_json(json::object{{"ok", true}, {"source", source.dir()}, {"dir", r.dir}, {"dtype", dtype_name(r.dtype)},
-                            {"tensor", from}, {"tensors", tensors}, {"total_size", r.total_size},
-                            {"index", r.index ? json::value(*r.index) : json::value(nullptr)},
-                            {"config", r.config ? json::value(*r.config) : json::value(nullptr)}, {"files", files},
-                            {"optimizer_files", optimizer_files}, {"optimizer_size", r.optimizer_size},
-                            {"optimizer_index", r.optimizer_index ? json::value(*r.optimizer_index) : json::value(nullptr)},
-                            {"left_out", r.left_out},
-                            {"bytes_read", r.bytes_read}, {"seconds", secs}});
+  LiveReads live;
+  return live.run([&] {
+    const auto source = open_dir_or_root(a.src, &live);
+    // OUT's parent is created like reshard's DST: made here, and removed again if nothing is written into it.
+    FileSystem& fs = posix_file_system();
+    const auto created = missing_dirs(std::filesystem::path(a.out).parent_path());
+    if (!created.empty()) {
+      fs.create_dirs(created.front().string());
+      const auto above = created.back().parent_path();
+      fs.sync_dir(above.empty() ? "." : above.string());
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    ConsolidateResult r;
+    try {
+      ProgressBar bar("consolidating", !a.json);
+      opt.progress = bar.fn();
+      r = consolidate_checkpoint(fs, source, a.out, opt);
+    } catch (...) {
+      if (!created.empty()) fs.remove_all(created.back().string());
+      throw;
+    }
+    const double secs = seconds_since(t0);
+    std::size_t tensors = 0;
+    for (const auto& f : r.files) tensors += f.tensors.size();
+    // What was exported: a trainer checkpoint's flat tensor, or every global tensor.
+    const std::string from = source.manifest().training.contains("flat_tensors") ? opt.tensor : "global tensors";
+    if (a.json) {
+      const auto listed = [](const std::vector<ConsolidatedFile>& fs) {
+        json::array out;
+        for (const auto& f : fs) {
+          json::array names;
+          for (const auto& t : f.tensors) names.emplace_back(t);
+          out.push_back(json::object{{"name", f.name}, {"size", f.size}, {"tensors", names}});
+        }
+        return out;
+      };
+      const json::array files = listed(r.files), optimizer_files = listed(r.optimizer_files);
+      print_json(json::object{{"ok", true}, {"source", source.dir()}, {"dir", r.dir}, {"dtype", dtype_name(r.dtype)},
+                              {"tensor", from}, {"tensors", tensors}, {"total_size", r.total_size},
+                              {"index", r.index ? json::value(*r.index) : json::value(nullptr)},
+                              {"config", r.config ? json::value(*r.config) : json::value(nullptr)}, {"files", files},
+                              {"optimizer_files", optimizer_files}, {"optimizer_size", r.optimizer_size},
+                              {"optimizer_index", r.optimizer_index ? json::value(*r.optimizer_index) : json::value(nullptr)},
+                              {"left_out", r.left_out}, {"source_verify", verify_name(r.source_verify)},
+                              {"bytes_read", r.bytes_read}, {"seconds", secs}, {"rotated_away", live.rotated_json()}});
+      return kExitOk;
+    }
+    std::printf("consolidated %zu tensors of %s (%s, %s of %s) into %s in %.2f s\n", tensors, source.dir().c_str(),
+                from.c_str(), human_bytes(r.total_size).c_str(), std::string(dtype_name(r.dtype)).c_str(), r.dir.c_str(), secs);
+    Table table({{"FILE"}, {"SIZE", true}, {"TENSORS"}}, "  ");
+    for (const auto& f : r.files) table.row({f.name, human_bytes(f.size), std::to_string(f.tensors.size()) + " tensors"});
+    if (r.index) table.row({*r.index, "", "weight map of " + std::to_string(tensors) + " tensors"});
+    std::size_t optimizer_tensors = 0;
+    for (const auto& f : r.optimizer_files) {
+      table.row({f.name, human_bytes(f.size), std::to_string(f.tensors.size()) + " optimizer tensors"});
+      optimizer_tensors += f.tensors.size();
+    }
+    if (r.optimizer_index) table.row({*r.optimizer_index, "", "weight map of " + std::to_string(optimizer_tensors) + " tensors"});
+    table.print();
+    if (r.left_out) std::printf("left out %zu optimizer tensors (--with-optimizer keeps them)\n", r.left_out);
     return kExitOk;
-  }
-  std::printf("consolidated %zu tensors of %s (%s, %s of %s) into %s in %.2f s\n", tensors, source.dir().c_str(),
-              from.c_str(), human_bytes(r.total_size).c_str(), std::string(dtype_name(r.dtype)).c_str(), r.dir.c_str(), secs);
-  Table table({{"FILE"}, {"SIZE", true}, {"TENSORS"}}, "  ");
-  for (const auto& f : r.files) table.row({f.name, human_bytes(f.size), std::to_string(f.tensors.size()) + " tensors"});
-  if (r.index) table.row({*r.index, "", "weight map of " + std::to_string(tensors) + " tensors"});
-  std::size_t optimizer_tensors = 0;
-  for (const auto& f : r.optimizer_files) {
-    table.row({f.name, human_bytes(f.size), std::to_string(f.tensors.size()) + " optimizer tensors"});
-    optimizer_tensors += f.tensors.size();
-  }
-  if (r.optimizer_index) table.row({*r.optimizer_index, "", "weight map of " + std::to_string(optimizer_tensors) + " tensors"});
-  table.print();
-  if (r.left_out) std::printf("left out %zu optimizer tensors (--with-optimizer keeps them)\n", r.left_out);
-  return kExitOk;
+  });
 }
 
 Command declare_consolidate(CLI::App& app) {
@@ -1186,7 +1352,7 @@ example:
   c->add_flag("--with-optimizer", a->opt.with_optimizer, "also write the optimizer state, in its own dtype, into\noptimizer.safetensors (or optimizer-0000k-of-0000n + index)")
       ->excludes(weights);
   add_buffer_option(*c, a->opt.buffer_bytes);
-  add_verify_option(*c, a->verify, "of the source, as for reshard (default fast)");
+  add_verify_option(*c, a->verify, "of the source, as for reshard (default fast); recorded in every\nfile's __metadata__ as ckpt.source_verify");
   return bind(c, a, cmd_consolidate);
 }
 
@@ -1465,8 +1631,8 @@ bool type_mismatch(DType ta, const std::vector<std::uint64_t>& sa, DType tb, con
   return !d.status.empty();
 }
 
-int cmd_diff(const DiffArgs& a) {
-  const auto ra = open_dir_or_root(a.a), rb = open_dir_or_root(a.b);
+int diff_checkpoints(const DiffArgs& a, LiveReads& live) {
+  const auto ra = open_dir_or_root(a.a, &live), rb = open_dir_or_root(a.b, &live);
   const Manifest &ma = ra.manifest(), &mb = rb.manifest();
   for (const auto* r : {&ra, &rb}) verify_headers(*r, Verify::fast);
   // Flat tensors compare in the flat space when both checkpoints describe it the same way.
@@ -1578,7 +1744,7 @@ int cmd_diff(const DiffArgs& a) {
     }
     print_json(json::object{{"ok", true}, {"a", ra.dir()}, {"b", rb.dir()}, {"equal", equal},
                             {"step", json::array{ma.step, mb.step}}, {"world_size", json::array{ma.world_size, mb.world_size}},
-                            {"tensors", out}});
+                            {"tensors", out}, {"rotated_away", live.rotated_json()}});
     return equal ? kExitOk : kExitDiffer;
   }
   std::printf("A %s (step %llu, world size %d)\nB %s (step %llu, world size %d)\n", ra.dir().c_str(),
@@ -1597,6 +1763,11 @@ int cmd_diff(const DiffArgs& a) {
   table.print();
   std::printf("\n%zu of %zu tensors equal: %s\n", n_equal, diffs.size(), equal ? "the checkpoints are equal" : "the checkpoints differ");
   return equal ? kExitOk : kExitDiffer;
+}
+
+int cmd_diff(const DiffArgs& a) {
+  LiveReads live;
+  return live.run([&] { return diff_checkpoints(a, live); });
 }
 
 
@@ -1677,6 +1848,7 @@ struct GotTensor {
   std::span<const std::byte> data;
   bool mapped = false;
   std::uint64_t chunks_checked = 0, bytes_checked = 0, shard_size = 0;
+  json::array rotated_away;  // checkpoints rotated away under earlier tries (LiveReads)
 };
 
 // Writes the tensor to --out as .npy (whole or not at all) and reports it.
@@ -1696,7 +1868,7 @@ int write_npy(const GetArgs& a, Verify mode, const GotTensor& g) {
                             {"dtype", dtype_name(v.dtype)}, {"descr", descr}, {"bf16_as_raw_u2", bf16},
                             {"shape", shape}, {"bytes", g.data.size()}, {"out", a.out}, {"verify", a.verify},
                             {"mapped", g.mapped}, {"chunks_checked", g.chunks_checked},
-                            {"bytes_checked", g.bytes_checked}});
+                            {"bytes_checked", g.bytes_checked}, {"rotated_away", g.rotated_away}});
     return kExitOk;
   }
   std::printf("wrote %s (rank %d, %s %s, %s) to %s as '%s'\n", v.name.c_str(), g.rank, std::string(dtype_name(v.dtype)).c_str(),
@@ -1718,19 +1890,22 @@ int cmd_get_s3(const GetArgs& a, Verify mode) {
   const ObjectCheckpoint c = open_object_checkpoint(*s.store, s.step);
   const ObjectTensor t = read_object_tensor(*s.store, c, rank_of(a, c.manifest), a.tensor, mode);
   return write_npy(a, mode, {s.store->name_of(checkpoint_dir_name(s.step)), t.record.rank, &t.record, t.data, false, t.chunks_checked,
-                             t.bytes_checked, t.shard_size});
+                             t.bytes_checked, t.shard_size, {}});
 }
 
 int cmd_get(const GetArgs& a) {
   const Verify mode = verify_of(a.verify);
   if (is_s3_root(a.dir)) return cmd_get_s3(a, mode);
-  const auto reader = open_dir_or_root(a.dir);
-  const int rank = rank_of(a, reader.manifest());
-  const MappedShard shard(reader, rank, mode);
-  const TensorView v = shard.tensor(a.tensor);  // a missing tensor: not_found listing the rank's
-  const MappedShardStats st = shard.stats();
-  return write_npy(a, mode, {reader.dir(), rank, reader.manifest().find_tensor(a.tensor, rank), v.data, shard.is_mapped(),
-                             st.chunks_checked, st.bytes_checked, shard.size()});
+  LiveReads live;
+  return live.run([&] {
+    const auto reader = open_dir_or_root(a.dir, &live);
+    const int rank = rank_of(a, reader.manifest());
+    const MappedShard shard(reader, rank, mode);
+    const TensorView v = shard.tensor(a.tensor);  // a missing tensor: not_found listing the rank's
+    const MappedShardStats st = shard.stats();
+    return write_npy(a, mode, {reader.dir(), rank, reader.manifest().find_tensor(a.tensor, rank), v.data, shard.is_mapped(),
+                               st.chunks_checked, st.bytes_checked, shard.size(), live.rotated_json()});
+  });
 }
 
 Command declare_get(CLI::App& app) {
@@ -1812,6 +1987,21 @@ int main(int argc, char** argv) {
   const std::string name = "ckpt " + it->app->get_name();
   try {
     return it->run();
+  } catch (const RotatedAway& r) {
+    const std::string message =
+        "rotated away: " + r.dir + ": removed by the rotation of a save into its root while it was read (latest names " + r.latest +
+        " now)" + (r.named ? "" : "; rotated away on each of " + std::to_string(r.rotated.size()) + " tries") +
+        ": not damage; read it again, or read a checkpoint the rotation keeps";
+    if (it->common->json) {
+      json::array rotated;
+      for (const auto& d : r.rotated) rotated.emplace_back(d);
+      print_json(json::object{{"ok", false},
+                              {"rotated_away", rotated},
+                              {"error", {{"code", "rotated away"}, {"file", r.dir}, {"detail", "removed by rotation while it was read"},
+                                         {"expected", ""}, {"actual", r.latest}, {"message", message}}}});
+    }
+    std::cerr << name << ": " << message << "\n";
+    return kExitRotated;
   } catch (const Error& e) {
     if (it->common->json) print_json(json::object{{"ok", false}, {"error", error_json(e)}});
     std::cerr << name << ": " << e.what() << "\n";

@@ -11,7 +11,8 @@ thread per process, seeded data and dropout). Every K steps each rank saves its 
 through ckpt with deferred staging: the copy runs while the next forward and backward do,
 and the fence (wait_staged) comes right before the optimizer step. Rank 0's shard holds the
 model, the optimizer and the scheduler (they are replicated, so once is enough); every
-rank's shard holds its own RNG states and data position. Rank 0 commits once every shard is
+rank's shard holds its own RNG states (described as rank_local, so `ckpt reshard` and
+`ckpt consolidate` place every tensor) and data position. Rank 0 commits once every shard is
 durable (ckpt.distributed.TorchCoordinator, over a gloo group of its own).
 
 --resume continues from DIR/ckpt's `latest`: the model is loaded in place (load_into), the
@@ -175,13 +176,17 @@ def run(rank, args):
                 own_t, own_s = ckpt.state_dict_to_tensors({"rng": rng_state()})
                 meta = {"step": step, "own": own_s}
                 tensors = dict(own_t)
+                # Every rank's RNG states are its own (rank_local); rank 0's model and optimizer
+                # tensors are stored whole on rank 0. So `ckpt reshard` and `ckpt consolidate`
+                # know where each tensor goes (docs/format.md, "Sharded tensors").
+                sharding = {name: ckpt.rank_local() for name in own_t}
                 if rank == 0:
                     tensors.update(model_tensors(model))  # loaded in place on resume: no skeleton needed
                     shared_t, shared_s = ckpt.state_dict_to_tensors({"optim": opt.state_dict(), "sched": sched.state_dict()})
                     tensors.update(shared_t)
                     meta["shared"] = shared_s
                 pending = c.save(rank, step, tensors, metadata=meta, deferred=True,
-                                 training={"world_size": world, "steps": args.steps})
+                                 training={"world_size": world, "steps": args.steps}, sharding=sharding)
         if pending is not None:
             pending.wait()
     coord.close()

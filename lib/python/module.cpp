@@ -8,11 +8,13 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <boost/json.hpp>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -29,6 +31,7 @@
 #include "ckpt/format/safetensors.hpp"
 #include "ckpt/format/sharding.hpp"
 #include "ckpt/io/file_system.hpp"
+#include "ckpt/io/layout.hpp"
 #include "ckpt/io/load_into.hpp"
 #include "ckpt/io/mapped.hpp"
 #include "ckpt/io/reader.hpp"
@@ -184,6 +187,12 @@ class QueueCoordinator final : public ckpt::CommitCoordinator {
       throw ckpt::Error(ckpt::Errc::invalid_argument, {}, "report rank: this process hosts only its own rank",
                         std::to_string(rank_), std::to_string(report.rank));
     std::unique_lock lk(mu_);
+    if (closed_) {
+      // Closed before the Checkpointer (a misuse): no thread will carry the report.
+      lk.unlock();
+      on_outcome(closed_outcome(step));
+      return;
+    }
     if (auto abandoned = outcomes_.add(step, rank_, on_outcome)) {
       lk.unlock();
       on_outcome(*abandoned);
@@ -307,10 +316,20 @@ class QueueCoordinator final : public ckpt::CommitCoordinator {
     deliver_outcome(step, outcome);
   }
 
+  // Stops the channel: next_item() returns nullopt, and every step reported and not answered
+  // yet, or reported from now on, fails on this rank with Errc::comm_error (the Checkpointer
+  // is meant to be closed first; if it is not, its saves end instead of waiting forever).
   void close() {
-    std::lock_guard lk(mu_);
-    closed_ = true;
-    cv_.notify_all();
+    std::map<std::uint64_t, OutcomeFn> unanswered;
+    {
+      std::lock_guard lk(mu_);
+      closed_ = true;
+      queue_.clear();
+      commits_.clear();
+      unanswered.swap(outcomes_.pending);
+      cv_.notify_all();
+    }
+    for (auto& [step, fn] : unanswered) fn(closed_outcome(step));
   }
 
  private:
@@ -319,6 +338,14 @@ class QueueCoordinator final : public ckpt::CommitCoordinator {
     std::uint64_t step = 0;
     std::string text;
   };
+
+  static ckpt::CommitOutcome closed_outcome(std::uint64_t step) {
+    ckpt::CommitOutcome o;
+    o.error = ckpt::Error(ckpt::Errc::comm_error, {},
+                          "step " + std::to_string(step) +
+                              ": the checkpoint coordinator was closed before the Checkpointer (close the Checkpointer first)");
+    return o;
+  }
 
   void deliver_outcome(std::uint64_t step, const ckpt::CommitOutcome& outcome) {
     OutcomeFn fn;
@@ -359,9 +386,37 @@ py::dict result_dict(const ckpt::SaveResult& r) {
   return d;
 }
 
+// How long a wait releases the GIL before it looks for signals and its deadline again: a
+// Ctrl-C interrupts a wait within this.
+constexpr std::chrono::milliseconds kWaitSlice{50};
+
+// Waits until `done_within(slice)` (one of the C++ timed waits: true once done) returns true,
+// with the GIL released, in slices of kWaitSlice; between slices it runs Python's signal
+// handlers (PyErr_CheckSignals: a KeyboardInterrupt, or what a handler raises, propagates
+// from here) and checks the deadline. `timeout`: seconds (finite, >= 0; checked by the
+// Python side), none for no deadline. Returns false once the deadline has passed.
+bool wait_in_slices(const std::function<bool(std::chrono::nanoseconds)>& done_within, std::optional<double> timeout) {
+  using clock = std::chrono::steady_clock;
+  std::optional<clock::time_point> deadline;
+  if (timeout) deadline = clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(*timeout));
+  for (;;) {
+    std::chrono::nanoseconds slice = kWaitSlice;
+    if (deadline) slice = std::clamp<std::chrono::nanoseconds>(*deadline - clock::now(), std::chrono::nanoseconds(0), slice);
+    bool done;
+    {
+      py::gil_scoped_release nogil;
+      done = done_within(slice);
+    }
+    if (done) return true;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    if (deadline && clock::now() >= *deadline) return false;
+  }
+}
+
 // One save's handle. Holds the Python objects whose memory the save reads (`keep`) until the
 // copy into staging is done; destroying the handle of a deferred save before then waits for
-// the copy, so that memory can never be freed under it.
+// the copy, so that memory can never be freed under it (in a forked child, where the copy
+// never runs, the C++ handle refuses the wait and nothing is waited for).
 class Handle {
  public:
   Handle(ckpt::SaveHandle h, py::object keep) : h_(std::move(h)), keep_(std::move(keep)) {}
@@ -389,33 +444,25 @@ class Handle {
   }
   bool skipped() const { return h_.skipped(); }
   std::uint64_t step() const { return h_.step(); }
-  py::dict wait() {
-    const ckpt::SaveResult* r = nullptr;
-    std::exception_ptr err;
-    {
-      py::gil_scoped_release nogil;
-      try {
-        r = &h_.wait();
-      } catch (...) {
-        err = std::current_exception();
-      }
-    }
-    keep_ = py::object();  // ready: staged or failed, the memory is no longer read
-    if (err) std::rethrow_exception(err);
-    return result_dict(*r);
+
+  // True once the save is done (committed or failed), false at the deadline.
+  bool wait_for(std::optional<double> timeout) {
+    return wait_in_slices([this](std::chrono::nanoseconds slice) { return h_.wait_for(slice); }, timeout);
   }
-  void wait_staged() {
-    std::exception_ptr err;
-    {
-      py::gil_scoped_release nogil;
-      try {
-        h_.wait_staged();
-      } catch (...) {
-        err = std::current_exception();
-      }
-    }
+  // The result of a done save, or its error raised.
+  py::dict result() {
+    keep_ = py::object();  // done: staged or failed, the memory is no longer read
+    return result_dict(h_.wait());
+  }
+  // True once the copy is done, false at the deadline.
+  bool wait_staged_for(std::optional<double> timeout) {
+    const bool staged = wait_in_slices([this](std::chrono::nanoseconds slice) { return h_.wait_staged_for(slice); }, timeout);
     release_if_staged();
-    if (err) std::rethrow_exception(err);
+    return staged;
+  }
+  // Raises the copy's error of a staged save.
+  void staged_result() {
+    h_.wait_staged();
     keep_ = py::object();
   }
 
@@ -440,10 +487,14 @@ ckpt::BusyPolicy busy_of(const std::string& b) {
   throw ckpt::Error(ckpt::Errc::invalid_argument, {}, "when_busy", "wait or skip", b);
 }
 
+// The Python Checkpointer. The C++ object lives as long as this one (a call in flight holds
+// `self`, so it cannot be destroyed under the call); close() is the C++ close(), which is
+// safe against the calls other threads are making: those waiting at the barrier, and those
+// made later, raise Aborted, and every save accepted before ends.
 class PyCheckpointer {
  public:
   PyCheckpointer(const std::string& root, int world_size, int keep_last, const std::string& writer, const std::string& when_busy,
-                 const std::optional<std::string>& durable_root, int durable_keep_last, bool allow_older_than_latest,
+                 const std::optional<std::string>& durable_root, int durable_keep_last, bool allow_older_than_latest, bool allow_empty,
                  std::shared_ptr<QueueCoordinator> coordinator)
       : coordinator_(std::move(coordinator)) {
     ckpt::CheckpointerOptions o{.root = root,
@@ -452,54 +503,55 @@ class PyCheckpointer {
                                 .backend = writer_of(writer),
                                 .when_busy = busy_of(when_busy),
                                 .coordinator = coordinator_.get(),
-                                .allow_older_than_latest = allow_older_than_latest};
+                                .allow_older_than_latest = allow_older_than_latest,
+                                .allow_empty = allow_empty};
     if (durable_root) o.durable = ckpt::DurableTierOptions{.root = *durable_root, .keep_last = durable_keep_last};
     py::gil_scoped_release nogil;  // a multi-process start_run waits for the coordinator's Python thread
     cp_ = std::make_unique<ckpt::Checkpointer>(std::move(o));
   }
   ~PyCheckpointer() { close(); }
 
-  // Drains (waits for every started save) and releases the root's lock.
+  // Refuses new saves, drains the started ones and releases the root's lock.
   void close() {
-    if (!cp_) return;
     py::gil_scoped_release nogil;
-    cp_.reset();
+    cp_->close();
   }
 
   std::unique_ptr<Handle> save(int rank, std::uint64_t step, const std::vector<TensorTuple>& tensors, py::object keep,
                                const std::string& metadata, const std::string& training, bool deferred,
                                double wall_clock_seconds, const std::string& sharding) {
-    ckpt::Checkpointer& c = get();
     const std::vector<ckpt::TensorView> views = views_of(tensors, sharding);
     ckpt::SaveInfo info;
     info.metadata = object_of(metadata, "metadata");
     info.training = object_of(training, "training");
     info.wall_clock_seconds = wall_clock_seconds;
+    // The barrier (a step of another step in flight) is waited for in slices, so that a save
+    // stuck behind a checkpoint that never completes stays interruptible.
+    wait_in_slices([&](std::chrono::nanoseconds slice) { return cp_->wait_turn_for(step, slice); }, std::nullopt);
     ckpt::SaveHandle h;
     {
       py::gil_scoped_release nogil;
-      h = c.save(rank, step, views, info, deferred ? ckpt::Staging::deferred : ckpt::Staging::copy);
+      h = cp_->save(rank, step, views, info, deferred ? ckpt::Staging::deferred : ckpt::Staging::copy);
     }
     return std::make_unique<Handle>(std::move(h), deferred ? std::move(keep) : py::object());
   }
 
-  void wait_all() {
-    ckpt::Checkpointer& c = get();
-    py::gil_scoped_release nogil;
-    c.wait_all();
+  // True once nothing is in flight, false at the deadline.
+  bool wait_all_for(std::optional<double> timeout) {
+    return wait_in_slices([this](std::chrono::nanoseconds slice) { return cp_->wait_all_for(slice); }, timeout);
   }
-  void wait_durable() {
-    ckpt::Checkpointer& c = get();
-    py::gil_scoped_release nogil;
-    c.wait_all();
-    c.wait_durable();
+  // True once nothing is in flight and the durable tier has caught up, false at the deadline.
+  bool wait_durable_for(std::optional<double> timeout) {
+    return wait_in_slices([this](std::chrono::nanoseconds slice) { return cp_->wait_all_for(slice) && cp_->wait_durable_for(slice); },
+                          timeout);
   }
-  std::string backend() { return std::string(get().backend_name()); }
+  std::string backend() { return std::string(cp_->backend_name()); }
   py::dict stats() {
-    const ckpt::CheckpointerStats s = get().stats();
+    const ckpt::CheckpointerStats s = cp_->stats();
     py::dict d;
     d["saves_started"] = s.saves_started;
     d["saves_skipped"] = s.saves_skipped;
+    d["saves_refused"] = s.saves_refused;
     d["commits"] = s.commits;
     d["failures"] = s.failures;
     d["rotated"] = s.rotated;
@@ -510,13 +562,8 @@ class PyCheckpointer {
     d["durable_copies"] = s.durable.copies;
     return d;
   }
-  bool closed() const { return !cp_; }
 
  private:
-  ckpt::Checkpointer& get() {
-    if (!cp_) throw ckpt::Error(ckpt::Errc::invalid_argument, {}, "the Checkpointer is closed");
-    return *cp_;
-  }
   std::shared_ptr<QueueCoordinator> coordinator_;  // outlives cp_ (declared first)
   std::unique_ptr<ckpt::Checkpointer> cp_;
 };
@@ -565,8 +612,9 @@ class PyReader {
   std::string dir() const { return opened_->reader.dir(); }
   bool fell_back() const { return opened_->fell_back; }
   std::string verify_name() const { return verify_ == ckpt::Verify::none ? "none" : verify_ == ckpt::Verify::fast ? "fast" : "full"; }
-  std::string metadata(int rank) const { return json::serialize(manifest().shard(rank).metadata); }
-  std::string training() const { return json::serialize(manifest().training); }
+  // As JSON text, NaN and infinities tagged (format/manifest.hpp, tag_non_finite).
+  std::string metadata(int rank) const { return json::serialize(ckpt::tag_non_finite(manifest().shard(rank).metadata)); }
+  std::string training() const { return json::serialize(ckpt::tag_non_finite(manifest().training)); }
 
   // (name, dtype name, shape) of rank's tensors, in the manifest's order.
   std::vector<std::tuple<std::string, std::string, std::vector<std::uint64_t>>> tensors(int rank) const {
@@ -648,6 +696,7 @@ class PyReader {
 PYBIND11_MODULE(_core, m) {
   m.doc() = "ckpt's C++ core (see the ckpt package for the API)";
   m.attr("__version__") = std::string(ckpt::version());
+  m.attr("MAX_STEP") = ckpt::kMaxStep;  // the largest step a checkpoint directory name holds
 
   py::register_exception_translator([](std::exception_ptr p) {
     try {
@@ -670,8 +719,10 @@ PYBIND11_MODULE(_core, m) {
       .def("staged", &Handle::staged)
       .def("skipped", &Handle::skipped)
       .def_property_readonly("step", &Handle::step)
-      .def("wait", &Handle::wait)
-      .def("wait_staged", &Handle::wait_staged);
+      .def("wait_for", &Handle::wait_for, py::arg("timeout"))
+      .def("result", &Handle::result)
+      .def("wait_staged_for", &Handle::wait_staged_for, py::arg("timeout"))
+      .def("staged_result", &Handle::staged_result);
 
   py::class_<QueueCoordinator, std::shared_ptr<QueueCoordinator>>(m, "QueueCoordinator")
       .def(py::init<int, int>(), py::arg("rank"), py::arg("world_size"))
@@ -686,15 +737,15 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<PyCheckpointer>(m, "Checkpointer")
       .def(py::init<const std::string&, int, int, const std::string&, const std::string&, const std::optional<std::string>&, int,
-                    bool, std::shared_ptr<QueueCoordinator>>(),
+                    bool, bool, std::shared_ptr<QueueCoordinator>>(),
            py::arg("root"), py::arg("world_size"), py::arg("keep_last"), py::arg("writer"), py::arg("when_busy"),
-           py::arg("durable_root"), py::arg("durable_keep_last"), py::arg("allow_older_than_latest"), py::arg("coordinator"))
+           py::arg("durable_root"), py::arg("durable_keep_last"), py::arg("allow_older_than_latest"), py::arg("allow_empty"),
+           py::arg("coordinator"))
       .def("save", &PyCheckpointer::save, py::arg("rank"), py::arg("step"), py::arg("tensors"), py::arg("keep"),
            py::arg("metadata"), py::arg("training"), py::arg("deferred"), py::arg("wall_clock_seconds"), py::arg("sharding") = "")
-      .def("wait_all", &PyCheckpointer::wait_all)
-      .def("wait_durable", &PyCheckpointer::wait_durable)
+      .def("wait_all_for", &PyCheckpointer::wait_all_for, py::arg("timeout"))
+      .def("wait_durable_for", &PyCheckpointer::wait_durable_for, py::arg("timeout"))
       .def("close", &PyCheckpointer::close)
-      .def_property_readonly("closed", &PyCheckpointer::closed)
       .def_property_readonly("backend", &PyCheckpointer::backend)
       .def("stats", &PyCheckpointer::stats);
 

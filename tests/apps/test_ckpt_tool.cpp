@@ -247,6 +247,49 @@ TEST_CASE("ckpt reshard and consolidate of a corrupt source fail with the typed 
   }
 }
 
+TEST_CASE("ckpt reshard --verify none copies a corrupt source only when asked, says so, and inspect and verify of the copy show it") {
+  DemoRun demo;
+  const auto m = CheckpointReader::open(posix_file_system(), demo.step(20)).manifest();
+  const fs::path shard = fs::path(demo.step(20)) / m.shards[3].path;
+  flip(shard, m.find_tensor("optim.v", 3)->begin + 17);
+  const std::string copy = (demo.dir / "r2").string(), err = (demo.dir / "err").string();
+  for (const char* mode : {"fast", "full"}) {  // refused at every level but none
+    CAPTURE(mode);
+    const auto r = ckpt_run("reshard " + demo.root + " " + copy + " --world-size 2 --json --verify " + mode);
+    CHECK(r.status == 1);
+    CHECK(json_of(r.out).at("error").at("code").as_string() == "checksum mismatch");
+    CHECK(!fs::exists(copy));
+  }
+  int status = -1;
+  const std::string out = test::run_command(kTool + " reshard " + demo.root + " " + copy + " --world-size 2 --json --verify none 2>" + err, &status);
+  REQUIRE(status == 0);
+  CHECK(json_of(out).at("source_verify").as_string() == "none");
+  const auto logged = test::read_all(err);
+  CHECK(std::string(logged.begin(), logged.end()).find("reshard with verify none: the source's checksums are not checked") != std::string::npos);
+  // The copy's own checksums hold (they are of what was copied): verify passes and says the
+  // source was not checked; inspect shows it.
+  auto r = ckpt_run("verify --full " + copy);
+  CHECK(r.status == 0);
+  CHECK(r.out.find("\nwarning: resharded from world size 4, its source read with --verify none: its bytes were copied unchecked") !=
+        std::string::npos);
+  r = ckpt_run("verify --full --json " + copy);
+  CHECK(json_of(r.out).at("source_verify").as_string() == "none");
+  r = ckpt_run("inspect " + copy);
+  CHECK(r.out.find("\norigin      resharded from world size 4, its source read with --verify none") != std::string::npos);
+  // A fully checked reshard of the copy keeps the mark: its bytes were never checked against the job's.
+  r = ckpt_run("reshard " + copy + " " + (demo.dir / "r4").string() + " --world-size 4 --verify full");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("source checked: full (xxh3 per chunk + sha256); the source is itself a reshard whose source was checked only as none") !=
+        std::string::npos);
+  r = ckpt_run("verify --json " + (demo.dir / "r4").string());
+  CHECK(json_of(r.out).at("source_verify").as_string() == "none");
+  // A checkpoint the job wrote records nothing: null in --json, no line in the text.
+  flip(shard, m.find_tensor("optim.v", 3)->begin + 17);
+  r = ckpt_run("verify --json " + demo.root);
+  CHECK(json_of(r.out).at("source_verify").is_null());
+  CHECK(ckpt_run("inspect " + demo.root).out.find("origin ") == std::string::npos);
+}
+
 namespace {
 // A 2-rank checkpoint of 3 x 16 Mi fp32 values (192 MiB), written through the streaming
 // writer so that the test itself stays small.
@@ -470,7 +513,10 @@ TEST_CASE("ckpt --help documents every command and exit code, and each command h
       CHECK(r.out.find("example:") != std::string::npos);
     }
   }
-  for (const char* code : {"  0  ", "  1  ", "  2  ", "  3  "}) CHECK(top.out.find(code) != std::string::npos);
+  for (const char* code : {"  0  ", "  1  ", "  2  ", "  3  ", "  4  "}) CHECK(top.out.find(code) != std::string::npos);
+  CHECK(top.out.find("  4  verify, inspect, get, diff, reshard, consolidate: the checkpoint being read was\n     rotated away") !=
+        std::string::npos);
+  CHECK(ckpt_run("verify --help").out.find("exit: 0 verified, 1 damaged or unreadable, 4 rotated away while it was read") != std::string::npos);
   CHECK(ckpt_run("reshard a b").status == 2);                     // --world-size missing
   CHECK(ckpt_run("reshard a b --world-size 0").status == 2);
   CHECK(ckpt_run("consolidate a b --dtype f64").status == 2);

@@ -1,6 +1,8 @@
 #include <doctest/doctest.h>
 
+#include <bit>
 #include <boost/json.hpp>
+#include <limits>
 #include <string>
 
 #include "ckpt/core/error.hpp"
@@ -67,6 +69,39 @@ TEST_CASE("manifest round-trips every field") {
   CHECK(d.find_tensor("master", 1)->begin == 4096);
   CHECK(d.training.at("lr").as_double() == 0.01);
   CHECK(encode_manifest(d) == encode_manifest(m));
+}
+
+TEST_CASE("NaN and infinities in training and metadata round-trip bit for bit, written as tagged objects") {
+  Manifest m = sample();
+  const double negative_nan = std::bit_cast<double>(0xfff8000000000000ull);  // what 0 * inf gives on x86
+  const double payload_nan = std::bit_cast<double>(0x7ff0000000000123ull);
+  m.training["loss"] = std::numeric_limits<double>::quiet_NaN();
+  m.training["bounds"] = json::array{std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(), 1.5};
+  m.shards[1].metadata["nested"] = json::object{{"a", negative_nan}, {"b", payload_nan}};
+  const std::string text = encode_manifest(m);
+  CHECK(text.find(R"("loss":{"__float__":"nan"})") != std::string::npos);
+  CHECK(text.find(R"("bounds":[{"__float__":"inf"},{"__float__":"-inf"},1.5E0])") != std::string::npos);
+  CHECK(text.find(R"({"a":{"__float__":"nan:0xfff8000000000000"},"b":{"__float__":"nan:0x7ff0000000000123"}})") != std::string::npos);
+  CHECK(json::parse(text).is_object());  // valid JSON: what any reader can read
+  const Manifest d = decode_manifest(text, "m");
+  const auto bits = [](const json::value& v) { return std::bit_cast<std::uint64_t>(v.as_double()); };
+  CHECK(bits(d.training.at("loss")) == 0x7ff8000000000000ull);
+  CHECK(d.training.at("bounds").as_array()[0].as_double() == std::numeric_limits<double>::infinity());
+  CHECK(d.training.at("bounds").as_array()[1].as_double() == -std::numeric_limits<double>::infinity());
+  CHECK(bits(d.shards[1].metadata.at("nested").at("a")) == 0xfff8000000000000ull);
+  CHECK(bits(d.shards[1].metadata.at("nested").at("b")) == 0x7ff0000000000123ull);
+  CHECK(encode_manifest(d) == text);
+  // Objects that are not exactly a tag stay objects; a literal beyond the double range is refused.
+  m = sample();
+  m.training["not_tags"] = json::array{json::object{{"__float__", "nan"}, {"x", 1}}, json::object{{"__float__", "0x1.8p+1"}},
+                                       json::object{{"__float__", "nan:0x7ff0000000000000"}}};
+  const Manifest kept = decode_manifest(encode_manifest(m), "m");
+  CHECK(kept.training.at("not_tags") == m.training.at("not_tags"));
+  std::string literal = encode_manifest(sample());
+  literal = literal.substr(0, literal.find("\"training\": ")) + "\"training\": {\"x\": 1e400}\n}\n";
+  const Error e = test::expect_error([&] { (void)decode_manifest(literal, "m"); });
+  CHECK(e.code() == Errc::malformed_manifest);
+  CHECK(e.detail() == "training");
 }
 
 TEST_CASE("future schema_version is refused as unsupported naming both versions") {

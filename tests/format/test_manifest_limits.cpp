@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <boost/json.hpp>
+#include <limits>
 #include <string>
 
 #include "ckpt/core/error.hpp"
@@ -198,13 +199,73 @@ TEST_CASE("a small unknown field is left to the field checks, which report it pr
   CHECK(e.expected() == "unsigned integer");
 }
 
-TEST_CASE("nesting deeper than 32 is refused as invalid JSON") {
+TEST_CASE("nesting deeper than 32 is refused, naming the limit") {
   const std::string text = encode_manifest(many_tensors(2));
   const auto p = text.find("\"training\": ");
   const Error e = refusal(text.substr(0, p) + "\"training\": " + std::string(40, '[') + std::string(40, ']') + "\n}\n");
   CHECK(e.code() == Errc::malformed_manifest);
-  CHECK(e.detail() == "manifest JSON");
-  CHECK(e.expected() == "valid JSON");
+  CHECK(e.file() == kFile);
+  CHECK(e.detail() == "nesting of objects and arrays");
+  CHECK(e.expected() == "at most 32 levels");
+  CHECK(e.actual() == "more");
+}
+
+namespace {
+// `levels` arrays, one in the other, around a 0.
+json::value nested_arrays(int levels) {
+  json::value v = 0;
+  for (int i = 0; i < levels; ++i) v = json::array{v};
+  return v;
+}
+}  // namespace
+
+TEST_CASE("check_free_form refuses what the commit's decode would, naming the argument and the limit") {
+  json::object md, training;
+  // Nesting: 32 levels in all, the metadata dict at level 4 (the top, shards, the shard
+  // entry above it), the training dict at level 2.
+  md["deep"] = nested_arrays(28);  // levels 5 to 32
+  training["deep"] = nested_arrays(30);  // levels 3 to 32
+  CHECK_NOTHROW(check_free_form(md, training, "metadata and training of rank 0"));
+  md["deep"] = nested_arrays(29);
+  Error e = test::expect_error([&] { check_free_form(md, training, "metadata and training of rank 0"); });
+  CHECK(e.code() == Errc::invalid_argument);
+  CHECK(e.file().empty());
+  CHECK(e.detail() == "metadata and training of rank 0 cannot be held by a manifest: nesting of objects and arrays");
+  CHECK(e.expected() == "at most 32 levels");
+  md["deep"] = 1;
+  training["deep"] = nested_arrays(31);
+  CHECK(test::expect_error([&] { check_free_form(md, training, "t"); }).detail() == "t cannot be held by a manifest: nesting of objects and arrays");
+  training.clear();
+  // A string over 1 MiB, in the metadata or the training, and a key over 4 KiB.
+  md["note"] = std::string(kMaxManifestStringBytes, 'x');
+  CHECK_NOTHROW(check_free_form(md, training, "m"));
+  md["note"] = std::string(kMaxManifestStringBytes + 1, 'x');
+  e = test::expect_error([&] { check_free_form(md, training, "m"); });
+  CHECK(e.code() == Errc::invalid_argument);
+  CHECK(e.detail() == "m cannot be held by a manifest: length of the string at shards[0].metadata");
+  CHECK(e.expected() == "at most 1048576 bytes");
+  CHECK(e.actual() == "more than 1048576 bytes");
+  md.clear();
+  training["note"] = std::string(kMaxManifestStringBytes + 1, 'x');
+  CHECK(test::expect_error([&] { check_free_form(md, training, "m"); }).detail() == "m cannot be held by a manifest: length of the string at training");
+  training.clear();
+  md[std::string(kMaxManifestKeyBytes + 1, 'k')] = 0;
+  CHECK(test::expect_error([&] { check_free_form(md, training, "m"); }).expected() == "at most 4096 bytes");
+  // Metadata and training share the free-form budget of a one-shard manifest: 600k values
+  // each fit alone, not together.
+  md.clear();
+  json::array many(600000, json::value(0));
+  md["many"] = many;
+  CHECK_NOTHROW(check_free_form(md, training, "m"));
+  training["many"] = many;
+  e = test::expect_error([&] { check_free_form(md, training, "m"); });
+  CHECK(e.detail() == "m cannot be held by a manifest: values in the free-form parts (training and the shards' metadata), at training");
+  CHECK(e.expected() == "at most " + std::to_string(kFreeFormValues + kFreeFormValuesPerShard) + " values");
+  // NaN and infinities are tagged first, and pass.
+  md.clear();
+  training.clear();
+  md["loss"] = std::numeric_limits<double>::quiet_NaN();
+  CHECK_NOTHROW(check_free_form(md, training, "m"));
 }
 
 TEST_CASE("a document cut short or followed by more text is refused as invalid JSON") {

@@ -1,9 +1,12 @@
-// list_checkpoints (what `ckpt ls` shows) while a save commits and rotates in the same root:
-// a checkpoint that is renamed or removed at any instant of the listing is left out, never
-// called corrupt, and the checkpoints that stay are listed as they are.
+// list_checkpoints (what `ckpt ls` shows) and open_latest while a save commits and rotates in
+// the same root: a checkpoint that is renamed or removed at any instant of the listing is left
+// out, never called corrupt, and the checkpoints that stay are listed as they are; one rotated
+// away between the read of `latest` and its open is no error: the one `latest` names then is
+// opened.
 #include <doctest/doctest.h>
 
 #include <functional>
+#include <set>
 #include <string>
 
 #include "ckpt/io/commit.hpp"
@@ -108,4 +111,57 @@ TEST_CASE("without a concurrent save the listing still reports real damage as co
   CHECK(listed[0].state == CheckpointState::corrupt);
   CHECK(listed[0].error.find("size mismatch") != std::string::npos);
   CHECK(listed[1].state == CheckpointState::complete);
+}
+
+// ---- open_latest and rotated_away while a save commits and rotates -------------------------
+
+namespace {
+const std::string kNewer = checkpoint_dir_name(hostile::kLatestStep + 10);
+
+// What a save does to the root: commits a newer checkpoint (a copy of the latest one under
+// its own step), moves `latest` to it, and rotates away the one `latest` named.
+void commit_newer_and_rotate(MemoryFileSystem& fs) {
+  const std::string from = join_path(hostile::kRoot, kNew), to = join_path(hostile::kRoot, kNewer);
+  for (const auto& e : fs.list_dir(from)) fs.put_file(join_path(to, e.name), *fs.file_bytes(join_path(from, e.name)));
+  auto m = hostile::manifest_object(fs, to);
+  m["step"] = hostile::kLatestStep + 10;
+  hostile::write_manifest_object(fs, to, m);
+  write_latest(fs, hostile::kRoot, kNewer);
+  remove_checkpoint(fs, hostile::kRoot, kNew);
+}
+}  // namespace
+
+TEST_CASE("a checkpoint removed by rotation is rotated away, and one deleted while latest names it, or never there, is not") {
+  MemoryFileSystem fs = good().fs.clone();
+  CHECK_FALSE(rotated_away(fs, hostile::kRoot, kNew));  // still there
+  commit_newer_and_rotate(fs);
+  CHECK(rotated_away(fs, hostile::kRoot, kNew));
+  CHECK(rotated_away(fs, hostile::kRoot, kOld) == false);  // there: kept by the rotation
+  CHECK_FALSE(rotated_away(fs, hostile::kRoot, checkpoint_dir_name(hostile::kLatestStep + 20)));  // newer than latest
+  CHECK_FALSE(rotated_away(fs, hostile::kRoot, "latest"));  // not a checkpoint's name
+  MemoryFileSystem damaged = good().fs.clone();
+  damaged.remove_all(join_path(hostile::kRoot, kNew));  // latest still names it: damage, not rotation
+  CHECK_FALSE(rotated_away(damaged, hostile::kRoot, kNew));
+  CHECK_FALSE(rotated_away(damaged, "/no/such/root", kNew));
+}
+
+TEST_CASE("open_latest while a save commits a newer checkpoint and rotates the latest away, at any instant, opens the live one") {
+  std::set<std::string> opened;
+  for (std::size_t trigger = 0;; ++trigger) {
+    CAPTURE(trigger);
+    MemoryFileSystem fs = good().fs.clone();
+    RacingFileSystem racing(fs, trigger, commit_newer_and_rotate);
+    try {
+      const OpenedCheckpoint o = open_latest(racing, hostile::kRoot);
+      CHECK((o.name == kNew || o.name == kNewer));
+      CHECK(checkpoint_dir_name(o.reader.manifest().step) == o.name);
+      opened.insert(o.name);
+    } catch (const Error& e) {
+      FAIL_CHECK("open_latest threw: " << std::string(e.what()));
+    }
+    if (!racing.fired()) break;  // the open ended before this instant
+  }
+  // A rotation before `latest` was read, and one after the open, both seen; the ones between
+  // are the instants the retry covers (without it: not_found naming the manifest or a shard).
+  CHECK(opened == std::set<std::string>{kNew, kNewer});
 }

@@ -425,6 +425,81 @@ TEST_CASE("a corrupt source shard makes reshard fail with a checksum mismatch an
   CHECK(files_of(dir / "old") == before);  // nothing added (no temporary), nothing changed
 }
 
+TEST_CASE("a corrupt source is refused by reshard with verify fast and full, and copied only with verify none, logged and recorded") {
+  test::TempDir dir;
+  const FlatModel model(5003);
+  const Manifest m = model.save((dir / "src").string(), 4);
+  const fs::path bad_shard = fs::path(step_dir(dir / "src")) / m.shards[2].path;
+  flip(bad_shard, m.find_tensor("optim.m", 2)->begin + 100);
+  const auto src = CheckpointReader::open(posix_file_system(), step_dir(dir / "src"));
+  for (const Verify mode : {Verify::fast, Verify::full}) {
+    CAPTURE(verify_name(mode));
+    const Error e = test::expect_error([&] { reshard_checkpoint(posix_file_system(), src, (dir / "new").string(), {.world_size = 3, .verify = mode}); });
+    CHECK(e.code() == Errc::checksum_mismatch);
+    CHECK(e.file() == bad_shard.string());
+    CHECK(!fs::exists(dir / "new"));
+  }
+  test::LogCapture log;
+  const auto out = reshard_checkpoint(posix_file_system(), src, (dir / "new").string(), {.world_size = 3, .verify = Verify::none});
+  CHECK(log.matching({step_dir(dir / "src"), "reshard with verify none: the source's checksums are not checked"}).size() == 1);
+  CHECK(out.source_verify == Verify::none);
+  const auto copy = CheckpointReader::open(posix_file_system(), out.dir);
+  CHECK(copy.manifest().training.at("resharded_from").at("source_verify").as_string() == "none");
+  CHECK(resharded_source_verify(copy.manifest()) == Verify::none);
+  // Its own checksums hold (they are of what was copied): only the record tells.
+  CHECK_NOTHROW(copy.verify(Verify::full));
+}
+
+TEST_CASE("source_verify records the weakest check since a job saved the bytes: a reshard of an unchecked reshard stays unchecked") {
+  test::TempDir dir;
+  const FlatModel model(5003);
+  model.save((dir / "src").string(), 4);
+  const auto src = CheckpointReader::open(posix_file_system(), step_dir(dir / "src"));
+  CHECK(resharded_source_verify(src.manifest()) == std::nullopt);  // a job's own checkpoint records none
+  const auto checked = [&](const std::string& from, const std::string& to, Verify mode) {
+    const auto reader = CheckpointReader::open(posix_file_system(), from);
+    return reshard_checkpoint(posix_file_system(), reader, (dir / to).string(), {.world_size = 2, .verify = mode});
+  };
+  CHECK(checked(step_dir(dir / "src"), "full", Verify::full).source_verify == Verify::full);
+  CHECK(checked(step_dir(dir / "src"), "fast", Verify::fast).source_verify == Verify::fast);
+  const auto none = checked(step_dir(dir / "src"), "none", Verify::none);
+  CHECK(none.source_verify == Verify::none);
+  const auto again = checked(none.dir, "again", Verify::full);
+  CHECK(again.source_verify == Verify::none);
+  CHECK(again.manifest.training.at("resharded_from").at("source_verify").as_string() == "none");
+  CHECK(checked(step_dir(dir / "full"), "full-fast", Verify::fast).source_verify == Verify::fast);
+}
+
+TEST_CASE("a resharded manifest without source_verify still loads, and a malformed one is refused naming the field") {
+  test::TempDir dir;
+  const FlatModel model(5003);
+  model.save((dir / "src").string(), 4);
+  const auto out = reshard(step_dir(dir / "src"), dir / "new", 2);
+  const fs::path manifest = fs::path(out.dir) / kManifestName;
+  auto text = test::read_all(manifest);
+  auto o = json::parse(std::string(text.begin(), text.end())).as_object();
+  o["training"].as_object()["resharded_from"].as_object().erase("source_verify");  // as reshard wrote it before the field
+  const auto write = [&](const json::object& v) {
+    const std::string t = json::serialize(v);
+    test::write_all(manifest, std::vector<std::uint8_t>(t.begin(), t.end()));
+  };
+  write(o);
+  const auto older = CheckpointReader::open(posix_file_system(), out.dir);
+  CHECK_NOTHROW(older.verify(Verify::full));
+  CHECK(resharded_source_verify(older.manifest()) == std::nullopt);
+  o["training"].as_object()["resharded_from"].as_object()["source_verify"] = "thorough";
+  write(o);
+  const auto odd = CheckpointReader::open(posix_file_system(), out.dir);
+  const Error e = test::expect_error([&] { resharded_source_verify(odd.manifest(), odd.manifest_path()); });
+  CHECK(e.code() == Errc::malformed_manifest);
+  CHECK(e.file() == manifest.string());
+  CHECK(e.detail() == "training.resharded_from.source_verify");
+  CHECK(e.actual() == "\"thorough\"");
+  // A reshard of it is refused before anything is written.
+  CHECK(test::expect_error([&] { reshard(out.dir, dir / "next", 3); }).code() == Errc::malformed_manifest);
+  CHECK(!fs::exists(dir / "next"));
+}
+
 TEST_CASE("reshard refuses per-rank tensors that say neither that they are flat nor what they are") {
   test::TempDir dir;
   test::Fixture fx(2, 10);
@@ -614,22 +689,57 @@ TEST_CASE("consolidate casts the master weights to f16 and bf16 on request") {
   }
 }
 
-TEST_CASE("a corrupt source shard makes consolidate fail with a checksum mismatch and leave no output") {
+namespace {
+// A 2-rank checkpoint of `model` under `root` with a flipped byte in rank 1's master weights;
+// returns that shard file.
+fs::path save_with_corrupt_master(const FlatModel& model, const fs::path& root) {
+  const Manifest m = model.save(root.string(), 2);
+  const fs::path bad_shard = fs::path(step_dir(root)) / m.shards[1].path;
+  flip(bad_shard, m.find_tensor("optim.master", 1)->end - 3);
+  return bad_shard;
+}
+}  // namespace
+
+TEST_CASE("a corrupt source shard makes consolidate fail with a checksum mismatch and leave no output, with verify fast and full") {
   test::TempDir dir;
   const FlatModel model(5003);
-  const Manifest m = model.save((dir / "src").string(), 2);
-  const fs::path bad_shard = fs::path(step_dir(dir / "src")) / m.shards[1].path;
-  flip(bad_shard, m.find_tensor("optim.master", 1)->end - 3);
+  const fs::path bad_shard = save_with_corrupt_master(model, dir / "src");
   const auto reader = CheckpointReader::open(posix_file_system(), step_dir(dir / "src"));
   fs::create_directory(dir / "models");
-  try {
-    consolidate_checkpoint(posix_file_system(), reader, (dir / "models" / "out").string(), {.max_file_size = 12000});
-    FAIL("no throw");
-  } catch (const Error& e) {
-    CHECK(e.code() == Errc::checksum_mismatch);
-    CHECK(e.file() == bad_shard.string());
+  for (const Verify mode : {Verify::fast, Verify::full}) {
+    CAPTURE(verify_name(mode));
+    try {
+      consolidate_checkpoint(posix_file_system(), reader, (dir / "models" / "out").string(), {.max_file_size = 12000, .verify = mode});
+      FAIL("no throw");
+    } catch (const Error& e) {
+      CHECK(e.code() == Errc::checksum_mismatch);
+      CHECK(e.file() == bad_shard.string());
+    }
+    CHECK(fs::is_empty(dir / "models"));  // neither the output nor its temporary
   }
-  CHECK(fs::is_empty(dir / "models"));  // neither the output nor its temporary
+}
+
+TEST_CASE("consolidate with verify none copies a corrupt source only when asked, logs it, and every file records how its source was checked") {
+  test::TempDir dir;
+  const FlatModel model(5003);
+  save_with_corrupt_master(model, dir / "src");
+  const auto reader = CheckpointReader::open(posix_file_system(), step_dir(dir / "src"));
+  test::LogCapture log;
+  const auto res = consolidate_checkpoint(posix_file_system(), reader, (dir / "out").string(), {.max_file_size = 12000, .verify = Verify::none});
+  CHECK(log.matching({"consolidate with verify none: the source's checksums are not checked"}).size() == 1);
+  CHECK(res.source_verify == Verify::none);
+  REQUIRE(res.files.size() > 1);
+  for (const auto& f : res.files) {
+    CAPTURE(f.name);
+    const auto st = test::parse_safetensors_independently(test::read_all(dir / "out" / f.name));
+    CHECK(st.metadata.at("format") == "pt");
+    CHECK(st.metadata.at("ckpt.source_verify") == "none");
+  }
+  // A sound source read with the default check says so.
+  model.save((dir / "clean").string(), 2);
+  const auto clean = CheckpointReader::open(posix_file_system(), step_dir(dir / "clean"));
+  CHECK(consolidate_checkpoint(posix_file_system(), clean, (dir / "model").string(), {}).source_verify == Verify::fast);
+  CHECK(test::parse_safetensors_independently(test::read_all(dir / "model" / "model.safetensors")).metadata.at("ckpt.source_verify") == "fast");
 }
 
 TEST_CASE("a consolidate killed midway leaves a temporary that the next run removes, and a live one's is kept") {

@@ -34,3 +34,29 @@ def read_safetensors(path):
     dtypes = {"F16": np.float16, "BF16": np.uint16, "F32": np.float32, "F64": np.float64, "I64": np.int64}
     return {k: np.frombuffer(data[v["data_offsets"][0]:v["data_offsets"][1]], dtypes[v["dtype"]]).reshape(v["shape"])
             for k, v in header.items() if k != "__metadata__"}
+
+
+def python_env():
+    """The environment of a python3 child: this package and tests/python on its path."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (os.environ.get("PYTHONPATH", ""), here) if p))
+
+
+def run_python(code, *args, timeout=60):
+    """Runs `code` in a fresh python3 (python_env()) with `args`, within `timeout` seconds (a
+    hang fails the test, the process killed): the CompletedProcess, stdout and stderr as text."""
+    import subprocess
+    try:
+        return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
+                              timeout=timeout, env=python_env())
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the process did not end within {timeout} s (hung); stdout: {e.stdout!r}; stderr: {e.stderr!r}")
+
+
+def result_of(proc):
+    """The JSON object a script printed as its last stdout line, once it exited 0."""
+    import json
+    assert proc.returncode == 0, f"exit status {proc.returncode}; stderr: {proc.stderr[-4000:]}"
+    lines = proc.stdout.strip().splitlines()
+    assert lines, f"no output; stderr: {proc.stderr[-4000:]}"
+    return json.loads(lines[-1])

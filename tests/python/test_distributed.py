@@ -46,10 +46,16 @@ def worker(rank, world, init, root, out, kill_at):
 
 
 def run(tmp_path, world, kill_at=None):
+    return spawn(tmp_path, world, worker, kill_at)
+
+
+def spawn(tmp_path, world, target, *extra):
+    """Runs target(rank, world, init, root, out, *extra) in `world` processes; (root, their exit
+    codes, the result each wrote)."""
     ctx = mp.get_context("spawn")
     root, out = str(tmp_path / "root"), str(tmp_path / "out")
     init = f"file://{tmp_path}/init"
-    procs = [ctx.Process(target=worker, args=(r, world, init, root, out, kill_at)) for r in range(world)]
+    procs = [ctx.Process(target=target, args=(r, world, init, root, out, *extra)) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
@@ -87,3 +93,44 @@ def test_a_process_killed_mid_save_leaves_the_previous_latest(tmp_path):
     assert r.step == 2
     r.verify("full")
     assert np.all(r.read(1, "x") == 102)
+
+
+def closed_coordinator_worker(rank, world, init, root, out):
+    import time
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    result = {"rank": rank}
+    coord = ckpt.distributed.TorchCoordinator(timeout=datetime.timedelta(seconds=60))
+    try:
+        c = ckpt.Checkpointer(root, coordinator=coord)
+        result[2] = c.save(rank, 2, {"x": torch.full((16,), float(rank))}).wait(timeout=60).dir
+        coord.close()  # the misuse: before the Checkpointer
+        t0 = time.monotonic()
+        h = c.save(rank, 4, {"x": torch.full((16,), float(rank))}, deferred=True)
+        try:
+            h.wait(timeout=60)
+            result[4] = "committed"
+        except ckpt.Error as e:
+            result[4] = {"error": type(e).__name__, "message": str(e)}
+        result["done"] = h.done()
+        c.close()
+        result["seconds"] = time.monotonic() - t0
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        result["exception"] = repr(e)
+    finally:
+        with open(f"{out}.{rank}", "w") as f:
+            json.dump(result, f)
+        os._exit(0)
+
+
+def test_a_coordinator_closed_before_the_checkpointer_fails_the_next_save_on_every_rank_instead_of_hanging(tmp_path):
+    root, codes, results = spawn(tmp_path, 2, closed_coordinator_worker)
+    assert codes == [0, 0]
+    for r in range(2):
+        res = results[r]
+        assert "exception" not in res, res
+        assert res["2"].endswith("step-0000000002")
+        assert res["4"]["error"] == "CommError", res
+        assert "the checkpoint coordinator was closed before the Checkpointer" in res["4"]["message"]
+        assert res["done"] is True and res["seconds"] < 30
+    assert ckpt.open_latest(root, world_size=2).step == 2

@@ -85,15 +85,24 @@ Outcome run_training(const TrainConfig& cfg, int world, std::uint64_t steps, con
   return out;
 }
 
+// The manifest file of the checkpoint ROOT/latest names.
+std::string latest_manifest(const std::string& root) { return open_latest(posix_file_system(), root).reader.manifest_path(); }
+
 // A resume of the checkpoint under `root` (written at 2 ranks) with `cfg` is refused as a
-// configuration difference.
+// configuration difference naming its manifest file (of several roots or tiers, the one
+// refused), at the same world size and through a load-time reshard to 3 ranks.
 void check_resume_refused_for_config(const TrainConfig& cfg, const std::string& root) {
-  try {
-    run_training(cfg, 2, 4, root, 0, true);
-    FAIL("no throw");
-  } catch (const Error& e) {
-    CHECK(e.code() == Errc::invalid_argument);
-    CHECK(e.detail() == "training configuration differs");
+  for (const int world : {2, 3}) {
+    CAPTURE(world);
+    try {
+      run_training(cfg, world, 4, root, 0, true, world == 2 ? Reshard::no : Reshard::allow);
+      FAIL("no throw");
+    } catch (const Error& e) {
+      CHECK(e.code() == Errc::invalid_argument);
+      CHECK(e.detail() == "training configuration differs");
+      CHECK(e.file() == latest_manifest(root));
+      CHECK(std::string(e.what()).find(latest_manifest(root)) != std::string::npos);
+    }
   }
 }
 
@@ -226,7 +235,66 @@ TEST_CASE("a resume at another world size fails on every rank with the world-siz
     CHECK(e.code() == Errc::world_size_mismatch);
     CHECK(e.expected() == "3");
     CHECK(e.actual() == "2");
+    CHECK(e.file() == latest_manifest(dir.path().string()));
   }
+}
+
+TEST_CASE("restoring a loaded shard of a checkpoint of another world size is refused naming its manifest file") {
+  test::TempDir dir;
+  const auto cfg = small_config(2);
+  run_training(cfg, 2, 2, dir.path().string(), 2);
+  const auto opened = open_latest(posix_file_system(), dir.path().string());
+  std::mutex mu;
+  std::vector<Error> errors;
+  dist::run_ranks(3, [&](dist::Communicator& comm) {
+    Trainer t(cfg, comm);
+    const LoadedShard shard = opened.reader.load_shard(std::min(comm.rank(), 1));
+    try {
+      t.restore(shard, opened.reader.manifest());
+    } catch (const Error& e) {
+      std::lock_guard lk(mu);
+      errors.push_back(e);
+    }
+  });
+  REQUIRE(errors.size() == 3);
+  for (const Error& e : errors) {
+    CHECK(e.code() == Errc::world_size_mismatch);
+    CHECK(e.file() == (dir.path() / checkpoint_dir_name(2) / kManifestName).string());
+    CHECK(e.expected() == "3");
+    CHECK(e.actual() == "2");
+  }
+}
+
+TEST_CASE("a resume whose manifest gives a rank another shard range is refused naming the manifest file and both ranges") {
+  test::TempDir dir;
+  const auto cfg = small_config(2);
+  const auto saved = run_training(cfg, 2, 2, dir.path().string(), 2);
+  // Ranks 0 and 1 hold equal halves: their ranges swapped still tile the flat space, so only
+  // the trainer's check can tell.
+  const auto manifest = dir.path() / checkpoint_dir_name(2) / kManifestName;
+  const std::string original = read_text(manifest);
+  auto m = boost::json::parse(original).as_object();
+  auto& shards = m.at("shards").as_array();
+  const auto offset0 = shards[0].at("param_shard_offset"), offset1 = shards[1].at("param_shard_offset");
+  REQUIRE(shards[0].at("param_shard_numel") == shards[1].at("param_shard_numel"));
+  shards[0].as_object()["param_shard_offset"] = offset1;
+  shards[1].as_object()["param_shard_offset"] = offset0;
+  write_text(manifest, boost::json::serialize(m));
+  const std::string numel = boost::json::serialize(shards[0].at("param_shard_numel"));
+  try {
+    run_training(cfg, 2, 4, dir.path().string(), 0, true);
+    FAIL("no throw");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::invalid_argument);
+    CHECK(e.file() == manifest.string());
+    CHECK(e.detail().ends_with(" shard range"));
+    CHECK(e.expected() == boost::json::serialize(offset0) + "+" + numel);
+    CHECK(e.actual() == boost::json::serialize(offset1) + "+" + numel);
+  }
+  // Nothing was lost: with the manifest as written, the resume continues.
+  write_text(manifest, original);
+  const auto resumed = run_training(cfg, 2, 4, dir.path().string(), 0, true);
+  CHECK(resumed.losses.size() == 2);
 }
 
 TEST_CASE("training continues after a load-time reshard: the loss 10 steps on is below the loss at the resume point") {
@@ -398,7 +466,7 @@ TEST_CASE("a checkpoint whose training state lacks a key is refused as malformed
     FAIL("no throw");
   } catch (const Error& e) {  // a ckpt::Error, not Boost.JSON's out_of_range
     CHECK(e.code() == Errc::malformed_manifest);
-    CHECK(e.file() == "checkpoint of step 2");
+    CHECK(e.file() == manifest.string());
     CHECK(e.detail().find("loss_scaler") != std::string::npos);
   }
 }

@@ -151,12 +151,14 @@ TEST_CASE("a resume at another tensor-parallel layout is refused naming both lay
   for (const Reshard reshard : {Reshard::no, Reshard::allow}) {
     const Error e = test::expect_error([&] { run_tp(tp_train_config(2, 1), 2, 4, dir.path().string(), 0, true, reshard); });
     CHECK(e.code() == Errc::invalid_argument);
+    CHECK(e.file() == (dir.path() / checkpoint_dir_name(2) / kManifestName).string());
     CHECK(e.expected() == "tensor 1 x data 2");
     CHECK(e.actual() == "tensor 2 x data 1");
   }
   // Another world size with another split, through the reshard path.
   const Error e4 = test::expect_error([&] { run_tp(tp_train_config(2, 4), 4, 4, dir.path().string(), 0, true, Reshard::allow); });
   CHECK(e4.code() == Errc::invalid_argument);
+  CHECK(e4.file() == (dir.path() / checkpoint_dir_name(2) / kManifestName).string());
   CHECK(e4.expected() == "tensor 4 x data 1");
   CHECK(e4.actual() == "tensor 2 x data 1");
   // Nothing was lost: the checkpoint still resumes at its own layout, where it left off.

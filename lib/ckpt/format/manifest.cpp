@@ -1,12 +1,14 @@
 #include "ckpt/format/manifest.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -38,6 +40,70 @@ bool all_finite(const json::value& v) {
 
 bool is_lower_hex(std::string_view s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+// The tag of a non-finite double in the free-form parts (manifest.hpp, tag_non_finite).
+constexpr std::string_view kFloatTag = "__float__";
+constexpr std::uint64_t kDefaultNaN = 0x7ff8000000000000ull;
+
+std::string non_finite_spelling(double d) {
+  if (!std::isnan(d)) return d > 0 ? "inf" : "-inf";
+  const auto bits = std::bit_cast<std::uint64_t>(d);
+  if (bits == kDefaultNaN) return "nan";
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "nan:0x%016llx", static_cast<unsigned long long>(bits));
+  return buf;
+}
+
+// The double a tag spells, or nullopt if `o` is not a tag.
+std::optional<double> tagged_double(const json::object& o) {
+  if (o.size() != 1) return std::nullopt;
+  const auto* s = o.if_contains(kFloatTag);
+  if (!s || !s->is_string()) return std::nullopt;
+  const std::string_view v = s->get_string();
+  if (v == "inf") return std::numeric_limits<double>::infinity();
+  if (v == "-inf") return -std::numeric_limits<double>::infinity();
+  if (v == "nan") return std::bit_cast<double>(kDefaultNaN);
+  if (v.size() != 22 || !v.starts_with("nan:0x") || !is_lower_hex(v.substr(6))) return std::nullopt;
+  const double d = std::bit_cast<double>(std::stoull(std::string(v.substr(6)), nullptr, 16));
+  return std::isnan(d) ? std::optional(d) : std::nullopt;
+}
+}  // namespace
+
+json::value tag_non_finite(const json::value& v) {
+  if (v.is_double() && !std::isfinite(v.get_double())) return json::object{{kFloatTag, non_finite_spelling(v.get_double())}};
+  if (const auto* a = v.if_array()) {
+    json::array out;
+    out.reserve(a->size());
+    for (const auto& e : *a) out.push_back(tag_non_finite(e));
+    return out;
+  }
+  if (const auto* o = v.if_object()) {
+    json::object out;
+    out.reserve(o->size());
+    for (const auto& kv : *o) out.emplace(kv.key(), tag_non_finite(kv.value()));
+    return out;
+  }
+  return v;
+}
+
+void untag_non_finite(json::value& v) {
+  if (auto* a = v.if_array()) {
+    for (auto& e : *a) untag_non_finite(e);
+  } else if (auto* o = v.if_object()) {
+    if (const auto d = tagged_double(*o)) {
+      v = *d;
+      return;
+    }
+    for (auto& kv : *o) untag_non_finite(kv.value());
+  }
+}
+
+namespace {
+// The free-form objects as encode_manifest writes them, and back.
+json::object tagged_object(const json::object& o) { return tag_non_finite(o).as_object(); }
+void untag_object(json::object& o) {
+  for (auto& kv : o) untag_non_finite(kv.value());
 }
 }  // namespace
 
@@ -116,7 +182,7 @@ json::object shard_to_json(const ShardRecord& s) {
                       {"chunk_xxh3", std::move(chunks)},
                       {"param_shard_offset", s.param_shard_offset},
                       {"param_shard_numel", s.param_shard_numel},
-                      {"metadata", s.metadata}};
+                      {"metadata", tagged_object(s.metadata)}};
 }
 
 namespace {
@@ -200,7 +266,7 @@ std::string encode_manifest(const Manifest& m) {
                  {"param_numel", m.param_numel},
                  {"shards", std::move(shards)},
                  {"tensors", std::move(tensors)},
-                 {"training", m.training}};
+                 {"training", tagged_object(m.training)}};
   if (m.nodes) {
     o["nodes"] = json::object{{"count", m.nodes->nodes},
                               {"ranks_per_node", m.nodes->ranks_per_node},
@@ -502,6 +568,7 @@ Manifest decode_manifest_value(const json::value& root, std::string_view file) {
   m.param_numel = detail::json_u64(c, detail::json_field(c, o, "param_numel", ""), "param_numel");
   if (const auto* t = o.if_contains("training")) m.training = detail::json_obj(c, *t, "training");
   if (!all_finite(m.training)) c.fail("training", "finite numbers", "a number beyond the double range");
+  untag_object(m.training);
 
   const auto& shards = detail::json_arr(c, detail::json_field(c, o, "shards", ""), "shards");
   if (shards.size() != static_cast<std::size_t>(m.world_size))
@@ -532,6 +599,7 @@ Manifest decode_manifest_value(const json::value& root, std::string_view file) {
              std::to_string(s.param_shard_offset) + " + " + std::to_string(s.param_shard_numel));
     if (const auto* md = so.if_contains("metadata")) s.metadata = detail::json_obj(c, *md, where + ".metadata");
     if (!all_finite(s.metadata)) c.fail(where + ".metadata", "finite numbers", "a number beyond the double range");
+    untag_object(s.metadata);
   }
   for (const auto& s : m.shards)
     if (!paths.insert(s.path).second) c.fail("shards[rank " + std::to_string(s.rank) + "].path", "a path used once", "'" + s.path + "' repeated");

@@ -139,6 +139,29 @@ Manifest decode_manifest(std::string_view text, std::string_view file);
 /// piece at a time; `source` is read twice (manifest_limits.hpp: scan, then parse).
 Manifest decode_manifest(std::uint64_t size, const ManifestTextSource& source, std::string_view file);
 
+/// The free-form parts (`training`, each shard's `metadata`) may hold any double, but JSON
+/// has no spelling for NaN or the infinities. encode_manifest writes each non-finite double
+/// there as the object {"__float__": S}, S one of "inf", "-inf", "nan" (the default quiet
+/// NaN, bits 0x7ff8000000000000) or "nan:0x" and the 16 lower-case hex digits of any other
+/// NaN's bits (its sign and payload); decode_manifest reads each such object (exactly that
+/// one member, one of those spellings) back as the double, bit for bit. Python's
+/// float.fromhex reads the first three spellings. (A number literal beyond the double
+/// range, 1e400, is still refused on decode: no writer spells a number that way.)
+/// tag_non_finite: `v` with every non-finite double so tagged (a copy).
+boost::json::value tag_non_finite(const boost::json::value& v);
+/// untag_non_finite: every tag in `v` turned back into its double, in place.
+void untag_non_finite(boost::json::value& v);
+
+/// The check a save makes of what it is given for the manifest (the commit makes it again
+/// on the whole manifest): `metadata` as a shard's and `training` as the checkpoint's,
+/// non-finite doubles tagged, must pass the scan decode_manifest runs (manifest_limits.hpp:
+/// strings at most kMaxManifestStringBytes, keys at most kMaxManifestKeyBytes, nesting at
+/// most kMaxManifestDepth levels counting the 3 (metadata) or 1 (training) the manifest puts
+/// above them, and together at most the free-form budget of a one-shard manifest). Throws
+/// Errc::invalid_argument whose detail starts with `what` (e.g. "metadata and training of
+/// rank 0") and names the limit, with its expected and actual values. Thread-safe.
+void check_free_form(const boost::json::object& metadata, const boost::json::object& training, std::string_view what);
+
 /// True if `name` is safe as a file name inside a checkpoint directory: non-empty, at most 255
 /// bytes, no '/', no NUL, not "." or "..", not starting with '.' (reserved for temporaries).
 bool is_plain_file_name(std::string_view name) noexcept;

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <boost/json/basic_parser_impl.hpp>
 #include <boost/json/memory_resource.hpp>
+#include <boost/json/serialize.hpp>
 #include <boost/json/stream_parser.hpp>
 #include <cstring>
 #include <functional>
@@ -52,6 +53,8 @@ json::parse_options manifest_parse_options() {
 }
 
 [[noreturn]] void fail_json(std::string_view file, const boost::system::error_code& ec) {
+  if (ec == json::error::too_deep)
+    fail(file, "nesting of objects and arrays", "at most " + std::to_string(kMaxManifestDepth) + " levels", "more");
   fail(file, "manifest JSON", "valid JSON", ec.message());
 }
 
@@ -412,6 +415,21 @@ class BudgetResource final : public json::memory_resource {
 };
 
 }  // namespace
+
+}  // namespace detail
+
+void check_free_form(const json::object& metadata, const json::object& training, std::string_view what) {
+  // Where the manifest puts them, so that the scan classifies them as it does there.
+  const std::string text = R"({"shards":[{"metadata":)" + json::serialize(tag_non_finite(metadata)) + R"(}],"training":)" +
+                           json::serialize(tag_non_finite(training)) + "}";
+  try {
+    detail::scan(text.size(), [&text](std::uint64_t offset) { return std::string_view(text).substr(static_cast<std::size_t>(offset)); }, "");
+  } catch (const Error& e) {
+    throw Error(Errc::invalid_argument, {}, std::string(what) + " cannot be held by a manifest: " + e.detail(), e.expected(), e.actual());
+  }
+}
+
+namespace detail {
 
 void parse_manifest_json(std::uint64_t size, const ManifestTextSource& source, std::string_view file,
                          const std::function<void(const json::value&)>& use, ManifestParseStats* stats_out) {

@@ -218,7 +218,7 @@ ObjectCommitReport commit_to_object_store(FileSystem& local_fs, const std::strin
   report.chunks_verified = chunks.load();
 
   // 2. The local manifest, byte for byte.
-  const std::vector<std::byte> manifest = read_whole(local_fs, reader.dir() + "/" + std::string(kManifestName));
+  const std::vector<std::byte> manifest = read_whole(local_fs, reader.manifest_path());
   store.put(report.data_prefix + std::string(kManifestName), manifest);
 
   // 3. The tier manifest, created only if no writer committed this step before: the commit.

@@ -60,6 +60,15 @@ std::optional<Verify> parse_verify(std::string_view s) noexcept {
   return std::nullopt;
 }
 
+std::string_view verify_name(Verify mode) noexcept {
+  switch (mode) {
+    case Verify::none: return "none";
+    case Verify::fast: return "fast";
+    case Verify::full: return "full";
+  }
+  return "?";
+}
+
 const LoadedTensor& LoadedShard::tensor(std::string_view name) const {
   for (const auto& t : tensors)
     if (t.name == name) return t;
@@ -275,6 +284,8 @@ CheckpointReader CheckpointReader::open_nodes(FileSystem& fs, std::span<const st
   throw *first;
 }
 
+std::string CheckpointReader::manifest_path() const { return join_path(dir_, kManifestName); }
+
 std::string CheckpointReader::shard_path(int rank) const {
   return join_path(shard_dirs_.empty() ? dir_ : shard_dirs_.at(static_cast<std::size_t>(manifest_.shard(rank).rank)), manifest_.shard(rank).path);
 }
@@ -402,7 +413,7 @@ LoadedShard CheckpointReader::load_shard(int rank, Verify mode) const {
 
 std::vector<std::byte> CheckpointReader::read_tensor(std::string_view name, int rank, Verify mode) const {
   const TensorRecord* t = manifest_.find_tensor(name, rank);
-  if (!t) throw Error(Errc::not_found, join_path(dir_, kManifestName), "no tensor '" + std::string(name) + "' on rank " + std::to_string(rank));
+  if (!t) throw Error(Errc::not_found, manifest_path(), "no tensor '" + std::string(name) + "' on rank " + std::to_string(rank));
   const ShardRecord& rec = manifest_.shard(rank);
   const std::string path = shard_path(rank);
   auto f = fs_->open_read(path);
@@ -431,7 +442,7 @@ std::vector<std::byte> CheckpointReader::read_tensor(std::string_view name, int 
 std::vector<std::byte> CheckpointReader::read_tensor_range(std::string_view name, int rank, std::uint64_t first, std::uint64_t count,
                                                           Verify mode) const {
   const TensorRecord* t = manifest_.find_tensor(name, rank);
-  if (!t) throw Error(Errc::not_found, join_path(dir_, kManifestName), "no tensor '" + std::string(name) + "' on rank " + std::to_string(rank));
+  if (!t) throw Error(Errc::not_found, manifest_path(), "no tensor '" + std::string(name) + "' on rank " + std::to_string(rank));
   const std::uint64_t esize = dtype_size(t->dtype), numel = (t->end - t->begin) / esize;
   if (first > numel || count > numel - first)
     throw Error(Errc::invalid_argument, shard_path(rank), "element range of tensor '" + std::string(name) + "'",
@@ -505,18 +516,24 @@ OpenedCheckpoint open_latest(FileSystem& fs, const std::string& root, const Open
       throw Error(Errc::not_found, root, "no checkpoint of the node set that opens and verifies", "a good checkpoint", why);
     }
   std::string tried, note;
-  try {
-    const auto name = read_latest(fs, root);
-    if (!name) throw Error(Errc::not_found, join_path(root, kLatestName), "no latest pointer: nothing committed yet");
-    if (!parse_checkpoint_dir_name(*name))
-      throw Error(Errc::malformed_manifest, join_path(root, kLatestName), "content", "step-NNNNNNNNNN", "'" + name->substr(0, 64) + "'");
-    tried = *name;
-    auto reader = CheckpointReader::open(fs, join_path(root, *name), opt.expected_world_size);
-    if (opt.fallback) reader.verify(opt.verify);
-    return {std::move(reader), *name, false, {}};
-  } catch (const Error& e) {
-    if (!opt.fallback || e.code() == Errc::world_size_mismatch) throw;
-    note = e.what();
+  for (int attempt = 1;; ++attempt) {
+    try {
+      const auto name = read_latest(fs, root);
+      if (!name) throw Error(Errc::not_found, join_path(root, kLatestName), "no latest pointer: nothing committed yet");
+      if (!parse_checkpoint_dir_name(*name))
+        throw Error(Errc::malformed_manifest, join_path(root, kLatestName), "content", "step-NNNNNNNNNN", "'" + name->substr(0, 64) + "'");
+      tried = *name;
+      auto reader = CheckpointReader::open(fs, join_path(root, *name), opt.expected_world_size);
+      if (opt.fallback) reader.verify(opt.verify);
+      return {std::move(reader), *name, false, {}};
+    } catch (const Error& e) {
+      // A save committed newer checkpoints and rotated this one away since `latest` was
+      // read: what `latest` names now is the live checkpoint.
+      if (attempt < kOpenLatestAttempts && !tried.empty() && e.code() != Errc::world_size_mismatch && rotated_away(fs, root, tried)) continue;
+      if (!opt.fallback || e.code() == Errc::world_size_mismatch) throw;
+      note = e.what();
+      break;
+    }
   }
   std::vector<std::string> names;
   for (const auto& e : fs.list_dir(root))
@@ -532,6 +549,19 @@ OpenedCheckpoint open_latest(FileSystem& fs, const std::string& root, const Open
     }
   }
   throw Error(Errc::not_found, root, "no checkpoint that opens and verifies", "a good checkpoint", note.empty() ? "none" : note);
+}
+
+bool rotated_away(FileSystem& fs, const std::string& root, const std::string& name) noexcept {
+  try {
+    const auto step = parse_checkpoint_dir_name(name);
+    // A node set keeps its steps in its node roots and its `latest` files there: not a plain root.
+    if (!step || fs.stat(join_path(root, name)) || !fs.stat(join_path(root, kLatestName))) return false;
+    const auto latest = read_latest(fs, root);
+    const auto live = latest ? parse_checkpoint_dir_name(*latest) : std::nullopt;
+    return live && *live > *step;
+  } catch (...) {
+    return false;
+  }
 }
 
 CheckpointReader open_step(FileSystem& fs, const std::string& root, std::uint64_t step, std::optional<int> expected_world_size) {

@@ -32,6 +32,8 @@ enum class Verify {
 
 /// Parses "none" / "fast" / "full".
 std::optional<Verify> parse_verify(std::string_view s) noexcept;
+/// "none" / "fast" / "full": the inverse of parse_verify.
+std::string_view verify_name(Verify mode) noexcept;
 
 /// A tensor of a loaded shard; `data` points into the shard's buffer.
 using LoadedTensor = TensorView;
@@ -47,6 +49,8 @@ class LoadedShard {
   /// The tensor called `name`; Errc::not_found (naming the shard file) if absent.
   const LoadedTensor& tensor(std::string_view name) const;
   std::span<const std::byte> file_bytes() const noexcept { return buffer_.span(size_); }
+  /// The shard file it was read from.
+  const std::string& path() const noexcept { return path_; }
 
  private:
   friend class CheckpointReader;
@@ -87,6 +91,10 @@ class CheckpointReader {
 
   const Manifest& manifest() const noexcept { return manifest_; }
   const std::string& dir() const noexcept { return dir_; }
+  /// The manifest file it was opened from (DIR/manifest.json; for a checkpoint across node
+  /// roots, the node directory's copy that was read): what errors about the checkpoint as a
+  /// whole name, so that of several roots, tiers or copies the user can tell which.
+  std::string manifest_path() const;
   std::string shard_path(int rank) const;
 
   /// Reads every shard and checks its checksums (none: sizes and headers only).
@@ -172,11 +180,27 @@ struct OpenedCheckpoint {
 
 /// Opens the checkpoint ROOT/latest names. Throws Errc::not_found if there is none, or the
 /// typed error of the named checkpoint (unless options.fallback finds another good one).
+/// A checkpoint rotated away between the read of `latest` and its open (rotated_away: a
+/// job saving to ROOT committed newer ones and removed it) is not an error: `latest` is
+/// read again and what it names then is opened, up to kOpenLatestAttempts times in all.
 /// A world_size mismatch is never "fallen back" from: it is the caller's mistake.
 /// A node set ROOT (io/node_commit.hpp) opens its newest checkpoint across the node roots,
 /// first rebuilding what is lost or damaged (open_latest_nodes; `note` says what was
 /// rebuilt from what); with fallback, its older checkpoints are tried the same way.
 OpenedCheckpoint open_latest(FileSystem& fs, const std::string& root, const OpenLatestOptions& options = {});
+
+/// How many times open_latest reads `latest` when the checkpoint it named is rotated away
+/// before it could be opened.
+inline constexpr int kOpenLatestAttempts = 5;
+
+/// Whether checkpoint `name` (step-N) of the plain root `root` was removed by rotation: its
+/// directory is gone and `latest` names a newer step. A reader of a root that a job saves to
+/// and rotates (ckpt verify, inspect, get, diff; open_latest) asks this when a read of the
+/// checkpoint failed, to tell a checkpoint rotated away under it, which is no damage, from a
+/// damaged one: a checkpoint deleted while `latest` still names it, or a `latest` naming a
+/// missing step, is not "rotated away". Reads only `latest` and the directory's entry;
+/// never throws (an unreadable root or `latest`: false).
+bool rotated_away(FileSystem& fs, const std::string& root, const std::string& name) noexcept;
 
 /// Opens ROOT/step-N.
 CheckpointReader open_step(FileSystem& fs, const std::string& root, std::uint64_t step,

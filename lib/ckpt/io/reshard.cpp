@@ -32,8 +32,6 @@ std::uint64_t json_u64(const json::value& v, std::string_view file, const std::s
   bad_manifest(file, field, "a non-negative integer", json::serialize(v).substr(0, 64));
 }
 
-std::string manifest_path(const CheckpointReader& r) { return join_path(r.dir(), kManifestName); }
-
 bool contains(const std::vector<std::string>& v, std::string_view s) { return std::find(v.begin(), v.end(), s) != v.end(); }
 
 // Rank 0's tensors in file order: the order every resharded shard keeps, so that a round
@@ -91,6 +89,30 @@ void verify_headers(const CheckpointReader& checkpoint, Verify mode, int first_r
     checkpoint.verify_shard(r, Verify::none);
   }
 }
+
+std::optional<Verify> resharded_source_verify(const Manifest& m, std::string_view file) {
+  const json::value* from = m.training.if_contains("resharded_from");
+  if (!from || !from->is_object()) return std::nullopt;
+  const json::value* v = from->as_object().if_contains("source_verify");
+  if (!v) return std::nullopt;
+  const auto mode = v->is_string() ? parse_verify(v->as_string()) : std::nullopt;
+  if (!mode) bad_manifest(file, "training.resharded_from.source_verify", "\"none\", \"fast\" or \"full\"", json::serialize(*v).substr(0, 64));
+  return mode;
+}
+
+namespace {
+// How the bytes read from `source` with `mode` were checked since a job saved them: `mode`,
+// or the source's recorded source_verify when that is weaker. `what` (reshard, consolidate)
+// logs a read with Verify::none, the one that copies bytes unchecked.
+Verify checked_since_saved(const CheckpointReader& source, Verify mode, std::string_view what) {
+  if (mode == Verify::none)
+    log_line(source.dir() + ": " + std::string(what) +
+             " with verify none: the source's checksums are not checked, so damage in it is copied as it is; the output records "
+             "source_verify \"none\"");
+  const auto recorded = resharded_source_verify(source.manifest(), source.manifest_path());
+  return recorded ? std::min(mode, *recorded) : mode;
+}
+}  // namespace
 
 FlatLayout flat_layout(const Manifest& m, std::string_view file) {
   FlatLayout out;
@@ -172,7 +194,7 @@ std::vector<ParamSlice> param_layout(const Manifest& m, const FlatLayout& layout
 FlatReader::FlatReader(const CheckpointReader& checkpoint, FlatLayout layout, Verify mode)
     : checkpoint_(&checkpoint), layout_(std::move(layout)), mode_(mode) {
   const Manifest& m = checkpoint.manifest();
-  const std::string file = manifest_path(checkpoint);
+  const std::string file = checkpoint.manifest_path();
   if (layout_.num_params > m.param_numel)
     bad_manifest(file, "num_params", "at most param_numel " + std::to_string(m.param_numel), std::to_string(layout_.num_params));
   for (int r = 0; r < m.world_size; ++r) by_offset_.push_back(r);
@@ -211,7 +233,7 @@ FlatReader::FlatReader(const CheckpointReader& checkpoint, FlatLayout layout, Ve
 DType FlatReader::dtype(std::string_view name) const {
   for (std::size_t i = 0; i < layout_.tensors.size(); ++i)
     if (layout_.tensors[i] == name) return dtypes_[i];
-  throw Error(Errc::not_found, manifest_path(*checkpoint_), "no flat tensor '" + std::string(name) + "'");
+  throw Error(Errc::not_found, checkpoint_->manifest_path(), "no flat tensor '" + std::string(name) + "'");
 }
 
 ShardRangeReader& FlatReader::shard(int rank) {
@@ -255,7 +277,7 @@ void FlatReader::read(std::string_view name, std::uint64_t first, std::span<std:
   const DType type = dtype(name);
   const std::uint64_t es = dtype_size(type);
   if (out.size() % es != 0)
-    throw Error(Errc::invalid_argument, manifest_path(*checkpoint_), "read of flat tensor '" + std::string(name) + "'",
+    throw Error(Errc::invalid_argument, checkpoint_->manifest_path(), "read of flat tensor '" + std::string(name) + "'",
                 "a multiple of " + std::to_string(es) + " bytes", std::to_string(out.size()) + " bytes");
   const std::uint64_t count = out.size() / es;
   std::uint64_t padding_from = 0;
@@ -306,7 +328,7 @@ std::vector<json::object> remap_rank_metadata(const Manifest& src, int world) {
 ReshardResult reshard_checkpoint(FileSystem& fs, const CheckpointReader& source, const std::string& dst_root,
                                  const ReshardOptions& opt) {
   const Manifest& src = source.manifest();
-  const std::string src_file = manifest_path(source);
+  const std::string src_file = source.manifest_path();
   if (opt.world_size < 1 || opt.world_size > (1 << 20))
     throw Error(Errc::invalid_argument, dst_root, "target world size", "1.." + std::to_string(1 << 20), std::to_string(opt.world_size));
   if (opt.buffer_bytes < kMinReshardBuffer)
@@ -449,13 +471,16 @@ ReshardResult reshard_checkpoint(FileSystem& fs, const CheckpointReader& source,
     total += plan_shard_specs(specs[ri], header_meta[ri]).file_size();
   }
   const auto metadata = remap_rank_metadata(src, world);
-  training["resharded_from"] = json::object{{"world_size", src.world_size}, {"param_numel", src.param_numel}};
+  const Verify checked = checked_since_saved(source, opt.verify, "reshard");
+  training["resharded_from"] =
+      json::object{{"world_size", src.world_size}, {"param_numel", src.param_numel}, {"source_verify", verify_name(checked)}};
   if (parallel) training["parallel"] = std::move(*parallel);
 
   const bool created_root = !fs.stat(dst_root);
   if (created_root) require_dir(fs, parent_of(dst_root), "the parent of the destination root");
   else require_dir(fs, dst_root, "the destination root");
   ReshardResult result;
+  result.source_verify = checked;
   std::string temp;
   std::optional<RootLock> lock;
   try {
@@ -584,7 +609,7 @@ void remove_abandoned_outputs(FileSystem& fs, const std::string& parent, const s
 ConsolidateResult consolidate_checkpoint(FileSystem& fs, const CheckpointReader& source, const std::string& out_dir,
                                          const ConsolidateOptions& opt) {
   const Manifest& src = source.manifest();
-  const std::string src_file = manifest_path(source);
+  const std::string src_file = source.manifest_path();
   if (opt.buffer_bytes < kMinReshardBuffer)
     throw Error(Errc::invalid_argument, out_dir, "buffer size", "at least " + std::to_string(kMinReshardBuffer) + " bytes",
                 std::to_string(opt.buffer_bytes) + " bytes");
@@ -651,6 +676,8 @@ ConsolidateResult consolidate_checkpoint(FileSystem& fs, const CheckpointReader&
   verify_headers(source, opt.verify);
   // With full, verify_headers checked every file's SHA-256: the pieces are then read chunk-checked.
   const Verify piece_mode = opt.verify == Verify::none ? Verify::none : Verify::fast;
+  const Verify checked = checked_since_saved(source, opt.verify, "consolidate");
+  const std::map<std::string, std::string> file_metadata{{"format", "pt"}, {"ckpt.source_verify", std::string(verify_name(checked))}};
 
   // One set of files per kind ("model", "optimizer"): filled in export order; a new file
   // starts when the next tensor would pass the limit (a tensor larger than the limit gets a
@@ -688,6 +715,7 @@ ConsolidateResult consolidate_checkpoint(FileSystem& fs, const CheckpointReader&
   result.dtype = weights.empty() ? opt.dtype.value_or(DType::F32) : weights.front().out_type;
   for (const Set& set : sets) (set.exports == &weights ? result.total_size : result.optimizer_size) = set.total_size;
   result.left_out = left_out;
+  result.source_verify = checked;
 
   const std::string parent = parent_of(out_dir);
   require_dir(fs, parent, "the parent of the output directory");
@@ -706,7 +734,7 @@ ConsolidateResult consolidate_checkpoint(FileSystem& fs, const CheckpointReader&
     for (const Set& set : sets) {
       std::vector<ConsolidatedFile> files;
       for (std::size_t k = 0; k < set.specs.size(); ++k) {
-        ShardWriter writer = ShardWriter::stream(fs, temp, set.file_name(k), set.specs[k], {{"format", "pt"}},
+        ShardWriter writer = ShardWriter::stream(fs, temp, set.file_name(k), set.specs[k], file_metadata,
                                                  {.chunk_size = src.chunk_size, .sha256 = false});
         ConsolidatedFile cf;
         cf.name = set.file_name(k);

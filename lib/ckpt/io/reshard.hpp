@@ -51,6 +51,14 @@ inline constexpr std::uint64_t kMinReshardBuffer = 64ull << 10;
 /// unverified. The stride lets M ranks share the work. Blocks on the file system.
 void verify_headers(const CheckpointReader& checkpoint, Verify mode, int first_rank = 0, int rank_stride = 1);
 
+/// How the bytes of a checkpoint written by reshard_checkpoint were checked on their way from
+/// the checkpoint a job saved: training.resharded_from.source_verify, the weakest --verify
+/// of the reshards that made it (a reshard of a source read unchecked is unchecked, however
+/// it was read itself). nullopt for a checkpoint that records none (a job's own, or one
+/// resharded before the field existed). A value other than "none", "fast" or "full" is
+/// Errc::malformed_manifest naming `file` and the field.
+std::optional<Verify> resharded_source_verify(const Manifest& manifest, std::string_view file = kManifestName);
+
 /// What part of a checkpoint is partitioned across ranks.
 struct FlatLayout {
   std::vector<std::string> tensors;  ///< flat tensors, sliced by param_shard_offset/numel
@@ -156,6 +164,10 @@ struct ReshardResult {
   Manifest manifest;  ///< the committed manifest
   std::string dir;    ///< DST/step-N
   std::uint64_t bytes_read = 0, bytes_written = 0;
+  /// How the new checkpoint's bytes were checked since a job saved them (recorded as
+  /// training.resharded_from.source_verify): options.verify, or the source's own
+  /// resharded_source_verify if weaker.
+  Verify source_verify = Verify::fast;
 };
 
 /// Writes `source` at world size options.world_size as a new checkpoint (same step) under
@@ -163,7 +175,13 @@ struct ReshardResult {
 /// directory, each hashed while written and fsynced, the manifest last, the rename, and
 /// `latest` moved to it. Flat tensors are re-sliced (flat_slice), rank 0's other tensors
 /// copied to the new rank 0, per-rank metadata remapped (remap_rank_metadata), training
-/// metadata copied with flat_tensors, num_params and resharded_from {world_size} recorded.
+/// metadata copied with flat_tensors, num_params and resharded_from {world_size,
+/// param_numel, source_verify} recorded. The source is checked as options.verify says: with
+/// Verify::fast every chunk read (each header, each byte copied) against its XXH3, with
+/// Verify::full also every file's SHA-256 first, so a damaged source is refused and nothing
+/// unchecked is copied; Verify::none copies the bytes unchecked, and says so in a log line
+/// and in the new manifest (source_verify "none", which ckpt inspect and ckpt verify show):
+/// checksums computed over damaged bytes must not pass for a check of the source.
 /// Tensors of ranks other than 0 that are not flat cannot be placed: invalid_argument.
 /// A checkpoint recording training.parallel.tensor = T (tensor-parallel attention heads)
 /// needs a world_size that is a multiple of T (invalid_argument naming both before anything
@@ -213,6 +231,10 @@ struct ConsolidateResult {
   std::uint64_t optimizer_size = 0;               ///< optimizer tensor bytes
   std::size_t left_out = 0;                       ///< optimizer tensors not written (without with_optimizer)
   std::uint64_t bytes_read = 0;
+  /// How the exported bytes were checked since a job saved them: options.verify, or the
+  /// source's resharded_source_verify if weaker. Every file's __metadata__ records it as
+  /// "ckpt.source_verify".
+  Verify source_verify = Verify::fast;
 };
 
 /// Writes the full model in the Hugging Face layout to the new directory `out_dir`: every
@@ -220,7 +242,8 @@ struct ConsolidateResult {
 /// cast to options.dtype, into `model.safetensors`, or (when the tensors exceed
 /// max_file_size) `model-0000k-of-0000n.safetensors` files filled in layout order plus
 /// `model.safetensors.index.json` ({"metadata": {"total_size"}, "weight_map"}). Headers carry
-/// {"format": "pt"}. When the checkpoint's training metadata holds a `config` object (the
+/// {"format": "pt", "ckpt.source_verify": "none" | "fast" | "full"} (ConsolidateResult::
+/// source_verify; options.verify none is logged, as for reshard_checkpoint). When the checkpoint's training metadata holds a `config` object (the
 /// trainer's model and run configuration), it is written beside them as `config.json`.
 /// A checkpoint without training.flat_tensors exports its global tensors instead
 /// (slice_load.hpp: every sliced, replicated and single tensor under its global name, float

@@ -242,13 +242,13 @@ std::vector<SliceBox64> boxes_of_range(std::span<const std::uint64_t> shape, std
 }
 
 LoadReport load_slices(const CheckpointReader& checkpoint, std::span<const SliceTarget> targets, Verify mode, const LoadOptions& options) {
-  const std::string file = checkpoint.dir() + "/" + std::string(kManifestName);
+  const std::string file = checkpoint.manifest_path();
   return load_slices(checkpoint, global_tensors(checkpoint.manifest(), file), targets, mode, options);
 }
 
 LoadReport load_slices(const CheckpointReader& checkpoint, std::span<const GlobalTensor> globals, std::span<const SliceTarget> targets,
                        Verify mode, const LoadOptions& options) {
-  const std::string file = checkpoint.dir() + "/" + std::string(kManifestName);
+  const std::string file = checkpoint.manifest_path();
   const auto runs = plan_slice_reads(globals, targets, file);
   // A converting target is read in its stored dtype into a temporary, converted after.
   std::vector<std::vector<std::byte>> staged(targets.size());

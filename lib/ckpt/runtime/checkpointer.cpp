@@ -51,6 +51,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <unistd.h>
 #include <unordered_map>
 #include <variant>
 
@@ -78,7 +79,23 @@ using Clock = std::chrono::steady_clock;
 using Handler = SaveHandle::ReadyCallback;
 
 namespace detail {
+// The process an object belongs to. A process forked from it has the object's memory but none
+// of its threads (so nothing there completes a save or opens the barrier) and shares its
+// lock's file description: there the object must neither wait nor touch what it owns. Checked
+// before any mutex, which a thread of the parent may have held at the fork.
+struct OwnerProcess {
+  const pid_t pid = ::getpid();
+  bool forked() const noexcept { return ::getpid() != pid; }
+  void refuse_if_forked(std::string_view call, const std::string& file = {}) const {
+    if (forked())
+      throw Error(Errc::invalid_argument, file,
+                  std::string(call) + " in a process forked from the one that owns it (only that one has its threads)",
+                  "pid " + std::to_string(pid), "pid " + std::to_string(::getpid()));
+  }
+};
+
 struct SaveState {
+  OwnerProcess owner;  // whose threads complete this save
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
@@ -129,12 +146,12 @@ struct SaveState {
 }  // namespace detail
 
 bool SaveHandle::ready() const noexcept {
-  if (!state_) return false;
+  if (!state_ || state_->owner.forked()) return false;
   std::lock_guard lk(state_->mu);
   return state_->done;
 }
 bool SaveHandle::skipped() const noexcept {
-  if (!state_) return false;
+  if (!state_ || state_->owner.forked()) return false;
   std::lock_guard lk(state_->mu);
   return state_->skipped;
 }
@@ -142,21 +159,37 @@ std::uint64_t SaveHandle::step() const noexcept { return state_ ? state_->step :
 
 const SaveResult& SaveHandle::wait() const {
   if (!state_) throw_invalid("wait() on an empty SaveHandle");
+  state_->owner.refuse_if_forked("SaveHandle::wait()");
   std::unique_lock lk(state_->mu);
   state_->cv.wait(lk, [&] { return state_->done; });
   if (state_->error) throw detail::SaveState::fresh(*state_->error);
   return state_->result;
 }
 
+bool SaveHandle::wait_for(std::chrono::nanoseconds timeout) const {
+  if (!state_) throw_invalid("wait_for() on an empty SaveHandle");
+  state_->owner.refuse_if_forked("SaveHandle::wait_for()");
+  std::unique_lock lk(state_->mu);
+  return state_->cv.wait_for(lk, timeout, [&] { return state_->done; });
+}
+
 void SaveHandle::wait_staged() const {
   if (!state_) throw_invalid("wait_staged() on an empty SaveHandle");
+  state_->owner.refuse_if_forked("SaveHandle::wait_staged()");
   std::unique_lock lk(state_->mu);
   state_->cv.wait(lk, [&] { return state_->staged; });
   if (state_->stage_error) throw detail::SaveState::fresh(*state_->stage_error);
 }
 
+bool SaveHandle::wait_staged_for(std::chrono::nanoseconds timeout) const {
+  if (!state_) throw_invalid("wait_staged_for() on an empty SaveHandle");
+  state_->owner.refuse_if_forked("SaveHandle::wait_staged_for()");
+  std::unique_lock lk(state_->mu);
+  return state_->cv.wait_for(lk, timeout, [&] { return state_->staged; });
+}
+
 bool SaveHandle::staged() const noexcept {
-  if (!state_) return false;
+  if (!state_ || state_->owner.forked()) return false;
   std::lock_guard lk(state_->mu);
   return state_->staged;
 }
@@ -168,6 +201,7 @@ void SaveHandle::on_ready(ReadyCallback h) const {
     detail::SaveState::run_callback(h, Error(Errc::invalid_argument, {}, "on_ready / async_wait on an empty SaveHandle"), {});
     return;
   }
+  s->owner.refuse_if_forked("SaveHandle::on_ready()");
   std::unique_lock lk(s->mu);
   if (!s->done) {
     s->waiters.push_back(std::move(h));
@@ -301,6 +335,9 @@ struct Checkpointer::Impl {
   int checkpoints_running = 0;           // checkpoint coroutines not finished (rotation included)
   std::map<std::uint64_t, bool> skip_decisions;  // step -> skipped (BusyPolicy::skip)
   CheckpointerStats stats;
+  bool closing = false;  // close() began: save() refuses, the barrier's waiters wake and refuse
+  std::once_flag closed;
+  detail::OwnerProcess owner;  // the process that made this object (Checkpointer::close())
   // Serialises what changes the root itself: begin, commit, abort and rotation (run on the
   // work pool, or under MPI the commit on the coordinator's thread).
   std::mutex root_mu;
@@ -466,11 +503,17 @@ struct Checkpointer::Impl {
     backend = choice == WriterBackend::posix ? detail::make_posix_backend(io_pool) : detail::make_uring_backend(ctx, io_pool);
   }
 
-  ~Impl() {
+  bool forked() const noexcept { return owner.forked(); }
+  void refuse_if_forked(std::string_view call) const { owner.refuse_if_forked(call, opt.root); }
+
+  // Checkpointer::close(), once, in the process that made this object.
+  void shutdown() noexcept {
     std::shared_ptr<StepState> give_up;
     std::optional<Error> why;
     {
       std::unique_lock lk(mu);
+      closing = true;
+      cv.notify_all();  // the saves waiting at the barrier refuse
       // Every staged shard finishes (written, or failed); only then is anything abandoned.
       // When every local rank has saved, the outcome comes (from the coordinator), so wait for it.
       cv.wait(lk, [&] { return !in_flight || (in_flight->reported == in_flight->staged && in_flight->staged < local_count); });
@@ -496,13 +539,31 @@ struct Checkpointer::Impl {
     work_pool.join();
     io_pool.join();
     root_pool.join();
+    // After the local saves, whose commits hand it their steps; before the lock: the copies
+    // read the local root.
+    if (replicator) replicator->close();
+    {
+      std::lock_guard lk(mu);
+      for (auto& b : staging) b = AlignedBuffer();
+      for (auto& r : staged_records) r.reset();
+      stats.staging_bytes = 0;
+    }
+    node_locks.clear();
+    root_lock.reset();
   }
 
   // ---- rank thread side ----------------------------------------------------------------
 
   SaveHandle save(int rank, std::uint64_t step, std::span<const TensorView> given, const SaveInfo& info, Staging staging) {
     const auto t_call = Clock::now();
+    refuse_if_forked("save()");
     check_rank(rank, opt.world_size, "save rank");
+    if (given.empty() && !opt.allow_empty)
+      throw Error(Errc::invalid_argument, opt.root,
+                  "save of step " + std::to_string(step) + " by rank " + std::to_string(rank) +
+                      ": no tensors (an empty save is refused unless CheckpointerOptions::allow_empty)",
+                  "at least one tensor", "none");
+    check_free_form(info.metadata, info.training, "metadata and training of rank " + std::to_string(rank) + " (step " + std::to_string(step) + ")");
     const std::vector<TensorView> kept = tensors_to_write(rank, opt.world_size, given);  // replicated: the lowest holder's only
     const std::span<const TensorView> tensors = kept;
     if (!local[static_cast<std::size_t>(rank)])
@@ -526,6 +587,7 @@ struct Checkpointer::Impl {
     std::shared_ptr<StepState> st;
     {
       std::unique_lock lk(mu);
+      if (closing) throw closed_error(rank, step);
       ++stats.saves_started;
       auto skip_it = skip_decisions.find(step);
       const bool busy = in_flight && in_flight->step != step;
@@ -540,7 +602,8 @@ struct Checkpointer::Impl {
       }
       // The barrier: rank threads are not coroutines, so they block here; the checkpoint
       // coroutine releases it when the handles of the step in flight complete.
-      cv.wait(lk, [&] { return !in_flight || in_flight->step == step; });
+      cv.wait(lk, [&] { return closing || !in_flight || in_flight->step == step; });
+      if (closing) throw closed_error(rank, step);
       if (opt.max_consecutive_failures > 0 && stats.consecutive_failures >= static_cast<std::uint64_t>(opt.max_consecutive_failures))
         throw Error(Errc::aborted, opt.root,
                     std::to_string(stats.consecutive_failures) + " saves in a row failed (max_consecutive_failures); the last: " +
@@ -594,6 +657,11 @@ struct Checkpointer::Impl {
     stage_and_hand_off(st, job, tensors);
     send(st, job);  // the hand-off: from here on the pipeline owns the staged shard
     return SaveHandle(job->handle);
+  }
+
+  Error closed_error(int rank, std::uint64_t step) const {
+    return Error(Errc::aborted, opt.root,
+                 "save of step " + std::to_string(step) + " by rank " + std::to_string(rank) + ": the Checkpointer is closed");
   }
 
   // Copies the tensors into the rank's staging buffer and records what it holds. A failure
@@ -1173,7 +1241,12 @@ struct Checkpointer::Impl {
     std::vector<std::pair<std::shared_ptr<ShardJob>, SaveResult>> done;
     {
       std::lock_guard lk(mu);
-      if (outcome.error) {
+      if (outcome.error && outcome.error->code() == Errc::invalid_argument) {
+        // The caller's mistake (a step at or before `latest`, ...): refused, not a failure of
+        // the storage, so neither counted as one nor resetting the count.
+        ++stats.saves_refused;
+        log_line("save of step " + std::to_string(st->step) + " refused: " + outcome.error->what());
+      } else if (outcome.error) {
         ++stats.failures;
         ++stats.consecutive_failures;
         stats.last_failure = outcome.error->what();
@@ -1208,7 +1281,22 @@ struct Checkpointer::Impl {
 };
 
 Checkpointer::Checkpointer(CheckpointerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
-Checkpointer::~Checkpointer() = default;
+
+Checkpointer::~Checkpointer() {
+  if (impl_->forked()) {
+    // A forked child's copy: its threads are the parent's, gone here, and its lock's file
+    // description is shared with the parent. Dropped without a destructor (a leak, until
+    // the child exits), so nothing is joined, unlocked or removed.
+    (void)impl_.release();
+    return;
+  }
+  close();
+}
+
+void Checkpointer::close() {
+  if (impl_->forked()) return;
+  std::call_once(impl_->closed, [this] { impl_->shutdown(); });
+}
 
 SaveHandle Checkpointer::save(int rank, std::uint64_t step, std::span<const TensorView> tensors, const SaveInfo& info) {
   return impl_->save(rank, step, tensors, info, impl_->opt.staging);
@@ -1223,11 +1311,27 @@ SaveResult Checkpointer::save_sync(int rank, std::uint64_t step, std::span<const
 }
 
 void Checkpointer::wait_all() {
+  impl_->refuse_if_forked("wait_all()");
   std::unique_lock lk(impl_->mu);
   impl_->cv.wait(lk, [&] { return !impl_->in_flight && impl_->checkpoints_running == 0; });
 }
 
+bool Checkpointer::wait_all_for(std::chrono::nanoseconds timeout) {
+  impl_->refuse_if_forked("wait_all_for()");
+  std::unique_lock lk(impl_->mu);
+  return impl_->cv.wait_for(lk, timeout, [&] { return !impl_->in_flight && impl_->checkpoints_running == 0; });
+}
+
+bool Checkpointer::wait_turn_for(std::uint64_t step, std::chrono::nanoseconds timeout) {
+  impl_->refuse_if_forked("wait_turn_for()");
+  std::unique_lock lk(impl_->mu);
+  return impl_->cv.wait_for(lk, timeout, [&] {
+    return impl_->closing || impl_->opt.when_busy == BusyPolicy::skip || !impl_->in_flight || impl_->in_flight->step == step;
+  });
+}
+
 std::optional<std::uint64_t> Checkpointer::cancel(const std::string& why) {
+  impl_->refuse_if_forked("cancel()");
   std::shared_ptr<Impl::StepState> st;
   {
     std::lock_guard lk(impl_->mu);
@@ -1241,6 +1345,7 @@ std::optional<std::uint64_t> Checkpointer::cancel(const std::string& why) {
 }
 
 std::optional<StagedSnapshot> Checkpointer::staged(int rank) const {
+  impl_->refuse_if_forked("staged()");
   check_rank(rank, impl_->opt.world_size, "staged rank");
   std::lock_guard lk(impl_->mu);
   const auto& rec = impl_->staged_records[static_cast<std::size_t>(rank)];
@@ -1253,11 +1358,18 @@ std::optional<StagedSnapshot> Checkpointer::staged(int rank) const {
 }
 
 void Checkpointer::wait_durable() {
+  impl_->refuse_if_forked("wait_durable()");
   if (impl_->replicator) impl_->replicator->wait_idle();
 }
 
 DurableDrain Checkpointer::drain_durable(const DurableDrainOptions& options) {
+  impl_->refuse_if_forked("drain_durable()");
   return impl_->replicator ? impl_->replicator->drain(options) : DurableDrain{};
+}
+
+bool Checkpointer::wait_durable_for(std::chrono::nanoseconds timeout) {
+  impl_->refuse_if_forked("wait_durable_for()");
+  return !impl_->replicator || impl_->replicator->wait_idle_for(timeout);
 }
 
 FileSystem& Checkpointer::file_system() const noexcept { return impl_->fs; }
@@ -1266,6 +1378,7 @@ const std::vector<RepairReport>& Checkpointer::repairs() const noexcept { return
 std::string_view Checkpointer::backend_name() const noexcept { return impl_->backend->name(); }
 const CheckpointerOptions& Checkpointer::options() const noexcept { return impl_->opt; }
 CheckpointerStats Checkpointer::stats() const {
+  impl_->refuse_if_forked("stats()");
   CheckpointerStats out;
   {
     std::lock_guard lk(impl_->mu);

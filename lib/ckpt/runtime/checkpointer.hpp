@@ -30,7 +30,16 @@
 //
 // Failures cannot go unnoticed: every failed checkpoint logs a line naming how many in a
 // row have failed since the last commit (CheckpointerStats::consecutive_failures), and with
-// CheckpointerOptions::max_consecutive_failures save() refuses to go on.
+// CheckpointerOptions::max_consecutive_failures save() refuses to go on. A save that is the
+// caller's mistake is refused (Errc::invalid_argument) and is not a failure: it neither
+// raises nor resets the count (CheckpointerStats::saves_refused counts it).
+//
+// Shutdown: close() (or the destructor) refuses new saves, drains the started ones and
+// releases the root; it may be called while other threads save or wait. Every save
+// accepted before it ends, committed or failed (Errc::aborted when some rank never saved
+// its step). A process forked from the one that made the Checkpointer has a copy of it
+// without its threads: there close() and the destructor drop that copy without waiting and
+// without touching the root, its lock or its temporaries, and the other calls throw.
 #pragma once
 
 #include <boost/json/object.hpp>
@@ -159,6 +168,10 @@ struct CheckpointerOptions {
   std::optional<NodeOptions> nodes{};
   /// The default staging of save() (a per-call argument overrides it).
   Staging staging = Staging::copy;
+  /// A save() with no tensors is refused (Errc::invalid_argument, before anything starts):
+  /// an empty checkpoint is almost always a bug in the caller. Set this where a rank may
+  /// legitimately have nothing to save.
+  bool allow_empty = false;
   /// Debug aid for Staging::deferred: save() takes the XXH3 of every tensor before it returns
   /// (one pass over the state on the caller's thread) and the copy compares it with what it
   /// copied; a tensor modified before its bytes were copied fails the save with
@@ -206,7 +219,8 @@ struct SaveState;
 }
 
 /// Completion of one rank's save. Cheap to copy; all copies refer to the same save.
-/// Thread-safe.
+/// Thread-safe. In a process forked from the saving one the save never completes: there
+/// ready() and staged() are false, and the waits and on_ready() throw Errc::invalid_argument.
 class SaveHandle {
  public:
   SaveHandle() = default;
@@ -220,12 +234,18 @@ class SaveHandle {
   std::uint64_t step() const noexcept;
   /// Blocks until ready(); returns the result or rethrows the save's ckpt::Error.
   const SaveResult& wait() const;
+  /// Blocks until ready() or until `timeout` has passed: returns ready() (never throws the
+  /// save's error: wait() does). Errc::invalid_argument on an empty handle.
+  bool wait_for(std::chrono::nanoseconds timeout) const;
   /// The fence of a deferred save (Staging::deferred): blocks until the tensors handed to
   /// save() are copied into staging; from then on the caller may modify them. Returns at once
   /// for a copy-before-return save, a skipped one, or a copy already done. Throws the copy's
   /// ckpt::Error (e.g. the check_deferred_staging mismatch), and Errc::invalid_argument on an
   /// empty handle. The save itself goes on (or has failed: wait() says which).
   void wait_staged() const;
+  /// wait_staged() for at most `timeout`: returns staged() (never throws the copy's error:
+  /// wait_staged() does). Errc::invalid_argument on an empty handle.
+  bool wait_staged_for(std::chrono::nanoseconds timeout) const;
   /// True once the tensors are copied (at once for a copy-before-return save). Never blocks.
   bool staged() const noexcept;
 
@@ -246,6 +266,11 @@ class SaveHandle {
 /// Counters over the checkpointer's life.
 struct CheckpointerStats {
   std::uint64_t saves_started = 0, saves_skipped = 0, commits = 0, failures = 0;
+  /// Checkpoints refused as the caller's mistake (Errc::invalid_argument once started: a
+  /// step at or before the one `latest` names, a committed step, a deferred tensor modified
+  /// before its fence): counted here, not in failures, and leaving consecutive_failures as
+  /// it was.
+  std::uint64_t saves_refused = 0;
   std::uint64_t rotated = 0;              ///< checkpoints removed by rotation
   /// Pre-save rotation (a full disk, see Checkpointer): the saves before which it removed
   /// checkpoints, and how many it removed (not counted in `rotated`).
@@ -270,7 +295,7 @@ class Checkpointer {
   /// Errc::io_error if the root cannot be created or an explicitly requested io_uring is
   /// unavailable.
   explicit Checkpointer(CheckpointerOptions options);
-  /// Drains: waits for every staged shard, abandons checkpoints some rank never saved.
+  /// close(). In a forked child: drops this copy without waiting (see close()).
   ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
@@ -278,10 +303,13 @@ class Checkpointer {
   /// Called by rank `rank`'s thread. Blocks while a checkpoint of another step is in flight
   /// (BusyPolicy::wait), then copies `tensors` into staging and returns; the caller may
   /// modify its tensors as soon as this returns. Thread-safe across ranks; one call per
-  /// (rank, step). Throws Errc::invalid_argument (bad rank, step saved twice, bad tensors:
-  /// the checkpoint is then failed for every rank) or std::bad_alloc; Errc::aborted, before
-  /// anything is staged, once options().max_consecutive_failures saves in a row have failed
-  /// (checked after the barrier, so every rank of the step sees the same count).
+  /// (rank, step). Throws Errc::invalid_argument (bad rank, step saved twice, bad tensors,
+  /// no tensors unless options().allow_empty, `info.metadata` or `info.training` that a
+  /// manifest could not hold: check_free_form of format/manifest_limits.hpp, the check the
+  /// commit makes; all before anything starts, the step going on for the other ranks) or
+  /// std::bad_alloc; Errc::aborted, before anything is staged, once close() was called, and
+  /// once options().max_consecutive_failures saves in a row have failed (checked after the
+  /// barrier, so every rank of the step sees the same count).
   SaveHandle save(int rank, std::uint64_t step, std::span<const TensorView> tensors, const SaveInfo& info);
   /// The same with this call's staging: Staging::deferred returns after the barrier, before
   /// the copy (the tensors' views, and the memory they name, must stay valid and unmodified
@@ -295,6 +323,32 @@ class Checkpointer {
   /// (every rank must have saved the step in flight, or this waits for them). Does not
   /// rethrow save errors: the handles do.
   void wait_all();
+  /// wait_all() for at most `timeout`: true once nothing is in flight.
+  bool wait_all_for(std::chrono::nanoseconds timeout);
+  /// Blocks, for at most `timeout`, until a save() of `step` would not wait at the barrier
+  /// (no checkpoint of another step in flight, BusyPolicy::skip, or close() called): true then. What a caller
+  /// that must stay responsive (the Python module, checking for signals) calls before
+  /// save(); another rank may start a step in between, and save() then waits for it.
+  bool wait_turn_for(std::uint64_t step, std::chrono::nanoseconds timeout);
+
+  /// Shuts down: refuses new saves, drains the started ones and releases the root. In order:
+  /// every later save(), and every save() waiting at the barrier, throws Errc::aborted
+  /// ("the Checkpointer is closed") having started nothing; every shard staged or being
+  /// staged is written; a checkpoint some local rank never saved is abandoned (its handles
+  /// fail with Errc::aborted naming the ranks, its temporary is removed; with ranks in
+  /// several processes the coordinator's outcome is awaited when every local rank saved);
+  /// the rotation after the last commit runs; the threads stop; the durable tier drains
+  /// (runtime/tiering.hpp); the staging memory is freed and the root's lock (and node
+  /// roots' locks) released. Blocks until all that is done, so never from a ckpt thread (an
+  /// on_ready callback). Thread-safe, also against every other call on other threads (which
+  /// must not destroy this object meanwhile); a second call waits for the first. Afterwards wait_all() and wait_durable() return at
+  /// once, staged() gives nullopt and stats() the final counts.
+  /// In a process forked from the one that constructed this object (which has none of its
+  /// threads), returns at once having touched nothing: the parent's root, lock (whose file
+  /// description the child shares: unlocking it would unlock the parent's) and temporaries
+  /// stay the parent's. The other calls there (save, the waits, cancel, staged, stats)
+  /// throw Errc::invalid_argument.
+  void close();
 
   /// Cancels the checkpoint in flight, if any (the step between its first save() and its
   /// handles' completion): its shards start no further write or hash, each shard that had
@@ -311,7 +365,7 @@ class Checkpointer {
   /// Rank `rank`'s last save, if it is committed and its staging buffer still holds it: the
   /// buffer is reused, so the snapshot lasts until this rank's next save() starts staging
   /// (a save in flight, failed or abandoned gives nullopt; so does a rank that never saved).
-  /// The views stay valid until that next save() or the Checkpointer's destruction: call
+  /// The views stay valid until that next save(), close() or the destruction: call
   /// this from the thread that saves for `rank` and use the views before its next save().
   /// Other ranks may call it and save() concurrently. Errc::invalid_argument for a bad rank.
   std::optional<StagedSnapshot> staged(int rank) const;
@@ -328,6 +382,8 @@ class Checkpointer {
   /// more. Returns how it ended (complete without a durable tier). Never throws. The
   /// destructor drains this way too, with the tier's drain_deadline.
   DurableDrain drain_durable(const DurableDrainOptions& options = {});
+  /// wait_durable() for at most `timeout`: true once the durable tier has caught up.
+  bool wait_durable_for(std::chrono::nanoseconds timeout);
 
   /// The file system this Checkpointer writes through: options().fs (the posix one by
   /// default), or, with node roots and ranks in several processes, one on which the other

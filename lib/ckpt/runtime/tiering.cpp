@@ -51,6 +51,7 @@ struct DurableReplicator::Impl {
   int running_attempt = 0;
   DurableStats stats;
   std::thread thread;
+  std::once_flag stopped;
 
   Impl(FileSystem& fs, std::string root, DurableTierOptions o)
       : src_fs(fs), src_root(std::move(root)), opt(std::move(o)), dst_fs(opt.fs ? *opt.fs : posix_file_system()) {
@@ -74,20 +75,30 @@ struct DurableReplicator::Impl {
     thread = std::thread([this] { run(); });
   }
 
-  ~Impl() {
-    {
-      std::lock_guard lk(mu);
-      stopping = true;
-    }
-    cv.notify_all();
-    drain({});
-    thread.join();
-    lease.reset();  // released (the store answers, unless the drain gave up on it)
+  ~Impl() { stop(); }
+
+  // close(): a drain within drain_deadline (no retries: stopping), the thread joined, the
+  // lease released (the store answers, unless the drain gave up on it).
+  void stop() {
+    std::call_once(stopped, [this] {
+      {
+        std::lock_guard lk(mu);
+        stopping = true;
+      }
+      cv.notify_all();
+      drain({});
+      thread.join();
+      lease.reset();
+    });
   }
 
   void submit(std::uint64_t step) {
     {
       std::lock_guard lk(mu);
+      if (stopping) {
+        log_line("durable tier: step " + std::to_string(step) + " submitted after close: not copied to " + opt.root);
+        return;
+      }
       ++stats.submitted;
       if (gave_up) {
         ++stats.given_up;
@@ -388,6 +399,13 @@ void DurableReplicator::wait_idle() {
 DurableDrain DurableReplicator::drain(const DurableDrainOptions& options) { return impl_->drain(options); }
 
 void DurableReplicator::claim(const std::string& run) { impl_->claim(run); }
+
+bool DurableReplicator::wait_idle_for(std::chrono::nanoseconds timeout) {
+  std::unique_lock lk(impl_->mu);
+  return impl_->cv.wait_for(lk, timeout, [&] { return !impl_->pending && !impl_->running; });
+}
+
+void DurableReplicator::close() { impl_->stop(); }
 
 DurableStats DurableReplicator::stats() const {
   std::lock_guard lk(impl_->mu);

@@ -32,10 +32,10 @@
 //     writer fails every later copy with Errc::busy: this replicator commits nothing more;
 //   - drain(deadline) waits for the tier to catch up, and gives up at the deadline (or when
 //     asked): pending copies are dropped, an s3:// root's requests in flight are aborted
-//     (ObjectStore::abort_calls), and nothing more is copied; the destructor drains the same
-//     way with DurableTierOptions::drain_deadline: it finishes the copy running and the
-//     pending one, one attempt each with no backoff or retry, within that deadline, then
-//     joins the thread.
+//     (ObjectStore::abort_calls), and nothing more is copied; close() (the destructor calls
+//     it) drains the same way with DurableTierOptions::drain_deadline: it finishes the copy
+//     running and the pending one, one attempt each with no backoff or retry, within that
+//     deadline, then joins the thread.
 #pragma once
 
 #include <chrono>
@@ -163,7 +163,7 @@ class DurableReplicator {
   /// copies, never as an exception. Throws Errc::invalid_argument for bad options (empty
   /// root, the local root itself, keep_last < 0, max_attempts < 1, leftover_grace < 0).
   DurableReplicator(FileSystem& source_fs, std::string source_root, DurableTierOptions options);
-  /// Drains (see the policy above) and joins the thread.
+  /// close().
   ~DurableReplicator();
   DurableReplicator(const DurableReplicator&) = delete;
   DurableReplicator& operator=(const DurableReplicator&) = delete;
@@ -193,6 +193,14 @@ class DurableReplicator {
   /// errors (a missing bucket: invalid_argument naming it). Idempotent once it succeeded.
   /// A directory root: nothing. Not thread-safe against another claim().
   void claim(const std::string& run);
+  /// wait_idle() for at most `timeout`: true once nothing is pending or running.
+  bool wait_idle_for(std::chrono::nanoseconds timeout);
+  /// Drains (see the policy above: within DurableTierOptions::drain_deadline, then giving
+  /// up as drain() does), releases an s3:// root's lease, and joins the thread; a step
+  /// submitted afterwards is not
+  /// copied (a log line says so). Thread-safe; a second call waits for the first. stats(),
+  /// pinned() and the waits keep working (nothing is pending any more).
+  void close();
   DurableStats stats() const;
   const DurableTierOptions& options() const noexcept;
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -301,7 +302,7 @@ std::uint64_t rank_rng_seed(std::uint64_t seed, int rank, std::uint64_t step) no
   return splitmix64(x);
 }
 
-void Trainer::check_parallel(const json::object& training, std::uint64_t step, int world_size) const {
+void Trainer::check_parallel(const json::object& training, const std::string& where, int world_size) const {
   // Checked before the configuration (which holds tensor_parallel too) so that this
   // difference is named as what it is.
   int tensor = 1;  // checkpoints from before tensor parallelism record nothing
@@ -309,13 +310,12 @@ void Trainer::check_parallel(const json::object& training, std::uint64_t step, i
     if (const auto* t = p->as_object().if_contains("tensor"); t && t->is_int64()) tensor = static_cast<int>(t->as_int64());
   if (tensor == tp_size_) return;
   const int data = tensor > 0 ? world_size / tensor : 0;
-  throw Error(Errc::invalid_argument, "checkpoint of step " + std::to_string(step),
+  throw Error(Errc::invalid_argument, where,
               "tensor-parallel layout differs: the checkpoint's attention heads are split over another number of ranks",
               layout_name(tp_size_, comm_.size() / tp_size_), layout_name(tensor, data));
 }
 
-void Trainer::check_config(const json::object& training, std::uint64_t step) const {
-  const std::string where = "checkpoint of step " + std::to_string(step);
+void Trainer::check_config(const json::object& training, const std::string& where) const {
   const auto* cfg = training.if_contains("config");
   const json::value mine = cfg_.to_json();
   json::value theirs = cfg ? *cfg : json::value();
@@ -336,17 +336,17 @@ void Trainer::check_shard_range(const std::string& where, std::uint64_t offset, 
                 std::to_string(offset) + "+" + std::to_string(numel));
 }
 
-void Trainer::check_restorable(const Manifest& manifest) const {
-  check_parallel(manifest.training, manifest.step, manifest.world_size);
+void Trainer::check_restorable(const Manifest& manifest, const std::string& where) const {
+  check_parallel(manifest.training, where, manifest.world_size);
   if (manifest.world_size != comm_.size())
-    throw Error(Errc::world_size_mismatch, "checkpoint of step " + std::to_string(manifest.step), "world size", std::to_string(comm_.size()),
-                std::to_string(manifest.world_size));
-  check_config(manifest.training, manifest.step);
+    throw Error(Errc::world_size_mismatch, where, "world size", std::to_string(comm_.size()), std::to_string(manifest.world_size));
+  check_config(manifest.training, where);
 }
 
 Trainer::LoadedState Trainer::load_state(const LoadedShard& shard, const Manifest& manifest) const {
-  const std::string where = "checkpoint of step " + std::to_string(manifest.step);
-  check_restorable(manifest);
+  // The manifest beside the shard the rank loaded (of several roots, tiers or copies, the one refused).
+  const std::string where = join_path(std::filesystem::path(shard.path()).parent_path().string(), kManifestName);
+  check_restorable(manifest, where);
   check_shard_range(where, shard.record.param_shard_offset, shard.record.param_shard_numel);
   LoadedState st;
   const std::size_t n = opt_.shard().numel;
@@ -361,8 +361,8 @@ Trainer::LoadedState Trainer::load_state(const LoadedShard& shard, const Manifes
 
 Trainer::LoadedState Trainer::load_state_into(const CheckpointReader& checkpoint, Verify verify) {
   const Manifest& manifest = checkpoint.manifest();
-  const std::string where = "checkpoint of step " + std::to_string(manifest.step);
-  check_restorable(manifest);
+  const std::string where = checkpoint.manifest_path();
+  check_restorable(manifest, where);
   const ShardRecord& record = manifest.shard(comm_.rank());
   check_shard_range(where, record.param_shard_offset, record.param_shard_numel);
   // Everything that can be refused is, before a byte lands in the optimizer's buffers.
@@ -381,26 +381,27 @@ Trainer::LoadedState Trainer::load_state_into(const CheckpointReader& checkpoint
 
 Trainer::LoadedState Trainer::load_state_resharded(const CheckpointReader& checkpoint, Verify verify) {
   const Manifest& manifest = checkpoint.manifest();
-  check_parallel(manifest.training, manifest.step, manifest.world_size);
-  check_config(manifest.training, manifest.step);
+  const std::string where = checkpoint.manifest_path();
+  check_parallel(manifest.training, where, manifest.world_size);
+  check_config(manifest.training, where);
   const int world = comm_.size(), rank = comm_.rank();
   // The ranks share the whole-file checks: rank r checks source shards r, r + M, ...; the
   // agreement before restoring makes one rank's failure every rank's.
   verify_headers(checkpoint, verify, rank, world);
   // The flat tensors as the checkpoint's global tensors (1-D slices of the flat space, the
   // descriptions of schema 2 or training.flat_tensors of schema 1), planned by load_slices.
-  const auto globals = global_tensors(manifest, checkpoint.dir() + "/" + std::string(kManifestName));
+  const auto globals = global_tensors(manifest, where);
   const dist::ShardRange slice = opt_.shard();
   if (slice != flat_slice(opt_.num_params(), world, rank))
-    throw Error(Errc::invalid_argument, checkpoint.dir(), "ZeRO shard of rank " + std::to_string(rank) + " against the reshard rule",
+    throw Error(Errc::invalid_argument, where, "ZeRO shard of rank " + std::to_string(rank) + " against the reshard rule",
                 std::to_string(flat_slice(opt_.num_params(), world, rank).offset), std::to_string(slice.offset));
   for (const char* name : {"optim.master", "optim.m", "optim.v"}) {
     const auto g = std::find_if(globals.begin(), globals.end(), [&](const GlobalTensor& x) { return x.name == name; });
     if (g == globals.end() || g->shape.size() != 1 || g->shape[0] < opt_.num_params())
-      throw Error(Errc::malformed_manifest, checkpoint.dir(), std::string("flat tensor ") + name,
+      throw Error(Errc::malformed_manifest, where, std::string("flat tensor ") + name,
                   "1-D slices of at least " + std::to_string(opt_.num_params()) + " elements", g == globals.end() ? "absent" : format_index(g->shape));
     if (g->dtype != DType::F32)
-      throw Error(Errc::invalid_argument, checkpoint.dir(), std::string("dtype of ") + name, "F32", std::string(dtype_name(g->dtype)));
+      throw Error(Errc::invalid_argument, where, std::string("dtype of ") + name, "F32", std::string(dtype_name(g->dtype)));
   }
   LoadedState st;
   // Rank-local metadata (the RNG) continues source rank r's if it exists; the data position
@@ -409,7 +410,7 @@ Trainer::LoadedState Trainer::load_state_resharded(const CheckpointReader& check
   meta.erase("rng");
   if (rank < manifest.world_size)
     if (const auto* r = manifest.shard(rank).metadata.if_contains("rng")) meta["rng"] = *r;
-  load_global_state(checkpoint.dir(), manifest.training, meta, cfg_.seed, data_parallel_rank(), st.step, st.adam_step, st.scaler, st.data_position,
+  load_global_state(where, manifest.training, meta, cfg_.seed, data_parallel_rank(), st.step, st.adam_step, st.scaler, st.data_position,
                     st.rng, st.skip_steps);
   st.wall_seconds = manifest.wall_clock_seconds;
   // The slice's pieces of the source shards go straight into the optimizer's buffers, every
@@ -443,7 +444,7 @@ void Trainer::restore(const LoadedShard& shard, const Manifest& manifest) { appl
 
 Trainer::LoadedState Trainer::load_state(const StagedSnapshot& snapshot) const {
   const std::string where = "staged snapshot of step " + std::to_string(snapshot.step);
-  check_config(snapshot.info.training, snapshot.step);
+  check_config(snapshot.info.training, where);
   check_shard_range(where, snapshot.info.param_shard_offset, snapshot.info.param_shard_numel);
   const auto tensor = [&](const char* name) -> const TensorView& {
     for (const auto& t : snapshot.tensors)

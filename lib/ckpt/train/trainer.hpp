@@ -238,7 +238,8 @@ class Trainer {
   /// rank_local_metadata (["rng"]).
   SaveInfo checkpoint_info() const;
   /// Restores from this rank's loaded shard of a checkpoint written at the same world size
-  /// and configuration (Errc::invalid_argument naming the difference otherwise). Collective.
+  /// and configuration (otherwise Errc::world_size_mismatch or Errc::invalid_argument naming
+  /// the difference and the manifest file beside the shard). Collective.
   void restore(const LoadedShard& shard, const Manifest& manifest);
   /// Restores from a snapshot still staged in the checkpointer (Checkpointer::staged), with
   /// the checks restore() makes. Collective.
@@ -255,7 +256,10 @@ class Trainer {
   /// rank_rng_seed(seed, r / T, step) names (T: tensor_parallel, so the ranks of a
   /// tensor-parallel group keep drawing the same noise). A checkpoint whose training.parallel
   /// records another tensor-parallel size (none recorded: 1) is Errc::invalid_argument naming
-  /// both layouts, with or without resharding. Returns the step resumed from. Collective.
+  /// both layouts, with or without resharding. Every refusal of the checkpoint (world size,
+  /// layout, configuration, shard range, training state) names its manifest file
+  /// (CheckpointReader::manifest_path), so that of several roots or tiers the user can tell
+  /// which was refused. Returns the step resumed from. Collective.
   /// The optimizer shard (master, m, v) is read straight into the optimizer's own buffers
   /// (load_into, io/load_into.hpp), after every check that needs no shard bytes (world size,
   /// layout, configuration, manifest state). So a throw after those checks may leave this
@@ -330,12 +334,13 @@ class Trainer {
   struct LoadedState;
   void next_input();  // one micro-batch of this rank, with token noise
   int data_parallel_rank() const noexcept { return comm_.rank() / tp_size_; }
-  void check_parallel(const boost::json::object& training, std::uint64_t step, int world_size) const;
-  void check_config(const boost::json::object& training, std::uint64_t step) const;
+  // `where`: the manifest file refused (or the staged snapshot), named by every refusal.
+  void check_parallel(const boost::json::object& training, const std::string& where, int world_size) const;
+  void check_config(const boost::json::object& training, const std::string& where) const;
   void check_shard_range(const std::string& where, std::uint64_t offset, std::uint64_t numel) const;
   std::uint64_t resume_from(const std::function<OpenedCheckpoint(std::optional<int>)>& open, const std::string& where, Verify verify,
                             Reshard reshard);  // collective
-  void check_restorable(const Manifest& manifest) const;  // same world size, layout and configuration
+  void check_restorable(const Manifest& manifest, const std::string& where) const;  // same world size, layout and configuration
   LoadedState load_state(const LoadedShard& shard, const Manifest& manifest) const;
   LoadedState load_state(const StagedSnapshot& snapshot) const;
   // Load straight into the optimizer's buffers (load_into.hpp): the state is in_place.

@@ -12,17 +12,21 @@ no copy is made on the way in (a deferred save copies on ckpt's threads) nor on 
 (read() maps the shard). The GIL is released while ckpt copies, waits, loads and verifies.
 """
 
-import json as _json
 import time as _time
 
+from . import _args
 from . import _core
 from ._tensors import describe_all as _describe_all
 from .errors import (Aborted, Busy, ChecksumMismatch, CommError, Conflict, Error, IoError,  # noqa: F401
                      InvalidArgument, MalformedManifest, MalformedShard, MissingShard, NoSpace, NotFound,
-                     SizeMismatch, UnsafePath, UnsupportedSchema, WorldSizeMismatch)
+                     SizeMismatch, Timeout, UnsafePath, UnsupportedSchema, WorldSizeMismatch)
+from .errors import _timeout
 from .state import rng_state, set_rng_state, state_dict_to_tensors, tensors_to_state_dict  # noqa: F401
 
 __version__ = _core.__version__
+
+_MAX_STEP = _core.MAX_STEP  # the largest step a checkpoint directory name holds
+_MAX_INT = (1 << 31) - 1
 
 
 # ---- sharding descriptions (docs/format.md, "Sharded tensors") -------------------------------
@@ -71,7 +75,12 @@ class SaveResult:
 
 
 class SaveHandle:
-    """Completion of one rank's save (returned by Checkpointer.save)."""
+    """Completion of one rank's save (returned by Checkpointer.save).
+
+    The waits release the GIL and look for signals every 50 ms: Ctrl-C raises
+    KeyboardInterrupt in the waiting (main) thread, and the save goes on (a later wait gets
+    its outcome; closing the Checkpointer drains it). With ``timeout`` (seconds, or a
+    datetime.timedelta) a wait that runs out raises ckpt.Timeout, and the save goes on too."""
 
     def __init__(self, core):
         self._h = core
@@ -92,17 +101,26 @@ class SaveHandle:
         """True if the save was skipped (when_busy="skip")."""
         return self._h.skipped()
 
-    def wait(self):
+    def wait(self, timeout=None):
         """Blocks until the checkpoint is committed; returns its SaveResult or raises the save's
-        ckpt.Error. None for a skipped save."""
+        ckpt.Error. None for a skipped save. ckpt.Timeout after `timeout` seconds."""
+        t = _args.timeout(timeout)
         if self._h.skipped():
             return None
-        return SaveResult(self._h.wait())
+        if not self._h.wait_for(t):
+            raise _timeout(f"SaveHandle.wait() of step {self.step}", f"done within {t:g} s",
+                           "not done (the save goes on)")
+        return SaveResult(self._h.result())
 
-    def wait_staged(self):
+    def wait_staged(self, timeout=None):
         """The fence of a deferred save: blocks until the tensors are copied; after it the caller
-        may modify them. Returns at once for a non-deferred save. Raises the copy's error."""
-        self._h.wait_staged()
+        may modify them. Returns at once for a non-deferred save. Raises the copy's error;
+        ckpt.Timeout after `timeout` seconds (the tensors must then stay untouched still)."""
+        t = _args.timeout(timeout)
+        if not self._h.wait_staged_for(t):
+            raise _timeout(f"SaveHandle.wait_staged() of step {self.step}", f"staged within {t:g} s",
+                           "not staged (the copy goes on: do not modify the tensors yet)")
+        self._h.staged_result()
 
 
 class Checkpointer:
@@ -115,11 +133,12 @@ class Checkpointer:
     checkpoint persists) or "skip". durable_root: a second, durable tier each committed
     checkpoint is copied to in the background (durable_keep_last of them kept).
     allow_older_than_latest: allow saving a step at or before `latest` (a resumed run that
-    fell back). Raises ckpt.Busy if another writer holds the root.
+    fell back). allow_empty: allow a save with no tensors (refused otherwise). Raises
+    ckpt.Busy if another writer holds the root.
     """
 
     def __init__(self, root, world_size=None, keep_last=3, writer="auto", when_busy="wait", durable_root=None,
-                 durable_keep_last=10, allow_older_than_latest=False, coordinator=None):
+                 durable_keep_last=10, allow_older_than_latest=False, coordinator=None, allow_empty=False):
         self._coordinator = coordinator
         core_coord = None
         if coordinator is not None:
@@ -131,12 +150,14 @@ class Checkpointer:
                                       expected=str(coordinator.world_size), actual=str(world_size))
         if world_size is None:
             world_size = 1
-        self.root = str(root)
-        self.world_size = world_size
+        self.root = _args.path(root, "root")
+        self.world_size = _args.integer(world_size, "world_size", 1, _MAX_INT)
         self._start = _time.monotonic()
-        self._c = _core.Checkpointer(self.root, world_size, keep_last, writer, when_busy,
-                                     None if durable_root is None else str(durable_root), durable_keep_last,
-                                     allow_older_than_latest, core_coord)
+        self._c = _core.Checkpointer(self.root, self.world_size, _args.integer(keep_last, "keep_last", 0, _MAX_INT),
+                                     _args.text(writer, "writer"), _args.text(when_busy, "when_busy"),
+                                     None if durable_root is None else _args.path(durable_root, "durable_root"),
+                                     _args.integer(durable_keep_last, "durable_keep_last", 0, _MAX_INT),
+                                     bool(allow_older_than_latest), bool(allow_empty), core_coord)
 
     def save(self, rank, step, tensors, metadata=None, deferred=False, training=None, sharding=None):
         """Saves rank's shard of checkpoint `step`: `tensors` a flat dict name -> tensor or array
@@ -149,25 +170,39 @@ class Checkpointer:
         column_slice, replicated, rank_local) saying what a tensor is of the job's global state,
         so that `ckpt consolidate` and `ckpt reshard` work on any layout and a replicated
         tensor is written once, by its lowest holder. Returns a SaveHandle. TypeError for a
-        tensor ckpt cannot take; InvalidArgument for a description that cannot be right."""
+        tensor ckpt cannot take; InvalidArgument for a description that cannot be right, a rank
+        or step that is not an integer in range, no tensors (unless allow_empty), a name with a
+        lone surrogate, metadata or training a manifest cannot hold (docs/python.md);
+        Aborted once the Checkpointer is closed (also for a save waiting for the previous
+        checkpoint when close() is called)."""
+        rank = _args.integer(rank, "save rank", 0, self.world_size - 1)
+        step = _args.integer(step, "step", 0, _MAX_STEP)
         views, keep = _describe_all(tensors)
-        meta = "" if metadata is None else _json.dumps(metadata, allow_nan=False)
-        train = "" if training is None else _json.dumps(training, allow_nan=False)
-        shard = "" if sharding is None else _json.dumps(sharding, allow_nan=False)
-        return SaveHandle(self._c.save(rank, int(step), views, keep, meta, train, bool(deferred),
+        meta = _args.to_json(metadata, "metadata")
+        train = _args.to_json(training, "training")
+        shard = _args.to_json(sharding, "sharding")
+        return SaveHandle(self._c.save(rank, step, views, keep, meta, train, bool(deferred),
                                        _time.monotonic() - self._start, shard))
 
     def save_sync(self, rank, step, tensors, metadata=None, training=None, sharding=None):
         """save() then wait(): returns the SaveResult once committed."""
         return self.save(rank, step, tensors, metadata=metadata, training=training, sharding=sharding).wait()
 
-    def wait_all(self):
-        """Blocks until no checkpoint is in flight (does not raise save errors: handles do)."""
-        self._c.wait_all()
+    def wait_all(self, timeout=None):
+        """Blocks until no checkpoint is in flight (does not raise save errors: handles do).
+        Interruptible (Ctrl-C); ckpt.Timeout after `timeout` seconds (the saves go on)."""
+        t = _args.timeout(timeout)
+        if not self._c.wait_all_for(t):
+            raise _timeout("Checkpointer.wait_all()", f"no checkpoint in flight within {t:g} s",
+                           "one still in flight (it goes on)")
 
-    def wait_durable(self):
-        """wait_all(), then until the durable tier has caught up."""
-        self._c.wait_durable()
+    def wait_durable(self, timeout=None):
+        """wait_all(), then until the durable tier has caught up. Interruptible (Ctrl-C);
+        ckpt.Timeout after `timeout` seconds (the saves and copies go on)."""
+        t = _args.timeout(timeout)
+        if not self._c.wait_durable_for(t):
+            raise _timeout("Checkpointer.wait_durable()", f"the durable tier caught up within {t:g} s",
+                           "a checkpoint or a copy still in flight (it goes on)")
 
     @property
     def backend(self):
@@ -178,7 +213,10 @@ class Checkpointer:
         return self._c.stats()
 
     def close(self):
-        """Drains every started save and releases the root. Idempotent."""
+        """Refuses new saves (they raise ckpt.Aborted, as do saves waiting for the previous
+        checkpoint), drains every started save (each ends: committed, or failed with
+        ckpt.Aborted when some rank never saved its step) and releases the root. Idempotent;
+        safe while rank threads save. stats() still works afterwards."""
         self._c.close()
 
     def __enter__(self):
@@ -213,27 +251,27 @@ class Reader:
         return self._r.fell_back
 
     def metadata(self, rank):
-        """The metadata dict rank saved."""
-        return _json.loads(self._r.metadata_json(rank))
+        """The metadata dict rank saved (NaN and infinities as saved, bit for bit)."""
+        return _args.from_json(self._r.metadata_json(_args.integer(rank, "rank", 0, _MAX_INT)))
 
     @property
     def training(self):
         """The checkpoint's training dict (rank 0's `training`)."""
-        return _json.loads(self._r.training_json())
+        return _args.from_json(self._r.training_json())
 
     def tensor_names(self, rank):
         """Names of rank's tensors, in the manifest's order."""
-        return [n for n, _, _ in self._r.tensors(rank)]
+        return [n for n, _, _ in self._r.tensors(_args.integer(rank, "rank", 0, _MAX_INT))]
 
     def tensor_info(self, rank):
         """{name: (dtype, shape)} of rank's tensors; dtype as ckpt names it ("F32", "BF16", ...)."""
-        return {n: (d, tuple(s)) for n, d, s in self._r.tensors(rank)}
+        return {n: (d, tuple(s)) for n, d, s in self._r.tensors(_args.integer(rank, "rank", 0, _MAX_INT))}
 
     def read(self, rank, name, verify=None):
         """Tensor `name` of rank as a read-only numpy array over the mapped shard (no copy); its
         chunks are checked per `verify` (default: the reader's) the first time they are read.
         BF16 comes as uint16 (its bits): torch.from_numpy(a.copy()).view(torch.bfloat16)."""
-        return self._r.read(rank, name, verify)
+        return self._r.read(_args.integer(rank, "rank", 0, _MAX_INT), _args.text(name, "tensor name"), _verify(verify))
 
     def read_all(self, rank, verify=None):
         """{name: read(rank, name)} for every tensor of rank."""
@@ -244,13 +282,13 @@ class Reader:
         tensors of those names (dtype and shape must match: ckpt.InvalidArgument otherwise;
         an unknown name is ckpt.NotFound). Returns a dict of what the load did."""
         views, keep = _describe_all(tensors, writable=True)
-        r = self._r.load_into(rank, views, verify)
+        r = self._r.load_into(_args.integer(rank, "rank", 0, _MAX_INT), views, _verify(verify))
         del keep
         return r
 
     def verify(self, verify="full"):
         """Reads every shard and checks its checksums."""
-        self._r.verify(verify)
+        self._r.verify(_verify(verify))
 
 
 def open_latest(root, world_size=None, verify="fast", fallback=False):
@@ -258,12 +296,22 @@ def open_latest(root, world_size=None, verify="fast", fallback=False):
     ckpt.WorldSizeMismatch. ckpt.NotFound if there is none. `verify` ("none", "fast",
     "full") is the default of read() and load_into(). fallback: if `latest` is unusable, open
     the newest good checkpoint instead (Reader.fell_back)."""
-    return Reader(_core.Reader(str(root), world_size, verify, fallback, None))
+    return Reader(_core.Reader(_args.path(root, "root"), _optional_world(world_size), _args.text(verify, "verify"),
+                               bool(fallback), None))
 
 
 def open_step(root, step, world_size=None, verify="fast"):
     """Opens ROOT/step-N."""
-    return Reader(_core.Reader(str(root), world_size, verify, False, int(step)))
+    return Reader(_core.Reader(_args.path(root, "root"), _optional_world(world_size), _args.text(verify, "verify"), False,
+                               _args.integer(step, "step", 0, _MAX_STEP)))
+
+
+def _verify(verify):
+    return None if verify is None else _args.text(verify, "verify")
+
+
+def _optional_world(world_size):
+    return None if world_size is None else _args.integer(world_size, "world_size", 1, _MAX_INT)
 
 
 def __getattr__(name):

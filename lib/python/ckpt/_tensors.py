@@ -6,6 +6,8 @@ import sys
 
 import numpy as np
 
+from ._args import text
+
 # numpy kind + itemsize -> ckpt's dtype name.
 _NUMPY = {("f", 2): "F16", ("f", 4): "F32", ("f", 8): "F64",
           ("i", 1): "I8", ("i", 2): "I16", ("i", 4): "I32", ("i", 8): "I64",
@@ -78,6 +80,7 @@ def describe_all(tensors, writable=False):
     for name, v in tensors.items():
         if not isinstance(name, str):
             raise TypeError(f"tensor names must be str, not {type(name).__name__} ({name!r})")
+        text(name, "tensor name")
         t, owner = describe(name, v, writable)
         out.append(t)
         keep.append(owner)

@@ -3,6 +3,8 @@
 Every error the C++ library raises (a ckpt::Error) arrives as an instance of the subclass of
 its code, with the fields of the C++ error: ``code`` (e.g. ``"checksum_mismatch"``),
 ``file``, ``detail``, ``expected``, ``actual`` and ``errno``; ``str(e)`` is the full message.
+The errors the Python side raises itself (an argument it refuses before the C++ library sees
+it, a wait's timeout) have the same fields and the same wording.
 """
 
 
@@ -96,6 +98,12 @@ class Busy(Error):
     code = "busy"
 
 
+class Timeout(Error, TimeoutError):
+    """A wait given ``timeout=`` ran out before what it waits for; that goes on (wait again,
+    or close the Checkpointer, which drains it). Raised by the Python side only."""
+    code = "timeout"
+
+
 class Conflict(Error):
     """An object store refused a conditional write (HTTP 412): the key exists, or its ETag moved."""
     code = "conflict"
@@ -104,6 +112,27 @@ class Conflict(Error):
 _BY_CODE = {cls.code: cls for cls in (WorldSizeMismatch, MissingShard, SizeMismatch, ChecksumMismatch, MalformedManifest,
                                       MalformedShard, UnsupportedSchema, UnsafePath, IoError, NoSpace, NotFound,
                                       InvalidArgument, Aborted, CommError, Busy, Conflict)}
+
+
+def _compose(name, file, detail, expected, actual):
+    """The message of an error, worded as the C++ library words them (ckpt::Error::what)."""
+    m = name
+    if file:
+        m += ": " + file
+    if detail:
+        m += ": " + detail
+    if expected or actual:
+        m += ": expected " + (expected or "-") + ", actual " + (actual or "-")
+    return m
+
+
+def _invalid(detail, expected="", actual=""):
+    """An InvalidArgument for an argument the Python side refuses."""
+    return InvalidArgument(_compose("invalid argument", "", detail, expected, actual), "", detail, expected, actual)
+
+
+def _timeout(detail, expected, actual):
+    return Timeout(_compose("timeout", "", detail, expected, actual), "", detail, expected, actual)
 
 
 def _from_core(code, message, file, detail, expected, actual, errno):
