@@ -115,6 +115,21 @@ TEST_CASE("an empty element tag one level past the depth bound is refused, and t
   CHECK(parse_xml(deep, "f", "t").name == "a");
 }
 
+// fuzz_s3_xml: corpus/s3_xml/finding_last_modified_cut_inside_a_character. A field cut to its
+// bound inside a multi-byte character was no longer UTF-8: the page could not be written back
+// as XML, nor an error quoting it cross the coordination wire.
+TEST_CASE("fields cut to their bound in a listing or an error body are cut where a character begins and stay UTF-8") {
+  const std::string long_time = "2026-12-03T19:15:37.866Z" + std::string(39, 'x') + "\u00e9";  // the 2-byte character at 63..64
+  const ObjectPage p = parse_list_objects("<ListBucketResult><Contents><Key>fz/a</Key><Size>1</Size><LastModified>" + long_time +
+                                              "</LastModified></Contents></ListBucketResult>",
+                                          "fz/", "", 8, "s3://b/fz");
+  REQUIRE(p.objects.size() == 1);
+  CHECK(p.objects[0].last_modified == long_time.substr(0, 63));
+  const S3ErrorBody e = parse_error_body("<Error><Code>" + std::string(127, 'C') + "\u00e9</Code><Message>m</Message></Error>");
+  CHECK(e.code == std::string(127, 'C'));
+  CHECK(e.message == "m");
+}
+
 TEST_CASE("an S3 error body gives its code and message, and anything else gives nothing") {
   const S3ErrorBody e = parse_error_body("<Error><Code>SlowDown</Code><Message>Please reduce</Message></Error>");
   CHECK(e.code == "SlowDown");

@@ -66,6 +66,15 @@ void on_doctype(void* user, const XML_Char*, const XML_Char*, const XML_Char*, i
   if (!b.stopped()) b.stop("a DTD (not accepted)");
 }
 
+// At most the first `max` bytes of `s`, cut where a UTF-8 character begins: the text of an
+// answer is UTF-8, and a field cut inside a character would no longer be (nor could the error
+// or listing that carries it cross the coordination wire or be written back as XML).
+std::string utf8_prefix(std::string_view s, std::size_t max) {
+  if (s.size() <= max) return std::string(s);
+  while (max > 0 && (static_cast<unsigned char>(s[max]) & 0xC0) == 0x80) --max;
+  return std::string(s.substr(0, max));
+}
+
 std::uint64_t parse_size(std::string_view text, std::string_view file, std::string_view what) {
   std::uint64_t v = 0;
   const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
@@ -81,7 +90,7 @@ std::string relative_key(const std::string& full, std::string_view root_prefix, 
   const std::string wanted = std::string(root_prefix) + std::string(prefix);
   if (!full.starts_with(wanted))
     throw Error(Errc::unsafe_path, std::string(file), "listing returned a key outside the requested prefix",
-                "a key under \"" + wanted + "\"", full.substr(0, 256));
+                "a key under \"" + wanted + "\"", utf8_prefix(full, 256));
   std::string rel = full.substr(root_prefix.size());
   check_object_key(rel, file);
   return rel;
@@ -128,7 +137,7 @@ XmlElement parse_xml(std::string_view xml, std::string_view file, std::string_vi
 void check_object_key(std::string_view key, std::string_view file) {
   auto refuse = [&](const char* why) {
     throw Error(Errc::unsafe_path, std::string(file), std::string("object key ") + why, "a safe relative key",
-                "\"" + std::string(key.substr(0, 256)) + (key.size() > 256 ? "...\"" : "\""));
+                "\"" + utf8_prefix(key, 256) + (key.size() > 256 ? "...\"" : "\""));
   };
   if (key.empty()) refuse("is empty");
   if (key.size() > 1024) refuse("is longer than 1024 bytes");
@@ -160,7 +169,7 @@ ObjectPage parse_list_objects(std::string_view xml, std::string_view root_prefix
     if (!key) malformed(file, "ListObjectsV2 response", "an entry without a Key");
     page.objects.push_back({relative_key(key->text, root_prefix, prefix, file),
                             parse_size(c.child_text("Size"), file, "listing entry"), unquote_etag(c.child_text("ETag")),
-                            c.child_text("LastModified").substr(0, 64)});
+                            utf8_prefix(c.child_text("LastModified"), 64)});
   }
   if (root.child_text("IsTruncated") == "true") {
     page.next_token = root.child_text("NextContinuationToken");
@@ -184,7 +193,7 @@ std::vector<MultipartUpload> parse_list_uploads(std::string_view xml, std::strin
                   "at most " + std::to_string(max_uploads), "more");
     const std::string id = c.child_text("UploadId");
     if (id.empty() || !c.child("Key")) malformed(file, "ListMultipartUploads response", "an upload without Key or UploadId");
-    out.push_back({relative_key(c.child_text("Key"), root_prefix, prefix, file), id, c.child_text("Initiated").substr(0, 64)});
+    out.push_back({relative_key(c.child_text("Key"), root_prefix, prefix, file), id, utf8_prefix(c.child_text("Initiated"), 64)});
   }
   return out;
 }
@@ -201,7 +210,7 @@ S3ErrorBody parse_error_body(std::string_view xml) noexcept {
   try {
     const XmlElement root = parse_xml(xml, {}, "error");
     if (root.name != "Error") return {};
-    return {root.child_text("Code").substr(0, 128), root.child_text("Message").substr(0, 512)};
+    return {utf8_prefix(root.child_text("Code"), 128), utf8_prefix(root.child_text("Message"), 512)};
   } catch (...) {
     return {};
   }

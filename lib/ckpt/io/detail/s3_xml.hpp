@@ -45,7 +45,8 @@ XmlElement parse_xml(std::string_view xml, std::string_view file, std::string_vi
 void check_object_key(std::string_view key, std::string_view file);
 
 /// A ListObjectsV2 result of a request for keys under `root_prefix + prefix` with
-/// max-keys `max_keys`, its keys made relative to `root_prefix`. Refuses (Errc::unsafe_path)
+/// max-keys `max_keys`, its keys made relative to `root_prefix`, LastModified cut to 64 bytes
+/// (at a character boundary: every string read from an answer stays UTF-8). Refuses (Errc::unsafe_path)
 /// a key outside the requested prefix or unsafe once relative, and (Errc::io_error) a page of
 /// more than `max_keys` entries, an entry without a key or with a bad size, and a truncated
 /// page without a continuation token.
@@ -61,7 +62,8 @@ std::vector<MultipartUpload> parse_list_uploads(std::string_view xml, std::strin
 /// The UploadId of an InitiateMultipartUpload result (Errc::io_error if it has none).
 std::string parse_upload_id(std::string_view xml, std::string_view file);
 
-/// The Code and Message of an S3 error body; both empty if `xml` is not one (never throws).
+/// The Code and Message of an S3 error body (cut to 128 and 512 bytes at a character
+/// boundary); both empty if `xml` is not one (never throws).
 struct S3ErrorBody {
   std::string code, message;
 };
