@@ -1,5 +1,5 @@
-// check_rank / check_size, and to_error / with_typed_errors: what escapes std::filesystem and
-// the allocator becomes a ckpt::Error naming the path.
+// check_rank / check_size, to_error / with_typed_errors (what escapes std::filesystem and the
+// allocator becomes a ckpt::Error naming the path), and the JSON an error crosses processes as.
 #include <doctest/doctest.h>
 
 #include <cerrno>
@@ -78,4 +78,39 @@ TEST_CASE("std::bad_alloc becomes an out-of-memory error, and with_typed_errors 
   const Error own(Errc::checksum_mismatch, "/x", "chunk 3");
   CHECK_THROWS_WITH_AS(with_typed_errors("/y", [&]() -> int { throw own; }), own.what(), Error);
   CHECK(with_typed_errors("/y", [] { return 7; }) == 7);
+}
+
+TEST_CASE("an error crosses a process boundary as JSON with its code, file, detail, expected, actual and errno") {
+  const Error e(Errc::conflict, "s3://b/p/latest", "PUT", "no object under the key", "HTTP 412 PreconditionFailed", 17);
+  const Error back = error_from_json(error_to_json(e));
+  CHECK(back.code() == Errc::conflict);
+  CHECK(std::string(back.what()) == e.what());
+  CHECK(back.sys_errno() == 17);
+}
+
+// Read before as the number cut to 32 bits: code 2^32 + 1 as missing_shard, errno 2^32 + 2 as
+// ENOENT.
+TEST_CASE("an error report whose code or errno is out of range reads as comm_error and errno 0, not as a number cut to 32 bits") {
+  const Error e = error_from_json(R"({"code":4294967297,"file":"f","detail":"d","expected":"","actual":"","errno":4294967298})");
+  CHECK(e.code() == Errc::comm_error);
+  CHECK(e.file() == "f");
+  CHECK(e.sys_errno() == 0);
+  CHECK(error_from_json(R"({"code":16,"detail":"d"})").code() == Errc::comm_error);
+  CHECK(error_from_json(R"({"code":-1,"detail":"d"})").code() == Errc::comm_error);
+  CHECK(error_from_json(R"({"code":15,"detail":"d"})").code() == Errc::conflict);
+}
+
+// fuzz_wire: corpus/wire/finding_error_json_not_utf8 (the error JSON "\xcd."). error_to_json
+// wrote the bytes as they were, and error_from_json refused them: an error naming a path that
+// is not UTF-8 crossed a process as "unreadable error report".
+TEST_CASE("an error whose fields are not UTF-8 (a path of any bytes) crosses as JSON byte for byte") {
+  const Error e(Errc::no_space, "/ckpt/\xcd\xff/rank-0.safetensors", "write failed", "", "\xcd.", ENOSPC);
+  const Error back = error_from_json(error_to_json(e));
+  CHECK(back.code() == Errc::no_space);
+  CHECK(back.file() == e.file());
+  CHECK(back.actual() == "\xcd.");
+  CHECK(back.sys_errno() == ENOSPC);
+  const Error unreadable = error_from_json("\xcd.");
+  CHECK(unreadable.code() == Errc::comm_error);
+  CHECK(error_from_json(error_to_json(unreadable)).actual() == "\xcd.");
 }

@@ -77,12 +77,57 @@ TEST_CASE("hostile XML is refused: a DTD, deep nesting, too many elements, misma
 }
 
 TEST_CASE("XML entities, character references, CDATA, attributes and namespace prefixes are read") {
-  const XmlElement r = parse_xml(R"(<?xml version="1.0"?><!-- c --><s3:R a="x>y"><K>&lt;&#65;&#x42;&gt;</K><C><![CDATA[<raw>]]></C><E/></s3:R>)", "f", "t");
+  const XmlElement r = parse_xml(R"(<?xml version="1.0"?><!-- c --><s3:R xmlns:s3="u" a="x>y"><K>&lt;&#65;&#x42;&gt;</K><C><![CDATA[<raw>]]></C><E/></s3:R>)", "f", "t");
   CHECK(r.name == "R");
   CHECK(r.child_text("K") == "<AB>");
   CHECK(r.child_text("C") == "<raw>");
   CHECK(r.child("E") != nullptr);
   CHECK(r.child("missing") == nullptr);
+}
+
+// Answers a differential fuzz run of the former hand-written reader against expat found it
+// accepting, although no XML reader does: each is refused, naming the file and the response.
+TEST_CASE("malformed XML is refused as any XML reader refuses it: unbound prefix, attribute without value, NUL byte, broken declaration") {
+  for (const std::string& bad : {std::string("<s3:R><K>k</K></s3:R>"), std::string("<R a><K>k</K></R>"), std::string("<R><K>k\0</K></R>", 17),
+                                std::string(R"(<?xml version6"1.0"?><R/>)"), std::string("<R>]]></R>"), std::string("<R>\xff</R>"),
+                                std::string("<R>&#xD800;</R>"), std::string("<R><!-- a -- b --></R>")}) {
+    CAPTURE(bad);
+    const Error e = test::error_of([&] { parse_xml(bad, "s3://b/root", "ListObjectsV2 response"); });
+    CHECK(e.code() == Errc::io_error);
+    CHECK(e.file() == "s3://b/root");
+    CHECK(e.detail().starts_with("malformed XML in ListObjectsV2 response: "));
+  }
+}
+
+TEST_CASE("CR LF and a lone CR in an answer's text are read as LF, as XML requires") {
+  const XmlElement r = parse_xml("<R><K>a\r\nb\rc</K></R>", "f", "t");
+  CHECK(r.child_text("K") == "a\nb\nc");
+}
+
+TEST_CASE("an empty element tag one level past the depth bound is refused, and the bound itself is read") {
+  std::string deep;
+  for (std::size_t i = 0; i < kMaxXmlDepth; ++i) deep += "<a>";
+  deep += "<b/>";
+  for (std::size_t i = 0; i < kMaxXmlDepth; ++i) deep += "</a>";
+  CHECK(test::error_of([&] { parse_xml(deep, "f", "t"); }).detail() == "malformed XML in t: nested deeper than 16");
+  deep.erase(0, 3);
+  deep.erase(deep.size() - 4);
+  CHECK(parse_xml(deep, "f", "t").name == "a");
+}
+
+// fuzz_s3_xml: corpus/s3_xml/finding_last_modified_cut_inside_a_character. A field cut to its
+// bound inside a multi-byte character was no longer UTF-8: the page could not be written back
+// as XML, nor an error quoting it cross the coordination wire.
+TEST_CASE("fields cut to their bound in a listing or an error body are cut where a character begins and stay UTF-8") {
+  const std::string long_time = "2026-12-03T19:15:37.866Z" + std::string(39, 'x') + "\u00e9";  // the 2-byte character at 63..64
+  const ObjectPage p = parse_list_objects("<ListBucketResult><Contents><Key>fz/a</Key><Size>1</Size><LastModified>" + long_time +
+                                              "</LastModified></Contents></ListBucketResult>",
+                                          "fz/", "", 8, "s3://b/fz");
+  REQUIRE(p.objects.size() == 1);
+  CHECK(p.objects[0].last_modified == long_time.substr(0, 63));
+  const S3ErrorBody e = parse_error_body("<Error><Code>" + std::string(127, 'C') + "\u00e9</Code><Message>m</Message></Error>");
+  CHECK(e.code == std::string(127, 'C'));
+  CHECK(e.message == "m");
 }
 
 TEST_CASE("an S3 error body gives its code and message, and anything else gives nothing") {

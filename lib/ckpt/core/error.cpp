@@ -3,6 +3,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <limits>
+#include <optional>
 #include <new>
 
 #include <boost/json.hpp>
@@ -89,19 +91,25 @@ std::string error_to_json(const Error& e) {
 
 Error error_from_json(std::string_view text) {
   boost::system::error_code ec;
-  const auto v = boost::json::parse(text, ec);
+  boost::json::parse_options opt;
+  opt.allow_invalid_utf8 = true;  // error_to_json writes the fields' bytes as they are
+  const auto v = boost::json::parse(text, ec, {}, opt);
   const auto* o = ec ? nullptr : v.if_object();
   if (!o || !o->contains("code")) return Error(Errc::comm_error, {}, "unreadable error report", "error JSON", std::string(text));
   auto str = [&](const char* k) -> std::string {
     const auto* f = o->if_contains(k);
     return f && f->is_string() ? std::string(f->get_string()) : std::string();
   };
-  const auto* code = o->if_contains("code");
-  const auto* err = o->if_contains("errno");
-  const int c = code && code->is_int64() ? static_cast<int>(code->get_int64()) : static_cast<int>(Errc::comm_error);
-  const Errc errc = c >= 0 && c <= static_cast<int>(Errc::conflict) ? static_cast<Errc>(c) : Errc::comm_error;
-  return Error(errc, str("file"), str("detail"), str("expected"), str("actual"),
-               err && err->is_int64() ? static_cast<int>(err->get_int64()) : 0);
+  // A number out of range is not cut to one in range: an unknown code is comm_error, an
+  // errno that is no int is 0.
+  auto integer = [&](const char* k, std::int64_t lo, std::int64_t hi) -> std::optional<int> {
+    const auto* f = o->if_contains(k);
+    if (!f || !f->is_int64() || f->get_int64() < lo || f->get_int64() > hi) return std::nullopt;
+    return static_cast<int>(f->get_int64());
+  };
+  const auto code = integer("code", 0, static_cast<int>(kLastErrc));
+  return Error(code ? static_cast<Errc>(*code) : Errc::comm_error, str("file"), str("detail"), str("expected"), str("actual"),
+               integer("errno", std::numeric_limits<int>::min(), std::numeric_limits<int>::max()).value_or(0));
 }
 
 Error to_error(std::exception_ptr e) {

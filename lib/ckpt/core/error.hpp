@@ -32,6 +32,8 @@ enum class Errc {
   busy,                 ///< another writer holds the root's lock (the message names its pid)
   conflict,             ///< an object store refused a conditional write (HTTP 412): the key exists, or its ETag moved
 };
+/// The last code: a code read from a wire or a file is one iff 0 <= code <= kLastErrc.
+inline constexpr Errc kLastErrc = Errc::conflict;
 
 /// Stable lower-case name of a code ("checksum mismatch"), used in messages and --json output.
 std::string_view errc_name(Errc code) noexcept;
@@ -74,9 +76,12 @@ void check_rank(int rank, int world, std::string_view what, std::string_view fil
 void check_size(std::uint64_t expected, std::uint64_t actual, std::string_view what, std::string_view file);
 
 /// An Error as one line of JSON ({"code", "file", "detail", "expected", "actual", "errno"}), so
-/// that it can cross a thread or process boundary and be rethrown there unchanged.
+/// that it can cross a thread or process boundary and be rethrown there unchanged. The strings
+/// carry their bytes as they are, UTF-8 or not (a path need not be): read the text with
+/// error_from_json, or with a JSON parser told to accept invalid UTF-8.
 std::string error_to_json(const Error& e);
-/// Inverse of error_to_json. Text that is not such JSON becomes Errc::comm_error quoting it.
+/// Inverse of error_to_json (every field, byte for byte). Text that is not such JSON becomes
+/// Errc::comm_error quoting it; a code out of range is comm_error, an errno that is no int 0.
 Error error_from_json(std::string_view text);
 /// The exception in `e` as a ckpt::Error: a ckpt::Error unchanged; a
 /// std::filesystem::filesystem_error as Errc::io_error (not_found for ENOENT, no_space for

@@ -161,7 +161,7 @@ std::string error_reply(const Error& e) {
 // The error a reply carries after its status byte 1.
 Error decode_error(Decoder& in) {
   const std::int32_t code = in.i32();
-  if (code < 0 || code > static_cast<std::int32_t>(Errc::busy)) in.fail("an error code 0.." + std::to_string(static_cast<int>(Errc::busy)), std::to_string(code));
+  if (code < 0 || code > static_cast<std::int32_t>(kLastErrc)) in.fail("an error code 0.." + std::to_string(static_cast<int>(kLastErrc)), std::to_string(code));
   std::string file(in.str()), detail(in.str()), expected(in.str()), actual(in.str());
   const int err = in.i32();
   in.done();

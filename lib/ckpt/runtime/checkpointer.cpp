@@ -70,6 +70,7 @@
 #include "ckpt/io/shard_writer.hpp"
 #include "ckpt/io/sharded_save.hpp"
 #include "ckpt/runtime/detail/offload.hpp"
+#include "ckpt/runtime/detail/wire.hpp"
 #include "ckpt/runtime/detail/write_backend.hpp"
 
 namespace ckpt {
@@ -1020,38 +1021,20 @@ struct Checkpointer::Impl {
   void exchange_sizes(const std::shared_ptr<StepState>& st, std::optional<std::string> failed) {
     std::string mine;
     if (failed) {
-      mine = "-" + *failed;
+      mine = detail::encode_sizes_failure(*failed);
     } else {
       const auto sizes = shard_sizes(*st);
+      std::vector<std::pair<int, std::uint64_t>> hosted;
       for (int r = 0; r < opt.world_size; ++r)
-        if (local[static_cast<std::size_t>(r)]) mine += "+" + std::to_string(r) + ":" + std::to_string(sizes[static_cast<std::size_t>(r)]);
+        if (local[static_cast<std::size_t>(r)]) hosted.emplace_back(r, sizes[static_cast<std::size_t>(r)]);
+      mine = detail::encode_shard_sizes(hosted);
     }
     st->movers.emplace_back([this, st, mine = std::move(mine)] {
       SizesKnown k;
       try {
-        std::vector<std::optional<std::uint64_t>> got(static_cast<std::size_t>(opt.world_size));
-        for (const auto& text : coordinator->exchange(st->step, mine)) {
-          if (!text.empty() && text[0] == '-') {
-            if (!k.failed) k.failed = text.substr(1);
-            continue;
-          }
-          // "+rank:size" per rank the process hosts.
-          for (std::size_t at = 0; at < text.size();) {
-            const auto colon = text.find(':', at), next = text.find('+', at + 1);
-            if (text[at] != '+' || colon == std::string::npos || colon > next)
-              throw Error(Errc::comm_error, {}, "shard sizes of step " + std::to_string(st->step), "+rank:size ...", text.substr(0, 64));
-            const int r = std::stoi(text.substr(at + 1, colon - at - 1));
-            check_rank(r, opt.world_size, "rank in the shard sizes");
-            got[static_cast<std::size_t>(r)] = std::stoull(text.substr(colon + 1, next == std::string::npos ? std::string::npos : next - colon - 1));
-            at = next == std::string::npos ? text.size() : next;
-          }
-        }
-        if (!k.failed)
-          for (int r = 0; r < opt.world_size; ++r) {
-            if (!got[static_cast<std::size_t>(r)])
-              throw Error(Errc::comm_error, {}, "shard sizes of step " + std::to_string(st->step), "every rank's", "none for rank " + std::to_string(r));
-            k.sizes.push_back(*got[static_cast<std::size_t>(r)]);
-          }
+        detail::ShardSizes all = detail::decode_shard_sizes(coordinator->exchange(st->step, mine), opt.world_size, st->step);
+        k.sizes = std::move(all.sizes);
+        k.failed = std::move(all.failed);
       } catch (...) {
         k.error = to_error(std::current_exception());
       }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <boost/json.hpp>
+#include <charconv>
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/hash/xxh3.hpp"
@@ -12,7 +13,16 @@ namespace json = boost::json;
 
 namespace {
 
-json::value error_value(const std::optional<Error>& e) { return e ? json::parse(error_to_json(*e)) : json::value(nullptr); }
+// A message as JSON. Strings are bytes as they are, UTF-8 or not: an error may name a path
+// that is not UTF-8 (error_to_json), and must cross unchanged. (A report's manifest part is
+// checked as a manifest is, UTF-8 included, by decode_manifest.)
+json::value parse_message(std::string_view text) {
+  json::parse_options opt;
+  opt.allow_invalid_utf8 = true;
+  return json::parse(text, {}, opt);
+}
+
+json::value error_value(const std::optional<Error>& e) { return e ? parse_message(error_to_json(*e)) : json::value(nullptr); }
 
 std::optional<Error> error_of(const json::object& o) {
   const json::value& v = o.at("error");
@@ -96,9 +106,9 @@ std::string encode_rank_report(std::uint64_t step, const RankReport& r) {
 
 RankReport decode_rank_report(std::string_view text) {
   try {
-    const json::object o = json::parse(text).as_object();
+    const json::object o = parse_message(text).as_object();
     RankReport r;
-    r.rank = static_cast<int>(o.at("rank").to_number<std::int64_t>());
+    r.rank = o.at("rank").to_number<int>();
     r.error = error_of(o);
     if (const auto* bv = o.if_contains("blocks"))
       for (const auto& b : bv->as_array()) r.blocks.push_back(block_of(b.as_object()));
@@ -133,7 +143,7 @@ std::string encode_outcome(const CommitOutcome& c) {
 
 CommitOutcome decode_outcome(std::string_view text) {
   try {
-    const json::object o = json::parse(text).as_object();
+    const json::object o = parse_message(text).as_object();
     CommitOutcome c;
     c.error = error_of(o);
     c.dir = std::string(o.at("dir").as_string());
@@ -142,6 +152,55 @@ CommitOutcome decode_outcome(std::string_view text) {
   } catch (const std::exception& e) {
     bad_message("commit outcome", e);
   }
+}
+
+std::string encode_shard_sizes(std::span<const std::pair<int, std::uint64_t>> sizes) {
+  std::string out;
+  for (const auto& [rank, size] : sizes) out += "+" + std::to_string(rank) + ":" + std::to_string(size);
+  return out;
+}
+
+std::string encode_sizes_failure(std::string_view why) { return "-" + std::string(why); }
+
+ShardSizes decode_shard_sizes(std::span<const std::string> messages, int world_size, std::uint64_t step) {
+  const std::string what = "shard sizes of step " + std::to_string(step);
+  auto bad = [&](std::string_view expected, std::string_view actual) {
+    throw Error(Errc::comm_error, {}, what, std::string(expected), std::string(actual.substr(0, 64)));
+  };
+  // The whole of `digits` as a decimal number (no sign, no space, nothing after it).
+  auto number = [&]<class T>(std::string_view digits, T& out) {
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), out);
+    return !digits.empty() && digits[0] != '-' && ec == std::errc() && end == digits.data() + digits.size();
+  };
+  ShardSizes out;
+  std::vector<std::optional<std::uint64_t>> got(static_cast<std::size_t>(std::max(world_size, 0)));
+  for (const std::string& m : messages) {
+    std::string_view text = m;
+    if (text.starts_with('-')) {
+      if (!out.failed) out.failed = std::string(text.substr(1));
+      continue;
+    }
+    while (!text.empty()) {
+      const auto next = text.find('+', 1);
+      const std::string_view entry = text.substr(0, next);
+      const auto colon = entry.find(':');
+      int rank = -1;
+      std::uint64_t size = 0;
+      if (entry[0] != '+' || colon == std::string_view::npos || !number(entry.substr(1, colon - 1), rank) ||
+          !number(entry.substr(colon + 1), size))
+        bad("+rank:size ...", text);
+      if (rank < 0 || rank >= world_size) bad("a rank 0.." + std::to_string(world_size - 1), entry);
+      if (got[static_cast<std::size_t>(rank)]) bad("each rank once", "rank " + std::to_string(rank) + " again");
+      got[static_cast<std::size_t>(rank)] = size;
+      text = next == std::string_view::npos ? std::string_view() : text.substr(next);
+    }
+  }
+  if (out.failed) return out;
+  for (int r = 0; r < world_size; ++r) {
+    if (!got[static_cast<std::size_t>(r)]) bad("every rank's", "none for rank " + std::to_string(r));
+    out.sizes.push_back(*got[static_cast<std::size_t>(r)]);
+  }
+  return out;
 }
 
 }  // namespace ckpt::detail

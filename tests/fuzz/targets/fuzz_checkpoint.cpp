@@ -19,18 +19,18 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/hash/file_digest.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/testing/memory_file_system.hpp"
 #include "fuzz_common.hpp"
+#include "fuzz/support/bundle.hpp"
+#include "fuzz/support/reseal.hpp"
 
 using namespace ckpt;
 using namespace ckpt::testing;
 using fuzz::require;
 
 namespace {
-constexpr std::string_view kSeparator = "\n@@file@@ ";
 const std::string kRoot = "/fz/root";
 const std::string kDir = kRoot + "/step-0000000020";
 
@@ -41,10 +41,8 @@ void reseal(MemoryFileSystem& fs, std::string& manifest) {
   boost::json::value v = boost::json::parse(manifest, ec, {}, opt);
   if (ec || !v.is_object()) return;
   auto& o = v.as_object();
-  const auto* cs = o.if_contains("chunk_size");
-  if (!cs || !cs->is_int64()) return;
-  const std::int64_t chunk = cs->get_int64();
-  if (chunk < 4096 || chunk > (1 << 30) || (chunk & (chunk - 1)) != 0) return;
+  const auto chunk = fuzz::chunk_size_of(o);
+  if (!chunk) return;
   auto* shards = o.if_contains("shards");
   if (!shards || !shards->is_array()) return;
   for (auto& s : shards->as_array()) {
@@ -52,17 +50,7 @@ void reseal(MemoryFileSystem& fs, std::string& manifest) {
     auto& so = s.as_object();
     const std::string name(so["path"].as_string());
     if (name.empty() || name.find('/') != std::string::npos) continue;
-    const auto bytes = fs.file_bytes(join_path(kDir, name));
-    if (!bytes) continue;
-    FileHasher h(static_cast<std::uint64_t>(chunk));
-    h.update(*bytes);
-    const FileDigest d = h.finish();
-    so["size"] = d.size;
-    so["sha256"] = d.sha256;
-    so["xxh3"] = xxh3_hex(d.xxh3);
-    boost::json::array chunks;
-    for (auto c : d.chunk_xxh3) chunks.emplace_back(xxh3_hex(c));
-    so["chunk_xxh3"] = std::move(chunks);
+    if (const auto bytes = fs.file_bytes(join_path(kDir, name))) fuzz::reseal_entry(so, *bytes, *chunk);
   }
   manifest = boost::json::serialize(v);
 }
@@ -71,16 +59,8 @@ MemoryFileSystem build(std::string_view in, bool reseal_manifest) {
   MemoryFileSystem fs;
   fs.create_dirs(kDir);
   fs.put_file(join_path(kRoot, "latest"), std::string_view("step-0000000020\n"));
-  std::size_t pos = in.find(kSeparator);
-  std::string manifest(in.substr(0, pos));
-  while (pos != std::string_view::npos) {
-    const std::size_t name_begin = pos + kSeparator.size();
-    const std::size_t name_end = in.find('\n', name_begin);
-    if (name_end == std::string_view::npos) break;
-    const std::string_view name = in.substr(name_begin, name_end - name_begin);
-    pos = in.find(kSeparator, name_end + 1);
-    const std::string_view body = in.substr(name_end + 1, pos == std::string_view::npos ? std::string_view::npos : pos - name_end - 1);
-    if (name.empty() || name.size() > 255) continue;
+  std::string manifest(fuzz::split_bundle(in, [&](std::string_view name, std::string_view body) {
+    if (name.empty() || name.size() > 255) return;
     try {
       if (const auto arrow = name.find(" -> "); arrow != std::string_view::npos)
         fs.put_symlink(join_path(kDir, name.substr(0, arrow)), std::string(name.substr(arrow + 4)));
@@ -89,7 +69,7 @@ MemoryFileSystem build(std::string_view in, bool reseal_manifest) {
     } catch (const Error&) {
       // A name that cannot be placed ("a/b" under a file "a"): the checkpoint just lacks it.
     }
-  }
+  }));
   if (reseal_manifest) reseal(fs, manifest);
   fs.put_file(join_path(kDir, kManifestName), manifest);
   return fs;

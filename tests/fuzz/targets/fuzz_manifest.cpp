@@ -7,8 +7,6 @@
 // corpus/manifest/finding_double_roundtrip_ulp), so a double in a manifest is not bit-exact
 // across a save and a load.
 #include <boost/json.hpp>
-#include <cmath>
-#include <cstring>
 #include <cstdint>
 #include <string>
 
@@ -46,34 +44,6 @@ void check_invariants(const Manifest& m) {
     require(!__builtin_mul_overflow(numel, dtype_size(t.dtype), &bytes) && bytes == t.end - t.begin, "tensor byte count");
   }
 }
-// JSON equality, doubles within 4 ulps of each other.
-bool same(const boost::json::value& a, const boost::json::value& b) {
-  if (a.is_double() && b.is_double()) {
-    const double x = a.get_double(), y = b.get_double();
-    if (x == y) return true;
-    if (std::signbit(x) != std::signbit(y) || !std::isfinite(x) || !std::isfinite(y)) return false;
-    std::int64_t bx, by;
-    std::memcpy(&bx, &x, 8);
-    std::memcpy(&by, &y, 8);
-    return (bx > by ? bx - by : by - bx) <= 4;
-  }
-  if (a.kind() != b.kind()) return false;
-  if (const auto* ao = a.if_object()) {
-    const auto& bo = b.get_object();
-    if (ao->size() != bo.size()) return false;
-    for (auto i = ao->begin(), j = bo.begin(); i != ao->end(); ++i, ++j)
-      if (i->key() != j->key() || !same(i->value(), j->value())) return false;
-    return true;
-  }
-  if (const auto* aa = a.if_array()) {
-    const auto& ba = b.get_array();
-    if (aa->size() != ba.size()) return false;
-    for (std::size_t i = 0; i < aa->size(); ++i)
-      if (!same((*aa)[i], ba[i])) return false;
-    return true;
-  }
-  return a == b;
-}
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -94,7 +64,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     fuzz::finding(std::string("an accepted manifest does not survive encode/decode: ") + e.what());
   }
   const std::string twice = encode_manifest(back);
-  require(twice == again || same(boost::json::parse(twice), boost::json::parse(again)),
+  require(twice == again || fuzz::same_json(boost::json::parse(twice), boost::json::parse(again)),
           "encode(decode(encode(m))) differs from encode(m) beyond one ulp");
   return 0;
 }

@@ -1,6 +1,11 @@
 #include "ckpt/io/detail/s3_xml.hpp"
 
+#include <expat.h>
+
+#include <cerrno>
 #include <charconv>
+#include <memory>
+#include <type_traits>
 
 namespace ckpt::detail {
 
@@ -10,55 +15,64 @@ namespace {
   throw Error(Errc::io_error, std::string(file), "malformed XML in " + std::string(what) + ": " + std::string(why));
 }
 
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+// parse_xml's tree, built from expat's callbacks. The element being filled is the last of
+// `open`; pointers to the open elements stay valid, as only the innermost one's children grow.
+struct TreeBuilder {
+  XML_Parser parser = nullptr;
+  XmlElement doc;
+  std::vector<XmlElement*> open{&doc};
+  std::size_t elements = 0;
+  std::string refused;  // why a handler stopped the parser, if one did
 
-// Appends the UTF-8 encoding of `cp` (a character reference) to `out`.
-void append_utf8(std::string& out, unsigned long cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
+  // Once stopped, expat may still call a handler (the end of an empty element whose start
+  // stopped it): every handler does nothing then.
+  bool stopped() const noexcept { return !refused.empty(); }
+  void stop(std::string why) {
+    refused = std::move(why);
+    XML_StopParser(parser, XML_FALSE);
   }
+};
+
+// Names arrive as "namespace-URI<kNamespaceSeparator>local-name" (or the local name alone, in
+// no namespace): a local name cannot hold a space, so the part after the last one is it.
+constexpr XML_Char kNamespaceSeparator = ' ';
+
+void on_start(void* user, const XML_Char* name, const XML_Char** /*attributes*/) {
+  auto& b = *static_cast<TreeBuilder*>(user);
+  if (b.stopped()) return;
+  if (++b.elements > kMaxXmlElements) return b.stop("more than " + std::to_string(kMaxXmlElements) + " elements");
+  if (b.open.size() > kMaxXmlDepth) return b.stop("nested deeper than " + std::to_string(kMaxXmlDepth));
+  std::string_view local(name);
+  if (const auto sep = local.rfind(kNamespaceSeparator); sep != std::string_view::npos) local.remove_prefix(sep + 1);
+  XmlElement& el = b.open.back()->children.emplace_back();
+  el.name = std::string(local);
+  b.open.push_back(&el);
 }
 
-// Decodes the character data `raw` (the five predefined entities and character references).
-void append_text(std::string& out, std::string_view raw, std::string_view file, std::string_view what) {
-  for (std::size_t i = 0; i < raw.size(); ++i) {
-    if (raw[i] != '&') {
-      out += raw[i];
-      continue;
-    }
-    const auto semi = raw.find(';', i);
-    if (semi == std::string_view::npos || semi - i > 12) malformed(file, what, "unterminated entity");
-    const std::string_view ent = raw.substr(i + 1, semi - i - 1);
-    if (ent == "amp") out += '&';
-    else if (ent == "lt") out += '<';
-    else if (ent == "gt") out += '>';
-    else if (ent == "quot") out += '"';
-    else if (ent == "apos") out += '\'';
-    else if (ent.size() > 1 && ent[0] == '#') {
-      const bool hex = ent[1] == 'x' || ent[1] == 'X';
-      const std::string_view digits = ent.substr(hex ? 2 : 1);
-      unsigned long cp = 0;
-      const auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), cp, hex ? 16 : 10);
-      if (ec != std::errc() || p != digits.data() + digits.size() || digits.empty() || cp == 0 || cp > 0x10FFFF)
-        malformed(file, what, "bad character reference &" + std::string(ent) + ";");
-      append_utf8(out, cp);
-    } else {
-      malformed(file, what, "unknown entity &" + std::string(ent) + ";");
-    }
-    i = semi;
-  }
+void on_end(void* user, const XML_Char* /*name*/) {
+  auto& b = *static_cast<TreeBuilder*>(user);
+  if (!b.stopped()) b.open.pop_back();
+}
+
+void on_text(void* user, const XML_Char* text, int len) {
+  auto& b = *static_cast<TreeBuilder*>(user);
+  if (!b.stopped() && b.open.size() > 1) b.open.back()->text.append(text, static_cast<std::size_t>(len));
+}
+
+// A document type declaration is where entities are declared: S3 answers have none, so none
+// is accepted, and no entity but the five predefined ones is ever expanded.
+void on_doctype(void* user, const XML_Char*, const XML_Char*, const XML_Char*, int) {
+  auto& b = *static_cast<TreeBuilder*>(user);
+  if (!b.stopped()) b.stop("a DTD (not accepted)");
+}
+
+// At most the first `max` bytes of `s`, cut where a UTF-8 character begins: the text of an
+// answer is UTF-8, and a field cut inside a character would no longer be (nor could the error
+// or listing that carries it cross the coordination wire or be written back as XML).
+std::string utf8_prefix(std::string_view s, std::size_t max) {
+  if (s.size() <= max) return std::string(s);
+  while (max > 0 && (static_cast<unsigned char>(s[max]) & 0xC0) == 0x80) --max;
+  return std::string(s.substr(0, max));
 }
 
 std::uint64_t parse_size(std::string_view text, std::string_view file, std::string_view what) {
@@ -76,7 +90,7 @@ std::string relative_key(const std::string& full, std::string_view root_prefix, 
   const std::string wanted = std::string(root_prefix) + std::string(prefix);
   if (!full.starts_with(wanted))
     throw Error(Errc::unsafe_path, std::string(file), "listing returned a key outside the requested prefix",
-                "a key under \"" + wanted + "\"", full.substr(0, 256));
+                "a key under \"" + wanted + "\"", utf8_prefix(full, 256));
   std::string rel = full.substr(root_prefix.size());
   check_object_key(rel, file);
   return rel;
@@ -98,88 +112,32 @@ std::string XmlElement::child_text(std::string_view n) const {
 XmlElement parse_xml(std::string_view xml, std::string_view file, std::string_view what) {
   if (xml.size() > kMaxXmlBytes)
     malformed(file, what, "document of " + std::to_string(xml.size()) + " bytes exceeds " + std::to_string(kMaxXmlBytes));
-  XmlElement doc;
-  std::vector<XmlElement*> open{&doc};
-  std::size_t elements = 0;
-  bool have_root = false;
-  std::size_t i = 0;
-  while (i < xml.size()) {
-    if (xml[i] != '<') {
-      const auto lt = xml.find('<', i);
-      const std::string_view raw = xml.substr(i, lt == std::string_view::npos ? std::string_view::npos : lt - i);
-      if (open.size() > 1) {
-        append_text(open.back()->text, raw, file, what);
-      } else {
-        for (char c : raw)
-          if (!is_space(c)) malformed(file, what, "text outside the root element");
-      }
-      i = lt == std::string_view::npos ? xml.size() : lt;
-      continue;
-    }
-    const std::string_view rest = xml.substr(i);
-    if (rest.starts_with("<?")) {
-      const auto end = xml.find("?>", i);
-      if (end == std::string_view::npos) malformed(file, what, "unterminated processing instruction");
-      i = end + 2;
-    } else if (rest.starts_with("<!--")) {
-      const auto end = xml.find("-->", i);
-      if (end == std::string_view::npos) malformed(file, what, "unterminated comment");
-      i = end + 3;
-    } else if (rest.starts_with("<![CDATA[")) {
-      const auto end = xml.find("]]>", i);
-      if (end == std::string_view::npos || open.size() == 1) malformed(file, what, "stray or unterminated CDATA");
-      open.back()->text.append(xml.substr(i + 9, end - i - 9));
-      i = end + 3;
-    } else if (rest.starts_with("<!")) {
-      malformed(file, what, "a DTD or declaration (not accepted)");
-    } else if (rest.starts_with("</")) {
-      const auto gt = xml.find('>', i);
-      if (gt == std::string_view::npos) malformed(file, what, "unterminated end tag");
-      std::string_view name = xml.substr(i + 2, gt - i - 2);
-      while (!name.empty() && is_space(name.back())) name.remove_suffix(1);
-      if (const auto colon = name.find(':'); colon != std::string_view::npos) name.remove_prefix(colon + 1);
-      if (open.size() == 1 || open.back()->name != name)
-        malformed(file, what, "end tag </" + std::string(name.substr(0, 64)) + "> does not match");
-      open.pop_back();
-      i = gt + 1;
-    } else {
-      std::size_t j = i + 1;
-      while (j < xml.size() && !is_space(xml[j]) && xml[j] != '>' && xml[j] != '/') ++j;
-      std::string_view name = xml.substr(i + 1, j - i - 1);
-      if (name.empty()) malformed(file, what, "empty tag name");
-      if (const auto colon = name.find(':'); colon != std::string_view::npos) name.remove_prefix(colon + 1);
-      // Skip the attributes (quoted values may hold '>').
-      char quote = 0;
-      while (j < xml.size() && (quote || xml[j] != '>')) {
-        if (quote) {
-          if (xml[j] == quote) quote = 0;
-        } else if (xml[j] == '"' || xml[j] == '\'') {
-          quote = xml[j];
-        }
-        ++j;
-      }
-      if (j >= xml.size()) malformed(file, what, "unterminated start tag");
-      const bool self_closing = xml[j - 1] == '/';
-      if (open.size() == 1 && have_root) malformed(file, what, "more than one root element");
-      if (++elements > kMaxXmlElements) malformed(file, what, "more than " + std::to_string(kMaxXmlElements) + " elements");
-      if (open.size() > kMaxXmlDepth) malformed(file, what, "nested deeper than " + std::to_string(kMaxXmlDepth));
-      have_root = true;
-      // Pointers to the open elements stay valid: only the innermost open element's children grow.
-      XmlElement& el = open.back()->children.emplace_back();
-      el.name = std::string(name);
-      if (!self_closing) open.push_back(&el);
-      i = j + 1;
-    }
+  TreeBuilder b;
+  // UTF-8 whatever the document declares (S3 answers are UTF-8), with namespaces: a prefix
+  // must be bound, and a name is matched by its local part.
+  const std::unique_ptr<std::remove_pointer_t<XML_Parser>, decltype(&XML_ParserFree)> parser(
+      XML_ParserCreateNS("UTF-8", kNamespaceSeparator), &XML_ParserFree);
+  if (!parser) throw Error(Errc::io_error, std::string(file), "out of memory (XML_ParserCreateNS) reading " + std::string(what), {}, {}, ENOMEM);
+  b.parser = parser.get();
+  XML_SetUserData(b.parser, &b);
+  XML_SetElementHandler(b.parser, on_start, on_end);
+  XML_SetCharacterDataHandler(b.parser, on_text);
+  XML_SetStartDoctypeDeclHandler(b.parser, on_doctype);
+  if (XML_Parse(b.parser, xml.data(), static_cast<int>(xml.size()), XML_TRUE) != XML_STATUS_OK) {
+    if (!b.refused.empty()) malformed(file, what, b.refused);
+    const XML_Error code = XML_GetErrorCode(b.parser);
+    if (code == XML_ERROR_NO_MEMORY) throw Error(Errc::io_error, std::string(file), "out of memory reading " + std::string(what), {}, {}, ENOMEM);
+    malformed(file, what, std::string(XML_ErrorString(code)) + " at line " + std::to_string(XML_GetCurrentLineNumber(b.parser)) +
+                              ", column " + std::to_string(XML_GetCurrentColumnNumber(b.parser) + 1));
   }
-  if (open.size() != 1) malformed(file, what, "unterminated element <" + open.back()->name + ">");
-  if (doc.children.empty()) malformed(file, what, "no root element");
-  return std::move(doc.children.front());
+  if (b.doc.children.empty()) malformed(file, what, "no root element");
+  return std::move(b.doc.children.front());
 }
 
 void check_object_key(std::string_view key, std::string_view file) {
   auto refuse = [&](const char* why) {
     throw Error(Errc::unsafe_path, std::string(file), std::string("object key ") + why, "a safe relative key",
-                "\"" + std::string(key.substr(0, 256)) + (key.size() > 256 ? "...\"" : "\""));
+                "\"" + utf8_prefix(key, 256) + (key.size() > 256 ? "...\"" : "\""));
   };
   if (key.empty()) refuse("is empty");
   if (key.size() > 1024) refuse("is longer than 1024 bytes");
@@ -211,7 +169,7 @@ ObjectPage parse_list_objects(std::string_view xml, std::string_view root_prefix
     if (!key) malformed(file, "ListObjectsV2 response", "an entry without a Key");
     page.objects.push_back({relative_key(key->text, root_prefix, prefix, file),
                             parse_size(c.child_text("Size"), file, "listing entry"), unquote_etag(c.child_text("ETag")),
-                            c.child_text("LastModified").substr(0, 64)});
+                            utf8_prefix(c.child_text("LastModified"), 64)});
   }
   if (root.child_text("IsTruncated") == "true") {
     page.next_token = root.child_text("NextContinuationToken");
@@ -235,7 +193,7 @@ std::vector<MultipartUpload> parse_list_uploads(std::string_view xml, std::strin
                   "at most " + std::to_string(max_uploads), "more");
     const std::string id = c.child_text("UploadId");
     if (id.empty() || !c.child("Key")) malformed(file, "ListMultipartUploads response", "an upload without Key or UploadId");
-    out.push_back({relative_key(c.child_text("Key"), root_prefix, prefix, file), id, c.child_text("Initiated").substr(0, 64)});
+    out.push_back({relative_key(c.child_text("Key"), root_prefix, prefix, file), id, utf8_prefix(c.child_text("Initiated"), 64)});
   }
   return out;
 }
@@ -252,7 +210,7 @@ S3ErrorBody parse_error_body(std::string_view xml) noexcept {
   try {
     const XmlElement root = parse_xml(xml, {}, "error");
     if (root.name != "Error") return {};
-    return {root.child_text("Code").substr(0, 128), root.child_text("Message").substr(0, 512)};
+    return {utf8_prefix(root.child_text("Code"), 128), utf8_prefix(root.child_text("Message"), 512)};
   } catch (...) {
     return {};
   }

@@ -1,8 +1,10 @@
-// Private: the small, bounded XML reader of the S3 client and the parsers of the four S3
-// responses it reads (ListObjectsV2, ListMultipartUploads, InitiateMultipartUpload, Error),
-// plus the one check of an object key. Bounded so that a hostile or broken server cannot make
-// the client allocate without limit: the input size, the nesting depth and the number of
-// elements are capped, and no DTD (hence no entity expansion) is accepted.
+// Private: the S3 client's XML reader (expat, building a small tree) and the parsers of the
+// four S3 responses it reads (ListObjectsV2, ListMultipartUploads, InitiateMultipartUpload,
+// Error), plus the one check of an object key. An answer is read as any conforming XML reader
+// reads it (expat decides what is well-formed: characters, names, attributes, entities,
+// namespaces, line ends), and bounded so that a hostile or broken server cannot make the
+// client allocate without limit: the input size, the nesting depth and the number of elements
+// are capped, and no DTD (hence no entity beyond the five predefined ones) is accepted.
 #pragma once
 
 #include <cstddef>
@@ -20,8 +22,8 @@ inline constexpr std::size_t kMaxXmlDepth = 16;
 inline constexpr std::size_t kMaxXmlElements = 200000;
 
 struct XmlElement {
-  std::string name;  ///< without a namespace prefix ("s3:Key" is "Key")
-  std::string text;  ///< the character data directly inside, entities decoded
+  std::string name;  ///< the local name, without its namespace ("s3:Key" is "Key")
+  std::string text;  ///< the character data directly inside (CDATA included), entities decoded, line ends LF
   std::vector<XmlElement> children;
 
   /// The first child named `n`, or nullptr.
@@ -30,10 +32,11 @@ struct XmlElement {
   std::string child_text(std::string_view n) const;
 };
 
-/// Parses `xml` into its root element. Throws Errc::io_error naming `file`, detail
-/// "malformed XML in <what>: ..." for text that is not well-formed, nests deeper than
-/// kMaxXmlDepth, holds more than kMaxXmlElements elements, is larger than kMaxXmlBytes, or
-/// declares a DTD.
+/// Parses `xml` (as UTF-8, whatever it declares) into its root element. Throws
+/// Errc::io_error naming `file`, detail "malformed XML in <what>: ..." (expat's reason with
+/// its line and column, or the bound) for text that is not well-formed XML 1.0 with
+/// namespaces (an unbound prefix included), nests deeper than kMaxXmlDepth, holds more than
+/// kMaxXmlElements elements, is larger than kMaxXmlBytes, or declares a DTD.
 XmlElement parse_xml(std::string_view xml, std::string_view file, std::string_view what);
 
 /// Throws Errc::unsafe_path naming `file` and quoting the key unless `key` is a key the
@@ -42,7 +45,8 @@ XmlElement parse_xml(std::string_view xml, std::string_view file, std::string_vi
 void check_object_key(std::string_view key, std::string_view file);
 
 /// A ListObjectsV2 result of a request for keys under `root_prefix + prefix` with
-/// max-keys `max_keys`, its keys made relative to `root_prefix`. Refuses (Errc::unsafe_path)
+/// max-keys `max_keys`, its keys made relative to `root_prefix`, LastModified cut to 64 bytes
+/// (at a character boundary: every string read from an answer stays UTF-8). Refuses (Errc::unsafe_path)
 /// a key outside the requested prefix or unsafe once relative, and (Errc::io_error) a page of
 /// more than `max_keys` entries, an entry without a key or with a bad size, and a truncated
 /// page without a continuation token.
@@ -58,7 +62,8 @@ std::vector<MultipartUpload> parse_list_uploads(std::string_view xml, std::strin
 /// The UploadId of an InitiateMultipartUpload result (Errc::io_error if it has none).
 std::string parse_upload_id(std::string_view xml, std::string_view file);
 
-/// The Code and Message of an S3 error body; both empty if `xml` is not one (never throws).
+/// The Code and Message of an S3 error body (cut to 128 and 512 bytes at a character
+/// boundary); both empty if `xml` is not one (never throws).
 struct S3ErrorBody {
   std::string code, message;
 };

@@ -1,12 +1,19 @@
 // Private: the one place the commit coordination's typed messages become text, for
 // coordinators whose ranks live in other processes (dist/mpi). A report travels as a
 // one-shard manifest (decoded by decode_manifest, with every check the loader makes) plus
-// its rank and error; an outcome as its directory, commit time and error. Text that does not
-// decode is Errc::comm_error naming what was wrong.
+// its rank and error; an outcome as its directory, commit time and error; a process's shard
+// sizes (the exchange before redundancy across processes) as "+rank:size" per rank it hosts,
+// or "-" and why it has none. Text that does not decode is Errc::comm_error naming what was
+// wrong (a report's manifest part: the manifest's own error).
 #pragma once
 
+#include <cstdint>
+#include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "ckpt/runtime/coordinator.hpp"
 
@@ -16,5 +23,20 @@ std::string encode_rank_report(std::uint64_t step, const RankReport& report);
 RankReport decode_rank_report(std::string_view text);
 std::string encode_outcome(const CommitOutcome& outcome);
 CommitOutcome decode_outcome(std::string_view text);
+
+/// One process's message in the shard-size exchange: the sizes of the shards of the ranks it
+/// hosts, (rank, size) pairs; or why it has none.
+std::string encode_shard_sizes(std::span<const std::pair<int, std::uint64_t>> sizes);
+std::string encode_sizes_failure(std::string_view why);
+
+/// Every process's message of the exchange of `step` together.
+struct ShardSizes {
+  std::vector<std::uint64_t> sizes;   ///< per rank, 0..world_size-1 (empty if `failed`)
+  std::optional<std::string> failed;  ///< the first failure a process sent
+};
+/// Throws Errc::comm_error naming the step for a message that is neither a failure nor
+/// "+rank:size" entries (decimal, rank 0..world_size-1, size a 64-bit count, nothing else), a
+/// rank sent twice, or (without a failure) a rank nobody sent.
+ShardSizes decode_shard_sizes(std::span<const std::string> messages, int world_size, std::uint64_t step);
 
 }  // namespace ckpt::detail
