@@ -157,7 +157,7 @@ struct DurableReplicator::Impl {
       if (d.progress) wake = std::min(wake, next_progress);
       cv.wait_until(lk, wake, [&] { return idle(); });
     }
-    out.waited = std::chrono::duration_cast<milliseconds>(Clock::now() - t0);
+    if (out.complete) out.waited = std::chrono::duration_cast<milliseconds>(Clock::now() - t0);
     return out;
   }
 
@@ -176,7 +176,10 @@ struct DurableReplicator::Impl {
       ++stats.given_up;
       pending.reset();
     }
-    const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+    // The wait ends here, when it gives up; the few seconds the copy may still take to stop
+    // (below) are not part of it.
+    out.waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
+    const double waited = std::chrono::duration<double>(out.waited).count();
     char secs[32];
     std::snprintf(secs, sizeof secs, "%.0f", waited);
     log_line("durable tier: gave up after " + std::string(secs) + " s (" + why + "): step " +

@@ -150,7 +150,7 @@ struct DurableDrainOptions {
 /// How a drain ended.
 struct DurableDrain {
   bool complete = true;                  ///< the durable tier caught up: nothing pending or running
-  std::chrono::milliseconds waited{0};
+  std::chrono::milliseconds waited{0};   ///< how long it waited; when not complete, until it gave up (not the copy's stop after)
   std::string gave_up_on;                ///< when not complete: "the deadline" or the stop() answer
   std::optional<std::uint64_t> step;     ///< when not complete: the newest step given up
   std::string last_error;                ///< when not complete: the last copy failure before it gave up, if any
