@@ -156,11 +156,20 @@ CommitOutcome decode_outcome(std::string_view text) {
 
 std::string encode_shard_sizes(std::span<const std::pair<int, std::uint64_t>> sizes) {
   std::string out;
-  for (const auto& [rank, size] : sizes) out += "+" + std::to_string(rank) + ":" + std::to_string(size);
+  for (const auto& [rank, size] : sizes) {
+    out += '+';
+    out += std::to_string(rank);
+    out += ':';
+    out += std::to_string(size);
+  }
   return out;
 }
 
-std::string encode_sizes_failure(std::string_view why) { return "-" + std::string(why); }
+std::string encode_sizes_failure(std::string_view why) {
+  std::string out(1, '-');
+  out += why;
+  return out;
+}
 
 ShardSizes decode_shard_sizes(std::span<const std::string> messages, int world_size, std::uint64_t step) {
   const std::string what = "shard sizes of step " + std::to_string(step);
