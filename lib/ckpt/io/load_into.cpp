@@ -27,6 +27,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 
 #include "ckpt/core/aligned_buffer.hpp"
 #include "ckpt/core/error.hpp"
@@ -172,6 +173,10 @@ class Source {
   virtual void submit(std::size_t slot, const Req& r) = 0;
   virtual void wait(std::size_t slot) = 0;
   virtual void drain() noexcept {}
+  /// After drain(), once the file was reopened buffered: reads `fd` from now on (the same
+  /// ring: a ring set up anew in the middle of a multi-file load would reuse the memory of
+  /// the one let go, which ThreadSanitizer cannot see through liburing's raw mmap).
+  virtual void read_buffered_from(int fd) { (void)fd; }
 };
 
 // Synchronous: the read runs in wait().
@@ -180,6 +185,10 @@ class PreadSource final : public Source {
   PreadSource(int fd, bool direct, const std::string& path, std::uint64_t size, std::size_t slots)
       : fd_(fd), direct_(direct), path_(path), size_(size), reqs_(slots) {}
   void submit(std::size_t s, const Req& r) override { reqs_[s] = r; }
+  void read_buffered_from(int fd) override {
+    fd_ = fd;
+    direct_ = false;
+  }
   void wait(std::size_t s) override {
     const Req& r = reqs_[s];
     std::size_t done = 0;
@@ -237,6 +246,10 @@ class UringSource final : public Source {
   void submit(std::size_t s, const Req& r) override {
     slots_[s] = Slot{r};
     push(s);
+  }
+  void read_buffered_from(int fd) override {
+    fd_ = fd;
+    direct_ = false;
   }
   void wait(std::size_t s) override {
     while (!slots_[s].complete) reap();
@@ -432,17 +445,21 @@ class FileLoad {
       if (ring->init(why)) {
         source_ = std::move(ring);
         result_.engine = "io_uring";
-        result_.fallback = buffered_why_;
+        note_fallback();
         return;
       }
       log_uring_fallback_once(why);
-      why = "pread: io_uring unavailable (" + why + ")";
+      engine_why_ = "pread: io_uring unavailable (" + why + ")";
     } else {
-      why = "pread: forced (LoadOptions::engine)";
+      engine_why_ = "pread: forced (LoadOptions::engine)";
     }
-    result_.fallback = buffered_why_.empty() ? why : why + "; " + buffered_why_;
     source_ = std::make_unique<PreadSource>(fd_.fd, direct_, plan_.path, size_, slots);
     result_.engine = "pread";
+    note_fallback();
+  }
+
+  void note_fallback() {
+    result_.fallback = engine_why_.empty() || buffered_why_.empty() ? engine_why_ + buffered_why_ : engine_why_ + "; " + buffered_why_;
   }
 
   // The one log line of a file read buffered although O_DIRECT was asked for.
@@ -451,13 +468,17 @@ class FileLoad {
     buffered_why_ = "buffered reads: " + why;
   }
 
-  // After a refused O_DIRECT read (no read in flight): the same file, buffered.
+  // After a refused O_DIRECT read (no read in flight): the same file, buffered, through the
+  // same source. The direct descriptor stays open until the new one is checked, so the
+  // file's inode stays the one the kernel holds (a FUSE file system may number a file anew
+  // once it is let go).
   void reopen_buffered(const std::string& why) {
-    source_.reset();
-    fd_.reset(-1);
+    Fd direct;
+    std::swap(direct.fd, fd_.fd);
     read_buffered_because(why, "reading the file again from its start, buffered");
     open_fd(false);
-    start_source();
+    source_->read_buffered_from(fd_.fd);
+    note_fallback();
   }
 
   // Which chunks to read, the reads they take, and which pieces each chunk feeds.
@@ -622,6 +643,7 @@ class FileLoad {
   std::unique_ptr<Source> source_;
   bool direct_ = false;
   std::string identity_;      // device:inode of the file first opened
+  std::string engine_why_;    // why pread reads the file, not io_uring
   std::string buffered_why_;  // why the file is read buffered although O_DIRECT was asked for
   std::vector<std::pair<std::uint64_t, std::size_t>> feeds_;
   std::vector<Read> reads_;
