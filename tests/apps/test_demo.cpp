@@ -403,9 +403,13 @@ TEST_CASE("ckpt-demo resumes bit for bit through FUSE file systems that refuse O
   namespace fs = std::filesystem;
   ckpt::test::TempDir dir;
   int status = 0;
-  run(kBin + "ckpt-demo --steps 20 --save-every 10 --dir " + (dir / "full").string() + " --metrics " + (dir / "full.jsonl").string(), status);
+  // 14 steps, a checkpoint at step 10, resumed to 14 saving at 12 (through the file system):
+  // the LR schedule does not follow --steps (--schedule-steps), so the rows match.
+  run(kBin + "ckpt-demo --steps 14 --save-every 10 --dir " + (dir / "full").string() + " --metrics " + (dir / "full.jsonl").string(), status);
   REQUIRE(status == 0);
   const auto full = losses((dir / "full.jsonl").string());
+  run(kBin + "ckpt-demo --steps 10 --save-every 10 --dir " + (dir / "step10").string(), status);
+  REQUIRE(status == 0);
   // The lines of `out` that hold every one of `parts`.
   const auto count = [](const std::string& out, std::initializer_list<std::string> parts) {
     std::istringstream in(out);
@@ -417,16 +421,18 @@ TEST_CASE("ckpt-demo resumes bit for bit through FUSE file systems that refuse O
     }
     return n;
   };
-  // Saved at step 10 into `src` (a plain directory), resumed from `root` (src seen through a
-  // file system) to step 20, saving there again: the same losses, and `loads` / `writes` log
-  // lines per shard saying it was read / written buffered.
+  // A copy of the step-10 root in `src`, resumed from `root` (src seen through a file system)
+  // to step 14: the same losses, and `loads` / `writes` log lines per shard saying it was
+  // read / written (the step-12 save) buffered.
   const auto resume_through = [&](const fs::path& root, const std::string& name, std::size_t loads, std::size_t writes) {
     CAPTURE(name);
-    const auto out = run(kBin + "ckpt-demo --steps 20 --resume --dir " + root.string() + " --metrics " + (dir / (name + ".jsonl")).string(), status);
+    const auto out = run(kBin + "ckpt-demo --steps 14 --save-every 4 --resume --dir " + root.string() + " --metrics " +
+                             (dir / (name + ".jsonl")).string(), status);
     CHECK(status == 0);
     CHECK(out.find("resumed from step 10") != std::string::npos);
+    CHECK(fs::is_directory(root / "step-0000000012"));
     const auto resumed = losses((dir / (name + ".jsonl")).string());
-    REQUIRE(resumed.size() == 10);
+    REQUIRE(resumed.size() == 4);
     for (const auto& [step, hex] : resumed) CHECK(full.at(step) == hex);
     for (int r = 0; r < 4; ++r) {
       const std::string shard = "rank-0000" + std::to_string(r) + "-of-00004.safetensors";
@@ -444,16 +450,12 @@ TEST_CASE("ckpt-demo resumes bit for bit through FUSE file systems that refuse O
     ::close(fd);
     return ok;
   };
-  const auto save_step_10 = [&](const fs::path& src) {
-    run(kBin + "ckpt-demo --steps 10 --save-every 10 --dir " + src.string(), status);
-    REQUIRE(status == 0);
-  };
   // Sanitizer builds run the demo several times slower: there, the reported failure and tmpfs.
   std::vector<Kind> kinds{Kind::refuse_direct_io};
   if (const char* san = std::getenv("CKPT_SANITIZE"); !san || !*san) kinds = {Kind::refuse_direct_io, Kind::short_direct_reads, Kind::refuse_direct_open, Kind::bindfs};
   for (const Kind kind : kinds) {
     const std::string name = ckpt::test::kind_name(kind);
-    save_step_10(dir / name);
+    fs::copy(dir / "step10", dir / name, fs::copy_options::recursive);
     const ckpt::test::FuseMount mnt(dir / name, dir / (name + "-mnt"), kind);
     // bindfs hands O_DIRECT to the directory below, which takes it or refuses it at open.
     const std::size_t loads = kind == Kind::bindfs && direct_reads_work(mnt.path()) ? 0 : 1;
@@ -461,7 +463,7 @@ TEST_CASE("ckpt-demo resumes bit for bit through FUSE file systems that refuse O
   }
   if (fs::is_directory("/dev/shm")) {
     const ckpt::test::TempDir shm("ckpt-demo", "/dev/shm");
-    save_step_10(shm / "root");
+    fs::copy(dir / "step10", shm / "root", fs::copy_options::recursive);
     resume_through(shm / "root", "tmpfs", direct_reads_work(shm / "root") ? 0 : 1, 0);  // direct since Linux 6.6
   }
 }
