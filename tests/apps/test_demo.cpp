@@ -7,6 +7,7 @@
 
 #include <boost/json.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <thread>
 #include <filesystem>
 #include <map>
@@ -15,6 +16,7 @@
 #include "cli.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/root_lock.hpp"
+#include "support/fuse_mount.hpp"
 #include "support/test_support.hpp"
 
 namespace {
@@ -394,4 +396,74 @@ TEST_CASE("a checkpoint written by ckpt 0.1.0's callback writer still verifies a
   }
   REQUIRE(expected.size() == 10);
   CHECK(losses((dir / "resumed.jsonl").string()) == expected);
+}
+
+TEST_CASE("ckpt-demo resumes bit for bit through FUSE file systems that refuse O_DIRECT reads and writes, through bindfs, and from tmpfs") {
+  using Kind = ckpt::test::FuseMount::Kind;
+  namespace fs = std::filesystem;
+  ckpt::test::TempDir dir;
+  int status = 0;
+  // 14 steps, a checkpoint at step 10, resumed to 14 saving at 12 (through the file system):
+  // the LR schedule does not follow --steps (--schedule-steps), so the rows match.
+  run(kBin + "ckpt-demo --steps 14 --save-every 10 --dir " + (dir / "full").string() + " --metrics " + (dir / "full.jsonl").string(), status);
+  REQUIRE(status == 0);
+  const auto full = losses((dir / "full.jsonl").string());
+  run(kBin + "ckpt-demo --steps 10 --save-every 10 --dir " + (dir / "step10").string(), status);
+  REQUIRE(status == 0);
+  // The lines of `out` that hold every one of `parts`.
+  const auto count = [](const std::string& out, std::initializer_list<std::string> parts) {
+    std::istringstream in(out);
+    std::size_t n = 0;
+    for (std::string line; std::getline(in, line);) {
+      bool all = true;
+      for (const auto& p : parts) all = all && line.find(p) != std::string::npos;
+      n += all ? 1 : 0;
+    }
+    return n;
+  };
+  // A copy of the step-10 root in `src`, resumed from `root` (src seen through a file system)
+  // to step 14: the same losses, and `loads` / `writes` log lines per shard saying it was
+  // read / written (the step-12 save) buffered.
+  const auto resume_through = [&](const fs::path& root, const std::string& name, std::size_t loads, std::size_t writes) {
+    CAPTURE(name);
+    const auto out = run(kBin + "ckpt-demo --steps 14 --save-every 4 --resume --dir " + root.string() + " --metrics " +
+                             (dir / (name + ".jsonl")).string(), status);
+    CHECK(status == 0);
+    CHECK(out.find("resumed from step 10") != std::string::npos);
+    CHECK(fs::is_directory(root / "step-0000000012"));
+    const auto resumed = losses((dir / (name + ".jsonl")).string());
+    REQUIRE(resumed.size() == 4);
+    for (const auto& [step, hex] : resumed) CHECK(full.at(step) == hex);
+    for (int r = 0; r < 4; ++r) {
+      const std::string shard = "rank-0000" + std::to_string(r) + "-of-00004.safetensors";
+      CHECK(count(out, {"ckpt: load_into: " + (root / "step-0000000010" / shard).string() + ": "}) == loads);
+      CHECK(count(out, {"ckpt: write: " + root.string() + "/", shard + ": the file system took O_DIRECT at open but refused a write"}) == writes);
+    }
+  };
+  // True where an O_DIRECT read of the root's first shard works (a file system left alone).
+  const auto direct_reads_work = [](const fs::path& root) {
+    const int fd = ::open((root / "step-0000000010" / "rank-00000-of-00004.safetensors").c_str(), O_RDONLY | O_DIRECT);
+    if (fd < 0) return false;
+    void* block = std::aligned_alloc(4096, 4096);
+    const bool ok = ::pread(fd, block, 4096, 0) == 4096;
+    std::free(block);
+    ::close(fd);
+    return ok;
+  };
+  // Sanitizer builds run the demo several times slower: there, the reported failure and tmpfs.
+  std::vector<Kind> kinds{Kind::refuse_direct_io};
+  if (const char* san = std::getenv("CKPT_SANITIZE"); !san || !*san) kinds = {Kind::refuse_direct_io, Kind::short_direct_reads, Kind::refuse_direct_open, Kind::bindfs};
+  for (const Kind kind : kinds) {
+    const std::string name = ckpt::test::kind_name(kind);
+    fs::copy(dir / "step10", dir / name, fs::copy_options::recursive);
+    const ckpt::test::FuseMount mnt(dir / name, dir / (name + "-mnt"), kind);
+    // bindfs hands O_DIRECT to the directory below, which takes it or refuses it at open.
+    const std::size_t loads = kind == Kind::bindfs && direct_reads_work(mnt.path()) ? 0 : 1;
+    resume_through(mnt.path(), name, loads, kind == Kind::refuse_direct_io ? 1 : 0);
+  }
+  if (fs::is_directory("/dev/shm")) {
+    const ckpt::test::TempDir shm("ckpt-demo", "/dev/shm");
+    fs::copy(dir / "step10", shm / "root", fs::copy_options::recursive);
+    resume_through(shm / "root", "tmpfs", direct_reads_work(shm / "root") ? 0 : 1, 0);  // direct since Linux 6.6
+  }
 }

@@ -19,6 +19,7 @@
 #include "ckpt/testing/fault_injection.hpp"
 #include "ckpt/testing/memory_file_system.hpp"
 #include "runtime/runtime_fixture.hpp"
+#include "support/fuse_mount.hpp"
 
 using namespace ckpt;
 using namespace ckpt::testing;
@@ -167,6 +168,46 @@ TEST_CASE("the writer a save reports is the one that moved its bytes: io_uring o
     CHECK(c.backend_name() == "io_uring");
     CHECK(save_all(c, states, 1, "posix") == std::vector<std::string>(2));
     CHECK(open_latest(mem, "/root").name == "step-0000000001");
+  }
+}
+
+TEST_CASE("a root on a FUSE file system that takes O_DIRECT opens and refuses the writes is written buffered: each shard once more, one log line per file") {
+  using Kind = test::FuseMount::Kind;
+  const int world = 2;
+  std::vector<test::RankState> states{test::RankState(0, kN), test::RankState(1, kN)};
+  for (const Kind kind : {Kind::refuse_direct_io, Kind::refuse_direct_open}) {
+    for (const WriterBackend backend : test::backends()) {
+      CAPTURE(std::string(test::kind_name(kind)));
+      CAPTURE(std::string(test::backend_label(backend)));
+      test::TempDir dir;
+      fs::create_directory(dir / "src");
+      const test::FuseMount mnt(dir / "src", dir / "mnt", kind);
+      const std::string root = (mnt.path() / "root").string();
+      test::LogCapture log;
+      {
+        Checkpointer c({.root = root, .world_size = world, .backend = backend, .direct_io = true});
+        REQUIRE(save_all(c, states, 1, test::backend_label(backend)) == std::vector<std::string>(2));
+      }
+      // Each shard's refusal and its buffered rewrite, logged once; a refused open is the
+      // open's own fallback, silent as before.
+      const auto lines = log.matching({"write: ", "the file system took O_DIRECT at open but refused a write", "writing the file again, buffered"});
+      for (int r = 0; r < world; ++r) {
+        const std::string shard = shard_file_name(r, world);
+        const auto about = log.matching({"write: ", shard + ": the file system took O_DIRECT"});
+        CHECK(about.size() == (kind == Kind::refuse_direct_io ? 1u : 0u));
+      }
+      CHECK(lines.size() == (kind == Kind::refuse_direct_io ? 2u : 0u));
+      // What was written through the mount is the state, whole (read from the source, under FUSE).
+      const auto opened = open_latest(posix_file_system(), (dir / "src" / "root").string(), {.expected_world_size = world});
+      CHECK(opened.name == "step-0000000001");
+      opened.reader.verify(Verify::full);
+      for (int r = 0; r < world; ++r) {
+        const auto master = opened.reader.read_tensor("master", r, Verify::full);
+        const auto& want = states[static_cast<std::size_t>(r)].master;
+        REQUIRE(master.size() == want.size() * sizeof(float));
+        CHECK(std::memcmp(master.data(), want.data(), master.size()) == 0);
+      }
+    }
   }
 }
 

@@ -54,9 +54,13 @@ std::vector<std::string> LogCapture::matching(std::initializer_list<std::string_
   return out;
 }
 
-TempDir::TempDir(const std::string& tag) {
+TempDir::TempDir(const std::string& tag) : TempDir(tag, [] {
   const char* base = std::getenv("TMPDIR");
-  std::string templ = std::string(base && *base ? base : "/var/tmp") + "/" + tag + "-XXXXXX";
+  return std::string(base && *base ? base : "/var/tmp");
+}()) {}
+
+TempDir::TempDir(const std::string& tag, const std::string& base) {
+  std::string templ = base + "/" + tag + "-XXXXXX";
   if (!mkdtemp(templ.data())) throw std::runtime_error("mkdtemp failed: " + templ);
   path_ = templ;
 }

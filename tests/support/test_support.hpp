@@ -23,6 +23,8 @@ Error error_of(const std::function<void()>& fn);
 class TempDir {
  public:
   explicit TempDir(const std::string& tag = "ckpt-test");
+  /// The same under `base` (e.g. /dev/shm, a tmpfs).
+  TempDir(const std::string& tag, const std::string& base);
   ~TempDir();
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;

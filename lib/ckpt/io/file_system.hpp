@@ -45,6 +45,15 @@ class WritableFile {
     return len;
   }
   virtual bool is_direct() const noexcept = 0;
+  /// For a file opened with O_DIRECT whose writes the file system refuses although it took
+  /// the open (EINVAL from FUSE file systems: s3fs, gcsfuse, JuiceFS, blobfuse): opens the
+  /// same file again without O_DIRECT and writes through that descriptor from now on
+  /// (native_handle() changes, is_direct() becomes false); returns true. False where there
+  /// is nothing to reopen (a buffered file, one without a descriptor). Throws
+  /// Errc::io_error if the reopen fails or finds another file under the path. Not while
+  /// writes are in flight. The writers call it on an EINVAL of a direct write and write
+  /// the data again (runtime/write_backends.cpp).
+  virtual bool reopen_buffered() { return false; }
   virtual const std::string& path() const noexcept = 0;
 };
 

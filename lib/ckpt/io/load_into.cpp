@@ -5,6 +5,12 @@
 // slots keeps the disk busy meanwhile): each read's bytes are hashed and copied out to the
 // targets block by block while the block is in cache, and a chunk's XXH3 is compared when
 // its last read is processed.
+//
+// O_DIRECT where it works: a file system may refuse it at open (EINVAL: tmpfs before 6.6), or
+// accept the open and refuse the reads (EINVAL from many FUSE file systems: s3fs, gcsfuse,
+// JuiceFS, blobfuse, LazyFS), or return a short read that leaves the next one misaligned.
+// The sources report the last two as DirectRefused; the file is then reopened buffered and
+// read again from its start, once (pump): the hashes restart, and every target is rewritten.
 #include "ckpt/io/load_into.hpp"
 
 #include <fcntl.h>
@@ -21,6 +27,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 
 #include "ckpt/core/aligned_buffer.hpp"
 #include "ckpt/core/error.hpp"
@@ -139,35 +146,66 @@ struct Req {
               std::to_string(at) + " bytes");
 }
 
+// An O_DIRECT read the file system would not do: EINVAL, or a short read that leaves the next
+// read of the file misaligned. Never leaves FileLoad: it reads the file again, buffered.
+struct DirectRefused {
+  std::string why;
+};
+
+[[noreturn]] void refuse_einval(std::uint64_t at) {
+  throw DirectRefused{"the file system refused an O_DIRECT read at byte " + std::to_string(at) + " (EINVAL: " + std::strerror(EINVAL) + ")"};
+}
+
+// A direct read that returned `got` of `asked` bytes at `off`, short of the file's end: the
+// rest would have to start at an address and offset O_DIRECT does not take.
+void check_direct_progress(std::uint64_t off, std::size_t got, std::size_t asked) {
+  if (got < asked && got % kBlockAlign != 0)
+    throw DirectRefused{"an O_DIRECT read at byte " + std::to_string(off) + " returned " + std::to_string(got) + " of " + std::to_string(asked) +
+                        " bytes, short of the file's end and not a multiple of " + std::to_string(kBlockAlign)};
+}
+
 // Where the reads go: submit() starts the read of a slot, wait() returns once it has landed
-// (or throws), drain() waits for every read still in flight.
+// (or throws; DirectRefused only from a source reading an O_DIRECT descriptor), drain() waits
+// for every read still in flight.
 class Source {
  public:
   virtual ~Source() = default;
   virtual void submit(std::size_t slot, const Req& r) = 0;
   virtual void wait(std::size_t slot) = 0;
   virtual void drain() noexcept {}
+  /// After drain(), once the file was reopened buffered: reads `fd` from now on (the same
+  /// ring: a ring set up anew in the middle of a multi-file load would reuse the memory of
+  /// the one let go, which ThreadSanitizer cannot see through liburing's raw mmap).
+  virtual void read_buffered_from(int fd) { (void)fd; }
 };
 
 // Synchronous: the read runs in wait().
 class PreadSource final : public Source {
  public:
-  PreadSource(int fd, const std::string& path, std::uint64_t size, std::size_t slots) : fd_(fd), path_(path), size_(size), reqs_(slots) {}
+  PreadSource(int fd, bool direct, const std::string& path, std::uint64_t size, std::size_t slots)
+      : fd_(fd), direct_(direct), path_(path), size_(size), reqs_(slots) {}
   void submit(std::size_t s, const Req& r) override { reqs_[s] = r; }
+  void read_buffered_from(int fd) override {
+    fd_ = fd;
+    direct_ = false;
+  }
   void wait(std::size_t s) override {
     const Req& r = reqs_[s];
     std::size_t done = 0;
     while (done < r.want) {
       const ssize_t n = ::pread(fd_, r.buf + done, r.len - done, static_cast<off_t>(r.off + done));
       if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EINVAL && direct_) refuse_einval(r.off + done);
       if (n < 0) throw_errno(errno, "pread", path_);
       if (n == 0) ended_early(path_, r.off + done, size_);
       done += static_cast<std::size_t>(n);
+      if (direct_ && done < r.want) check_direct_progress(r.off, done, r.len);
     }
   }
 
  private:
   int fd_;
+  bool direct_;
   const std::string& path_;
   std::uint64_t size_;
   std::vector<Req> reqs_;
@@ -189,7 +227,8 @@ class FileSystemSource final : public Source {
 // their remainder, EINTR / EAGAIN retried (as liburing's io_uring-cp does).
 class UringSource final : public Source {
  public:
-  UringSource(int fd, const std::string& path, std::uint64_t size, std::size_t slots) : fd_(fd), path_(path), size_(size), slots_(slots) {}
+  UringSource(int fd, bool direct, const std::string& path, std::uint64_t size, std::size_t slots)
+      : fd_(fd), direct_(direct), path_(path), size_(size), slots_(slots) {}
   ~UringSource() override {
     drain();
     if (ready_) io_uring_queue_exit(&ring_);
@@ -208,10 +247,16 @@ class UringSource final : public Source {
     slots_[s] = Slot{r};
     push(s);
   }
+  void read_buffered_from(int fd) override {
+    fd_ = fd;
+    direct_ = false;
+  }
   void wait(std::size_t s) override {
     while (!slots_[s].complete) reap();
     const Slot& sl = slots_[s];
+    if (sl.err == EINVAL && direct_) refuse_einval(sl.req.off + sl.done);
     if (sl.err) throw_errno(sl.err, "io_uring read", path_);
+    if (direct_ && sl.done < sl.req.want && !sl.eof) check_direct_progress(sl.req.off, sl.done, sl.req.len);
     if (sl.eof) ended_early(path_, sl.req.off + sl.done, size_);
   }
   void drain() noexcept override {
@@ -268,7 +313,8 @@ class UringSource final : public Source {
         sl.complete = true;
       } else {
         sl.done += static_cast<std::size_t>(res);
-        if (sl.done >= sl.req.want) sl.complete = true;
+        // A direct read cut short off a block boundary cannot go on (wait() says so).
+        if (sl.done >= sl.req.want || (direct_ && sl.done % kBlockAlign != 0)) sl.complete = true;
         else again.push_back(static_cast<std::size_t>(io_uring_cqe_get_data64(cqe)));  // short read: the rest
       }
     }
@@ -277,6 +323,7 @@ class UringSource final : public Source {
   }
 
   int fd_;
+  bool direct_;
   const std::string& path_;
   std::uint64_t size_;
   std::vector<Slot> slots_;
@@ -287,8 +334,10 @@ class UringSource final : public Source {
 
 struct Fd {
   int fd = -1;
-  ~Fd() {
+  ~Fd() { reset(-1); }
+  void reset(int to) {
     if (fd >= 0) ::close(fd);
+    fd = to;
   }
 };
 
@@ -352,43 +401,84 @@ class FileLoad {
     }
     // chunk_size is a power of two >= 4096 (decode_manifest), so chunk and read offsets are
     // block-aligned for O_DIRECT.
-    bool direct = opt_.direct;
+    open_fd(opt_.direct);
+    start_source();
+  }
+
+  // Opens the shard, with O_DIRECT if `direct` and the file system takes it at open, and
+  // checks what was opened. A reopen must find the file the first open found.
+  void open_fd(bool direct) {
     const int flags = O_RDONLY | O_CLOEXEC | O_NOFOLLOW;
-    fd_.fd = ::open(plan_.path.c_str(), flags | (direct ? O_DIRECT : 0));
-    if (fd_.fd < 0 && direct && errno == EINVAL) {
+    int fd = ::open(plan_.path.c_str(), flags | (direct ? O_DIRECT : 0));
+    if (fd < 0 && direct && errno == EINVAL) {
       direct = false;
-      result_.fallback = "buffered reads: the file system refuses O_DIRECT (EINVAL)";
-      fd_.fd = ::open(plan_.path.c_str(), flags);
+      read_buffered_because("the file system refuses O_DIRECT at open (EINVAL)");
+      fd = ::open(plan_.path.c_str(), flags);
     }
-    if (fd_.fd < 0) {
+    if (fd < 0) {
       const int err = errno;
       if (err == ELOOP) throw Error(Errc::unsafe_path, plan_.path, "shard is a symlink", "regular file", "symlink");
       if (err == ENOENT)
         throw Error(Errc::missing_shard, plan_.path, "shard of rank " + std::to_string(plan_.rank) + " listed in the manifest", "present", "missing");
       throw_errno(err, "open", plan_.path);
     }
+    fd_.reset(fd);
     struct stat st {};
     if (::fstat(fd_.fd, &st) != 0) throw_errno(errno, "fstat", plan_.path);
     if (!S_ISREG(st.st_mode)) throw Error(Errc::unsafe_path, plan_.path, "shard is not a regular file", "regular file", "other");
     check_size(size_, static_cast<std::uint64_t>(st.st_size), "shard size", plan_.path);
+    const std::string identity = std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
+    if (!identity_.empty() && identity != identity_)
+      throw Error(Errc::io_error, plan_.path, "shard replaced while it was reopened for buffered reads", "device:inode " + identity_,
+                  "device:inode " + identity);
+    identity_ = identity;
     direct_ = direct;
     result_.direct = direct;
+  }
+
+  // The engine that reads fd_: io_uring, or pread where it cannot be set up (or is refused).
+  void start_source() {
+    const std::size_t slots = static_cast<std::size_t>(std::max(1, opt_.queue_depth));
     std::string why;
     if (opt_.engine != LoadEngine::pread) {
-      auto ring = std::make_unique<UringSource>(fd_.fd, plan_.path, size_, slots);
+      auto ring = std::make_unique<UringSource>(fd_.fd, direct_, plan_.path, size_, slots);
       if (ring->init(why)) {
         source_ = std::move(ring);
         result_.engine = "io_uring";
+        note_fallback();
         return;
       }
       log_uring_fallback_once(why);
-      why = "pread: io_uring unavailable (" + why + ")";
+      engine_why_ = "pread: io_uring unavailable (" + why + ")";
     } else {
-      why = "pread: forced (LoadOptions::engine)";
+      engine_why_ = "pread: forced (LoadOptions::engine)";
     }
-    result_.fallback = result_.fallback.empty() ? why : why + "; " + result_.fallback;
-    source_ = std::make_unique<PreadSource>(fd_.fd, plan_.path, size_, slots);
+    source_ = std::make_unique<PreadSource>(fd_.fd, direct_, plan_.path, size_, slots);
     result_.engine = "pread";
+    note_fallback();
+  }
+
+  void note_fallback() {
+    result_.fallback = engine_why_.empty() || buffered_why_.empty() ? engine_why_ + buffered_why_ : engine_why_ + "; " + buffered_why_;
+  }
+
+  // The one log line of a file read buffered although O_DIRECT was asked for.
+  void read_buffered_because(const std::string& why, std::string_view how = "reading the file buffered") {
+    log_line("load_into: " + plan_.path + ": " + why + "; " + std::string(how));
+    buffered_why_ = "buffered reads: " + why;
+  }
+
+  // After a refused O_DIRECT read (no read in flight): the same file, buffered, through the
+  // same source. The direct descriptor stays open until the new one is checked, so the
+  // file's inode stays the one the kernel holds (a FUSE file system may number a file anew
+  // once it is let go).
+  void reopen_buffered(const std::string& why) {
+    Fd direct;
+    std::swap(direct.fd, fd_.fd);
+    read_buffered_because(why, "reading the file again from its start, buffered");
+    open_fd(false);
+    source_->read_buffered_from(fd_.fd);
+    note_fallback();
   }
 
   // Which chunks to read, the reads they take, and which pieces each chunk feeds.
@@ -455,7 +545,22 @@ class FileLoad {
     submitted_ = i + 1;
   }
 
+  // Reads the file; where its O_DIRECT reads are refused, once more from its start, buffered:
+  // the hashes start over, and every target of the file is written again.
   void pump() {
+    try {
+      pass();
+    } catch (const DirectRefused& refused) {
+      source_->drain();
+      zero_unverified();  // what the refused pass left unchecked in the targets (rewritten now)
+      reopen_buffered(refused.why);
+      pass();
+    }
+  }
+
+  void pass() {
+    submitted_ = current_ = 0;
+    result_.bytes = result_.reads_direct = 0;
     const bool check = mode_ != Verify::none, full = mode_ == Verify::full;
     std::optional<Sha256> sha;
     if (full) sha.emplace();
@@ -537,6 +642,9 @@ class FileLoad {
   std::unique_ptr<ReadableFile> file_;
   std::unique_ptr<Source> source_;
   bool direct_ = false;
+  std::string identity_;      // device:inode of the file first opened
+  std::string engine_why_;    // why pread reads the file, not io_uring
+  std::string buffered_why_;  // why the file is read buffered although O_DIRECT was asked for
   std::vector<std::pair<std::uint64_t, std::size_t>> feeds_;
   std::vector<Read> reads_;
   std::vector<AlignedBuffer> bounce_;

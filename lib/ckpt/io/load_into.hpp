@@ -2,9 +2,10 @@
 // the optimizer's shards. CheckpointReader::load_shard allocates a fresh buffer per shard
 // and reads through the page cache, so every page of it is touched for the first time during
 // the load; load_into reads with O_DIRECT through io_uring (a queue of reads in flight per
-// file) into a few reused, pre-faulted bounce buffers, or straight into a target when the
-// target's memory is 4096-aligned where a whole read lands, and copies each piece out while
-// it is still in cache, hashing it on the way (one pass over the bytes).
+// file; buffered where the file system refuses O_DIRECT, at open or at a read, as many FUSE
+// file systems do) into a few reused, pre-faulted bounce buffers, or straight into a target
+// when the target's memory is 4096-aligned where a whole read lands, and copies each piece
+// out while it is still in cache, hashing it on the way (one pass over the bytes).
 //
 // What it reads: with Verify::none and Verify::fast only the chunks (manifest chunk_size)
 // that cover the requested bytes; with Verify::full the whole file, since its SHA-256 and
@@ -55,7 +56,7 @@ struct LoadReport {
   bool direct = false;              ///< every file was read with O_DIRECT
   std::string fallback;             ///< why io_uring or O_DIRECT was not used (empty when both were, or not asked for)
   std::uint64_t files = 0;          ///< shard files read
-  std::uint64_t bytes_read = 0;     ///< bytes read from the files
+  std::uint64_t bytes_read = 0;     ///< bytes read from the files (a file read again buffered: the second pass)
   std::uint64_t chunks_read = 0;    ///< manifest chunks read (each checked unless Verify::none)
   std::uint64_t reads_direct = 0;   ///< reads that landed in a target without a bounce buffer
 };
@@ -95,10 +96,22 @@ struct RankLoad {
 /// No read is in flight into any target or bounce buffer when the call returns or throws.
 ///
 /// Engine: O_DIRECT reads through io_uring on the POSIX file system (posix_file_system());
-/// a buffered file descriptor where O_DIRECT is refused (EINVAL: tmpfs before Linux 6.6) or
-/// options.direct is false; pread where io_uring cannot be set up (seccomp,
-/// an old kernel: logged once, through log_line, and in LoadReport::fallback); the
-/// FileSystem's own read_at for any other FileSystem (in-memory, fault-injecting wrappers).
+/// pread where io_uring cannot be set up (seccomp, an old kernel: logged once, through
+/// log_line, and in LoadReport::fallback); the FileSystem's own read_at for any other
+/// FileSystem (in-memory, fault-injecting wrappers). Buffered reads where options.direct is
+/// false, and where the file system refuses O_DIRECT:
+///  - at open (EINVAL: tmpfs before Linux 6.6): the file is opened buffered;
+///  - at a read, having taken the open (EINVAL: FUSE file systems such as s3fs, gcsfuse,
+///    JuiceFS, blobfuse), or by a direct read that ends short of the file's end off a
+///    4096-byte boundary (the rest could not be read direct): the reads in flight are
+///    drained, the targets' unverified bytes zeroed as after a failure, and the file is
+///    reopened buffered (the same file: device and inode must match, else Errc::io_error)
+///    and read again from its start, once: its hashes start over (no byte is hashed twice)
+///    and every target of the file is written again. A refusal after that is an error.
+/// Either way one log_line per such file names it and says why, LoadReport::direct is false
+/// and LoadReport::fallback starts "buffered reads: " and says why; the targets end up with
+/// the same verified bytes as a direct load. LoadReport::bytes_read counts the pass that
+/// delivered the bytes.
 ///
 /// Blocks until done, on the calling thread. Thread-safe: any number of loads may run at
 /// once, from one CheckpointReader too, as long as their targets do not overlap; a target

@@ -55,6 +55,19 @@ class PosixWritableFile final : public WritableFile {
   }
   int native_handle() const noexcept override { return fd_; }
   bool is_direct() const noexcept override { return direct_; }
+  bool reopen_buffered() override {
+    if (!direct_ || fd_ < 0) return false;
+    const int fd = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) throw_errno(errno, "reopen for buffered writes", path_);
+    struct stat was {}, now {};
+    if (::fstat(fd_, &was) != 0 || ::fstat(fd, &now) != 0 || was.st_dev != now.st_dev || was.st_ino != now.st_ino) {
+      ::close(fd);
+      throw Error(Errc::io_error, path_, "file replaced while it was reopened for buffered writes", "the file being written", "another file");
+    }
+    ::close(std::exchange(fd_, fd));
+    direct_ = false;
+    return true;
+  }
   const std::string& path() const noexcept override { return path_; }
 
  private:

@@ -5,6 +5,10 @@
 // still in flight when it returns. Lanes run on the io_context's one thread, so the shared
 // cursor needs no lock.
 //
+// A file opened with O_DIRECT whose writes the file system refuses (EINVAL: FUSE file systems
+// take the open and refuse the writes; or a short write left the rest misaligned) is reopened
+// buffered and the whole image written again, once (with_buffered_retry).
+//
 // Asio's composed async_write_at moves at most 64 KiB per operation, which measured at
 // 0.22 GB/s here; one async_write_some_at per MiB-sized piece matches a raw liburing loop
 // (1.8 GB/s).
@@ -22,6 +26,7 @@
 #include <vector>
 
 #include "ckpt/core/error.hpp"
+#include "ckpt/core/log.hpp"
 #include "ckpt/runtime/detail/offload.hpp"
 #include "ckpt/runtime/detail/write_backend.hpp"
 
@@ -77,6 +82,31 @@ asio::awaitable<void> run_lanes(Image& image, int queue_depth, Lane lane) {
   if (image.error) std::rethrow_exception(image.error);
 }
 
+// Runs `write_image` (every lane of one image write); if it fails with EINVAL on a file opened
+// with O_DIRECT, reopens the file buffered (one log line) and runs it once more. Every write of
+// the first run has finished when it failed (run_lanes awaits them all).
+template <typename WriteImage>
+asio::awaitable<void> with_buffered_retry(WritableFile& file, WriteImage write_image) {
+  std::exception_ptr failed;
+  try {
+    co_await write_image();
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  if (!failed) co_return;
+  std::string why;
+  try {
+    std::rethrow_exception(failed);
+  } catch (const Error& e) {
+    if (e.sys_errno() != EINVAL || !file.is_direct()) throw;
+    why = e.detail();
+  }
+  if (!file.reopen_buffered()) std::rethrow_exception(failed);
+  log_line("write: " + file.path() + ": the file system took O_DIRECT at open but refused a write (" + why +
+           "); writing the file again, buffered");
+  co_await write_image();
+}
+
 class PosixBackend final : public WriteBackend {
  public:
   explicit PosixBackend(asio::thread_pool& pool) : pool_(pool) {}
@@ -84,8 +114,10 @@ class PosixBackend final : public WriteBackend {
 
   asio::awaitable<std::string_view> write(WritableFile& file, std::span<const std::byte> data, std::size_t io_size, int queue_depth,
                                           const std::atomic<bool>* stop) override {
-    Image image{file, data, io_size, stop, 0, nullptr};
-    co_await run_lanes(image, queue_depth, [this](Image& im) { return lane(im); });
+    co_await with_buffered_retry(file, [&]() -> asio::awaitable<void> {
+      Image image{file, data, io_size, stop, 0, nullptr};
+      co_await run_lanes(image, queue_depth, [this](Image& im) { return lane(im); });
+    });
     co_return name();
   }
 
@@ -113,20 +145,22 @@ class UringBackend final : public WriteBackend {
                                           const std::atomic<bool>* stop) override {
     // No descriptor to hand the ring (an in-memory file): the posix writer moves the bytes.
     if (file.native_handle() < 0) co_return co_await posix_.write(file, data, io_size, queue_depth, stop);
-    asio::random_access_file handle(ctx_);
-    boost::system::error_code ec;
-    handle.assign(file.native_handle(), ec);
-    if (ec) throw Error(Errc::io_error, file.path(), "io_uring file assign failed: " + ec.message());
-    Image image{file, data, io_size, stop, 0, nullptr};
-    std::exception_ptr failed;
-    try {
-      co_await run_lanes(image, queue_depth, [&handle](Image& im) { return lane(handle, im); });
-    } catch (...) {
-      failed = std::current_exception();
-    }
-    // The descriptor belongs to the WritableFile (which fsyncs and closes it): only borrowed.
-    handle.release(ec);
-    if (failed) std::rethrow_exception(failed);
+    co_await with_buffered_retry(file, [&]() -> asio::awaitable<void> {
+      asio::random_access_file handle(ctx_);
+      boost::system::error_code ec;
+      handle.assign(file.native_handle(), ec);
+      if (ec) throw Error(Errc::io_error, file.path(), "io_uring file assign failed: " + ec.message());
+      Image image{file, data, io_size, stop, 0, nullptr};
+      std::exception_ptr failed;
+      try {
+        co_await run_lanes(image, queue_depth, [&handle](Image& im) { return lane(handle, im); });
+      } catch (...) {
+        failed = std::current_exception();
+      }
+      // The descriptor belongs to the WritableFile (which fsyncs and closes it): only borrowed.
+      handle.release(ec);
+      if (failed) std::rethrow_exception(failed);
+    });
     co_return name();
   }
 

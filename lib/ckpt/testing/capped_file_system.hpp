@@ -41,6 +41,7 @@ class CappedFileSystem final : public FileSystemWrapper {
     void close() override { f_->close(); }
     int native_handle() const noexcept override { return f_->native_handle(); }
     bool is_direct() const noexcept override { return f_->is_direct(); }
+    bool reopen_buffered() override { return f_->reopen_buffered(); }
     const std::string& path() const noexcept override { return f_->path(); }
 
    private:

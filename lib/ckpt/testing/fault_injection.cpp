@@ -68,6 +68,7 @@ class FaultyFile final : public WritableFile {
     return fs_.before(FaultInjectionFileSystem::Op::write, f_->path()) ? len / 2 : len;
   }
   bool is_direct() const noexcept override { return f_->is_direct(); }
+  bool reopen_buffered() override { return f_->reopen_buffered(); }
   const std::string& path() const noexcept override { return f_->path(); }
 
  private:

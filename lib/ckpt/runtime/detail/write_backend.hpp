@@ -25,7 +25,9 @@ class WriteBackend {
   /// moved the bytes ("io_uring", or "posix" for a file without a descriptor); throws the
   /// first write's ckpt::Error once every write in flight has finished. Once `*stop` is true
   /// no further piece is started: the write ends with Errc::aborted when the pieces in
-  /// flight are done.
+  /// flight are done. A file opened with O_DIRECT whose writes fail with EINVAL (the file
+  /// system took the open, not the writes) is reopened buffered (WritableFile::reopen_buffered)
+  /// and the whole of `data` written again, once, with one log_line naming the file.
   virtual boost::asio::awaitable<std::string_view> write(WritableFile& file, std::span<const std::byte> data, std::size_t io_size,
                                                          int queue_depth, const std::atomic<bool>* stop = nullptr) = 0;
 };
