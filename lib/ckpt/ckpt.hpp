@@ -27,6 +27,7 @@
 #include "ckpt/format/manifest.hpp"
 #include "ckpt/format/redundancy.hpp"
 #include "ckpt/format/safetensors.hpp"
+#include "ckpt/format/shard_check.hpp"
 #include "ckpt/format/sharding.hpp"
 #include "ckpt/io/commit.hpp"
 #include "ckpt/io/erasure.hpp"

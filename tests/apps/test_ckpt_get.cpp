@@ -166,3 +166,23 @@ TEST_CASE("ckpt get refuses a missing tensor, a rank out of range, an unwritable
   CHECK(r.status == 1);
   CHECK(boost::json::parse(r.out.substr(0, r.out.find('\n'))).at("error").at("code").as_string() == "checksum mismatch");
 }
+
+TEST_CASE("ckpt get refuses a tensor the manifest index calls I32 while its shard header says F32, with exit 1, the field named and no output") {
+  // Without the header check, the float bits would be written out as an int32 array.
+  Saved s;
+  test::write_index_dtype(s.ckpt_dir(), s.m, "f32", 1, DType::I32);
+  test::TempDir out;
+  const std::string npy = (out / "t.npy").string();
+  for (const char* verify : {"none", "fast", "full"}) {
+    CAPTURE(verify);
+    const auto r = get(s.ckpt_dir().string() + " f32 --rank 1 --verify " + verify + " --out " + npy);
+    CHECK(r.status == 1);
+    CHECK(r.out == "ckpt get: malformed shard: " + s.shard(1).string() +
+                       ": tensor 'f32' disagrees with the manifest index in its dtype: expected I32, actual F32\n");
+    CHECK(test::names_in(out.path()).empty());
+  }
+  // Rank 0's index is right: its f32 is written.
+  const auto r = get(s.ckpt_dir().string() + " f32 --rank 0 --out " + npy);
+  CHECK(r.status == 0);
+  CHECK(test::names_in(out.path()) == std::vector<std::string>{"t.npy"});
+}

@@ -53,7 +53,7 @@ GoodRoot make_good_root(bool small = false);
 /// Where a case must be refused.
 enum class Stage {
   open,  ///< CheckpointReader::open (and open_latest) throws
-  load,  ///< open succeeds; load_shard and verify throw, with Verify::fast and ::full
+  load,  ///< open succeeds; every read path throws (load_shard, verify, load_into, read_tensor, ...)
   root,  ///< open_latest throws (the `latest` pointer is bad; the checkpoints are intact)
 };
 
@@ -66,6 +66,11 @@ struct Case {
   Stage stage;
   std::string detail_contains;  ///< optional: a piece of Error::detail() (e.g. "chunk 2 of")
   double max_seconds = 1.0;     ///< bound on the whole check of this case
+  /// Damage only the checksums can tell (a flipped bit, a shard swapped for another
+  /// well-formed one): refused by reads that check the chunks they read (Verify::fast, full),
+  /// while Verify::none reads it as it is. false: structural damage (a header, an index, a
+  /// size, a path), refused at every verify level, Verify::none included.
+  bool checksums_only = false;
 };
 
 /// Every case below, in category order.

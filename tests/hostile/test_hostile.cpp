@@ -1,5 +1,7 @@
 // Every case of the hostile corpus (corpus.hpp) against the reader: refused by
-// CheckpointReader::open, or by load_shard and verify with Verify::fast and ::full, with the
+// CheckpointReader::open, or by every read path (load_shard and verify with Verify::fast and
+// ::full; the resume path, load_into of every tensor, with none, fast and full, leaving every
+// target untouched; read_tensor, ShardRangeReader, stream_shard and MappedShard), with the
 // exact Errc, an error that names the damaged file, within a time bound, and afterwards the
 // previous checkpoint of the same root still opens, verifies and loads byte-equal, also
 // through open_latest's fallback. The last cases replay the corpus on the real file system
@@ -10,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -20,6 +23,9 @@
 #include <stdexcept>
 
 #include "ckpt/io/layout.hpp"
+#include "ckpt/io/load_into.hpp"
+#include "ckpt/io/mapped.hpp"
+#include "ckpt/io/range_reader.hpp"
 #include "ckpt/io/reader.hpp"
 #include "hostile/corpus.hpp"
 #include "support/test_support.hpp"
@@ -58,6 +64,112 @@ struct Place {
   std::string root;
   std::string map(const std::string& corpus_path) const { return root + corpus_path.substr(std::string(hostile::kRoot).size()); }
 };
+
+constexpr std::byte kUntouched{0xAB};
+
+// A buffer for every tensor of every rank the manifest indexes (as a resume loads them),
+// filled with kUntouched.
+struct AllTargets {
+  std::vector<std::vector<std::byte>> bufs;
+  std::vector<std::vector<LoadTarget>> per_rank;
+  std::vector<RankLoad> ranks;
+  explicit AllTargets(const Manifest& m) : per_rank(static_cast<std::size_t>(m.world_size)) {
+    bufs.reserve(m.tensors.size());
+    for (const auto& t : m.tensors) {
+      bufs.emplace_back(static_cast<std::size_t>(t.end - t.begin), kUntouched);
+      per_rank[static_cast<std::size_t>(t.rank)].push_back({t.name, bufs.back(), t.dtype, t.shape});
+    }
+    for (int r = 0; r < m.world_size; ++r) ranks.push_back({r, per_rank[static_cast<std::size_t>(r)]});
+  }
+  // The targets (of `rank`; -1: of every rank) hold kUntouched still.
+  bool untouched(int rank = -1) const {
+    for (std::size_t r = 0; r < per_rank.size(); ++r)
+      if (rank < 0 || static_cast<std::size_t>(rank) == r)
+        for (const auto& t : per_rank[r])
+          if (!std::all_of(t.out.begin(), t.out.end(), [](std::byte x) { return x == kUntouched; })) return false;
+    return true;
+  }
+  // Every buffer holds its tensor's bytes of the undamaged checkpoint.
+  bool good_bytes(const Manifest& m) const {
+    std::size_t i = 0;
+    for (const auto& t : m.tensors) {
+      const auto file = good().fs.file_bytes(join_path(good().latest_dir, good().latest.shard(t.rank).path)).value();
+      if (!std::equal(bufs[i].begin(), bufs[i].end(), file.begin() + static_cast<std::ptrdiff_t>(t.begin))) return false;
+      ++i;
+    }
+    return true;
+  }
+};
+
+using Refused = std::function<void(const char*, const std::function<void()>&)>;
+
+// The read paths beside load_shard and verify, on a case refused at load: the resume path
+// (load_into of every tensor of every rank, into memory the caller owns) and the per-tensor,
+// ranged, streamed and mapped reads.
+void check_read_paths(const Case& c, const CheckpointReader& reader, const std::string& want_file, const Refused& refused,
+                      std::vector<std::string>& problems) {
+  const Manifest& m = reader.manifest();
+  const int world = m.world_size;
+  if (c.checksums_only) {
+    // Only the checksums can tell, so Verify::none loads it as it is (not checked here).
+    // Verify::full reads every chunk: refused. Verify::fast reads the chunks the tensors lie
+    // in: refused, unless the damage lies only where no tensor does (the header's own chunk,
+    // in a way its parse and the index agreement cannot see: a metadata value), and then
+    // what it loaded is the checkpoint's bytes.
+    // One file at a time: where both files are damaged (two shards swapped), which of two
+    // threads fails first is a race, and the case names the first rank's file.
+    const LoadOptions in_order{.threads = 1};
+    AllTargets full(m);
+    refused("load_into full", [&] { load_into(reader, full.ranks, Verify::full, in_order); });
+    AllTargets fast(m);
+    try {
+      load_into(reader, fast.ranks, Verify::fast, in_order);
+      if (!c.detail_contains.starts_with("chunk 0 of")) problems.push_back("load_into fast accepted damage in a chunk it read");
+      if (!fast.good_bytes(m)) problems.push_back("load_into fast accepted it and loaded bytes that are not the checkpoint's");
+    } catch (const Error& e) {
+      if (e.code() != c.code || e.file() != want_file) problems.push_back("load_into fast: " + std::string(errc_name(e.code())) + ": " + e.what());
+    }
+    return;
+  }
+  // Structural damage: refused by every path at every verify level, before any target is
+  // written.
+  for (const Verify mode : {Verify::none, Verify::fast, Verify::full}) {
+    const std::string v(verify_name(mode));
+    AllTargets all(m);
+    refused(("load_into of every rank, verify " + v).c_str(), [&] { load_into(reader, all.ranks, mode); });
+    if (!all.untouched()) problems.push_back("load_into verify " + v + " wrote a target before refusing");
+  }
+  if (c.category == "huge") return;  // each refusal parses 100k entries: the loads above suffice
+  AllTargets one(m);
+  int at = 0;  // the rank whose load was refused: the ranks before it loaded
+  refused("load_into rank by rank, verify none", [&] {
+    for (at = 0; at < world; ++at) load_into(reader, at, one.per_rank[static_cast<std::size_t>(at)], Verify::none);
+  });
+  for (int r = at; r < world; ++r)
+    if (!one.untouched(r)) problems.push_back("load_into of rank " + std::to_string(r) + " wrote a target before refusing");
+  refused("MappedShard verify none", [&] {
+    for (int r = 0; r < world; ++r) (void)MappedShard(reader, r, Verify::none);
+  });
+  refused("MappedShard verify fast", [&] {
+    for (int r = 0; r < world; ++r) (void)MappedShard(reader, r, Verify::fast);
+  });
+  refused("ShardRangeReader verify none", [&] {
+    for (int r = 0; r < world; ++r) (void)ShardRangeReader(reader, r, Verify::none);
+  });
+  refused("stream_shard verify none", [&] {
+    for (int r = 0; r < world; ++r) reader.stream_shard(r, Verify::none, [](std::uint64_t, std::span<const std::byte>) {});
+  });
+  // read_tensor reads nothing of a rank without tensors: only where every rank has some.
+  std::vector<bool> holds(static_cast<std::size_t>(world), false);
+  for (const auto& t : m.tensors) holds[static_cast<std::size_t>(t.rank)] = true;
+  if (std::find(holds.begin(), holds.end(), false) == holds.end())
+    for (const Verify mode : {Verify::none, Verify::fast})
+      refused(("read_tensor verify " + std::string(verify_name(mode))).c_str(), [&] {
+        for (int r = 0; r < world; ++r)
+          for (const auto& t : m.tensors)
+            if (t.rank == r) reader.read_tensor(t.name, r, mode);
+      });
+}
 
 // Checks one damaged root; returns what went wrong (empty: the case holds).
 std::vector<std::string> check_case(const Case& c, const Place& at) {
@@ -99,6 +211,7 @@ std::vector<std::string> check_case(const Case& c, const Place& at) {
         });
         refused(("verify" + m).c_str(), [&] { reader.verify(mode); });
       }
+      check_read_paths(c, reader, want_file, refused, problems);
     }
     // The root still yields a good checkpoint: open_latest's fallback finds the newest one that
     // verifies (step 20 itself when only `latest` is bad), and step 10 loads byte-equal.
@@ -225,6 +338,25 @@ TEST_CASE("a valid checkpoint with 100k tensors opens, verifies and loads in bou
   timed("verify full", [&] { opened->reader.verify(Verify::full); });
   timed("load_shard full", [&] { CHECK(opened->reader.load_shard(0, Verify::full).tensors.size() == 100000); });
   timed("read_tensor", [&] { CHECK(opened->reader.read_tensor("t0099999", 0).at(0) == static_cast<std::byte>(99999 * 31)); });
+  // The header is checked once per reader, not once per read: 200 reads of single tensors
+  // (each parsing the 100k-entry header again would take well over the bound), and load_into
+  // of all of them.
+  timed("read_tensor x 200", [&] {
+    for (std::size_t i = 0; i < 100000; i += 500) {
+      char name[32];
+      std::snprintf(name, sizeof name, "t%07zu", i);
+      if (opened->reader.read_tensor(name, 0, Verify::none).at(0) != static_cast<std::byte>(i * 31)) FAIL_CHECK(name);
+    }
+  });
+  timed("load_into of 100k tensors", [&] {
+    std::vector<std::byte> bytes(100000, std::byte{0});
+    std::vector<LoadTarget> targets;
+    targets.reserve(bytes.size());
+    for (const auto& t : opened->reader.manifest().tensors) targets.push_back({t.name, std::span(bytes).subspan(std::stoul(t.name.substr(1)), 1), t.dtype, t.shape});
+    load_into(opened->reader, 0, targets, Verify::fast);
+    for (std::size_t i = 0; i < bytes.size(); ++i)
+      if (bytes[i] != static_cast<std::byte>(i * 31)) FAIL_CHECK("tensor " << i);
+  });
 }
 
 namespace {
@@ -344,6 +476,9 @@ TEST_CASE("the corpus has every category") {
   for (const auto& c : hostile::all_cases(good())) {
     ++per[c.category];
     ++codes[{c.category, std::string(errc_name(c.code))}];
+    // What only checksums catch is exactly what is refused at load as a checksum mismatch:
+    // every other load-stage case must be refused with Verify::none too.
+    CHECK_MESSAGE(c.checksums_only == (c.stage == Stage::load && c.code == Errc::checksum_mismatch), c.name);
   }
   for (const auto& [key, k] : codes) MESSAGE(key.first << " / " << key.second << ": " << k);
   for (const char* cat : {"flip", "truncate", "shards", "paths", "numbers", "index", "header", "manifest", "latest", "huge", "sharding", "redundancy"})

@@ -3,7 +3,9 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <filesystem>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -91,5 +93,38 @@ struct SavedCheckpoint {
     return {};
   }
 };
+
+/// Counts the bytes read through the files it opens.
+class CountingFileSystem : public FileSystemWrapper {
+ public:
+  using FileSystemWrapper::FileSystemWrapper;
+  std::atomic<std::uint64_t> bytes{0};
+  std::unique_ptr<ReadableFile> open_read(const std::string& path) override {
+    struct Counted : ReadableFile {
+      std::unique_ptr<ReadableFile> f;
+      std::atomic<std::uint64_t>* n;
+      std::uint64_t size() const override { return f->size(); }
+      void read_at(std::uint64_t off, std::span<std::byte> d) const override {
+        f->read_at(off, d);
+        *n += d.size();
+      }
+      const std::string& path() const noexcept override { return f->path(); }
+    };
+    auto c = std::make_unique<Counted>();
+    c->f = target().open_read(path);
+    c->n = &bytes;
+    return c;
+  }
+};
+
+/// Rewrites the manifest.json of checkpoint directory `dir` as `m` with rank's tensor `name`
+/// given another dtype: an edited index over an intact shard, whose own header still says
+/// what was saved (use a dtype of the same element size, or decode_manifest refuses it).
+inline void write_index_dtype(const std::filesystem::path& dir, Manifest m, std::string_view name, int rank, DType dtype) {
+  for (auto& t : m.tensors)
+    if (t.name == name && t.rank == rank) t.dtype = dtype;
+  const std::string text = encode_manifest(m);
+  write_all(dir / "manifest.json", std::vector<std::uint8_t>(text.begin(), text.end()));
+}
 
 }  // namespace ckpt::test

@@ -305,6 +305,41 @@ TEST_CASE("a target of the wrong dtype, shape or size, or naming no tensor, is r
   CHECK(first.all(0, kUntouched));
 }
 
+TEST_CASE("a manifest index that calls an F32 tensor I32 is refused at every verify level naming the field, and no target is touched") {
+  // The shard is intact and its header says F32: loading its float bits as int32 because the
+  // index says so is what the header check prevents. The caller asks for what the index says.
+  test::TempDir dir;
+  Big big(dir.path());
+  test::write_index_dtype(big.root / checkpoint_dir_name(big.m.step), big.m, "b", 1, DType::I32);
+  const auto reader = open_big(big);
+  for (const Verify v : {Verify::none, Verify::fast, Verify::full}) {
+    CAPTURE(verify_name(v));
+    for (const bool both_ranks : {false, true}) {
+      Buffers r0, r1;
+      r1.targets[1].dtype = DType::I32;
+      const RankLoad both[] = {{0, r0.targets}, {1, r1.targets}};
+      const Error e = test::expect_error([&] {
+        if (both_ranks) load_into(reader, both, v, {.threads = 2});
+        else load_into(reader, 1, r1.targets, v);
+      });
+      CHECK(e.code() == Errc::malformed_shard);
+      CHECK(e.file() == big.shard(1).string());
+      CHECK(e.detail() == "tensor 'b' disagrees with the manifest index in its dtype");
+      CHECK(e.expected() == "I32");
+      CHECK(e.actual() == "F32");
+      // Refused before any target of either rank was written.
+      for (std::size_t t = 0; t < kSpecs.size(); ++t) {
+        CHECK(r0.all(t, kUntouched));
+        CHECK(r1.all(t, kUntouched));
+      }
+    }
+  }
+  // Rank 0's shard, whose index is right, still loads.
+  Buffers ok;
+  load_into(reader, 0, ok.targets, Verify::none);
+  for (std::size_t t = 0; t < kSpecs.size(); ++t) CHECK(ok.equals(t, big.blob(0, t)));
+}
+
 TEST_CASE("with verify full a SHA-256 mismatch zeroes every target of the file and the error says so") {
   test::TempDir dir;
   Big big(dir.path());

@@ -51,29 +51,6 @@ const TensorRecord& record(const Manifest& m, std::string_view name, int rank) {
   return *t;
 }
 
-// Counts the bytes read through the files it opens.
-class CountingFileSystem : public FileSystemWrapper {
- public:
-  using FileSystemWrapper::FileSystemWrapper;
-  std::atomic<std::uint64_t> bytes{0};
-  std::unique_ptr<ReadableFile> open_read(const std::string& path) override {
-    struct Counted : ReadableFile {
-      std::unique_ptr<ReadableFile> f;
-      std::atomic<std::uint64_t>* n;
-      std::uint64_t size() const override { return f->size(); }
-      void read_at(std::uint64_t off, std::span<std::byte> d) const override {
-        f->read_at(off, d);
-        *n += d.size();
-      }
-      const std::string& path() const noexcept override { return f->path(); }
-    };
-    auto c = std::make_unique<Counted>();
-    c->f = target().open_read(path);
-    c->n = &bytes;
-    return c;
-  }
-};
-
 }  // namespace
 
 TEST_CASE("every view of a mapped shard equals the bytes that were saved, in every verify mode") {
@@ -300,7 +277,7 @@ TEST_CASE("threads viewing a corrupt chunk at once all get the checksum error") 
 
 TEST_CASE("threads viewing through the read fallback read each chunk once and all see the saved bytes") {
   Saved s;
-  CountingFileSystem counting(posix_file_system());
+  test::CountingFileSystem counting(posix_file_system());
   const auto reader = CheckpointReader::open(counting, s.ckpt_dir().string());
   const std::uint64_t cs = s.m.chunk_size, size = s.m.shards[0].size;
   std::set<std::uint64_t> covered;
@@ -366,7 +343,7 @@ TEST_CASE("reading one small tensor from a large checkpoint checks, reads and fa
     ::close(fd);
     const auto reader = CheckpointReader::open(posix_file_system(), dir);
     const MappedShard shard(reader, 0, Verify::fast);
-    const std::byte* base = shard.bytes(0, 0).data();  // opening read nothing, so this view checks nothing
+    const std::byte* base = shard.bytes(0, 0).data();  // opening read only the header (pread), so this view checks nothing
     const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
     std::vector<unsigned char> resident((shard.size() + page - 1) / page);
     REQUIRE(::mincore(const_cast<std::byte*>(base), static_cast<std::size_t>(shard.size()), resident.data()) == 0);
@@ -394,16 +371,22 @@ TEST_CASE("reading one small tensor from a large checkpoint checks, reads and fa
     CHECK(outside <= 64 * 1024);
   }
   SUBCASE("read fallback: the bytes read through the file system") {
-    CountingFileSystem counting(posix_file_system());
+    test::CountingFileSystem counting(posix_file_system());
     const auto reader = CheckpointReader::open(counting, dir);
     const std::uint64_t before = counting.bytes;
     const MappedShard shard(reader, 0, Verify::fast);
     CHECK_FALSE(shard.is_mapped());
+    // Opening read the shard's header alone (its length and JSON: data_start bytes), once.
+    std::uint64_t header = big.m.shards[0].size;  // the data section starts at the first tensor
+    for (const auto& x : big.m.tensors) header = std::min(header, x.begin);
+    CHECK(header == 4096);
+    CHECK(counting.bytes - before == header);
     CHECK(equal_bytes(shard.tensor("small").data, std::as_bytes(std::span(big.small))));
-    CHECK(counting.bytes - before == covering);
+    CHECK(counting.bytes - before == header + covering);
     CHECK(shard.stats().bytes_read == covering);
     (void)shard.tensor("small");  // a second view reads nothing more
-    CHECK(counting.bytes - before == covering);
+    const MappedShard again(reader, 0, Verify::fast);  // nor does a second shard of this reader
+    CHECK(counting.bytes - before == header + covering);
   }
 }
 

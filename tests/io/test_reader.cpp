@@ -1,12 +1,16 @@
 #include <doctest/doctest.h>
 
 #include <boost/json.hpp>
+#include <atomic>
 #include <filesystem>
+#include <functional>
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/io/commit.hpp"
 #include "ckpt/io/save.hpp"
 #include "ckpt/io/layout.hpp"
+#include "ckpt/io/mapped.hpp"
+#include "ckpt/io/range_reader.hpp"
 #include "ckpt/io/reader.hpp"
 #include "ckpt/hash/file_digest.hpp"
 #include <cstring>
@@ -127,15 +131,93 @@ TEST_CASE("a manifest pointing outside its directory is refused as unsafe") {
   CHECK(e.actual() == "'../../etc/passwd'");
 }
 
-TEST_CASE("a shard header that disagrees with the manifest index is refused") {
+TEST_CASE("a shard header that disagrees with the manifest index is refused naming the tensor and the field") {
   Saved s;
   Manifest m = s.m;
+  const std::vector<std::uint64_t> shape = m.tensors[0].shape;
   m.tensors[0].shape.push_back(1);  // same bytes, different shape
   auto t = encode_manifest(m);
   test::write_all(s.ckpt_dir() / "manifest.json", std::vector<std::uint8_t>(t.begin(), t.end()));
   const Error e = load_error(s.root());
   CHECK(e.code() == Errc::malformed_shard);
-  CHECK(e.detail().find("disagrees with the manifest index") != std::string::npos);
+  CHECK(e.file() == s.shard(m.tensors[0].rank).string());
+  CHECK(e.detail() == "tensor '" + m.tensors[0].name + "' disagrees with the manifest index in its shape");
+  CHECK(e.expected() == format_index(m.tensors[0].shape));
+  CHECK(e.actual() == format_index(shape));
+}
+
+TEST_CASE("a manifest index that calls an F32 tensor I32 is refused by every read path at every verify level, naming the field") {
+  // The index edited, the shard intact: the float bits would otherwise be handed out as int32.
+  Saved s;
+  test::write_index_dtype(s.ckpt_dir(), s.m, "f32", 1, DType::I32);
+  const std::string shard = s.shard(1).string();
+  auto refused = [&](const char* what, const std::function<void()>& f) {
+    CAPTURE(what);
+    const Error e = test::error_of(f);
+    CHECK(e.code() == Errc::malformed_shard);
+    CHECK(e.file() == shard);
+    CHECK(e.detail() == "tensor 'f32' disagrees with the manifest index in its dtype");
+    CHECK(e.expected() == "I32");
+    CHECK(e.actual() == "F32");
+  };
+  for (const Verify mode : {Verify::none, Verify::fast, Verify::full}) {
+    CAPTURE(verify_name(mode));
+    const CheckpointReader reader = s.open();  // a reader of its own: nothing checked yet
+    refused("read_tensor", [&] { reader.read_tensor("f32", 1, mode); });
+    refused("read_tensor of another tensor of the shard", [&] { reader.read_tensor("u8", 1, mode); });
+    refused("read_tensor_range", [&] { reader.read_tensor_range("f32", 1, 0, 1, mode); });
+    refused("ShardRangeReader", [&] { (void)ShardRangeReader(reader, 1, mode); });
+    refused("stream_shard", [&] { reader.stream_shard(1, mode, [](std::uint64_t, std::span<const std::byte>) { FAIL("a chunk reached the sink"); }); });
+    refused("MappedShard", [&] { (void)MappedShard(reader, 1, mode); });
+    refused("load_shard", [&] { reader.load_shard(1, mode); });
+    refused("verify_shard", [&] { reader.verify_shard(1, mode); });
+    refused("check_shard_header", [&] { reader.check_shard_header(1, mode); });
+    CHECK_NOTHROW(reader.check_shard_header(0, mode));  // rank 0's index is untouched
+  }
+}
+
+TEST_CASE("a shard header is read and checked once per reader and its copies, not once per tensor read") {
+  Saved s;
+  test::CountingFileSystem counting(posix_file_system());
+  const CheckpointReader reader = CheckpointReader::open(counting, s.ckpt_dir().string());
+  std::uint64_t data_start = s.m.shards[1].size;
+  for (const auto& t : s.m.tensors)
+    if (t.rank == 1) data_start = std::min(data_start, t.begin);
+  const TensorRecord& u8 = *s.m.find_tensor("u8", 1);
+  // The first read: the header (its 8-byte length, then the rest) and the tensor's bytes.
+  std::uint64_t before = counting.bytes;
+  reader.read_tensor("u8", 1, Verify::none);
+  CHECK(counting.bytes - before == data_start + (u8.end - u8.begin));
+  // Every later read of this reader, or of a copy of it, reads the tensor alone.
+  const CheckpointReader copy = reader;
+  for (int i = 0; i < 10; ++i) {
+    before = counting.bytes;
+    (i % 2 ? copy : reader).read_tensor("u8", 1, Verify::none);
+    CHECK(counting.bytes - before == u8.end - u8.begin);
+  }
+  // Another reader of the same checkpoint checks for itself.
+  const CheckpointReader other = CheckpointReader::open(counting, s.ckpt_dir().string());
+  before = counting.bytes;
+  other.read_tensor("u8", 1, Verify::none);
+  CHECK(counting.bytes - before == data_start + (u8.end - u8.begin));
+}
+
+TEST_CASE("a header damaged without a reseal is the checksum mismatch of its chunk with verify fast, malformed with none") {
+  Saved s;
+  // "dtype" becomes "Dtype" in the JSON: a field no header may have.
+  const auto file = test::read_all(s.shard(1));
+  const std::string text(file.begin(), file.end());
+  flip_byte(s.shard(1), text.find("\"dtype\"") + 1);
+  const CheckpointReader reader = s.open();
+  for (const Verify mode : {Verify::fast, Verify::full}) {
+    const Error e = test::error_of([&] { reader.read_tensor("u8", 1, mode); });
+    CHECK(e.code() == Errc::checksum_mismatch);
+    CHECK(e.file() == s.shard(1).string());
+    CHECK(e.detail().starts_with("xxh3 of chunk 0 of "));
+  }
+  const Error e = test::error_of([&] { reader.read_tensor("u8", 1, Verify::none); });
+  CHECK(e.code() == Errc::malformed_shard);
+  CHECK(e.file() == s.shard(1).string());
 }
 
 TEST_CASE("a missing or bad latest is reported, and fallback finds the newest good checkpoint") {

@@ -142,17 +142,6 @@ class Background {
   std::filesystem::path log_;
 };
 
-/// ckpt-demo in this build tree; a test that runs it exits 77 (skipped), saying why, where it
-/// is not built (CKPT_BUILD_APPS=OFF).
-inline std::string demo_program() {
-  const std::string demo = std::string(CKPT_TEST_BINARY_DIR) + "/bin/ckpt-demo";
-  if (!std::filesystem::exists(demo)) {
-    MESSAGE("skipped: " << demo << " is not built (CKPT_BUILD_APPS=OFF)");
-    std::exit(77);
-  }
-  return demo;
-}
-
 /// True if `text` holds `what`.
 inline bool has(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
 

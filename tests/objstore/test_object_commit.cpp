@@ -3,10 +3,12 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <boost/json.hpp>
 #include <fstream>
 #include <thread>
 
 #include "ckpt/core/error.hpp"
+#include "ckpt/hash/file_digest.hpp"
 #include "ckpt/hash/sha256.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/object_commit.hpp"
@@ -314,4 +316,51 @@ TEST_CASE("a committed step verifies on the store without a local copy, and a re
     CHECK(e.file() == store->name_of(key));
   }
   CHECK_NOTHROW(verify_object_checkpoint(*store, 10, Verify::none));  // sizes only
+}
+
+TEST_CASE("a shard object whose header was rewritten and resealed is refused by read_object_tensor and verify at every level") {
+  // The object's header says I32 where the index says F32, and every checksum on the store was
+  // recomputed to match: the shard's record in the checkpoint manifest, and that manifest's
+  // SHA-256 and size in the tier manifest. Only the header check can tell.
+  test::SavedCheckpoint ck(2, 10);
+  auto store = test::rgw_store("resealed-header");
+  const ObjectCommitReport c = commit_to_object_store(posix_file_system(), ck.dir.path().string(), 10, *store);
+  const std::string key = c.data_prefix + ck.m.shards[1].path, manifest_key = c.data_prefix + "manifest.json";
+  auto bytes = store->get(key);
+  std::string shard = test::text_of(bytes);
+  const std::string from = "\"f32\":{\"dtype\":\"F32\"";
+  const auto at = shard.find(from);
+  REQUIRE(at != std::string::npos);
+  shard.replace(at, from.size(), "\"f32\":{\"dtype\":\"I32\"");
+  store->put(key, test::bytes_of(shard));
+  Manifest m = decode_manifest(test::text_of(store->get(manifest_key)), manifest_key);
+  FileHasher hasher(m.chunk_size);
+  hasher.update(test::bytes_of(shard));
+  const FileDigest d = hasher.finish();
+  ShardRecord& rec = m.shards[1];
+  rec.size = d.size, rec.sha256 = d.sha256, rec.xxh3 = d.xxh3, rec.chunk_xxh3 = d.chunk_xxh3;
+  const std::string text = encode_manifest(m);
+  store->put(manifest_key, test::bytes_of(text));
+  const std::string tier_key = checkpoint_dir_name(10) + "/manifest.json";
+  boost::json::object tier = boost::json::parse(test::text_of(store->get(tier_key))).as_object();
+  tier["manifest_sha256"] = to_hex(sha256(text.data(), text.size()));
+  tier["manifest_size"] = text.size();
+  store->put(tier_key, test::bytes_of(boost::json::serialize(tier) + "\n"));
+  const ObjectCheckpoint opened = open_object_checkpoint(*store, 10);  // the manifests agree
+  for (const Verify mode : {Verify::none, Verify::fast, Verify::full}) {
+    CAPTURE(verify_name(mode));
+    for (const char* name : {"f32", "u8"}) {
+      const Error e = test::error_of([&] { read_object_tensor(*store, opened, 1, name, mode); });
+      CHECK(e.code() == Errc::malformed_shard);
+      CHECK(e.file() == store->name_of(key));
+      CHECK(e.detail() == "tensor 'f32' disagrees with the manifest index in its dtype");
+      CHECK(e.expected() == "F32");
+      CHECK(e.actual() == "I32");
+    }
+    const Error e = test::error_of([&] { verify_object_checkpoint(*store, 10, mode); });
+    CHECK(e.code() == Errc::malformed_shard);
+    CHECK(e.file() == store->name_of(key));
+  }
+  // Rank 0's object is intact.
+  CHECK(read_object_tensor(*store, opened, 0, "f32", Verify::fast).data.size() == 33 * 31 * 4);
 }

@@ -197,6 +197,38 @@ def test_a_corrupt_chunk_is_checksum_mismatch_naming_the_file_and_the_previous_c
     assert fb.fell_back and fb.step == 1
 
 
+def test_a_manifest_index_calling_an_f32_tensor_i32_is_malformed_shard_for_read_and_load_into(root):
+    # The shard is intact and its own header says F32; an index edited to say I32 must not
+    # make read() or load_into() hand out the float bits as int32.
+    import json
+    a = np.linspace(-1, 1, 6, dtype=np.float32)
+    with ckpt.Checkpointer(root) as c:
+        c.save_sync(0, 1, {"a": a, "b": np.arange(3, dtype=np.int64)})
+    r = ckpt.open_latest(root)
+    path, manifest = shard_path(r, 0), os.path.join(r.dir, "manifest.json")
+    with open(manifest) as f:
+        m = json.load(f)
+    for t in m["tensors"]:
+        if t["name"] == "a":
+            t["dtype"] = "I32"
+    with open(manifest, "w") as f:
+        json.dump(m, f)
+    for verify in ("none", "fast", "full"):
+        r = ckpt.open_latest(root)
+        assert r.tensor_info(0)["a"] == ("I32", (6,))
+        for call in (lambda: r.read(0, "a", verify=verify), lambda: r.read(0, "b", verify=verify)):
+            with pytest.raises(ckpt.MalformedShard) as e:
+                call()
+            assert e.value.file == path
+            assert "tensor 'a' disagrees with the manifest index in its dtype" in str(e.value)
+            assert (e.value.expected, e.value.actual) == ("I32", "F32")
+        keep = np.full(6, 7, dtype=np.int32)
+        with pytest.raises(ckpt.MalformedShard) as e:
+            r.load_into(0, {"a": keep}, verify=verify)
+        assert e.value.file == path and (e.value.expected, e.value.actual) == ("I32", "F32")
+        assert np.all(keep == 7)  # nothing was written
+
+
 def test_a_truncated_shard_is_size_mismatch_and_a_removed_one_missing_shard(root):
     r = save_two_steps(root)
     path = shard_path(r, 0)

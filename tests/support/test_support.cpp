@@ -138,4 +138,13 @@ std::string run_command(const std::string& cmd, int* status) {
   return out;
 }
 
+std::string demo_program() {
+  const std::string demo = std::string(CKPT_TEST_BINARY_DIR) + "/bin/ckpt-demo";
+  if (!std::filesystem::exists(demo)) {
+    MESSAGE("skipped: " << demo << " is not built (CKPT_BUILD_APPS=OFF)");
+    std::exit(77);
+  }
+  return demo;
+}
+
 }  // namespace ckpt::test

@@ -67,6 +67,10 @@ std::vector<std::string> names_in(const std::filesystem::path& dir);
 /// Runs a shell command and returns its stdout; sets *status to the exit status.
 std::string run_command(const std::string& cmd, int* status = nullptr);
 
+/// ckpt-demo in this build tree; a test that runs it exits 77 (skipped), saying why, where it
+/// is not built (CKPT_BUILD_APPS=OFF).
+std::string demo_program();
+
 /// Collects the lines ckpt::log_line writes while it lives (from any thread), instead of
 /// printing them; restores the previous sink when destroyed.
 class LogCapture {

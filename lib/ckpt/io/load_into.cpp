@@ -23,6 +23,7 @@
 #include <cerrno>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -663,38 +664,52 @@ LoadReport load_into(const CheckpointReader& checkpoint, std::span<const RankLoa
   plans.reserve(ranks.size());
   for (const auto& r : ranks) plans.push_back(resolve(checkpoint, r.rank, r.targets));  // every check before any read
 
-  std::vector<FileResult> results(plans.size());
-  std::vector<std::exception_ptr> errors(plans.size());
-  std::atomic<std::size_t> next{0};
-  std::atomic<bool> stop{false};
-  std::atomic<std::ptrdiff_t> first_error{-1};
-  auto worker = [&] {
-    for (;;) {
-      const std::size_t i = next.fetch_add(1);
-      if (i >= plans.size() || stop.load()) return;
-      try {
-        results[i] = FileLoad(checkpoint, plans[i], mode, options, stop).run();
-      } catch (const Stopped&) {
-        return;
-      } catch (...) {
-        errors[i] = std::current_exception();
-        std::ptrdiff_t none = -1;
-        first_error.compare_exchange_strong(none, static_cast<std::ptrdiff_t>(i));
-        stop.store(true);
-        return;
-      }
-    }
-  };
   const std::size_t cores = std::max(1u, std::thread::hardware_concurrency());
   const std::size_t threads = std::min(plans.size(), options.threads > 0 ? static_cast<std::size_t>(options.threads) : cores);
-  if (threads <= 1) {
-    worker();
-  } else {
+  // Runs job(i) for every file, `threads` at a time (the calling thread among them). The first
+  // error sets `stop`, which the other jobs see at their next read; every error is kept.
+  std::vector<std::exception_ptr> errors(plans.size());
+  std::atomic<bool> stop{false};
+  std::atomic<std::ptrdiff_t> first_error{-1};
+  auto run_files = [&](const std::function<void(std::size_t)>& job) {
+    std::atomic<std::size_t> next{0};
+    auto worker = [&] {
+      for (;;) {
+        const std::size_t i = next.fetch_add(1);
+        if (i >= plans.size() || stop.load()) return;
+        try {
+          job(i);
+        } catch (const Stopped&) {
+          return;
+        } catch (...) {
+          errors[i] = std::current_exception();
+          std::ptrdiff_t none = -1;
+          first_error.compare_exchange_strong(none, static_cast<std::ptrdiff_t>(i));
+          stop.store(true);
+          return;
+        }
+      }
+    };
+    if (threads <= 1) {
+      worker();
+      return;
+    }
     std::vector<std::thread> pool;
     for (std::size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
     worker();
     for (auto& t : pool) t.join();
-  }
+  };
+
+  // Every file's header against the index, before any target is written: what is loaded is
+  // what the file's own header says is there, and a refused header leaves every target as it
+  // was. Of several refused headers, the first file's is reported.
+  run_files([&](std::size_t i) { checkpoint.check_shard_header(plans[i].rank, mode); });
+  if (first_error.load() >= 0)
+    for (const auto& e : errors)
+      if (e) std::rethrow_exception(e);
+
+  std::vector<FileResult> results(plans.size());
+  run_files([&](std::size_t i) { results[i] = FileLoad(checkpoint, plans[i], mode, options, stop).run(); });
   if (first_error.load() >= 0) std::rethrow_exception(errors[static_cast<std::size_t>(first_error.load())]);
 
   LoadReport rep;

@@ -7,11 +7,13 @@
 // when the target's memory is 4096-aligned where a whole read lands, and copies each piece
 // out while it is still in cache, hashing it on the way (one pass over the bytes).
 //
-// What it reads: with Verify::none and Verify::fast only the chunks (manifest chunk_size)
-// that cover the requested bytes; with Verify::full the whole file, since its SHA-256 and
-// XXH3 cover the whole file. The shard's own safetensors header is not parsed: the manifest's
-// tensor index (whose bytes the chunk checksums cover) says where each tensor lies;
-// CheckpointReader::verify_shard checks the header against it.
+// What it reads: first each file's own safetensors header (its 8-byte length and JSON, a few
+// KiB, once per file per reader: CheckpointReader::check_shard_header), which must agree
+// with the manifest's tensor index on every tensor's name, dtype, shape and byte range, at
+// every verify level; then, with Verify::none and Verify::fast, only the chunks (manifest
+// chunk_size) that cover the requested bytes; with Verify::full the whole file, since its
+// SHA-256 and XXH3 cover the whole file. So what lands in a target is what any safetensors
+// reader of the file sees as that tensor.
 #pragma once
 
 #include <cstddef>
@@ -74,16 +76,25 @@ struct RankLoad {
 /// the shard file and the tensor); its dtype and shape equal the manifest's
 /// (Errc::invalid_argument naming the shard file, the tensor, expected and actual); the element
 /// range lies within the tensor (Errc::invalid_argument); out.size() is exactly the bytes of
-/// the range (Errc::size_mismatch, expected and actual in bytes). Then the shard file is opened
-/// and its size checked against the manifest (Errc::size_mismatch; a file that ends early
-/// while being read is Errc::size_mismatch naming the byte where it ended).
+/// the range (Errc::size_mismatch, expected and actual in bytes). Then the shard's header is
+/// checked against the manifest index (CheckpointReader::check_shard_header), at every verify
+/// level, Verify::none included: its size (Errc::size_mismatch), its length and JSON as any
+/// safetensors reader would accept them, and every tensor's name, dtype, shape and byte range
+/// (Errc::malformed_shard naming the shard file and the first disagreement, the manifest's
+/// value as expected and the header's as actual; with Verify::fast and full a header damaged
+/// without its checksums recomputed is the Errc::checksum_mismatch of its chunk). Then the
+/// shard file is opened for the load and its size checked again (a file that ends early while
+/// being read is Errc::size_mismatch naming the byte where it ended).
 ///
 /// Verification: Verify::fast checks each chunk's XXH3 as it lands (Errc::checksum_mismatch
 /// naming the shard file, the chunk and both values); Verify::full also the SHA-256 and XXH3 of
-/// the whole file (every chunk is read); Verify::none checks sizes only.
+/// the whole file (every chunk is read); Verify::none checks sizes and the header only.
 ///
 /// The buffers, on success: every target holds its bytes of the checkpoint. On a throw
 /// (nothing half-verified is left without the error saying so):
+///  - any error of the checks above, the header's included: every target is untouched (no
+///    byte of any target has been written; with several ranks, every rank's header is checked
+///    before any tensor data is read, and of several refused the first in `ranks` is thrown).
 ///  - Verify::none and fast: every byte of a target holds either its previous value (its
 ///    chunk was not reached), or the checkpoint's bytes from a chunk that was read whole and
 ///    (fast) passed its XXH3, or zero: the bytes of the chunks that were being read when the
@@ -122,7 +133,8 @@ LoadReport load_into(const CheckpointReader& checkpoint, int rank, std::span<con
 /// load_into for several ranks' shards at once, each file read (and, with Verify::full,
 /// SHA-256-hashed) by its own thread, options.threads at a time: the way to load a whole
 /// checkpoint, or a reshard's ranges of other ranks' shards. Every target of every rank is
-/// checked before anything is read. The first error stops the other files at their next read
+/// checked, and then every rank's shard header (those threads too), before any target is
+/// written. The first error of the loads stops the other files at their next read
 /// and is rethrown once every thread has stopped; the buffers are as load_into describes, per
 /// file. Blocks; thread-safe as load_into.
 LoadReport load_into(const CheckpointReader& checkpoint, std::span<const RankLoad> ranks, Verify mode, const LoadOptions& options = {});

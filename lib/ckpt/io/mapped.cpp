@@ -187,6 +187,8 @@ MappedShard::MappedShard(const CheckpointReader& checkpoint, int rank, Verify mo
     s.buffer = with_typed_errors(s.path, [&] { return AlignedBuffer(static_cast<std::size_t>(s.size)); });
     s.base = s.buffer.data();
   }
+  // The views' places come from the index: the shard's own header must say the same.
+  checkpoint.check_shard_header(rank, mode);
   if (mode != Verify::none || s.file) {
     s.state = std::make_unique<std::atomic<std::uint32_t>[]>(static_cast<std::size_t>(n));
     s.bad_hash = std::make_unique<std::uint64_t[]>(static_cast<std::size_t>(n));

@@ -2,7 +2,7 @@
 // out as zero-copy views, each chunk's XXH3 checked the first time a view covering it is
 // taken (the way safetensors' safe_open works, with the checksums it lacks).
 //
-//   MappedShard shard(reader, rank, Verify::fast);   // open, mmap, size check; reads nothing
+//   MappedShard shard(reader, rank, Verify::fast);   // open, mmap, size and header checks
 //   TensorView w = shard.tensor("model.wte");        // checks the chunks covering it, once
 //   use(w.data);                                     // bytes of the file, no copy
 //
@@ -15,9 +15,11 @@
 //   Verify::full  at construction, the whole file: every chunk's XXH3, then the file's
 //                 SHA-256 and XXH3 (CheckpointReader::stream_shard's check); views check
 //                 nothing more.
-// A view's place (dtype, shape, byte range) comes from the manifest's tensor index, which
-// decode_manifest checked to lie inside the shard; the shard's own safetensors header is not
-// read (CheckpointReader::verify_shard compares it with the index).
+// A view's place (dtype, shape, byte range) comes from the manifest's tensor index, which the
+// constructor checks against the shard's own safetensors header at every verify level
+// (CheckpointReader::check_shard_header: the header's bytes alone are read, once per rank per
+// reader), so a view is what any safetensors reader of the file sees, or the constructor
+// throws Errc::malformed_shard naming the file and the first disagreement.
 //
 // Which file systems: the mapping needs a real file, so only a checkpoint read through
 // posix_file_system() itself is mapped. Through any other FileSystem (the in-memory one of
@@ -33,9 +35,11 @@
 // fstat: anything but a regular file is Errc::unsafe_path, a file gone Errc::missing_shard; mmap(PROT_READ, MAP_SHARED) of the
 // manifest's size, then fstat again: a size other than the manifest's is Errc::size_mismatch
 // naming the file, expected and actual. The descriptor is closed; the mapping holds the file.
-// No MAP_POPULATE: nothing is read until a view (or Verify::full) touches it. With a verify
-// mode the mapping is madvise(MADV_RANDOM) and each chunk gets MADV_WILLNEED just before it is
-// hashed, so the kernel reads the chunks that are checked and not their neighbours.
+// Then the header check, which reads the header through the FileSystem (pread), not the
+// mapping. No MAP_POPULATE: nothing else is read until a view (or Verify::full) touches it.
+// With a verify mode the mapping is madvise(MADV_RANDOM) and each chunk gets MADV_WILLNEED
+// just before it is hashed, so the kernel reads the chunks that are checked and not their
+// neighbours.
 //
 // Truncation under a live mapping. If another process truncates a shard file while it is
 // mapped, an access to a page past the new end raises SIGBUS, which kills the process: Linux
@@ -84,9 +88,12 @@ class MappedShard {
   /// Throws Errc::invalid_argument for a rank outside 0..world_size-1 (naming the checkpoint
   /// directory), Errc::unsafe_path (a symlink, not a regular file), Errc::missing_shard
   /// (the file is gone), Errc::size_mismatch, Errc::io_error (open, fstat, mmap failing);
-  /// with Verify::full also Errc::checksum_mismatch. Blocks: Verify::full reads the whole
-  /// file; otherwise nothing is read. The checkpoint may be destroyed afterwards (what is
-  /// needed of its manifest is copied); its file system must outlive a fallback shard.
+  /// Errc::malformed_shard (the shard's header disagrees with the manifest index, or would be
+  /// refused by any reader: CheckpointReader::check_shard_header); with Verify::full also
+  /// Errc::checksum_mismatch. Blocks: Verify::full reads the whole file; otherwise only the
+  /// header (unless this reader checked it already). The checkpoint may be destroyed
+  /// afterwards (what is needed of its manifest is copied); its file system must outlive a
+  /// fallback shard.
   MappedShard(const CheckpointReader& checkpoint, int rank, Verify mode = Verify::fast);
   ~MappedShard();
   MappedShard(MappedShard&&) noexcept;

@@ -13,6 +13,7 @@
 #include "ckpt/hash/sha256.hpp"
 #include "ckpt/hash/xxh3.hpp"
 #include "ckpt/io/detail/chunk_check.hpp"
+#include "ckpt/io/detail/shard_header.hpp"
 #include "ckpt/io/detail/tensor_lookup.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/reader.hpp"
@@ -343,6 +344,14 @@ ObjectCheckpoint open_object_checkpoint(ObjectStore& store, std::uint64_t step) 
 
 namespace {
 
+// The shard header of `rank` (the object `key`) against the manifest index, read in ranged
+// GETs: CheckpointReader::check_shard_header's check, naming the object.
+void check_object_header(ObjectStore& store, const ObjectCheckpoint& ck, const std::string& key, int rank, Verify mode) {
+  detail::read_checked_shard_header(
+      ck.manifest, rank, [&](std::uint64_t offset, std::span<std::byte> out) { store.get_range(key, offset, out); }, store.name_of(key),
+      mode);
+}
+
 // The one read loop over a committed step's shards on the store (those of `which`, indices
 // into the manifest's shards; empty: all), shared by verify, restore and the tensor read's
 // full check: shards `parallel` at once (each in order, in ranged GETs of `read_size` rounded
@@ -434,12 +443,16 @@ std::uint64_t verify_object_shards(ObjectStore& store, const ObjectCheckpoint& c
         }
       },
       [&](std::size_t i) {
-        if (mode != Verify::full) return;
         const ShardRecord& s = m.shards[i];
-        const std::string name = store.name_of(ck.tier.data_prefix + s.path);
-        if (xxh[i].digest() != s.xxh3) throw Error(Errc::checksum_mismatch, name, "xxh3 of the whole object", xxh3_hex(s.xxh3), xxh3_hex(xxh[i].digest()));
-        const std::string got = to_hex(sha[i].finish());
-        if (got != s.sha256) throw Error(Errc::checksum_mismatch, name, "sha256 of the whole object", s.sha256, got);
+        const std::string key = ck.tier.data_prefix + s.path, name = store.name_of(key);
+        if (mode == Verify::full) {
+          if (xxh[i].digest() != s.xxh3) throw Error(Errc::checksum_mismatch, name, "xxh3 of the whole object", xxh3_hex(s.xxh3), xxh3_hex(xxh[i].digest()));
+          const std::string got = to_hex(sha[i].finish());
+          if (got != s.sha256) throw Error(Errc::checksum_mismatch, name, "sha256 of the whole object", s.sha256, got);
+        }
+        // The header against the index, as CheckpointReader::verify checks a local shard (its
+        // chunks were checked above, per mode).
+        check_object_header(store, ck, key, s.rank, Verify::none);
       },
       chunks, which);
   return chunks.load();
@@ -479,8 +492,12 @@ ObjectTensor read_object_tensor(ObjectStore& store, const ObjectCheckpoint& ck, 
   if (m.chunk_size == 0) throw Error(Errc::malformed_manifest, manifest_name, "chunk_size 0");
   check_size(shard->size, store.head(key).size, "shard size", out.object);
   if (mode == Verify::full) {
+    // The whole object, its header included.
     out.chunks_checked = verify_object_shards(store, ck, Verify::full, {}, read_size, 1, {static_cast<std::size_t>(shard - m.shards.begin())});
     out.bytes_checked = shard->size;
+  } else {
+    // What any safetensors reader of the object sees must be what the index says.
+    check_object_header(store, ck, key, rank, mode);
   }
   if (t->end == t->begin) return out;
   if (mode == Verify::none) {

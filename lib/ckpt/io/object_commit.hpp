@@ -175,11 +175,13 @@ ObjectCheckpoint open_object_checkpoint(ObjectStore& store, std::uint64_t step);
 
 /// Reads every shard of the committed step-`step` in ranged GETs of `read_size` bytes (rounded
 /// to whole chunks; shards `parallel_shards` at once) and checks it as CheckpointReader::verify
-/// checks a local one: sizes always; each chunk's XXH3 with Verify::fast; also each whole
-/// file's XXH3 and SHA-256 with Verify::full. Nothing is written. `progress` (may be empty) is
-/// called with (bytes done, bytes total), from the reading threads, serialised. Throws what
-/// open_object_checkpoint throws, Errc::checksum_mismatch naming the object (and chunk), and
-/// the store's errors. Returns the checkpoint's manifests.
+/// checks a local one: sizes and each shard's header against the manifest index
+/// (CheckpointReader::check_shard_header's check, Errc::malformed_shard naming the object)
+/// always; each chunk's XXH3 with Verify::fast; also each whole file's XXH3 and SHA-256 with
+/// Verify::full. Nothing is written. `progress` (may be empty) is called with (bytes done,
+/// bytes total), from the reading threads, serialised. Throws what open_object_checkpoint
+/// throws, Errc::checksum_mismatch naming the object (and chunk), and the store's errors.
+/// Returns the checkpoint's manifests.
 ObjectCheckpoint verify_object_checkpoint(ObjectStore& store, std::uint64_t step, Verify mode,
                                           const ProgressFn& progress = {}, std::uint64_t read_size = 16ull << 20,
                                           int parallel_shards = 4);
@@ -199,7 +201,11 @@ struct ObjectTensor {
 /// (rounded up to whole chunks). Verify::fast: each chunk's XXH3 is checked before any of its
 /// bytes is used; Verify::full: first the whole shard as verify_object_checkpoint checks it
 /// (every chunk, then the object's XXH3 and SHA-256), then the tensor's chunks as with fast;
-/// Verify::none: only the tensor's bytes are read, unchecked. Throws Errc::invalid_argument for
+/// Verify::none: only the tensor's bytes are read, unchecked. At every level the shard's header
+/// is read first (ranged GETs of its few KiB) and checked against the manifest index as
+/// CheckpointReader::check_shard_header checks a file's: Errc::malformed_shard naming the
+/// object and the first disagreement (with fast or full, a header damaged without its
+/// checksums recomputed is the checksum_mismatch of its chunk). Throws Errc::invalid_argument for
 /// a rank outside 0..world_size-1 (naming the checkpoint manifest object), Errc::not_found
 /// naming the shard object for a tensor the rank does not hold (its expected value lists the
 /// rank's tensors, as MappedShard::tensor's does), Errc::size_mismatch if the object's size is

@@ -16,6 +16,7 @@ ShardRangeReader::ShardRangeReader(const CheckpointReader& checkpoint, int rank,
   path_ = checkpoint.shard_path(rank);
   file_ = checkpoint.file_system().open_read(path_);
   check_size(record_->size, file_->size(), "shard size", path_);
+  checkpoint.check_shard_header(rank, mode);
 }
 
 void ShardRangeReader::check_chunk(std::uint64_t k, std::span<const std::byte> bytes) const {

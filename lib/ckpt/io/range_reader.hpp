@@ -29,7 +29,9 @@ namespace ckpt {
 /// must outlive it.
 class ShardRangeReader {
  public:
-  /// Opens the shard file and checks its size against the manifest (Errc::size_mismatch).
+  /// Opens the shard file, checks its size against the manifest (Errc::size_mismatch) and its
+  /// header against the manifest index (CheckpointReader::check_shard_header, at every verify
+  /// level: Errc::malformed_shard naming the file and the first disagreement).
   ShardRangeReader(const CheckpointReader& checkpoint, int rank, Verify mode = Verify::fast);
 
   int rank() const noexcept { return rank_; }

@@ -6,11 +6,11 @@
 #include <map>
 #include <mutex>
 #include <set>
-#include <unordered_map>
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/format/manifest_limits.hpp"
 #include "ckpt/hash/file_digest.hpp"
+#include "ckpt/io/detail/shard_header.hpp"
 #include "ckpt/io/detail/small_file.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/node_commit.hpp"
@@ -328,34 +328,29 @@ void CheckpointReader::read_verified(int rank, Verify mode, std::span<std::byte>
   }
 }
 
-void CheckpointReader::check_header(int rank, std::span<const std::byte> file, LoadedShard* out) const {
-  const std::string path = shard_path(rank);
+CheckedShardHeader CheckpointReader::read_shard_header(int rank, Verify mode) const {
   const ShardRecord& rec = manifest_.shard(rank);
-  const std::uint64_t data_start = parse_shard_prefix(file.first(std::min<std::size_t>(8, file.size())), rec.size, path);
-  if (file.size() < data_start)
-    throw Error(Errc::malformed_shard, path, "header bytes available", std::to_string(data_start), std::to_string(file.size()));
-  const std::string_view json(reinterpret_cast<const char*>(file.data()) + 8, static_cast<std::size_t>(data_start - 8));
-  const ShardHeader h = parse_shard_header(json, rec.size, path);
-  // One lookup per header entry: a linear find_tensor per entry is quadratic, minutes for a
-  // 100k-tensor shard. Names are unique per rank (decode_manifest checks).
-  std::unordered_map<std::string_view, const TensorRecord*> index;
-  for (const auto& t : manifest_.tensors)
-    if (t.rank == rank) index.emplace(t.name, &t);
-  const std::size_t indexed = index.size();
-  if (indexed != h.tensors.size())
-    throw Error(Errc::malformed_shard, path, "tensor count against the manifest index", std::to_string(indexed),
-                std::to_string(h.tensors.size()));
-  for (const auto& t : h.tensors) {
-    const auto found = index.find(t.name);
-    const TensorRecord* r = found == index.end() ? nullptr : found->second;
-    if (!r || r->dtype != t.dtype || r->shape != t.shape || r->begin != h.data_start + t.begin || r->end != h.data_start + t.end)
-      throw Error(Errc::malformed_shard, path, "tensor '" + t.name + "' disagrees with the manifest index",
-                  r ? std::string(dtype_name(r->dtype)) + " at " + std::to_string(r->begin) : "an index entry",
-                  std::string(dtype_name(t.dtype)) + " at " + std::to_string(h.data_start + t.begin));
-    if (out)
-      out->tensors.push_back({t.name, t.dtype, t.shape, file.subspan(h.data_start + t.begin, t.end - t.begin), r->sharding});
+  const std::string path = shard_path(rank);
+  std::unique_ptr<ReadableFile> f;
+  try {
+    f = fs_->open_read(path);
+  } catch (const Error& e) {
+    // Gone since the checkpoint was opened: missing, as open() calls it.
+    if (e.code() != Errc::not_found) throw;
+    throw Error(Errc::missing_shard, path, "shard of rank " + std::to_string(rank) + " listed in the manifest", "present", "missing",
+                e.sys_errno());
   }
-  if (out) out->header_metadata = h.metadata;
+  check_size(rec.size, f->size(), "shard size", path);
+  return detail::read_checked_shard_header(
+      manifest_, rank, [&](std::uint64_t offset, std::span<std::byte> out) { f->read_at(offset, out); }, path, mode);
+}
+
+void CheckpointReader::check_shard_header(int rank, Verify mode) const {
+  check_rank(rank, manifest_.world_size, "rank", dir_);
+  std::atomic<bool>& ok = header_ok_[static_cast<std::size_t>(rank)];
+  if (ok.load(std::memory_order_acquire)) return;
+  read_shard_header(rank, mode);
+  ok.store(true, std::memory_order_release);
 }
 
 void CheckpointReader::verify(Verify mode, const ProgressFn& progress) const {
@@ -373,7 +368,7 @@ void CheckpointReader::verify(Verify mode, const ProgressFn& progress) const {
 }
 
 void CheckpointReader::stream_shard(int rank, Verify mode, const ChunkSink& sink) const {
-  check_rank(rank, manifest_.world_size, "rank", dir_);
+  check_shard_header(rank, mode);
   AlignedBuffer scratch(static_cast<std::size_t>(std::min(manifest_.chunk_size, manifest_.shard(rank).size)));
   read_verified(rank, mode, scratch.span(scratch.capacity()), {}, 0, manifest_.shard(rank).size, sink);
 }
@@ -388,14 +383,10 @@ void CheckpointReader::verify_one(int rank, Verify mode, AlignedBuffer& scratch,
                                   std::uint64_t total) const {
   const ShardRecord& s = manifest_.shard(rank);
   if (mode != Verify::none) read_verified(s.rank, mode, scratch.span(scratch.capacity()), progress, done, total);
-  // The header is checked from its own bytes (verified above when mode != none).
-  auto f = fs_->open_read(shard_path(s.rank));
-  std::byte prefix[8] = {};
-  if (s.size >= 8) f->read_at(0, prefix);
-  const std::uint64_t data_start = parse_shard_prefix(std::span(prefix, s.size >= 8 ? 8 : 0), s.size, shard_path(s.rank));
-  std::vector<std::byte> head(static_cast<std::size_t>(data_start));
-  f->read_at(0, head);
-  check_header(s.rank, head, nullptr);
+  // The header is checked from its own bytes (verified above when mode != none), every time:
+  // verify reads again what an earlier read of this reader checked.
+  read_shard_header(s.rank, Verify::none);
+  header_ok_[static_cast<std::size_t>(s.rank)].store(true, std::memory_order_release);
 }
 
 LoadedShard CheckpointReader::load_shard(int rank, Verify mode) const {
@@ -406,14 +397,25 @@ LoadedShard CheckpointReader::load_shard(int rank, Verify mode) const {
   out.path_ = shard_path(rank);
   out.size_ = out.record.size;
   out.buffer_ = AlignedBuffer(static_cast<std::size_t>(out.size_));
+  const std::span<const std::byte> file = out.buffer_.span(static_cast<std::size_t>(out.size_));
   read_verified(rank, mode, out.buffer_.span(static_cast<std::size_t>(out.size_)), {}, 0, out.size_);
-  check_header(rank, out.buffer_.span(static_cast<std::size_t>(out.size_)), &out);
+  // The header is checked from the bytes just read (and verified, unless mode is none).
+  const CheckedShardHeader checked = check_shard_head(manifest_, rank, file, out.path_);
+  header_ok_[static_cast<std::size_t>(rank)].store(true, std::memory_order_release);
+  const ShardHeader& h = checked.header;
+  out.tensors.reserve(h.tensors.size());
+  for (std::size_t i = 0; i < h.tensors.size(); ++i) {
+    const ShardTensor& t = h.tensors[i];
+    out.tensors.push_back({t.name, t.dtype, t.shape, file.subspan(h.data_start + t.begin, t.end - t.begin), checked.records[i]->sharding});
+  }
+  out.header_metadata = h.metadata;
   return out;
 }
 
 std::vector<std::byte> CheckpointReader::read_tensor(std::string_view name, int rank, Verify mode) const {
   const TensorRecord* t = manifest_.find_tensor(name, rank);
   if (!t) throw Error(Errc::not_found, manifest_path(), "no tensor '" + std::string(name) + "' on rank " + std::to_string(rank));
+  check_shard_header(rank, mode);
   const ShardRecord& rec = manifest_.shard(rank);
   const std::string path = shard_path(rank);
   auto f = fs_->open_read(path);

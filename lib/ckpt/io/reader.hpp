@@ -6,8 +6,15 @@
 // checks each chunk's XXH3 as it arrives (Verify::fast, the default) or also the SHA-256 of
 // the whole file (Verify::full); it then checks the shard's own safetensors header against
 // the manifest's tensor index. Nothing is returned half-verified.
+//
+// Every read of a shard, by any path (load_shard, read_tensor, read_tensor_range,
+// stream_shard, verify, load_into, ShardRangeReader, MappedShard, slice loads, reshard), first
+// checks the shard's header against the manifest index (check_shard_header,
+// format/shard_check.hpp), at every verify level, Verify::none included: what ckpt reads from a
+// shard is what any safetensors reader sees in that file, or an Errc::malformed_shard.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -20,12 +27,13 @@
 #include "ckpt/core/aligned_buffer.hpp"
 #include "ckpt/format/manifest.hpp"
 #include "ckpt/format/safetensors.hpp"
+#include "ckpt/format/shard_check.hpp"
 #include "ckpt/io/file_system.hpp"
 
 namespace ckpt {
 
 enum class Verify {
-  none,  ///< sizes and headers only
+  none,  ///< sizes and the shard headers only (against the manifest index)
   fast,  ///< XXH3 of every chunk read (default)
   full,  ///< fast, plus SHA-256 and XXH3 of the whole file
 };
@@ -127,17 +135,36 @@ class CheckpointReader {
   /// against the manifest index. With Verify::none only the header bytes are read.
   void verify_shard(int rank, Verify mode, const ProgressFn& progress = {}) const;
 
+  /// The header check every read path makes before it uses a byte of rank's shard: the
+  /// shard's 8-byte length and JSON header, read on their own (a few KiB), parsed with the
+  /// limits of parse_shard_prefix and parse_shard_header, and every tensor's name, dtype,
+  /// shape and byte range compared with the manifest index (check_shard_head,
+  /// format/shard_check.hpp). Throws Errc::invalid_argument for a rank out of range,
+  /// Errc::missing_shard, Errc::unsafe_path, Errc::size_mismatch (the file is not the
+  /// manifest's size), Errc::malformed_shard naming the shard file and the first
+  /// disagreement; with Verify::fast or full a refused header's chunks are checked first, so
+  /// a header damaged without a reseal is the Errc::checksum_mismatch verify() reports.
+  /// Once per rank per reader: a header that passed is not read again by this reader or its
+  /// copies (a failure is not remembered: the next call checks again). Thread-safe.
+  void check_shard_header(int rank, Verify mode = Verify::fast) const;
+
   /// The file system the checkpoint is read through.
   FileSystem& file_system() const noexcept { return *fs_; }
 
  private:
   CheckpointReader(FileSystem& fs, std::string dir, std::shared_ptr<const Manifest> m, std::vector<std::string> shard_dirs = {})
-      : fs_(&fs), dir_(std::move(dir)), shard_dirs_(std::move(shard_dirs)), manifest_owner_(std::move(m)), manifest_(*manifest_owner_) {}
+      : fs_(&fs),
+        dir_(std::move(dir)),
+        shard_dirs_(std::move(shard_dirs)),
+        manifest_owner_(std::move(m)),
+        manifest_(*manifest_owner_),
+        header_ok_(new std::atomic<bool>[manifest_.shards.size()]()) {}
   static CheckpointReader checked(FileSystem& fs, std::string dir, std::shared_ptr<const Manifest> manifest,
                                   std::vector<std::string> node_dirs, std::optional<int> expected_world_size);
   void read_verified(int rank, Verify mode, std::span<std::byte> out, const ProgressFn& progress,
                      std::uint64_t done_before, std::uint64_t total, const ChunkSink& sink = {}) const;
-  void check_header(int rank, std::span<const std::byte> file, LoadedShard* out) const;
+  // check_shard_header's read and check, uncached.
+  CheckedShardHeader read_shard_header(int rank, Verify mode) const;
   void verify_one(int rank, Verify mode, AlignedBuffer& scratch, const ProgressFn& progress, std::uint64_t done,
                   std::uint64_t total) const;
 
@@ -148,6 +175,8 @@ class CheckpointReader {
   // manifest_ names what manifest_owner_ keeps alive (a copy or move keeps both).
   std::shared_ptr<const Manifest> manifest_owner_;
   const Manifest& manifest_;
+  // Per rank: its shard header passed the check (check_shard_header), shared by the copies.
+  std::shared_ptr<std::atomic<bool>[]> header_ok_;
 };
 
 /// The manifest of the checkpoint in `dir` alone, without checking its shards (a checkpoint

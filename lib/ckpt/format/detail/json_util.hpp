@@ -93,11 +93,12 @@ inline JsonTensorType json_tensor_type(const JsonContext& c, const boost::json::
 }
 
 /// Parses untrusted text with a depth limit; malformed JSON is reported with its position.
-inline boost::json::value json_parse(const JsonContext& c, std::string_view text, std::string_view what) {
+/// `sp`: where the document's memory comes from (default: the heap).
+inline boost::json::value json_parse(const JsonContext& c, std::string_view text, std::string_view what, boost::json::storage_ptr sp = {}) {
   boost::json::parse_options opt;
   opt.max_depth = 32;
   boost::system::error_code ec;
-  boost::json::value v = boost::json::parse(text, ec, {}, opt);
+  boost::json::value v = boost::json::parse(text, ec, std::move(sp), opt);
   if (ec) c.fail(what, "valid JSON", ec.message());
   return v;
 }
