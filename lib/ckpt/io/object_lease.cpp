@@ -240,11 +240,22 @@ struct ObjectLease::State {
       }
       if (failure->code() == Errc::conflict || failure->code() == Errc::not_found) {
         // Another writer replaced it: it watched this lease go unrenewed for a whole period.
+        // Who holds it now, for the error: read again a few times when the store answers
+        // with an error (a store may fail a read racing the write it just took), since the
+        // loss itself is already certain and only its description is at stake.
         std::string who = "nobody (the lease object is gone)";
-        try {
-          if (const auto now = read_object_lease(store)) who = now->record.describe();
-        } catch (const Error& e) {
-          who = std::string("a lease this writer cannot read: ") + e.what();
+        for (int attempt = 1;; ++attempt) {
+          try {
+            if (const auto now = read_object_lease(store)) who = now->record.describe();
+            break;
+          } catch (const Error& e) {
+            if (e.code() == Errc::io_error && attempt < 3) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(100 * attempt));
+              continue;
+            }
+            who = std::string("a lease this writer cannot read: ") + e.what();
+            break;
+          }
         }
         Error error(Errc::busy, name,
                     "the lease was taken over: this writer, " + me() + ", commits nothing more to " + store.name_of(""),
