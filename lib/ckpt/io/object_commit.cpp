@@ -218,13 +218,25 @@ ObjectCommitReport commit_to_object_store(FileSystem& local_fs, const std::strin
   }
   report.chunks_verified = chunks.load();
 
-  // 2. The local manifest, byte for byte.
-  const std::vector<std::byte> manifest = read_whole(local_fs, reader.manifest_path());
-  store.put(report.data_prefix + std::string(kManifestName), manifest);
+  // 2-4. The local manifest, byte for byte; the tier manifest; `latest`.
+  report.latest_moved = commit_object_step(store, step, report.run_id, read_whole(local_fs, reader.manifest_path()), report.bytes, options);
+  return report;
+}
+
+bool commit_object_step(ObjectStore& store, std::uint64_t step, const std::string& run_id, std::span<const std::byte> manifest,
+                        std::uint64_t shard_bytes, const ObjectCommitOptions& options) {
+  check_run_id(run_id);
+  auto fence = [&] {
+    if (options.fence) options.fence();
+  };
+  const std::string data_prefix = checkpoint_dir_name(step) + "/" + run_id + "/";
+  // 2. The checkpoint's manifest, byte for byte.
+  fence();
+  store.put(data_prefix + std::string(kManifestName), manifest);
 
   // 3. The tier manifest, created only if no writer committed this step before: the commit.
   const Sha256Digest digest = sha256(manifest.data(), manifest.size());
-  const ObjectManifest tier{step, report.run_id, options.run, report.data_prefix, to_hex(digest), manifest.size(), report.bytes, utc_now_rfc3339()};
+  const ObjectManifest tier{step, run_id, options.run, data_prefix, to_hex(digest), manifest.size(), shard_bytes, utc_now_rfc3339()};
   const std::string text = encode(tier);
   fence();
   try {
@@ -232,15 +244,13 @@ ObjectCommitReport commit_to_object_store(FileSystem& local_fs, const std::strin
   } catch (const Error& e) {
     if (e.code() != Errc::conflict) throw;
     throw Error(Errc::conflict, e.file(), checkpoint_dir_name(step) + " was committed by another writer first; run " +
-                report.run_id + "'s data stays uncommitted", e.expected(), e.actual());
+                run_id + "'s data stays uncommitted", e.expected(), e.actual());
   }
 
   // 4. `latest`, forward only.
-  if (options.move_latest) {
-    fence();
-    report.latest_moved = move_object_latest(store, step, options.run, options.holder);
-  }
-  return report;
+  if (!options.move_latest) return false;
+  fence();
+  return move_object_latest(store, step, options.run, options.holder);
 }
 
 namespace {
@@ -328,7 +338,7 @@ LeftoverReport collect_object_leftovers(ObjectStore& store, std::chrono::seconds
 }
 
 ObjectCheckpoint open_object_checkpoint(ObjectStore& store, std::uint64_t step) {
-  ObjectCheckpoint out{read_object_manifest(store, step), {}};
+  ObjectCheckpoint out{read_object_manifest(store, step), {}, {}};
   const std::string key = out.tier.data_prefix + std::string(kManifestName), name = store.name_of(key);
   const ObjectInfo info = store.head(key);
   check_size(out.tier.manifest_size, info.size, "checkpoint manifest size", name);
@@ -339,6 +349,7 @@ ObjectCheckpoint open_object_checkpoint(ObjectStore& store, std::uint64_t step) 
     throw Error(Errc::checksum_mismatch, name, "sha256 of the checkpoint manifest", out.tier.manifest_sha256, sha);
   out.manifest = decode_manifest(text, name);
   if (out.manifest.step != step) throw Error(Errc::malformed_manifest, name, "step", std::to_string(step), std::to_string(out.manifest.step));
+  out.manifest_bytes = std::move(text);
   return out;
 }
 
@@ -424,6 +435,21 @@ std::uint64_t verify_object_shards(ObjectStore& store, const ObjectCheckpoint& c
   std::uint64_t total = 0;
   for (std::size_t i = 0; i < m.shards.size(); ++i)
     if (which.empty() || std::find(which.begin(), which.end(), i) != which.end()) total += m.shards[i].size;
+  if (mode == Verify::none) {
+    // Sizes and headers only, as CheckpointReader::verify checks a local checkpoint at none:
+    // no shard is downloaded (a listing of a store must not read every byte it holds).
+    std::uint64_t checked = 0;
+    for (std::size_t i = 0; i < m.shards.size(); ++i) {
+      if (!which.empty() && std::find(which.begin(), which.end(), i) == which.end()) continue;
+      const ShardRecord& s = m.shards[i];
+      const std::string key = ck.tier.data_prefix + s.path;
+      check_size(s.size, store.head(key).size, "shard size", store.name_of(key));
+      check_object_header(store, ck, key, s.rank, Verify::none);
+      checked += s.size;
+      if (progress) progress(checked, total);
+    }
+    return 0;
+  }
   std::vector<Xxh3> xxh(m.shards.size());
   std::vector<Sha256> sha(mode == Verify::full ? m.shards.size() : 0);
   std::mutex progress_mu;

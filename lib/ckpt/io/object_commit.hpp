@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -105,6 +106,14 @@ struct ObjectManifest {
 ObjectCommitReport commit_to_object_store(FileSystem& local_fs, const std::string& local_root, std::uint64_t step,
                                           ObjectStore& store, const ObjectCommitOptions& options = {});
 
+/// Steps 2-4 of the commit, for shards already uploaded under step-N/`run_id`/ (shard_bytes of
+/// them): the checkpoint's `manifest` bytes there, the tier manifest (If-None-Match: the
+/// commit; Errc::conflict when another writer committed the step first), then `latest` moved
+/// forward when options.move_latest (returns whether it moved). options.fence runs before each
+/// write; options.run and holder are recorded; the rest of options is unused.
+bool commit_object_step(ObjectStore& store, std::uint64_t step, const std::string& run_id, std::span<const std::byte> manifest,
+                        std::uint64_t shard_bytes, const ObjectCommitOptions& options);
+
 /// The step `latest` names, its ETag, and who moved it there, or nullopt if there is no
 /// `latest`. Errc::malformed_manifest naming it if its content is not "step-N\n" followed by
 /// optional "run R\n" and "holder H\n" lines (unknown "key value" lines are ignored).
@@ -166,6 +175,7 @@ LeftoverReport collect_object_leftovers(ObjectStore& store, std::chrono::seconds
 struct ObjectCheckpoint {
   ObjectManifest tier;
   Manifest manifest;
+  std::string manifest_bytes;  ///< the checkpoint manifest object as stored (its SHA-256 is tier.manifest_sha256)
 };
 /// Reads step-`step`'s tier manifest and the checkpoint manifest it names, checks that one's
 /// size and SHA-256 against the tier manifest (Errc::size_mismatch, Errc::checksum_mismatch

@@ -30,10 +30,7 @@ void abort_quietly(ObjectStore& store, std::string_view key, const std::string& 
   }
 }
 
-}  // namespace
-
-UploadReport upload_file(ObjectStore& store, FileSystem& fs, const std::string& path, std::string_view key,
-                         const UploadOptions& options, const UploadCheck& check) {
+void check_upload_options(const UploadOptions& options, const std::string& path) {
   constexpr std::uint64_t kMinPart = 5ull << 20, kMaxPart = 5ull << 30;
   if (options.part_size < kMinPart || options.part_size > kMaxPart)
     throw Error(Errc::invalid_argument, path, "UploadOptions::part_size", "5 MiB..5 GiB",
@@ -41,8 +38,21 @@ UploadReport upload_file(ObjectStore& store, FileSystem& fs, const std::string& 
   if (options.parts_in_flight < 1 || options.parts_in_flight > 64)
     throw Error(Errc::invalid_argument, path, "UploadOptions::parts_in_flight", "1..64",
                 std::to_string(options.parts_in_flight));
+}
 
-  const auto file = fs.open_read(path);
+}  // namespace
+
+UploadReport upload_file(ObjectStore& store, FileSystem& fs, const std::string& path, std::string_view key,
+                         const UploadOptions& options, const UploadCheck& check) {
+  check_upload_options(options, path);
+  return upload_object(store, *fs.open_read(path), key, options, check);
+}
+
+UploadReport upload_object(ObjectStore& store, const ReadableFile& source, std::string_view key, const UploadOptions& options,
+                           const UploadCheck& check) {
+  const std::string& path = source.path();
+  check_upload_options(options, path);
+  const ReadableFile* file = &source;
   const std::uint64_t size = file->size();
   if (size < options.multipart_threshold) {
     std::vector<std::byte> all(size);

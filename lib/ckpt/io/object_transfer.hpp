@@ -46,4 +46,10 @@ struct UploadReport {
 UploadReport upload_file(ObjectStore& store, FileSystem& fs, const std::string& path, std::string_view key,
                          const UploadOptions& options = {}, const UploadCheck& check = {});
 
+/// upload_file's upload from any readable source (a shard of another store): the same parts,
+/// checks and failures, naming source.path(). `source` is read from several threads at once
+/// (ReadableFile::read_at is const and reads at an offset).
+UploadReport upload_object(ObjectStore& store, const ReadableFile& source, std::string_view key, const UploadOptions& options = {},
+                           const UploadCheck& check = {});
+
 }  // namespace ckpt

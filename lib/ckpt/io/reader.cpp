@@ -575,6 +575,7 @@ std::string_view checkpoint_state_name(CheckpointState s) noexcept {
     case CheckpointState::complete: return "complete";
     case CheckpointState::in_progress: return "in progress";
     case CheckpointState::corrupt: return "corrupt";
+    case CheckpointState::degraded: return "degraded";
   }
   return "?";
 }

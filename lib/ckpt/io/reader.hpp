@@ -238,7 +238,12 @@ CheckpointReader open_step(FileSystem& fs, const std::string& root, std::uint64_
 /// The name `latest` holds, or nullopt if there is no readable `latest`.
 std::optional<std::string> read_latest(FileSystem& fs, const std::string& root);
 
-enum class CheckpointState { complete, in_progress, corrupt };
+enum class CheckpointState {
+  complete,     ///< every file there and checked
+  in_progress,  ///< a save's temporary (or a crashed save's, which the next writer removes)
+  corrupt,      ///< does not open or fails its checks (and nothing can rebuild it)
+  degraded,     ///< a node set's checkpoint with files missing or damaged that its redundancy rebuilds
+};
 std::string_view checkpoint_state_name(CheckpointState s) noexcept;
 
 struct CheckpointInfo {

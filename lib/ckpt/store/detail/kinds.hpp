@@ -1,0 +1,34 @@
+// The store kinds open_store() chooses among (store/store.hpp), each in its own file.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "ckpt/store/store.hpp"
+
+namespace ckpt::detail {
+
+/// store/directory.cpp: ROOT/latest, ROOT/step-N (io/commit.hpp).
+std::unique_ptr<CheckpointStore> make_directory_store(std::string root, FileSystem& fs);
+/// store/node_set.cpp: DIR/node-0 .. node-(nodes-1) (io/node_commit.hpp); `layout` for writing.
+std::unique_ptr<CheckpointStore> make_node_set_store(std::string dir, FileSystem& fs, int nodes, std::optional<NodeLayout> layout);
+/// store/object.cpp: s3://bucket/prefix (io/object_commit.hpp); `owned` is the client when
+/// the store made it (else null, and `client` is the caller's); `run` its writer's identity.
+std::unique_ptr<CheckpointStore> make_object_store(std::string root, ObjectStore& client, std::unique_ptr<ObjectStore> owned, std::string run);
+
+/// The steps of checkpoint directory names ("step-0000000010"), in the same order; names
+/// that are not checkpoint directories are skipped.
+std::vector<std::uint64_t> steps_of(const std::vector<std::string>& names);
+
+/// `keep` over checkpoint directory names, as io/commit.hpp's rotation takes it.
+std::function<bool(const std::string&)> keep_by_name(const KeepStep& keep);
+
+/// A file store's StepTarget::write_shard: DIR/NAME created (buffered), written from `source`
+/// in pieces of up to 16 MiB, each passed to `check` first, fsynced and closed; a failure
+/// removes the file and rethrows.
+void write_file_copy(FileSystem& fs, const std::string& dir, const std::string& name, const ReadableFile& source, const PieceCheck& check);
+
+/// Errc::not_found naming `where`: step `step` is not committed there.
+[[noreturn]] void throw_not_committed(const std::string& where, std::uint64_t step);
+
+}  // namespace ckpt::detail

@@ -1,0 +1,128 @@
+// A directory as a CheckpointStore: io/commit.hpp's protocol (ROOT/latest, ROOT/step-N,
+// ROOT/.lock), the reader of io/reader.hpp, nothing else.
+#include <algorithm>
+
+#include "ckpt/core/error.hpp"
+#include "ckpt/io/commit.hpp"
+#include "ckpt/io/layout.hpp"
+#include "ckpt/io/root_lock.hpp"
+#include "ckpt/store/detail/kinds.hpp"
+
+namespace ckpt {
+namespace {
+
+class DirectoryTarget final : public StepTarget {
+ public:
+  DirectoryTarget(FileSystem& fs, std::string root, std::uint64_t step, std::string temp)
+      : fs_(fs), root_(std::move(root)), step_(step), temp_(std::move(temp)) {}
+  ~DirectoryTarget() override { abort(); }
+  std::uint64_t step() const noexcept override { return step_; }
+  const std::string& shard_dir(int) const override { return temp_; }
+  FileSystem* file_system() const noexcept override { return &fs_; }
+  void write_shard(int, const std::string& name, const ReadableFile& source, const PieceCheck& check) override {
+    detail::write_file_copy(fs_, temp_, name, source, check);
+  }
+
+ protected:
+  std::string commit_step(Manifest manifest, std::vector<RedundancyBlock> blocks) override {
+    if (!blocks.empty()) throw Error(Errc::invalid_argument, temp_, "redundancy blocks for a directory", "none", std::to_string(blocks.size()));
+    return commit_checkpoint(fs_, root_, temp_, manifest);
+  }
+  void abort_step() noexcept override { abort_checkpoint(fs_, root_, temp_); }
+
+ private:
+  FileSystem& fs_;
+  std::string root_;
+  std::uint64_t step_;
+  std::string temp_;
+};
+
+class DirectoryWriter final : public StoreWriter {
+ public:
+  DirectoryWriter(FileSystem& fs, const std::string& root) : fs_(fs), lock_(fs, root) { cleaned_ = prepare_root(fs_, lock_); }
+  const std::vector<std::string>& cleaned_up() const noexcept override { return cleaned_; }
+  std::unique_ptr<StepTarget> begin(std::uint64_t step, const BeginOptions& options) override {
+    return std::make_unique<DirectoryTarget>(fs_, lock_.root(), step, begin_checkpoint(fs_, lock_.root(), step, options));
+  }
+  std::vector<std::uint64_t> rotate(int keep_last, std::uint64_t committed, const KeepStep& keep) override {
+    return detail::steps_of(rotate_checkpoints(fs_, lock_.root(), keep_last, checkpoint_dir_name(committed), detail::keep_by_name(keep)));
+  }
+  std::vector<std::uint64_t> make_room(std::uint64_t needed, const KeepStep& keep) override {
+    return detail::steps_of(ckpt::make_room(fs_, lock_.root(), needed, detail::keep_by_name(keep)));
+  }
+  void remove(std::uint64_t step) override { remove_checkpoint(fs_, lock_.root(), checkpoint_dir_name(step)); }
+
+ private:
+  FileSystem& fs_;
+  RootLock lock_;
+  std::vector<std::string> cleaned_;
+};
+
+class DirectoryStore final : public CheckpointStore {
+ public:
+  DirectoryStore(std::string root, FileSystem& fs) : CheckpointStore(std::move(root)), fs_(fs) {}
+  StoreKind kind() const noexcept override { return StoreKind::directory; }
+
+  std::optional<std::uint64_t> latest() override {
+    const auto name = read_latest(fs_, root());
+    if (!name) return std::nullopt;
+    const auto step = parse_checkpoint_dir_name(*name);
+    if (!step) throw Error(Errc::malformed_manifest, join_path(root(), kLatestName), "does not name a checkpoint", "step-N", "'" + *name + "'");
+    return step;
+  }
+
+  std::vector<std::uint64_t> steps() override {
+    std::vector<std::uint64_t> out;
+    if (!fs_.stat(root())) return out;
+    const auto last = latest();
+    if (!last) return out;  // no `latest`: nothing was committed (io/commit.hpp)
+    for (const auto& e : fs_.list_dir(root()))
+      if (const auto s = parse_checkpoint_dir_name(e.name); s && e.type == EntryType::directory && *s <= *last) out.push_back(*s);
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  std::vector<StoredCheckpoint> list(Verify verify) override {
+    if (!fs_.stat(root())) throw Error(Errc::not_found, root(), "no such checkpoint root");
+    const auto infos = list_checkpoints(fs_, root(), verify);
+    if (infos.empty() && !fs_.stat(join_path(root(), kLatestName)))
+      throw Error(Errc::not_found, root(), "not a checkpoint root", "a `latest` file, step-N directories or .tmp-* temporaries", "none of them");
+    std::vector<StoredCheckpoint> out, in_progress;
+    for (const auto& c : infos) {
+      StoredCheckpoint s{c.name, c.step, c.state, c.is_latest, c.world_size, c.bytes, 0, c.error};
+      (c.state == CheckpointState::in_progress ? in_progress : out).push_back(std::move(s));
+    }
+    for (auto& s : in_progress) out.push_back(std::move(s));
+    return out;
+  }
+
+  std::shared_ptr<const Manifest> manifest(std::uint64_t step) override {
+    return read_checkpoint_manifest(fs_, committed_dir(step));
+  }
+  CheckpointReader open(std::uint64_t step, std::optional<int> expected_world_size) override {
+    return CheckpointReader::open(fs_, committed_dir(step), expected_world_size);
+  }
+  std::unique_ptr<ReadableFile> shard(std::uint64_t step, int rank) override { return fs_.open_read(open(step, std::nullopt).shard_path(rank)); }
+  void verify(std::uint64_t step, Verify mode, const ProgressFn& progress) override { open(step, std::nullopt).verify(mode, progress); }
+  bool rotated_away(std::uint64_t step) noexcept override { return ckpt::rotated_away(fs_, root(), checkpoint_dir_name(step)); }
+  std::unique_ptr<StoreWriter> writer() override { return std::make_unique<DirectoryWriter>(fs_, root()); }
+
+ private:
+  // ROOT/step-N, when it exists (Errc::not_found naming it otherwise).
+  std::string committed_dir(std::uint64_t step) {
+    const std::string dir = name_of(step);
+    if (!fs_.stat(dir)) detail::throw_not_committed(dir, step);
+    return dir;
+  }
+
+  FileSystem& fs_;
+};
+
+}  // namespace
+
+namespace detail {
+std::unique_ptr<CheckpointStore> make_directory_store(std::string root, FileSystem& fs) {
+  return std::make_unique<DirectoryStore>(std::move(root), fs);
+}
+}  // namespace detail
+}  // namespace ckpt

@@ -1,0 +1,117 @@
+#include "ckpt/store/store.hpp"
+
+#include <algorithm>
+
+#include "ckpt/core/error.hpp"
+#include "ckpt/io/layout.hpp"
+#include "ckpt/io/node_commit.hpp"
+#include "ckpt/io/s3.hpp"
+#include "ckpt/store/detail/kinds.hpp"
+
+namespace ckpt {
+
+std::string_view store_kind_name(StoreKind kind) noexcept {
+  switch (kind) {
+    case StoreKind::directory: return "directory";
+    case StoreKind::node_set: return "node set";
+    case StoreKind::object_store: return "object store";
+  }
+  return "?";
+}
+
+std::string CheckpointStore::name_of(std::uint64_t step) const { return join_path(root(), checkpoint_dir_name(step)); }
+
+std::vector<RedundancyBlock> StepTarget::write_redundancy_unit(std::span<const std::uint64_t>, std::size_t unit,
+                                                               const std::function<void(int, std::uint64_t, std::span<std::byte>)>&,
+                                                               std::uint64_t, const std::function<bool()>&) {
+  throw Error(Errc::invalid_argument, "redundancy unit " + std::to_string(unit), "this store keeps no redundancy");
+}
+
+std::string StepTarget::commit(Manifest manifest, std::vector<RedundancyBlock> blocks) {
+  if (finished_) throw Error(Errc::invalid_argument, "step " + std::to_string(step()), "committed or aborted already");
+  try {
+    std::string where = commit_step(std::move(manifest), std::move(blocks));
+    finished_ = true;
+    return where;
+  } catch (...) {
+    abort();
+    throw;
+  }
+}
+
+void StepTarget::abort() noexcept {
+  if (finished_) return;
+  finished_ = true;
+  abort_step();
+}
+
+std::unique_ptr<CheckpointStore> open_store(const std::string& given, const StoreOptions& options) {
+  std::string root = given;
+  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  if (root.empty()) throw Error(Errc::invalid_argument, "checkpoint root", "empty", "a directory or s3://bucket/prefix", "\"\"");
+  // The one place a root's kind is decided (docs/architecture.md, "Stores").
+  if (is_s3_root(root)) {
+    if (options.nodes) throw Error(Errc::invalid_argument, root, "StoreOptions.nodes (a node layout) for an object store");
+    if (options.object_store) return detail::make_object_store(root, *options.object_store, nullptr, options.run);
+    S3Options s3;
+    s3.root = root;
+    auto client = open_s3(s3);
+    ObjectStore& ref = *client;
+    return detail::make_object_store(root, ref, std::move(client), options.run);
+  }
+  FileSystem& fs = options.fs ? *options.fs : posix_file_system();
+  if (options.nodes) {
+    if (const auto problem = layout_problem(*options.nodes, options.nodes->nodes * options.nodes->ranks_per_node))
+      throw Error(Errc::invalid_argument, root, "StoreOptions.nodes: " + *problem);
+    return detail::make_node_set_store(root, fs, options.nodes->nodes, options.nodes);
+  }
+  if (is_node_set(fs, root)) return detail::make_node_set_store(root, fs, count_node_roots(fs, root), std::nullopt);
+  return detail::make_directory_store(root, fs);
+}
+
+namespace detail {
+
+std::vector<std::uint64_t> steps_of(const std::vector<std::string>& names) {
+  std::vector<std::uint64_t> out;
+  for (const auto& n : names)
+    if (const auto s = parse_checkpoint_dir_name(n)) out.push_back(*s);
+  return out;
+}
+
+std::function<bool(const std::string&)> keep_by_name(const KeepStep& keep) {
+  if (!keep) return {};
+  return [keep](const std::string& name) {
+    const auto s = parse_checkpoint_dir_name(name);
+    return s && keep(*s);
+  };
+}
+
+void write_file_copy(FileSystem& fs, const std::string& dir, const std::string& name, const ReadableFile& source, const PieceCheck& check) {
+  const std::string path = join_path(dir, name);
+  try {
+    auto out = fs.create(path, WriteOptions{.direct = false});
+    const std::uint64_t size = source.size();
+    std::vector<std::byte> piece(static_cast<std::size_t>(std::min<std::uint64_t>(size, 16ull << 20)));
+    for (std::uint64_t at = 0; at < size; at += piece.size()) {
+      const std::span<std::byte> part = std::span(piece).first(static_cast<std::size_t>(std::min<std::uint64_t>(piece.size(), size - at)));
+      source.read_at(at, part);
+      if (check) check(at, part);
+      out->write_at(at, part);
+    }
+    out->sync();
+    out->close();
+  } catch (...) {
+    try {
+      fs.remove_all(path);
+    } catch (const Error&) {  // the step's abort removes its directory anyway
+    }
+    throw;
+  }
+}
+
+void throw_not_committed(const std::string& where, std::uint64_t step) {
+  throw Error(Errc::not_found, where, "no committed checkpoint of step " + std::to_string(step));
+}
+
+}  // namespace detail
+}  // namespace ckpt

@@ -1,0 +1,218 @@
+// Where checkpoints live, as one type.
+//
+// A CheckpointStore is a place that holds the committed checkpoints of one run: a directory
+// (io/commit.hpp's protocol), a set of node roots DIR/node-n committed as one
+// (io/node_commit.hpp), or an object-store prefix s3://bucket/prefix (io/object_commit.hpp).
+// The three protocols stay as they are, each behind its implementation (store/directory.cpp,
+// store/node_set.cpp, store/object.cpp); this interface is the level where they agree:
+//
+//   reading (no lock; nothing is ever written):
+//     latest()          the step `latest` names (a node set: the newest any node's names)
+//     steps()           the committed steps, ascending
+//     list(verify)      every checkpoint with its state, and the saves in progress
+//     manifest(step)    the checkpoint's manifest, decoded with the loader's checks
+//     open(step)        a CheckpointReader over it (its shards where the store keeps them)
+//     shard(step, r)    rank r's shard file, for streaming it elsewhere
+//     verify(step)      every shard read and checked (Verify::fast or full)
+//     rotated_away(s)   a read of s failed because rotation removed it, which is no damage
+//   writing (writer(): the root's lock, every node root's lock, or the prefix's writer lease;
+//   then the crash cleanup of the kind):
+//     begin(step)       a StepTarget: where each rank's shard goes; commit(manifest) or abort()
+//     rotate(keep)      keep the newest K, never the committed one, `latest`'s, or a kept one
+//     make_room(bytes)  the pre-save rotation for a full disk (a directory; the others: no-op)
+//     remove(step)      one committed checkpoint, durably
+//
+// open_store(root, options) is the only place that looks at a root string and decides what
+// kind of store it is (docs/architecture.md, "Stores"); a new kind registers there.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckpt/format/manifest.hpp"
+#include "ckpt/format/redundancy.hpp"
+#include "ckpt/io/commit.hpp"
+#include "ckpt/io/file_system.hpp"
+#include "ckpt/io/reader.hpp"
+
+namespace ckpt {
+
+class ObjectStore;
+
+enum class StoreKind {
+  directory,     ///< ROOT/latest, ROOT/step-N/ (io/commit.hpp)
+  node_set,      ///< DIR/node-n/, one root per node, committed as one (io/node_commit.hpp)
+  object_store,  ///< s3://bucket/prefix (io/object_commit.hpp)
+};
+/// "directory", "node set", "object store".
+std::string_view store_kind_name(StoreKind kind) noexcept;
+
+/// How open_store opens a root.
+struct StoreOptions {
+  /// A directory or node set: the file system it is reached through (default: POSIX).
+  FileSystem* fs = nullptr;
+  /// A node set to write: its layout (nodes, ranks per node, redundancy scheme; node n's root
+  /// is DIR/node-n). Unset: a root that is a node set already (is_node_set) opens as one, with
+  /// the node count its checkpoints record (count_node_roots), for reading, rotation and
+  /// removal (its writer's begin() then needs the layout); anything else is a directory.
+  std::optional<NodeLayout> nodes;
+  /// An object store: the client to use (not owned; it must outlive the store). Null: the S3
+  /// client open_s3() makes for the root, with the environment's endpoint and keys.
+  ObjectStore* object_store = nullptr;
+  /// An object store's writer: the run identity it takes the writer lease for and records in
+  /// what it commits (io/run_identity.hpp, io/object_lease.hpp). Empty: a new random one.
+  std::string run;
+};
+
+/// One entry of CheckpointStore::list().
+struct StoredCheckpoint {
+  std::string name;                   ///< "step-0000000010"; a save in progress: its temporary's name
+  std::optional<std::uint64_t> step;  ///< nullopt for a save in progress
+  CheckpointState state = CheckpointState::complete;
+  bool is_latest = false;
+  int world_size = 0;                 ///< 0 unless complete
+  std::uint64_t bytes = 0;            ///< the shards' bytes (complete) or the bytes present (in progress)
+  std::uint64_t redundancy_bytes = 0; ///< a node set's: its replicas' and parity blocks' bytes
+  std::string error;                  ///< corrupt: the typed error's message
+};
+
+/// Called with each piece of a shard before it is written (its offset in the file and its
+/// bytes), from several threads at once for different pieces; throws to stop the write.
+using PieceCheck = std::function<void(std::uint64_t offset, std::span<const std::byte> bytes)>;
+
+/// Which committed steps rotation and make_room must keep besides their own rules (a step
+/// the durable tier still has to copy).
+using KeepStep = std::function<bool(std::uint64_t step)>;
+
+/// One checkpoint being written: where each rank's shard goes, then its commit or abort.
+/// Made by StoreWriter::begin; used from one thread at a time, except shard_dir(), which is
+/// const and thread-safe. The destructor aborts a target neither committed nor aborted.
+class StepTarget {
+ public:
+  virtual ~StepTarget() = default;
+  virtual std::uint64_t step() const noexcept = 0;
+  /// The directory rank `rank`'s shard file (shard_file_name) is written into, through
+  /// file_system(): the writers of runtime/ stream there with their own backends.
+  /// Errc::invalid_argument on a store that keeps no files (an object store: use shard_sink).
+  virtual const std::string& shard_dir(int rank) const = 0;
+  /// The file system shard_dir() is reached through; null on an object store.
+  virtual FileSystem* file_system() const noexcept = 0;
+  /// Writes rank `rank`'s shard file `name` (shard_file_name) from `source`, read in pieces,
+  /// each passed to `check` (may be empty) before it is written, and makes it durable: written
+  /// and fsynced into shard_dir(rank), or uploaded under the step's prefix on an object store
+  /// (in parts, several at once). For copies between stores; the Checkpointer's writers
+  /// stream into shard_dir() themselves. Thread-safe for different ranks.
+  virtual void write_shard(int rank, const std::string& name, const ReadableFile& source, const PieceCheck& check = {}) = 0;
+  /// The redundancy the store keeps besides the shards (a node set with a scheme: replicas or
+  /// Reed-Solomon parity on other nodes), in units, each computed from ranks' bytes
+  /// (io/redundancy_io.hpp): how many units the step has for these shard sizes (0: none).
+  virtual std::size_t redundancy_units(std::span<const std::uint64_t> shard_sizes) const {
+    (void)shard_sizes;
+    return 0;
+  }
+  /// Writes unit `unit`'s blocks into the step, reading the ranks' bytes through `data`;
+  /// `stopped` is polled between chunks. Returns the blocks, for commit().
+  virtual std::vector<RedundancyBlock> write_redundancy_unit(std::span<const std::uint64_t> shard_sizes, std::size_t unit,
+                                                             const std::function<void(int rank, std::uint64_t offset, std::span<std::byte> out)>& data,
+                                                             std::uint64_t chunk_size, const std::function<bool()>& stopped);
+  /// Commits the step once every shard (and redundancy block) is durable: the store's commit
+  /// protocol, `latest` moved to it last. `manifest` is the checkpoint's (assemble_manifest);
+  /// a node set records its layout and `blocks` (in the layout's plan order) in it. Returns
+  /// the committed checkpoint's location as errors name it. On a failure nothing is
+  /// committed and the target is aborted; the error is rethrown. Once only.
+  std::string commit(Manifest manifest, std::vector<RedundancyBlock> blocks = {});
+  /// Removes what the step wrote, unless it was committed. Never throws; idempotent.
+  void abort() noexcept;
+
+ protected:
+  /// The kind's commit and abort, each run at most once, and never both (after a failed
+  /// commit_step, abort_step runs).
+  virtual std::string commit_step(Manifest manifest, std::vector<RedundancyBlock> blocks) = 0;
+  virtual void abort_step() noexcept = 0;
+
+ private:
+  bool finished_ = false;
+};
+
+/// This process's right to write a store (CheckpointStore::writer): held until destroyed.
+class StoreWriter {
+ public:
+  virtual ~StoreWriter() = default;
+  /// What the crash cleanup removed when the writer was made (temporaries of a dead writer,
+  /// steps never committed), as "NAME" (a node set: "node-n/NAME").
+  virtual const std::vector<std::string>& cleaned_up() const noexcept = 0;
+  /// Begins checkpoint `step` (io/commit.hpp's begin_checkpoint and its refusals: a committed
+  /// step, a step at or before `latest` unless options allow it).
+  virtual std::unique_ptr<StepTarget> begin(std::uint64_t step, const BeginOptions& options = {}) = 0;
+  /// Keeps the newest `keep_last` committed checkpoints counting `committed` (never removed),
+  /// never the one `latest` names nor one `keep` keeps; keep_last 0 keeps all. Returns the
+  /// steps removed, oldest first.
+  virtual std::vector<std::uint64_t> rotate(int keep_last, std::uint64_t committed, const KeepStep& keep = {}) = 0;
+  /// While the store's free space is known and below `needed`, removes the oldest committed
+  /// checkpoint older than `latest`'s (never a kept one). Returns the steps removed. A store
+  /// whose free space is unknown (an object store) removes nothing.
+  virtual std::vector<std::uint64_t> make_room(std::uint64_t needed, const KeepStep& keep = {}) = 0;
+  /// Removes the committed checkpoint `step` durably; Errc::invalid_argument for the one
+  /// `latest` names, Errc::not_found for one that is not there.
+  virtual void remove(std::uint64_t step) = 0;
+};
+
+/// A place where checkpoints live (the file comment). Reading is thread-safe.
+class CheckpointStore {
+ public:
+  virtual ~CheckpointStore() = default;
+  virtual StoreKind kind() const noexcept = 0;
+  /// The root as open_store was given it (trailing slashes removed).
+  const std::string& root() const noexcept { return root_; }
+  /// How errors name checkpoint `step` of this store: "ROOT/step-0000000010",
+  /// "ROOT/node-*/step-0000000010", "s3://bucket/prefix/step-0000000010".
+  virtual std::string name_of(std::uint64_t step) const;
+
+  /// The step `latest` names; nullopt when there is none (a fresh or missing root).
+  /// Errc::malformed_manifest naming a `latest` that does not name a checkpoint.
+  virtual std::optional<std::uint64_t> latest() = 0;
+  /// The committed steps, ascending. A missing root has none.
+  virtual std::vector<std::uint64_t> steps() = 0;
+  /// Every checkpoint and save in progress, in step order (saves in progress last). With
+  /// Verify::none only manifests and sizes are read; else every shard is checked. A
+  /// checkpoint that rotation removes while it is listed is left out, never reported
+  /// corrupt. Errc::not_found naming the root when it holds no checkpoint root at all.
+  virtual std::vector<StoredCheckpoint> list(Verify verify = Verify::none) = 0;
+  /// The manifest of the committed `step`. Errc::not_found when it is not committed.
+  virtual std::shared_ptr<const Manifest> manifest(std::uint64_t step) = 0;
+  /// A reader over the committed `step` (every shard where this store keeps it). Errc::not_found
+  /// when it is not committed; the reader's open errors.
+  virtual CheckpointReader open(std::uint64_t step, std::optional<int> expected_world_size = {}) = 0;
+  /// Rank `rank`'s shard of the committed `step`, for reading it as a stream or in ranges.
+  virtual std::unique_ptr<ReadableFile> shard(std::uint64_t step, int rank) = 0;
+  /// Reads and checks every shard of `step` (the header against the manifest index always;
+  /// each chunk's XXH3 with fast; also the whole files' XXH3 and SHA-256 with full).
+  virtual void verify(std::uint64_t step, Verify mode, const ProgressFn& progress = {}) = 0;
+  /// Whether committed `step` was removed by rotation: it is gone and `latest` names a newer
+  /// step. Never throws.
+  virtual bool rotated_away(std::uint64_t step) noexcept = 0;
+  /// Takes this process's right to write the store and cleans up after a crashed writer.
+  /// Errc::busy naming the holder when another writer has it.
+  virtual std::unique_ptr<StoreWriter> writer() = 0;
+
+ protected:
+  explicit CheckpointStore(std::string root) : root_(std::move(root)) {}
+
+ private:
+  std::string root_;
+};
+
+/// Opens the store at `root`, deciding its kind: "s3://..." is an object store; with
+/// options.nodes, or when `root` holds node roots and no `latest` of its own (is_node_set), a
+/// node set; anything else a directory (which need not exist yet). Reads at most the root's
+/// entries; writes nothing. Errc::invalid_argument for an empty root, a bad s3:// root or
+/// missing credentials, or options.nodes on an s3:// root.
+std::unique_ptr<CheckpointStore> open_store(const std::string& root, const StoreOptions& options = {});
+
+}  // namespace ckpt

@@ -1,0 +1,84 @@
+// The conformance suite (store/conformance.hpp) over the file-backed kinds: a directory, and
+// node sets of 3 nodes without redundancy, with replicas, and with Reed-Solomon parity.
+#include "store/conformance.hpp"
+
+#include <filesystem>
+
+#include "ckpt/format/redundancy.hpp"
+
+namespace {
+
+using namespace ckpt;
+namespace fs = std::filesystem;
+
+void write_junk(const fs::path& file) { test::write_all(file, {'{', 'n', 'o', 't', ' ', 'j', 's', 'o', 'n'}); }
+
+// A crashed save's temporary: a directory named as begin_checkpoint names them, with a file.
+void leave_temporary(const fs::path& root, std::uint64_t step) {
+  const fs::path t = root / temporary_name(checkpoint_dir_name(step));
+  fs::create_directories(t);
+  test::write_all(t / shard_file_name(0, 1), {1, 2, 3});
+}
+
+bool has_temporary(const fs::path& root) {
+  if (!fs::exists(root)) return false;
+  for (const auto& e : fs::directory_iterator(root))
+    if (is_temporary_name(e.path().filename().string())) return true;
+  return false;
+}
+
+struct Directory {
+  static constexpr const char* name = "directory";
+  static constexpr int world = 2;
+  static constexpr bool file_backed = true;
+  test::TempDir dir;
+  fs::path root() const { return dir / "run"; }
+  std::unique_ptr<CheckpointStore> open() {
+    auto s = open_store(root().string());
+    REQUIRE(s->kind() == StoreKind::directory);
+    return s;
+  }
+  void damage_manifest(std::uint64_t step) { write_junk(root() / checkpoint_dir_name(step) / "manifest.json"); }
+  void leave_crashed_save(std::uint64_t step) { leave_temporary(root(), step); }
+  bool has_leftovers() { return has_temporary(root()); }
+};
+
+template <RedundancyScheme::Kind K, int A, int B>
+struct NodeSet {
+  static constexpr const char* name = K == RedundancyScheme::Kind::none ? "node set" : K == RedundancyScheme::Kind::replicate ? "node set, replicate" : "node set, rs";
+  static constexpr int world = 3;
+  static constexpr bool file_backed = true;
+  test::TempDir dir;
+  fs::path root() const { return dir / "set"; }
+  static NodeLayout layout() {
+    RedundancyScheme s{};
+    s.kind = K;
+    if constexpr (K == RedundancyScheme::Kind::replicate) s.copies = A;
+    if constexpr (K == RedundancyScheme::Kind::reed_solomon) s.k = A, s.m = B;
+    return {3, 1, s};
+  }
+  std::unique_ptr<CheckpointStore> open() {
+    auto s = open_store(root().string(), {.nodes = layout()});
+    REQUIRE(s->kind() == StoreKind::node_set);
+    return s;
+  }
+  void damage_manifest(std::uint64_t step) {
+    for (int n = 0; n < 3; ++n) write_junk(root() / ("node-" + std::to_string(n)) / checkpoint_dir_name(step) / "manifest.json");
+  }
+  void leave_crashed_save(std::uint64_t step) {
+    for (int n = 0; n < 3; ++n) leave_temporary(root() / ("node-" + std::to_string(n)), step);
+  }
+  bool has_leftovers() {
+    for (int n = 0; n < 3; ++n)
+      if (has_temporary(root() / ("node-" + std::to_string(n)))) return true;
+    return false;
+  }
+};
+
+using Nodes = NodeSet<RedundancyScheme::Kind::none, 0, 0>;
+using NodesReplicated = NodeSet<RedundancyScheme::Kind::replicate, 2, 0>;
+using NodesRs = NodeSet<RedundancyScheme::Kind::reed_solomon, 2, 1>;
+
+}  // namespace
+
+TEST_CASE_TEMPLATE_INVOKE(store_conformance, Directory, Nodes, NodesReplicated, NodesRs);
