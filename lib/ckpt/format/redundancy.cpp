@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <set>
 
-#include "ckpt/io/layout.hpp"
+#include "ckpt/format/file_names.hpp"
 
 namespace ckpt {
 

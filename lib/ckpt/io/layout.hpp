@@ -21,17 +21,11 @@
 #include <string>
 #include <string_view>
 
+#include "ckpt/format/file_names.hpp"
+
 namespace ckpt {
 
 inline constexpr std::string_view kLatestName = "latest";
-inline constexpr std::uint64_t kMaxStep = 9'999'999'999ull;
-
-/// "step-0000000010". Throws invalid_argument for step > kMaxStep.
-std::string checkpoint_dir_name(std::uint64_t step);
-/// Inverse of checkpoint_dir_name; nullopt for any other name.
-std::optional<std::uint64_t> parse_checkpoint_dir_name(std::string_view name) noexcept;
-/// "rank-00001-of-00004.safetensors".
-std::string shard_file_name(int rank, int world_size);
 /// True for the names of temporaries (".tmp-..." directories and ".latest.tmp-..." files).
 bool is_temporary_name(std::string_view name) noexcept;
 /// A fresh temporary name for `final_name`, unique within this process and across processes:
