@@ -54,7 +54,7 @@ inline void write_all_shards(StepTarget& target, const SourceCheckpoint& src) {
 }
 
 /// Writes and commits `src` as step src.manifest().step through `w`; returns what commit returned.
-inline std::string put_checkpoint(StoreWriter& w, const SourceCheckpoint& src, const BeginOptions& begin = {}) {
+inline std::string put_checkpoint(StoreWriter& w, const SourceCheckpoint& src, const StepOptions& begin = {}) {
   FileSystem& fs = posix_file_system();
   const Manifest& m = src.manifest();
   auto target = w.begin(m.step, begin);

@@ -72,6 +72,7 @@
 #include "ckpt/runtime/detail/offload.hpp"
 #include "ckpt/runtime/detail/wire.hpp"
 #include "ckpt/runtime/detail/write_backend.hpp"
+#include "ckpt/store/store.hpp"
 
 namespace ckpt {
 
@@ -267,11 +268,9 @@ struct Checkpointer::Impl {
     // Set by cancel(): the shards start no further write (read on any thread).
     std::atomic<bool> cancelled{false};
     std::string cancel_reason;  // under Impl::mu, set before `cancelled`
-    // Set by the commit (this process commits the step).
-    std::string temp;
-    // Node roots (CheckpointerOptions::nodes): the temporary on every node root (temp is
-    // node 0's), and the redundancy blocks in planned order, once every unit is durable.
-    std::vector<std::string> temps;
+    // Where the step's shards go (StoreWriter::begin), set once it has begun; the redundancy
+    // blocks (node roots) in planned order, once every unit is durable.
+    std::shared_ptr<StepTarget> target;
     std::vector<RedundancyBlock> blocks;
     // Every rank's shard size, once every local rank is staged (from the other processes
     // through the coordinator when ranks live in several); the threads that move redundancy
@@ -299,13 +298,14 @@ struct Checkpointer::Impl {
   std::vector<bool> local;
   int local_count = 0;
   std::string run_id;
-  // The root's writer lock, held for this object's life by the process that cleans the root
-  // up and commits (rank 0's with several processes); destroyed after everything below.
-  std::optional<RootLock> root_lock;
-  // CheckpointerOptions::nodes: the layout, node n's root ROOT/node-n, their locks.
+  // CheckpointerOptions::nodes: the layout (node n's root is ROOT/node-n).
   std::optional<NodeLayout> layout;
-  std::vector<std::string> node_roots;
-  std::vector<RootLock> node_locks;
+  // Where the checkpoints go (a directory, or node roots), and this process's writer of it:
+  // the lead's (rank 0's process: the store's lock(s), held for this object's life, the
+  // crash cleanup, commits, rotation), or a participant's in the other processes of a run;
+  // destroyed after everything below.
+  std::unique_ptr<CheckpointStore> store;
+  std::unique_ptr<StoreWriter> writer;
   std::vector<RepairReport> repairs;  // what the construction rebuilt (the preparing process)
 
   asio::io_context ctx{1};
@@ -411,37 +411,40 @@ struct Checkpointer::Impl {
       if (rpn >= 1 && opt.world_size % rpn != 0) throw_invalid("CheckpointerOptions.nodes.ranks_per_node must divide the world size");
       if (const auto problem = layout_problem(l, opt.world_size)) throw Error(Errc::invalid_argument, opt.root, "CheckpointerOptions.nodes: " + *problem);
       layout = l;
-      node_roots = node_root_paths(opt.root, l.nodes);
     }
+    StoreOptions where;
+    where.fs = &fs;
+    where.nodes = layout;
+    store = open_store(opt.root, where);
+    if (store->kind() == StoreKind::object_store)
+      throw Error(Errc::invalid_argument, opt.root, "CheckpointerOptions.root: the checkpointer saves to a directory or node roots",
+                  "a local root (an s3:// root is a durable tier: CheckpointerOptions.durable)", opt.root);
+    if (store->kind() == StoreKind::node_set && !layout)
+      throw Error(Errc::invalid_argument, opt.root, "CheckpointerOptions.root holds node roots (node-n) and no latest of its own",
+                  "CheckpointerOptions.nodes set for a node set", "a single-root checkpointer");
     // The durable tier first: a configuration it refuses (an s3:// root without credentials)
     // fails here, before the root is touched or staging allocated. Node roots: the durable
     // copy reads each checkpoint through node 0's directory (the reader finds the other
     // nodes' shards; redundancy blocks are not copied).
     if (opt.durable) {
       opt.durable->allow_older_than_latest |= opt.allow_older_than_latest;
-      replicator = std::make_unique<DurableReplicator>(fs, layout ? node_roots[0] : opt.root, *opt.durable);
+      replicator = std::make_unique<DurableReplicator>(fs, layout ? node_root_paths(opt.root, layout->nodes)[0] : opt.root, *opt.durable);
     }
     choose_backend();
     // In several processes, one of them cleans the root up before any can start writing.
     run_id = coordinator->start_run([this] {
-      if (!layout) {
-        prepare_root(fs, root_lock.emplace(fs, opt.root));
-        claim_durable(*root_lock);
-        return;
-      }
-      fs.create_dirs(opt.root);
-      for (const auto& r : node_roots) node_locks.emplace_back(fs, r);
-      prepare_node_roots(fs, node_locks);
-      claim_durable(node_locks[0]);
+      writer = store->writer();  // the lock(s) and the crash cleanup
+      claim_durable();
+      if (!layout) return;
       // A replaced node's empty root (or a truncated file): every kept checkpoint is made
       // whole again, not only the one a resume reads.
-      repairs = repair_node_roots(fs, node_roots);
+      repairs = writer->repair();
       // With ranks in several processes each resumes from its own node's files without
       // checking the others' (their loads verify what they read), so the live checkpoint is
       // checked here, once, and what is damaged rebuilt, before any process can resume.
       if (local_count < opt.world_size) repair_latest();
     });
-    if (!run_id.empty()) fs.create_dirs(opt.root);
+    if (!writer) writer = store->writer({.lead = false});
     staging.resize(static_cast<std::size_t>(opt.world_size));
     staged_records.resize(static_cast<std::size_t>(opt.world_size));
     if (opt.staging_bytes_per_rank)
@@ -461,9 +464,9 @@ struct Checkpointer::Impl {
   // here (io/object_lease.hpp). A store that does not answer now is not a refusal: the first
   // copy takes the lease instead, and until then nothing is committed there (a durable tier
   // that fails never fails training).
-  void claim_durable(const RootLock& source_lock) {
+  void claim_durable() {
     if (!replicator || !is_s3_root(opt.durable->root)) return;
-    const std::string run = opt.durable->run.empty() ? establish_run_identity(fs, source_lock) : opt.durable->run;
+    const std::string run = opt.durable->run.empty() ? writer->establish_run_identity() : opt.durable->run;
     try {
       replicator->claim(run);
     } catch (const Error& e) {
@@ -477,10 +480,9 @@ struct Checkpointer::Impl {
   // a failure is logged and left for the resume to report.
   void repair_latest() {
     try {
-      if (const auto name = read_latest_nodes(fs, node_roots)) {
-        RepairReport r = repair_node_checkpoint(fs, node_roots, *name, Verify::fast);
-        if (!r.nothing_to_do()) repairs.push_back(std::move(r));
-      }
+      if (const auto step = store->latest())
+        for (auto& r : writer->repair(*step, Verify::fast))
+          if (!r.nothing_to_do()) repairs.push_back(std::move(r));
     } catch (const Error& e) {
       log_line(std::string("the live checkpoint is not rebuilt: ") + e.what());
     }
@@ -549,8 +551,7 @@ struct Checkpointer::Impl {
       for (auto& r : staged_records) r.reset();
       stats.staging_bytes = 0;
     }
-    node_locks.clear();
-    root_lock.reset();
+    writer.reset();
   }
 
   // ---- rank thread side ----------------------------------------------------------------
@@ -757,26 +758,15 @@ struct Checkpointer::Impl {
     try {
       // (st by an init-capture: g++ 12 copies a coroutine parameter named in a lambda's
       // capture list from the argument, gone by now, rather than from the frame's copy.)
-      st->temp = co_await on_root_pool([this, state = st.get(), step = st->step, needed = expected_bytes(*st)] {
+      st->target = co_await on_root_pool([this, step = st->step, needed = expected_bytes(*st)] {
         std::lock_guard lk(root_mu);
-        const BeginOptions older{.allow_older_than_latest = opt.allow_older_than_latest};
-        if (layout && !run_id.empty()) {
-          // Ranks in several processes: each makes its own node's temporary (the node's
-          // first rank checks and clears the step, as a committer), and names the others'.
-          const int node = layout->node_of(first_local());
-          for (int n = 0; n < layout->nodes; ++n)
-            state->temps.push_back(n == node ? begin_shared_checkpoint(fs, node_roots[static_cast<std::size_t>(n)], step, run_id,
-                                                                       first_local() % layout->ranks_per_node == 0, older)
-                                             : shared_temporary_dir(node_roots[static_cast<std::size_t>(n)], step, run_id));
-          return state->temps[0];
-        }
-        if (layout) {
-          state->temps = begin_node_checkpoint(fs, node_roots, step, older);
-          return state->temps[0];
-        }
         if (local[0]) make_room_for(needed);
-        return run_id.empty() ? begin_checkpoint(fs, opt.root, step, older)
-                              : begin_shared_checkpoint(fs, opt.root, step, run_id, local[0], older);
+        StepOptions o;
+        o.begin.allow_older_than_latest = opt.allow_older_than_latest;
+        // Ranks in several processes: every process makes or names the run's shared
+        // temporaries (StoreWriter::begin).
+        if (!run_id.empty()) o.shared = SharedRun{run_id, first_local()};
+        return std::shared_ptr<StepTarget>(writer->begin(step, o));
       });
     } catch (...) {
       begun_badly = to_error(std::current_exception());
@@ -872,7 +862,7 @@ struct Checkpointer::Impl {
     if (abandoned) {
       outcome.error = *abandoned;
       co_await on_root_pool([&] {
-        if (!st->temp.empty()) {
+        if (st->target) {
           std::lock_guard lk(root_mu);
           abort_step(*st);
         }
@@ -887,7 +877,7 @@ struct Checkpointer::Impl {
     complete(st, outcome);
 
     // 5. Rotation, off the path of the next save, which may already be staging.
-    if (st->committed_here && !outcome.error) co_await on_root_pool([this, step = st->step] { rotate(checkpoint_dir_name(step)); });
+    if (st->committed_here && !outcome.error) co_await on_root_pool([this, step = st->step] { rotate(step); });
 
     {
       std::lock_guard lk(mu);
@@ -948,7 +938,7 @@ struct Checkpointer::Impl {
       // A shard the cancel stopped fails with the reason cancel() gave (a shard already
       // durable when it came reports as usual).
       std::lock_guard lk(mu);
-      report.error = Error(Errc::aborted, join_path(st->temp, shard_file_name(job->rank, opt.world_size)),
+      report.error = Error(Errc::aborted, join_path(st->target ? st->target->shard_dir(job->rank) : opt.root, shard_file_name(job->rank, opt.world_size)),
                            "save of step " + std::to_string(st->step) + " cancelled: " + st->cancel_reason);
     }
     if (writer && report.error) co_await on_work_pool([&] { writer.reset(); });  // closes the failed file
@@ -963,10 +953,8 @@ struct Checkpointer::Impl {
     return static_cast<std::size_t>(layout->scheme.copies) * static_cast<std::size_t>(opt.world_size);
   }
 
-  // Node roots: where rank's shard goes.
-  const std::string& shard_dir(const StepState& st, int rank) const {
-    return layout ? st.temps[static_cast<std::size_t>(layout->node_of(rank))] : st.temp;
-  }
+  // Where rank's shard goes.
+  static const std::string& shard_dir(const StepState& st, int rank) { return st.target->shard_dir(rank); }
 
   std::vector<std::uint64_t> shard_sizes(const StepState& st) const {
     std::vector<std::uint64_t> sizes;
@@ -991,13 +979,14 @@ struct Checkpointer::Impl {
     done.unit = unit;
     std::size_t consumed = 0;  // reads taken, in unit_reads' order
     try {
-      const NodeBytes data = node_bytes_by_rank(*layout, st->sizes, [&](int r, std::uint64_t at, std::span<std::byte> out) {
-        ++consumed;
-        if (local[static_cast<std::size_t>(r)]) std::memcpy(out.data(), staging[static_cast<std::size_t>(r)].data() + at, out.size());
-        else coordinator->receive_bytes(r, static_cast<std::uint32_t>(unit), out);
-      });
-      done.blocks = write_redundancy_unit(fs, st->temps, *layout, st->sizes, data, opt.chunk_size, unit,
-                                          [&st] { return st->cancelled.load() || st->failed.load(); });
+      done.blocks = st->target->write_redundancy_unit(
+          st->sizes, unit,
+          [&](int r, std::uint64_t at, std::span<std::byte> out) {
+            ++consumed;
+            if (local[static_cast<std::size_t>(r)]) std::memcpy(out.data(), staging[static_cast<std::size_t>(r)].data() + at, out.size());
+            else coordinator->receive_bytes(r, static_cast<std::uint32_t>(unit), out);
+          },
+          opt.chunk_size, [&st] { return st->cancelled.load() || st->failed.load(); });
     } catch (...) {
       done.error = to_error(std::current_exception());
       try {
@@ -1079,9 +1068,8 @@ struct Checkpointer::Impl {
   }
 
   // Removes the step's temporaries (one root, or every node root). Under root_mu.
-  void abort_step(const StepState& st) noexcept {
-    if (layout) abort_node_checkpoint(fs, node_roots, st.temps);
-    else abort_checkpoint(fs, opt.root, st.temp);
+  static void abort_step(const StepState& st) noexcept {
+    if (st.target) st.target->abort();
   }
 
   // Hands this process's reports to the coordinator and awaits the outcome. The last report
@@ -1128,49 +1116,18 @@ struct Checkpointer::Impl {
         shards.push_back(std::move(r.shard));
         for (auto& b : r.blocks) blocks.push_back(std::move(b));
       }
-      Manifest manifest = assemble_manifest(st.step, opt.chunk_size, std::move(shards));
-      std::string dir;
-      if (layout) {
-        manifest.nodes = *layout;
-        manifest.redundancy = blocks_in_plan_order(manifest, std::move(blocks));
-        dir = commit_node_checkpoint(fs, node_roots, st.temps, manifest);
-      } else {
-        dir = commit_checkpoint(fs, opt.root, st.temp, manifest);
-      }
+      if (!st.target) throw Error(Errc::invalid_argument, opt.root, "step " + std::to_string(st.step) + " was never begun");
+      // A node set records its layout and the blocks, in the layout's order (StepTarget::commit).
+      std::string dir = st.target->commit(assemble_manifest(st.step, opt.chunk_size, std::move(shards)), std::move(blocks));
       // Handed over before rotation, so that an older step whose copy it supersedes is no
       // longer pinned and rotates away now.
       if (replicator) replicator->submit(st.step);
       st.committed_here = true;
       return {std::nullopt, dir, since(t0)};
     } catch (...) {
-      if (!st.temp.empty()) abort_step(st);
+      abort_step(st);
       return {to_error(std::current_exception()), {}, since(t0)};
     }
-  }
-
-  // The blocks every process wrote, in the order the layout plans them (the manifest's);
-  // Errc::invalid_argument naming a block nobody wrote (or written twice).
-  static std::vector<RedundancyBlock> blocks_in_plan_order(const Manifest& m, std::vector<RedundancyBlock> got) {
-    std::vector<std::uint64_t> sizes;
-    for (const auto& s : m.shards) sizes.push_back(s.size);
-    std::vector<RedundancyBlock> out;
-    for (const auto& want : planned_blocks(*m.nodes, sizes)) {
-      const auto same = [&](const RedundancyBlock& b) {
-        return b.kind == want.kind && b.node == want.node && b.stripe == want.stripe && b.index == want.index && b.rank == want.rank;
-      };
-      const auto it = std::find_if(got.begin(), got.end(), same);
-      const std::string what = want.kind == RedundancyBlock::Kind::parity
-                                   ? "parity " + std::to_string(want.index) + " of stripe " + std::to_string(want.stripe)
-                                   : "replica of rank " + std::to_string(want.rank);
-      if (it == got.end())
-        throw Error(Errc::invalid_argument, want.path, "redundancy block " + what + " on node " + std::to_string(want.node), "written", "missing");
-      out.push_back(std::move(*it));
-      got.erase(it);
-      if (std::find_if(got.begin(), got.end(), same) != got.end())
-        throw Error(Errc::invalid_argument, want.path, "redundancy block " + what + " on node " + std::to_string(want.node), "written once", "twice");
-    }
-    if (!got.empty()) throw Error(Errc::invalid_argument, got.front().path, "redundancy block not in the layout's plan", "none", got.front().path);
-    return out;
   }
 
   // The expected size of the step's checkpoint: this process's shards staged so far, a local
@@ -1190,8 +1147,7 @@ struct Checkpointer::Impl {
   // save then goes on and fails on its own if the space is short.
   void make_room_for(std::uint64_t needed) {
     try {
-      const auto removed = replicator ? make_room(fs, opt.root, needed, [this](const std::string& name) { return replicator->pinned(name); })
-                                      : make_room(fs, opt.root, needed);
+      const auto removed = writer->make_room(needed, pinned());
       if (removed.empty()) return;
       std::lock_guard slk(mu);
       ++stats.early_rotations;
@@ -1204,13 +1160,16 @@ struct Checkpointer::Impl {
   // Keeps the newest keep_last checkpoints (io/commit.hpp), and those the durable tier still
   // has to copy. Runs after the handles complete; a failure is logged, not thrown: the new
   // checkpoint is committed.
-  void rotate(const std::string& committed) {
+  // The steps the durable tier still has to copy (none without one).
+  KeepStep pinned() const {
+    if (!replicator) return {};
+    return [this](std::uint64_t step) { return replicator->pinned(checkpoint_dir_name(step)); };
+  }
+
+  void rotate(std::uint64_t committed) {
     std::lock_guard lk(root_mu);
     try {
-      std::function<bool(const std::string&)> keep;
-      if (replicator) keep = [this](const std::string& name) { return replicator->pinned(name); };
-      const auto removed = layout ? rotate_node_checkpoints(fs, node_roots, opt.keep_last, committed, keep)
-                                  : rotate_checkpoints(fs, opt.root, opt.keep_last, committed, keep);
+      const auto removed = writer->rotate(opt.keep_last, committed, pinned());
       std::lock_guard slk(mu);
       stats.rotated += removed.size();
     } catch (const Error& e) {

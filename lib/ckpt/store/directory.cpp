@@ -6,6 +6,7 @@
 #include "ckpt/io/commit.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/root_lock.hpp"
+#include "ckpt/io/run_identity.hpp"
 #include "ckpt/store/detail/kinds.hpp"
 
 namespace ckpt {
@@ -13,8 +14,8 @@ namespace {
 
 class DirectoryTarget final : public StepTarget {
  public:
-  DirectoryTarget(FileSystem& fs, std::string root, std::uint64_t step, std::string temp)
-      : fs_(fs), root_(std::move(root)), step_(step), temp_(std::move(temp)) {}
+  DirectoryTarget(FileSystem& fs, std::string root, std::uint64_t step, std::string temp, bool lead)
+      : fs_(fs), root_(std::move(root)), step_(step), temp_(std::move(temp)), lead_(lead) {}
   ~DirectoryTarget() override { abort(); }
   std::uint64_t step() const noexcept override { return step_; }
   const std::string& shard_dir(int) const override { return temp_; }
@@ -25,6 +26,7 @@ class DirectoryTarget final : public StepTarget {
 
  protected:
   std::string commit_step(Manifest manifest, std::vector<RedundancyBlock> blocks) override {
+    if (!lead_) detail::refuse_participant(root_, "a commit");
     if (!blocks.empty()) throw Error(Errc::invalid_argument, temp_, "redundancy blocks for a directory", "none", std::to_string(blocks.size()));
     return commit_checkpoint(fs_, root_, temp_, manifest);
   }
@@ -35,26 +37,44 @@ class DirectoryTarget final : public StepTarget {
   std::string root_;
   std::uint64_t step_;
   std::string temp_;
+  bool lead_;
 };
 
 class DirectoryWriter final : public StoreWriter {
  public:
-  DirectoryWriter(FileSystem& fs, const std::string& root) : fs_(fs), lock_(fs, root) { cleaned_ = prepare_root(fs_, lock_); }
+  DirectoryWriter(FileSystem& fs, const std::string& root, bool lead) : fs_(fs), root_(root) {
+    if (lead) cleaned_ = prepare_root(fs_, lock_.emplace(fs_, root));
+    else fs_.create_dirs(root);
+  }
   const std::vector<std::string>& cleaned_up() const noexcept override { return cleaned_; }
-  std::unique_ptr<StepTarget> begin(std::uint64_t step, const BeginOptions& options) override {
-    return std::make_unique<DirectoryTarget>(fs_, lock_.root(), step, begin_checkpoint(fs_, lock_.root(), step, options));
+  std::unique_ptr<StepTarget> begin(std::uint64_t step, const StepOptions& options) override {
+    const bool lead = lock_.has_value();
+    if (options.shared)
+      return std::make_unique<DirectoryTarget>(fs_, root_, step, begin_shared_checkpoint(fs_, root_, step, options.shared->run_id, lead, options.begin), lead);
+    if (!lead) detail::refuse_participant(root_, "a step begun without its shared run");
+    return std::make_unique<DirectoryTarget>(fs_, root_, step, begin_checkpoint(fs_, root_, step, options.begin), true);
+  }
+  std::string establish_run_identity() override {
+    if (!lock_) detail::refuse_participant(root_, "the run identity's record");
+    return ckpt::establish_run_identity(fs_, *lock_);
   }
   std::vector<std::uint64_t> rotate(int keep_last, std::uint64_t committed, const KeepStep& keep) override {
-    return detail::steps_of(rotate_checkpoints(fs_, lock_.root(), keep_last, checkpoint_dir_name(committed), detail::keep_by_name(keep)));
+    if (!lock_) detail::refuse_participant(root_, "rotation");
+    return detail::steps_of(rotate_checkpoints(fs_, root_, keep_last, checkpoint_dir_name(committed), detail::keep_by_name(keep)));
   }
   std::vector<std::uint64_t> make_room(std::uint64_t needed, const KeepStep& keep) override {
-    return detail::steps_of(ckpt::make_room(fs_, lock_.root(), needed, detail::keep_by_name(keep)));
+    if (!lock_) detail::refuse_participant(root_, "a pre-save rotation");
+    return detail::steps_of(ckpt::make_room(fs_, root_, needed, detail::keep_by_name(keep)));
   }
-  void remove(std::uint64_t step) override { remove_checkpoint(fs_, lock_.root(), checkpoint_dir_name(step)); }
+  void remove(std::uint64_t step) override {
+    if (!lock_) detail::refuse_participant(root_, "a removal");
+    remove_checkpoint(fs_, root_, checkpoint_dir_name(step));
+  }
 
  private:
   FileSystem& fs_;
-  RootLock lock_;
+  std::string root_;
+  std::optional<RootLock> lock_;  // the lead's
   std::vector<std::string> cleaned_;
 };
 
@@ -105,7 +125,7 @@ class DirectoryStore final : public CheckpointStore {
   std::unique_ptr<ReadableFile> shard(std::uint64_t step, int rank) override { return fs_.open_read(open(step, std::nullopt).shard_path(rank)); }
   void verify(std::uint64_t step, Verify mode, const ProgressFn& progress) override { open(step, std::nullopt).verify(mode, progress); }
   bool rotated_away(std::uint64_t step) noexcept override { return ckpt::rotated_away(fs_, root(), checkpoint_dir_name(step)); }
-  std::unique_ptr<StoreWriter> writer() override { return std::make_unique<DirectoryWriter>(fs_, root()); }
+  std::unique_ptr<StoreWriter> writer(const WriterOptions& options) override { return std::make_unique<DirectoryWriter>(fs_, root(), options.lead); }
 
  private:
   // ROOT/step-N, when it exists (Errc::not_found naming it otherwise).

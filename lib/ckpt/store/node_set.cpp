@@ -13,6 +13,7 @@
 #include "ckpt/io/node_commit.hpp"
 #include "ckpt/io/redundancy_io.hpp"
 #include "ckpt/io/root_lock.hpp"
+#include "ckpt/io/run_identity.hpp"
 #include "ckpt/store/detail/kinds.hpp"
 
 namespace ckpt {
@@ -45,8 +46,8 @@ std::vector<RedundancyBlock> blocks_in_plan_order(const Manifest& m, std::vector
 
 class NodeSetTarget final : public StepTarget {
  public:
-  NodeSetTarget(FileSystem& fs, std::vector<std::string> roots, NodeLayout layout, std::uint64_t step, std::vector<std::string> temps)
-      : fs_(fs), roots_(std::move(roots)), layout_(std::move(layout)), step_(step), temps_(std::move(temps)) {}
+  NodeSetTarget(FileSystem& fs, std::vector<std::string> roots, NodeLayout layout, std::uint64_t step, std::vector<std::string> temps, bool lead)
+      : fs_(fs), roots_(std::move(roots)), layout_(std::move(layout)), step_(step), temps_(std::move(temps)), lead_(lead) {}
   ~NodeSetTarget() override { abort(); }
   std::uint64_t step() const noexcept override { return step_; }
   const std::string& shard_dir(int rank) const override {
@@ -67,6 +68,7 @@ class NodeSetTarget final : public StepTarget {
 
  protected:
   std::string commit_step(Manifest manifest, std::vector<RedundancyBlock> blocks) override {
+    if (!lead_) detail::refuse_participant(roots_.front(), "a commit");
     manifest.nodes = layout_;
     manifest.redundancy = blocks_in_plan_order(manifest, std::move(blocks));
     return commit_node_checkpoint(fs_, roots_, temps_, manifest);
@@ -79,29 +81,60 @@ class NodeSetTarget final : public StepTarget {
   NodeLayout layout_;
   std::uint64_t step_;
   std::vector<std::string> temps_;
+  bool lead_;
 };
 
 class NodeSetWriter final : public StoreWriter {
  public:
-  // Every node root's lock, in node order; then the crash cleanup across them. A node root
-  // that does not exist is made (a replaced node's fresh disk).
-  NodeSetWriter(FileSystem& fs, std::string dir, std::vector<std::string> roots, std::optional<NodeLayout> layout)
-      : fs_(fs), dir_(std::move(dir)), roots_(std::move(roots)), layout_(std::move(layout)) {
+  // The lead: every node root's lock, in node order, then the crash cleanup across them. A
+  // node root that does not exist is made (a replaced node's fresh disk).
+  NodeSetWriter(FileSystem& fs, std::string dir, std::vector<std::string> roots, std::optional<NodeLayout> layout, bool lead)
+      : fs_(fs), dir_(std::move(dir)), roots_(std::move(roots)), layout_(std::move(layout)), lead_(lead) {
+    fs_.create_dirs(dir_);
+    if (!lead_) return;
     for (const auto& r : roots_) locks_.emplace_back(fs_, r);
     cleaned_ = prepare_node_roots(fs_, locks_);
   }
   const std::vector<std::string>& cleaned_up() const noexcept override { return cleaned_; }
-  std::unique_ptr<StepTarget> begin(std::uint64_t step, const BeginOptions& options) override {
+  std::unique_ptr<StepTarget> begin(std::uint64_t step, const StepOptions& options) override {
     if (!layout_)
       throw Error(Errc::invalid_argument, dir_, "a save into a node set needs its layout (StoreOptions::nodes)", "a layout", "none");
-    return std::make_unique<NodeSetTarget>(fs_, roots_, *layout_, step, begin_node_checkpoint(fs_, roots_, step, options));
+    if (!options.shared) {
+      if (!lead_) detail::refuse_participant(dir_, "a step begun without its shared run");
+      return std::make_unique<NodeSetTarget>(fs_, roots_, *layout_, step, begin_node_checkpoint(fs_, roots_, step, options.begin), true);
+    }
+    // Ranks in several processes: each makes its own node's temporary (the node's first rank
+    // checks and clears the step, as a committer), and names the others'.
+    const SharedRun& run = *options.shared;
+    const int node = layout_->node_of(run.first_local_rank);
+    std::vector<std::string> temps;
+    for (int n = 0; n < layout_->nodes; ++n) {
+      const std::string& r = roots_[static_cast<std::size_t>(n)];
+      temps.push_back(n == node ? begin_shared_checkpoint(fs_, r, step, run.run_id, run.first_local_rank % layout_->ranks_per_node == 0, options.begin)
+                                : shared_temporary_dir(r, step, run.run_id));
+    }
+    return std::make_unique<NodeSetTarget>(fs_, roots_, *layout_, step, std::move(temps), lead_);
+  }
+  std::string establish_run_identity() override {
+    if (!lead_) detail::refuse_participant(dir_, "the run identity's record");
+    return ckpt::establish_run_identity(fs_, locks_.front());
+  }
+  std::vector<RepairReport> repair(std::optional<std::uint64_t> step, Verify verify) override {
+    if (!lead_) detail::refuse_participant(dir_, "a repair");
+    if (!step) return repair_node_roots(fs_, roots_);
+    return {repair_node_checkpoint(fs_, roots_, checkpoint_dir_name(*step), verify)};
   }
   std::vector<std::uint64_t> rotate(int keep_last, std::uint64_t committed, const KeepStep& keep) override {
+    if (!lead_) detail::refuse_participant(dir_, "rotation");
     return detail::steps_of(rotate_node_checkpoints(fs_, roots_, keep_last, checkpoint_dir_name(committed), detail::keep_by_name(keep)));
   }
   // No free-space rule across node roots (yet): each node's disk would need its own.
-  std::vector<std::uint64_t> make_room(std::uint64_t, const KeepStep&) override { return {}; }
+  std::vector<std::uint64_t> make_room(std::uint64_t, const KeepStep&) override {
+    if (!lead_) detail::refuse_participant(dir_, "a pre-save rotation");
+    return {};
+  }
   void remove(std::uint64_t step) override {
+    if (!lead_) detail::refuse_participant(dir_, "a removal");
     const std::string name = checkpoint_dir_name(step);
     if (read_latest_nodes(fs_, roots_) == name)
       throw Error(Errc::invalid_argument, join_path(dir_, "node-*/" + name), "the checkpoint `latest` names is never removed");
@@ -119,6 +152,7 @@ class NodeSetWriter final : public StoreWriter {
   std::string dir_;
   std::vector<std::string> roots_;
   std::optional<NodeLayout> layout_;
+  bool lead_;
   std::vector<RootLock> locks_;
   std::vector<std::string> cleaned_;
 };
@@ -235,9 +269,9 @@ class NodeSetStore final : public CheckpointStore {
       return false;
     }
   }
-  std::unique_ptr<StoreWriter> writer() override {
+  std::unique_ptr<StoreWriter> writer(const WriterOptions& options) override {
     const int nodes = layout_ ? layout_->nodes : static_cast<int>(roots_.size());
-    return std::make_unique<NodeSetWriter>(fs_, root(), node_root_paths(root(), nodes), layout_);
+    return std::make_unique<NodeSetWriter>(fs_, root(), node_root_paths(root(), nodes), layout_, options.lead);
   }
 
  private:

@@ -203,7 +203,10 @@ class ObjectWriter final : public StoreWriter {
  public:
   ObjectWriter(ObjectStore& client, std::string run) : client_(client), lease_(client, run.empty() ? random_id() : std::move(run)) {}
   const std::vector<std::string>& cleaned_up() const noexcept override { return cleaned_; }
-  std::unique_ptr<StepTarget> begin(std::uint64_t step, const BeginOptions& options) override {
+  std::unique_ptr<StepTarget> begin(std::uint64_t step, const StepOptions& step_options) override {
+    const BeginOptions& options = step_options.begin;
+    if (step_options.shared)
+      throw Error(Errc::invalid_argument, client_.name_of(checkpoint_dir_name(step)), "ranks in several processes writing straight to an object store");
     lease_.check();
     const std::string name = client_.name_of(checkpoint_dir_name(step));
     try {
@@ -238,6 +241,7 @@ class ObjectWriter final : public StoreWriter {
     }
     return removed;
   }
+  std::string establish_run_identity() override { return lease_.run(); }
   // An object store's free space is not known: nothing to make room in.
   std::vector<std::uint64_t> make_room(std::uint64_t, const KeepStep&) override { return {}; }
   void remove(std::uint64_t step) override {
@@ -315,7 +319,10 @@ class ObjectCheckpointStore final : public CheckpointStore {
       return false;
     }
   }
-  std::unique_ptr<StoreWriter> writer() override { return std::make_unique<ObjectWriter>(client_, run_); }
+  std::unique_ptr<StoreWriter> writer(const WriterOptions& options) override {
+    if (!options.lead) throw Error(Errc::invalid_argument, root(), "a participant writer: an object store has no shared runs");
+    return std::make_unique<ObjectWriter>(client_, run_);
+  }
 
  private:
   std::unique_ptr<ObjectStore> owned_;

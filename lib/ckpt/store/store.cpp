@@ -109,6 +109,10 @@ void write_file_copy(FileSystem& fs, const std::string& dir, const std::string& 
   }
 }
 
+void refuse_participant(const std::string& root, const char* what) {
+  throw Error(Errc::invalid_argument, root, std::string(what) + " by a participant of a shared run: only the lead process (rank 0's) does it");
+}
+
 void throw_not_committed(const std::string& where, std::uint64_t step) {
   throw Error(Errc::not_found, where, "no committed checkpoint of step " + std::to_string(step));
 }

@@ -40,6 +40,7 @@
 #include "ckpt/io/commit.hpp"
 #include "ckpt/io/file_system.hpp"
 #include "ckpt/io/reader.hpp"
+#include "ckpt/io/redundancy_io.hpp"
 
 namespace ckpt {
 
@@ -140,6 +141,32 @@ class StepTarget {
   bool finished_ = false;
 };
 
+/// Ranks in several processes save one checkpoint together (runtime/coordinator.hpp): each
+/// process writes its own ranks' shards into the run's shared temporaries, named by the run
+/// id (the same in every process), and only the lead process (rank 0's, which holds the
+/// store's writer) commits.
+struct SharedRun {
+  std::string run_id;      ///< CommitCoordinator::start_run's; 1..64 of [A-Za-z0-9_-]
+  int first_local_rank = 0;  ///< the lowest rank this process writes
+};
+
+/// How StoreWriter::begin begins a step.
+struct StepOptions {
+  BeginOptions begin;               ///< io/commit.hpp's (a step before `latest`, for a resumed run)
+  std::optional<SharedRun> shared;  ///< ranks in several processes: this process's part
+};
+
+/// How CheckpointStore::writer takes the store.
+struct WriterOptions {
+  /// true: this process holds the store (its lock, every node root's lock, or the writer lease),
+  /// cleans up after a crashed writer, commits and rotates. false: a participant of a shared
+  /// run (StepOptions::shared) in another process than the lead's: it takes no lock and
+  /// cleans nothing; its begin() makes its part of the run's shared temporaries (the
+  /// lead's process cleaned the store up first: CommitCoordinator::start_run), its targets
+  /// never commit, and rotate, make_room and remove are refused (Errc::invalid_argument).
+  bool lead = true;
+};
+
 /// This process's right to write a store (CheckpointStore::writer): held until destroyed.
 class StoreWriter {
  public:
@@ -148,8 +175,22 @@ class StoreWriter {
   /// steps never committed), as "NAME" (a node set: "node-n/NAME").
   virtual const std::vector<std::string>& cleaned_up() const noexcept = 0;
   /// Begins checkpoint `step` (io/commit.hpp's begin_checkpoint and its refusals: a committed
-  /// step, a step at or before `latest` unless options allow it).
-  virtual std::unique_ptr<StepTarget> begin(std::uint64_t step, const BeginOptions& options = {}) = 0;
+  /// step, a step at or before `latest` unless options allow it). With options.shared, the
+  /// run's shared temporaries (begin_shared_checkpoint: created if missing, the same paths in
+  /// every process); Errc::invalid_argument on a store that has none (an object store).
+  virtual std::unique_ptr<StepTarget> begin(std::uint64_t step, const StepOptions& options = {}) = 0;
+  /// The run identity of the store (io/run_identity.hpp): a directory's ROOT/.run, a node
+  /// set's node-0/.run (drawn and written for a fresh root), an object store's lease's run.
+  virtual std::string establish_run_identity() = 0;
+  /// Rebuilds what the store's redundancy can rebuild of every kept checkpoint (a node set:
+  /// repair_node_roots, io/redundancy_io.hpp), or of `step` alone; the others keep nothing
+  /// to rebuild from and return nothing. Reads never rebuild: this is the one operation that
+  /// does.
+  virtual std::vector<RepairReport> repair(std::optional<std::uint64_t> step = std::nullopt, Verify verify = Verify::fast) {
+    (void)step;
+    (void)verify;
+    return {};
+  }
   /// Keeps the newest `keep_last` committed checkpoints counting `committed` (never removed),
   /// never the one `latest` names nor one `keep` keeps; keep_last 0 keeps all. Returns the
   /// steps removed, oldest first.
@@ -197,9 +238,10 @@ class CheckpointStore {
   /// Whether committed `step` was removed by rotation: it is gone and `latest` names a newer
   /// step. Never throws.
   virtual bool rotated_away(std::uint64_t step) noexcept = 0;
-  /// Takes this process's right to write the store and cleans up after a crashed writer.
-  /// Errc::busy naming the holder when another writer has it.
-  virtual std::unique_ptr<StoreWriter> writer() = 0;
+  /// Takes this process's right to write the store and cleans up after a crashed writer
+  /// (WriterOptions::lead; a participant of a shared run takes nothing). Errc::busy naming
+  /// the holder when another writer has it.
+  virtual std::unique_ptr<StoreWriter> writer(const WriterOptions& options = {}) = 0;
 
  protected:
   explicit CheckpointStore(std::string root) : root_(std::move(root)) {}

@@ -28,6 +28,9 @@ std::function<bool(const std::string&)> keep_by_name(const KeepStep& keep);
 /// removes the file and rethrows.
 void write_file_copy(FileSystem& fs, const std::string& dir, const std::string& name, const ReadableFile& source, const PieceCheck& check);
 
+/// Errc::invalid_argument: `what` ("commit", "rotation", ...) asked of a participant writer.
+[[noreturn]] void refuse_participant(const std::string& root, const char* what);
+
 /// Errc::not_found naming `where`: step `step` is not committed there.
 [[noreturn]] void throw_not_committed(const std::string& where, std::uint64_t step);
 
