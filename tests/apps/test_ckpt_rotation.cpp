@@ -3,7 +3,7 @@
 // the one `latest` names then, or end with exit 4 ("rotated away"), never with exit 1 or
 // `not found`; ls lists no committed checkpoint as corrupt.
 //
-// The race runs for 20 s in the Release suite. A sanitizer build sets CKPT_SANITIZE in the
+// The race runs for 30 s in the Release suite. A sanitizer build sets CKPT_SANITIZE in the
 // environment of the apps/ tests (tests/CMakeLists.txt), and it runs for 6 s there: the tools
 // run 5-20x slower, the CI budget is the whole suite's, and each run of the tool is one
 // sample of the same race.
@@ -148,7 +148,7 @@ TEST_CASE("ckpt verify --full and ckpt ls --json on a root a job saves to every 
   test::TempDir dir;
   const std::string root = (dir / "run").string();
   Saver saver(root);
-  const auto until = Clock::now() + race_seconds(20, 6);
+  const auto until = Clock::now() + race_seconds(30, 6);
   Tally verify;
   int listings = 0;
   std::size_t listed = 0;
