@@ -61,6 +61,7 @@
 #include "ckpt/io/root_lock.hpp"
 #include "ckpt/io/slice_load.hpp"
 #include "ckpt/io/range_reader.hpp"
+#include "ckpt/store/store.hpp"
 #include "cli.hpp"
 #include "npy.hpp"
 #include "table.hpp"
@@ -515,62 +516,6 @@ struct LsArgs : Common {
   std::string root, verify = "none";
 };
 
-// ls of a node set: every step directory on any node root, with its scheme and health.
-int cmd_ls_nodes(const LsArgs& a, const NodeSet& set) {
-  FileSystem& fs = posix_file_system();
-  const Verify mode = verify_of(a.verify);
-  const auto latest = read_latest_nodes(fs, set.found_roots());
-  bool any_bad = false;
-  json::array out;
-  Table table({{"NAME"}, {"STEP", true}, {"WORLD", true}, {"NODES", true}, {"SCHEME"}, {"SIZE", true}, {"SURVIVES"}, {"STATE"}});
-  for (const auto& name : node_step_names(set)) {
-    const bool is_latest = latest == name;
-    const auto step = parse_checkpoint_dir_name(name);
-    try {
-      const NodeCheckpoint c = node_checkpoint(set, name);
-      const NodeCheckpointHealth h = check_node_checkpoint(fs, c.roots, name, mode);
-      const Manifest& m = h.manifest;
-      std::uint64_t bytes = 0;
-      for (const auto& s : m.shards) bytes += s.size;
-      any_bad |= !h.healthy();
-      json::object o{{"name", name},
-                     {"step", *step},
-                     {"world_size", m.world_size},
-                     {"nodes", m.nodes->nodes},
-                     {"ranks_per_node", m.nodes->ranks_per_node},
-                     {"redundancy", redundancy_name(m.nodes->scheme)},
-                     {"bytes", bytes},
-                     {"redundancy_bytes", redundancy_bytes(m)},
-                     {"state", node_state(h)},
-                     {"latest", is_latest},
-                     {"health", health_json(h)}};
-      out.push_back(std::move(o));
-      table.row({name, std::to_string(*step), std::to_string(m.world_size), std::to_string(m.nodes->nodes), redundancy_name(m.nodes->scheme),
-                 human_bytes(bytes), survives_text(h), node_state(h) + (is_latest ? " (latest)" : "")});
-      for (const auto& n : health_notes(h, set.dir)) table.note(n);
-    } catch (const Error& e) {
-      any_bad = true;
-      out.push_back(json::object{{"name", name}, {"step", *step}, {"state", "corrupt"}, {"latest", is_latest}, {"error", e.what()}});
-      table.row({name, std::to_string(*step), "-", "-", "-", "-", "-", std::string("corrupt") + (is_latest ? " (latest)" : "")});
-      table.note(e.what());
-    }
-  }
-  // Temporaries of a save in progress (or of a crashed one, which the next writer removes).
-  for (const auto& root : set.found_roots()) {
-    if (!fs.stat(root)) continue;
-    for (const auto& e : fs.list_dir(root)) {
-      if (e.type != EntryType::directory || !e.name.starts_with(".tmp-")) continue;
-      const std::string name = std::filesystem::path(root).filename().string() + "/" + e.name;
-      const std::string state(checkpoint_state_name(CheckpointState::in_progress));
-      out.push_back(json::object{{"name", name}, {"step", nullptr}, {"state", state}, {"latest", false}});
-      table.row({name, "-", "-", "-", "-", "-", "-", state});
-    }
-  }
-  if (a.json) print_json(json::object{{"ok", !any_bad}, {"root", set.dir}, {"node_roots", set.found}, {"checkpoints", out}});
-  else table.print();
-  return any_bad ? kExitBad : kExitOk;
-}
-
 // "10" or "step-0000000010": the checkpoint's directory name; invalid_argument otherwise.
 std::string step_dir_name(const std::string& text, const std::string& where) {
   if (parse_checkpoint_dir_name(text)) return text;
@@ -613,68 +558,52 @@ S3Step s3_step_of(const std::string& arg, const std::string& step = {}) {
   return out;
 }
 
-// ls of an object-store root: every committed step (a tier manifest), checked per --verify.
-int cmd_ls_s3(const LsArgs& a) {
-  const auto store = object_store_of(a.root);
-  const Verify mode = verify_of(a.verify);
-  const auto latest = read_object_latest(*store);
-  const auto steps = list_object_checkpoints(*store);
-  if (steps.empty() && !latest)
-    throw Error(Errc::not_found, a.root, "not a checkpoint root", "a `latest` object or step-N/manifest.json objects", "none of them");
-  bool any_corrupt = false;
-  json::array out;
-  Table table({{"NAME"}, {"STEP", true}, {"WORLD", true}, {"SIZE", true}, {"STATE"}});
-  for (const std::uint64_t step : steps) {
-    const std::string name = checkpoint_dir_name(step);
-    const bool is_latest = latest && latest->step == step;
-    try {
-      const ObjectCheckpoint c = verify_object_checkpoint(*store, step, mode);
-      std::uint64_t bytes = 0;
-      for (const auto& s : c.manifest.shards) bytes += s.size;
-      out.push_back(json::object{{"name", name}, {"step", step}, {"world_size", c.manifest.world_size}, {"bytes", bytes},
-                                 {"state", "complete"}, {"latest", is_latest}, {"run", c.tier.run}, {"run_id", c.tier.run_id}, {"error", ""}});
-      table.row({name, std::to_string(step), std::to_string(c.manifest.world_size), human_bytes(bytes),
-                 std::string("complete") + (is_latest ? " (latest)" : "")});
-    } catch (const Error& e) {
-      any_corrupt = true;
-      out.push_back(json::object{{"name", name}, {"step", step}, {"state", "corrupt"}, {"latest", is_latest}, {"error", e.what()}});
-      table.row({name, std::to_string(step), "-", "-", std::string("corrupt") + (is_latest ? " (latest)" : "")});
-      table.note(e.what());
-    }
-  }
-  if (a.json) print_json(json::object{{"ok", !any_corrupt}, {"root", a.root}, {"checkpoints", out}});
-  else table.print();
-  return any_corrupt ? kExitBad : kExitOk;
-}
-
+// ls of any root (open_store decides its kind): every checkpoint and save in progress, checked
+// per --verify; a node set's also with its layout, scheme and health.
 int cmd_ls(const LsArgs& a) {
-  if (is_s3_root(a.root)) return cmd_ls_s3(a);
-  FileSystem& fs = posix_file_system();
-  if (!fs.stat(a.root)) throw Error(Errc::not_found, a.root, "no such checkpoint root");
-  if (const auto set = node_set_of(a.root)) return cmd_ls_nodes(a, *set);
-  const auto list = list_checkpoints(fs, a.root, verify_of(a.verify));
-  if (list.empty() && !fs.stat(join_path(a.root, kLatestName)))
-    throw Error(Errc::not_found, a.root, "not a checkpoint root", "a `latest` file, step-N directories or .tmp-* temporaries",
-                "none of them");
-  bool any_corrupt = false;
+  const auto store = open_store(a.root);
+  const auto list = store->list(verify_of(a.verify));
+  const bool nodes = store->kind() == StoreKind::node_set;
+  bool any_bad = false;
   json::array out;
-  Table table({{"NAME"}, {"STEP", true}, {"WORLD", true}, {"SIZE", true}, {"STATE"}});
+  Table table = nodes ? Table({{"NAME"}, {"STEP", true}, {"WORLD", true}, {"NODES", true}, {"SCHEME"}, {"SIZE", true}, {"SURVIVES"}, {"STATE"}})
+                      : Table({{"NAME"}, {"STEP", true}, {"WORLD", true}, {"SIZE", true}, {"STATE"}});
   for (const auto& c : list) {
-    any_corrupt |= c.state == CheckpointState::corrupt;
-    out.push_back(json::object{{"name", c.name},
-                               {"step", c.step ? json::value(*c.step) : json::value(nullptr)},
-                               {"world_size", c.world_size},
-                               {"bytes", c.bytes},
-                               {"state", checkpoint_state_name(c.state)},
-                               {"latest", c.is_latest},
-                               {"error", c.error}});
-    table.row({c.name, c.step ? std::to_string(*c.step) : "-", c.world_size ? std::to_string(c.world_size) : "-", human_bytes(c.bytes),
-               std::string(checkpoint_state_name(c.state)) + (c.is_latest ? " (latest)" : "")});
-    if (!c.error.empty()) table.note(c.error);
+    // A degraded checkpoint (files the redundancy rebuilds) is reported as bad too: exit 1.
+    any_bad |= c.state == CheckpointState::corrupt || c.state == CheckpointState::degraded;
+    const std::string state = std::string(checkpoint_state_name(c.state)) + (c.is_latest ? " (latest)" : "");
+    json::object o{{"name", c.name},
+                   {"step", c.step ? json::value(*c.step) : json::value(nullptr)},
+                   {"world_size", c.world_size},
+                   {"bytes", c.bytes},
+                   {"state", checkpoint_state_name(c.state)},
+                   {"latest", c.is_latest},
+                   {"error", c.error}};
+    if (c.health && c.manifest && c.manifest->nodes) {
+      const NodeLayout& l = *c.manifest->nodes;
+      o["nodes"] = l.nodes;
+      o["ranks_per_node"] = l.ranks_per_node;
+      o["redundancy"] = redundancy_name(l.scheme);
+      o["redundancy_bytes"] = c.redundancy_bytes;
+      o["health"] = health_json(*c.health);
+      table.row({c.name, std::to_string(*c.step), std::to_string(c.world_size), std::to_string(l.nodes), redundancy_name(l.scheme),
+                 human_bytes(c.bytes), survives_text(*c.health), state});
+      for (const auto& n : health_notes(*c.health, store->root())) table.note(n);
+    } else {
+      if (!c.run_id.empty()) {
+        o["run"] = c.run;
+        o["run_id"] = c.run_id;
+      }
+      const std::string step = c.step ? std::to_string(*c.step) : "-", world = c.world_size ? std::to_string(c.world_size) : "-";
+      if (nodes) table.row({c.name, step, world, "-", "-", c.manifest ? human_bytes(c.bytes) : "-", "-", state});
+      else table.row({c.name, step, world, human_bytes(c.bytes), state});
+      if (!c.error.empty()) table.note(c.error);
+    }
+    out.push_back(std::move(o));
   }
-  if (a.json) print_json(json::object{{"ok", !any_corrupt}, {"root", a.root}, {"checkpoints", out}});
+  if (a.json) print_json(json::object{{"ok", !any_bad}, {"root", store->root()}, {"checkpoints", out}});
   else table.print();
-  return any_corrupt ? kExitBad : kExitOk;
+  return any_bad ? kExitBad : kExitOk;
 }
 
 Command declare_ls(CLI::App& app) {

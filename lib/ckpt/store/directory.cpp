@@ -107,12 +107,18 @@ class DirectoryStore final : public CheckpointStore {
     const auto infos = list_checkpoints(fs_, root(), verify);
     if (infos.empty() && !fs_.stat(join_path(root(), kLatestName)))
       throw Error(Errc::not_found, root(), "not a checkpoint root", "a `latest` file, step-N directories or .tmp-* temporaries", "none of them");
-    std::vector<StoredCheckpoint> out, in_progress;
+    std::vector<StoredCheckpoint> out;
     for (const auto& c : infos) {
-      StoredCheckpoint s{c.name, c.step, c.state, c.is_latest, c.world_size, c.bytes, 0, c.error};
-      (c.state == CheckpointState::in_progress ? in_progress : out).push_back(std::move(s));
+      StoredCheckpoint s;
+      s.name = c.name;
+      s.step = c.step;
+      s.state = c.state;
+      s.is_latest = c.is_latest;
+      s.world_size = c.world_size;
+      s.bytes = c.bytes;
+      s.error = c.error;
+      out.push_back(std::move(s));
     }
-    for (auto& s : in_progress) out.push_back(std::move(s));
     return out;
   }
 

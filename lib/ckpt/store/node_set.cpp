@@ -193,6 +193,8 @@ class NodeSetStore final : public CheckpointStore {
       try {
         const auto m = manifest(step);
         const NodeCheckpointHealth h = check_node_checkpoint(fs_, node_root_paths(root(), m->nodes->nodes), name, verify);
+        c.manifest = m;
+        c.health = std::make_shared<const NodeCheckpointHealth>(h);
         c.world_size = m->world_size;
         for (const auto& s : m->shards) c.bytes += s.size;
         for (const auto& b : m->redundancy) c.redundancy_bytes += b.size;

@@ -280,9 +280,12 @@ class ObjectCheckpointStore final : public CheckpointStore {
       c.step = step;
       c.is_latest = last && last->step == step;
       try {
-        const ObjectCheckpoint ck = verify_object_checkpoint(client_, step, verify);
+        ObjectCheckpoint ck = verify_object_checkpoint(client_, step, verify);
+        c.run = ck.tier.run;
+        c.run_id = ck.tier.run_id;
         c.world_size = ck.manifest.world_size;
         for (const auto& s : ck.manifest.shards) c.bytes += s.size;
+        c.manifest = std::make_shared<const Manifest>(std::move(ck.manifest));
       } catch (const Error& e) {
         if (rotated_away(step)) continue;  // removed by a rotation while it was listed: no damage
         c.state = CheckpointState::corrupt;

@@ -80,7 +80,13 @@ struct StoredCheckpoint {
   int world_size = 0;                 ///< 0 unless complete
   std::uint64_t bytes = 0;            ///< the shards' bytes (complete) or the bytes present (in progress)
   std::uint64_t redundancy_bytes = 0; ///< a node set's: its replicas' and parity blocks' bytes
-  std::string error;                  ///< corrupt: the typed error's message
+  std::string error;                  ///< corrupt (or degraded): the typed error's message
+  /// What was read of it (complete or degraded): its manifest; on a node set, the health
+  /// check's findings (each file's state, how many more node losses it survives); on an
+  /// object store, the run that committed it and the attempt whose data the tier manifest names.
+  std::shared_ptr<const Manifest> manifest;
+  std::shared_ptr<const NodeCheckpointHealth> health;
+  std::string run, run_id;
 };
 
 /// Called with each piece of a shard before it is written (its offset in the file and its
@@ -220,7 +226,8 @@ class CheckpointStore {
   virtual std::optional<std::uint64_t> latest() = 0;
   /// The committed steps, ascending. A missing root has none.
   virtual std::vector<std::uint64_t> steps() = 0;
-  /// Every checkpoint and save in progress, in step order (saves in progress last). With
+  /// Every checkpoint and save in progress, in name order (a directory lists its temporaries
+  /// among them, as ls always has; a node set after them, "node-n/.tmp-..."). With
   /// Verify::none only manifests and sizes are read; else every shard is checked. A
   /// checkpoint that rotation removes while it is listed is left out, never reported
   /// corrupt. Errc::not_found naming the root when it holds no checkpoint root at all.
