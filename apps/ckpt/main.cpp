@@ -189,21 +189,12 @@ std::optional<std::string> node_set_above(const std::string& root) {
 // decodes and describes a checkpoint across nodes (the copies are identical; a lost node or
 // a damaged copy does not matter). Errc::not_found naming every copy tried when none does.
 Manifest node_manifest(const NodeSet& set, const std::string& name) {
-  FileSystem& fs = posix_file_system();
-  std::string tried;
-  for (const auto& root : set.found_roots()) {
-    const std::string path = join_path(join_path(root, name), kManifestName);
-    try {
-      if (!fs.stat(path)) throw Error(Errc::not_found, path, "missing");
-      Manifest m = decode_manifest(detail::read_small_file(fs, path, kMaxManifestBytes, Errc::malformed_manifest), path);
-      if (!m.nodes) throw Error(Errc::malformed_manifest, path, "no \"nodes\": a checkpoint in one root, not across node roots");
-      return m;
-    } catch (const Error& e) {
-      tried += (tried.empty() ? "" : "; ") + std::string(e.what());
-    }
-  }
-  throw Error(Errc::not_found, join_path(set.dir, "node-*/" + name), "no node root has a manifest of " + name + " that opens",
-              "a manifest on at least one node", tried.empty() ? "no node roots" : tried);
+  if (!set.found)
+    throw Error(Errc::not_found, join_path(set.dir, "node-*/" + name), "no node root has a manifest of " + name + " that opens",
+                "a manifest on at least one node", "no node roots");
+  std::vector<std::string> dirs;
+  for (const auto& root : set.found_roots()) dirs.push_back(join_path(root, name));
+  return *read_node_manifest(posix_file_system(), dirs).manifest;
 }
 
 // Every node root of the checkpoint `m` describes (a lost one too).
@@ -288,17 +279,17 @@ std::string ints_text(const std::vector<int>& v) {
 // scheme can do about them.
 std::vector<std::string> health_notes(const NodeCheckpointHealth& h, const std::string& set_dir) {
   std::vector<std::string> out;
-  for (const auto* list : {&h.shards, &h.blocks})
-    for (const auto& f : *list)
-      if (!f.ok) out.push_back(f.what + " on node " + std::to_string(f.node) + ": " + f.error);
+  for (const auto* f : h.bad_files()) out.push_back(f->what + " on node " + std::to_string(f->node) + ": " + f->error);
   const std::string scheme = redundancy_name(h.manifest.nodes->scheme);
   if (!h.recoverable())
     out.push_back(scheme + " cannot rebuild rank" + (h.lost_ranks.size() == 1 ? " " : "s ") + ints_text(h.lost_ranks) + ": it survives at most " +
                   std::to_string(tolerated_node_losses(h.manifest.nodes->scheme)) + " lost node(s) per " +
                   (h.manifest.nodes->scheme.kind == RedundancyScheme::Kind::reed_solomon ? "stripe" : "shard"));
-  else if (!h.healthy())
+  else if (!h.bad_ranks.empty() || std::any_of(h.blocks.begin(), h.blocks.end(), [](const MemberHealth& b) { return !b.ok; }))
     out.push_back(scheme + " can rebuild " + (h.bad_ranks.empty() ? std::string("them") : "rank" + std::string(h.bad_ranks.size() == 1 ? " " : "s ") + ints_text(h.bad_ranks)) +
                   ": ckpt repair " + set_dir);
+  else if (!h.healthy())
+    out.push_back("the other nodes' copies of the manifest restore it: ckpt repair " + set_dir);
   return out;
 }
 
@@ -311,20 +302,16 @@ json::array ints_json(const std::vector<int>& v) {
 // The first bad file's error, in the shape of error_json (its message starts with the
 // code's name: "missing shard: PATH: ..."), for the {"ok": false, "error"} of --json.
 json::object first_bad_json(const NodeCheckpointHealth& h) {
-  for (const auto* list : {&h.shards, &h.blocks})
-    for (const auto& f : *list)
-      if (!f.ok)
-        return {{"code", f.error.substr(0, f.error.find(':'))}, {"file", f.path}, {"detail", f.what + " on node " + std::to_string(f.node)},
-                {"expected", ""}, {"actual", ""}, {"message", f.error}};
+  for (const auto* f : h.bad_files())
+    return {{"code", f->error.substr(0, f->error.find(':'))}, {"file", f->path}, {"detail", f->what + " on node " + std::to_string(f->node)},
+            {"expected", ""}, {"actual", ""}, {"message", f->error}};
   return {};
 }
 
 // The health of a checkpoint across nodes, for --json.
 json::object health_json(const NodeCheckpointHealth& h) {
   json::array bad;
-  for (const auto* list : {&h.shards, &h.blocks})
-    for (const auto& f : *list)
-      if (!f.ok) bad.push_back(json::object{{"what", f.what}, {"node", f.node}, {"path", f.path}, {"error", f.error}});
+  for (const auto* f : h.bad_files()) bad.push_back(json::object{{"what", f->what}, {"node", f->node}, {"path", f->path}, {"error", f->error}});
   return {{"state", node_state(h)},
           {"healthy", h.healthy()},
           {"recoverable", h.recoverable()},
@@ -512,6 +499,87 @@ CLI::Option* add_buffer_option(CLI::App& c, std::uint64_t& bytes) {
 
 // ---- ls, inspect, verify ----------------------------------------------------------------
 
+// What a command's DIR names, through open_store: a checkpoint of a store (ROOT/step-N, a node
+// set's DIR/node-n/step-N, s3://bucket/prefix/step-N: `step` set), or a store whose `latest`
+// is meant (a root, a node set or one of its node roots, s3://bucket/prefix); or, outside any
+// store, a checkpoint directory of another name (`dir`: an output of ckpt reshard).
+struct Located {
+  std::unique_ptr<CheckpointStore> store;
+  std::optional<std::uint64_t> step;
+  std::string dir;
+};
+Located locate(const std::string& arg) {
+  FileSystem& fs = posix_file_system();
+  std::string p = strip_slashes(arg);
+  const auto step_of = [](std::string_view path) -> std::optional<std::uint64_t> {
+    const auto slash = path.rfind('/');
+    return parse_checkpoint_dir_name(slash == std::string_view::npos ? path : path.substr(slash + 1));
+  };
+  const auto parent_of = [](const std::string& path) {
+    const std::string parent = std::filesystem::path(path).parent_path().string();
+    return parent.empty() ? std::string(".") : parent;
+  };
+  Located out;
+  if (is_s3_root(p)) {
+    // s3://bucket/prefix/step-N: the step of the root above it.
+    if (const auto slash = p.rfind('/'); slash != std::string::npos && slash > std::string_view("s3://").size())
+      if ((out.step = step_of(p))) p.resize(slash);
+    out.store = open_store(p);
+    return out;
+  }
+  std::string step_name;
+  if (const auto set = node_set_of(p, true, &step_name)) {
+    out.store = open_store(set->dir);
+    if (!step_name.empty()) out.step = parse_checkpoint_dir_name(step_name);
+    return out;
+  }
+  if (const auto step = step_of(p)) {
+    out.store = open_store(parent_of(p));
+    out.step = step;
+    return out;
+  }
+  if (!fs.stat(join_path(p, kManifestName))) {
+    out.store = open_store(p);  // a root (its latest)
+    return out;
+  }
+  out.dir = p;
+  return out;
+}
+
+// The step `latest` of `store` names; Errc::not_found naming the root when there is none.
+std::uint64_t latest_of(CheckpointStore& store) {
+  if (const auto step = store.latest()) return *step;
+  throw Error(Errc::not_found, store.root(), "no committed checkpoint: no latest", "a `latest` naming a checkpoint", "none");
+}
+
+// Runs `body(step)` on the checkpoint `located` names, or on its store's latest; when a read
+// fails because rotation removed that step (a job saving to the store committed newer ones),
+// once more on what `latest` names then (kRotationAttempts in all), else RotatedAway. `rotated`
+// collects the steps rotated away, as errors name them.
+template <class Body>
+int on_live_step(CheckpointStore& store, std::optional<std::uint64_t> named, std::vector<std::string>& rotated, Body&& body) {
+  // A checkpoint named that is not there when the command begins is the user's not_found,
+  // never "rotated away".
+  if (named) (void)store.manifest(*named);
+  for (int attempt = 1;; ++attempt) {
+    const std::uint64_t step = named ? *named : latest_of(store);
+    try {
+      return body(step);
+    } catch (...) {
+      if (!store.rotated_away(step)) throw;
+      rotated.push_back(store.name_of(step));
+      std::string now;
+      try {
+        if (const auto l = store.latest()) now = checkpoint_dir_name(*l);
+      } catch (const Error&) {
+      }
+      if (named || attempt == kRotationAttempts) throw RotatedAway{store.name_of(step), now, rotated, named.has_value()};
+      std::fprintf(stderr, "ckpt: %s was rotated away while it was read (a save committed %s and removed it): reading %s\n",
+                   store.name_of(step).c_str(), now.c_str(), now.c_str());
+    }
+  }
+}
+
 struct LsArgs : Common {
   std::string root, verify = "none";
 };
@@ -529,33 +597,6 @@ std::unique_ptr<ObjectStore> object_store_of(const std::string& root) {
   S3Options s3;
   s3.root = root;
   return open_s3(s3);
-}
-
-// An s3:// argument naming a checkpoint: s3://bucket/prefix/step-N, or the root
-// s3://bucket/prefix with `step` (10 or step-0000000010), else its `latest` (Errc::not_found
-// naming the root when there is none).
-struct S3Step {
-  std::string root;
-  std::unique_ptr<ObjectStore> store;
-  std::uint64_t step = 0;
-};
-S3Step s3_step_of(const std::string& arg, const std::string& step = {}) {
-  S3Step out{strip_slashes(arg), nullptr, 0};
-  std::optional<std::uint64_t> named;
-  if (const auto slash = out.root.rfind('/'); slash != std::string::npos && slash > std::string_view("s3://").size())
-    if ((named = parse_checkpoint_dir_name(std::string_view(out.root).substr(slash + 1)))) out.root.resize(slash);
-  if (!step.empty()) {
-    if (named) throw Error(Errc::invalid_argument, arg, "STEP with a checkpoint", "s3://bucket/prefix (a root)", "a checkpoint " + checkpoint_dir_name(*named));
-    named = parse_checkpoint_dir_name(step_dir_name(step, arg));
-  }
-  out.store = object_store_of(out.root);
-  if (!named) {
-    const auto latest = read_object_latest(*out.store);
-    if (!latest) throw Error(Errc::not_found, out.root, "no latest object: nothing committed there");
-    named = latest->step;
-  }
-  out.step = *named;
-  return out;
 }
 
 // ls of any root (open_store decides its kind): every checkpoint and save in progress, checked
@@ -753,49 +794,41 @@ void print_inspect(const std::string& dir, const Manifest& m, const NodeCheckpoi
 
 // inspect of a checkpoint on an object store: its tier manifest and checkpoint manifest
 // (open_object_checkpoint: sizes and the manifest's SHA-256 checked), no shard read.
-int cmd_inspect_s3(const InspectArgs& a) {
-  const S3Step s = s3_step_of(a.dir, a.step);
-  const ObjectCheckpoint c = open_object_checkpoint(*s.store, s.step);
-  const std::string dir = s.store->name_of(checkpoint_dir_name(s.step));
-  if (a.json)
-    print_json(json::object{{"ok", true},
-                            {"dir", dir},
-                            {"manifest", json::parse(encode_manifest(c.manifest))},
-                            {"tier", {{"run", c.tier.run}, {"run_id", c.tier.run_id}, {"committed_at", c.tier.committed_at}, {"data_prefix", c.tier.data_prefix},
-                                      {"manifest_sha256", c.tier.manifest_sha256}, {"bytes", c.tier.bytes}}}});
-  else
-    print_inspect(dir, c.manifest, nullptr, {}, &c.tier);
-  return kExitOk;
-}
-
+// inspect, one body over any store: the manifest summary, the shard table and the tensor
+// index; with what the kind records besides (a node set's layout and health by sizes, an
+// object store's tier manifest).
 int cmd_inspect(const InspectArgs& a) {
-  if (is_s3_root(a.dir)) return cmd_inspect_s3(a);
-  std::string name;
-  if (const auto set = node_set_of(a.dir, true, &name)) {
-    if (!a.step.empty()) {
-      if (!name.empty()) throw Error(Errc::invalid_argument, a.dir, "STEP with a checkpoint directory", "DIR a node set or a node root", "a checkpoint directory");
-      name = step_dir_name(a.step, a.dir);
-    }
-    const NodeCheckpoint c = node_checkpoint(*set, name);
-    const NodeCheckpointHealth h = check_node_checkpoint(posix_file_system(), c.roots, c.name, Verify::none);
-    const std::string dir = join_path(join_path(set->dir, "node-*"), c.name);
-    if (a.json) print_json(json::object{{"ok", true}, {"dir", dir}, {"manifest", json::parse(encode_manifest(c.manifest))}, {"health", health_json(h)}});
-    else print_inspect(dir, c.manifest, &h, set->dir);
+  Located at = locate(a.dir);
+  if (!a.step.empty()) {
+    if (at.step || !at.store)
+      throw Error(Errc::invalid_argument, a.dir, "STEP with a checkpoint", "DIR a root, a node set, a node root or s3://bucket/prefix",
+                  "a checkpoint " + (at.step ? checkpoint_dir_name(*at.step) : at.dir));
+    at.step = parse_checkpoint_dir_name(step_dir_name(a.step, a.dir));
+  }
+  if (!at.store) {
+    const auto reader = CheckpointReader::open(posix_file_system(), at.dir);
+    if (a.json) print_json(json::object{{"ok", true}, {"dir", reader.dir()}, {"manifest", json::parse(encode_manifest(reader.manifest()))}});
+    else print_inspect(reader.dir(), reader.manifest(), nullptr);
     return kExitOk;
   }
-  LiveReads live;
-  return live.run([&] {
-    const auto reader = [&] {
-      if (a.step.empty()) return open_dir_or_root(a.dir, &live);
-      const std::string dir = join_path(a.dir, step_dir_name(a.step, a.dir));
-      live.note_dir(dir);
-      return CheckpointReader::open(posix_file_system(), dir);
-    }();
-    if (a.json)
-      print_json(json::object{{"ok", true}, {"dir", reader.dir()}, {"manifest", json::parse(encode_manifest(reader.manifest()))},
-                              {"rotated_away", live.rotated_json()}});
-    else
-      print_inspect(reader.dir(), reader.manifest(), nullptr);
+  CheckpointStore& store = *at.store;
+  std::vector<std::string> rotated;
+  return on_live_step(store, at.step, rotated, [&](std::uint64_t step) {
+    const StoredCheckpoint c = store.describe(step);
+    const std::string dir = store.name_of(step);
+    if (a.json) {
+      json::object o{{"ok", true}, {"dir", dir}, {"manifest", json::parse(encode_manifest(*c.manifest))}};
+      if (c.health) o["health"] = health_json(*c.health);
+      if (const ObjectManifest* t = c.tier.get())
+        o["tier"] = {{"run", t->run}, {"run_id", t->run_id}, {"committed_at", t->committed_at}, {"data_prefix", t->data_prefix},
+                     {"manifest_sha256", t->manifest_sha256}, {"bytes", t->bytes}};
+      json::array rot;
+      for (const auto& r : rotated) rot.emplace_back(r);
+      o["rotated_away"] = rot;
+      print_json(o);
+    } else {
+      print_inspect(dir, *c.manifest, c.health.get(), store.root(), c.tier.get());
+    }
     return kExitOk;
   });
 }
@@ -837,85 +870,73 @@ const char* verify_how(Verify mode) {
   return mode == Verify::full ? "full (xxh3 per chunk + sha256)" : mode == Verify::fast ? "fast (xxh3 per chunk)" : "none (sizes and headers)";
 }
 
-// verify of a checkpoint across nodes: every shard and redundancy block, then, when all of
-// them are good, the shard headers through the reader. Exit 1 when any file is bad, with
-// the files and whether the scheme rebuilds them.
-int cmd_verify_nodes(const VerifyArgs& a, const std::string& mode_name, const NodeSet& set, const std::string& step) {
-  FileSystem& fs = posix_file_system();
-  const Verify mode = verify_of(mode_name);
-  const NodeCheckpoint c = node_checkpoint(set, step);
-  const NodeCheckpointHealth h = check_node_checkpoint(fs, c.roots, c.name, mode);
-  std::vector<std::string> dirs;
-  for (const auto& r : c.roots) dirs.push_back(join_path(r, c.name));
-  if (h.healthy()) CheckpointReader::open_nodes(fs, dirs).verify(Verify::none);  // the headers against the index
-  const Manifest& m = h.manifest;
-  std::uint64_t total = 0;
-  for (const auto& s : m.shards) total += s.size;
-  const std::string dir = join_path(join_path(set.dir, "node-*"), c.name);
-  const auto bad_blocks = std::count_if(h.blocks.begin(), h.blocks.end(), [](const MemberHealth& b) { return !b.ok; });
-  if (a.json) {
-    json::object o{{"ok", h.healthy()}, {"dir", dir}, {"checkpoint", c.name}, {"mode", mode_name},
-                   {"redundancy", redundancy_name(m.nodes->scheme)}, {"shards", m.shards.size()}, {"blocks", m.redundancy.size()},
-                   {"bytes", total}, {"redundancy_bytes", redundancy_bytes(m)}, {"health", health_json(h)}};
-    if (!h.healthy()) o["error"] = first_bad_json(h);
-    print_json(o);
-  } else if (h.healthy()) {
-    std::printf("OK %s: %zu shards (%s) and %zu redundancy blocks (%s) verified, %s; %s survives %s\n", dir.c_str(), m.shards.size(),
-                human_bytes(total).c_str(), m.redundancy.size(), human_bytes(redundancy_bytes(m)).c_str(), verify_how(mode),
-                redundancy_name(m.nodes->scheme).c_str(), survives_text(h).c_str());
-  } else {
-    std::printf("BAD %s: %zu of %zu shards and %zu of %zu redundancy blocks bad, %s\n", dir.c_str(), h.bad_ranks.size(), m.shards.size(),
-                static_cast<std::size_t>(bad_blocks), m.redundancy.size(), verify_how(mode));
-    for (const auto& n : health_notes(h, set.dir)) std::printf("  %s\n", n.c_str());
-  }
-  return h.healthy() ? kExitOk : kExitBad;
-}
-
-// verify of an object-store root: the step its `latest` names, read in ranged GETs.
-int cmd_verify_s3(const VerifyArgs& a, const std::string& mode_name, Verify mode) {
-  const S3Step s = s3_step_of(a.dir);
-  ObjectCheckpoint c;
-  {
-    ProgressBar bar("verifying", !a.json);
-    c = verify_object_checkpoint(*s.store, s.step, mode, bar.fn());
-  }
-  std::uint64_t total = 0;
-  for (const auto& sh : c.manifest.shards) total += sh.size;
-  const std::string dir = s.store->name_of(checkpoint_dir_name(s.step));
-  if (a.json)
-    print_json(json::object{{"ok", true}, {"dir", dir}, {"mode", mode_name}, {"shards", c.manifest.shards.size()}, {"bytes", total}});
-  else
-    std::printf("OK %s: %zu shards, %s verified, %s\n", dir.c_str(), c.manifest.shards.size(), human_bytes(total).c_str(),
-                verify_how(mode));
-  return kExitOk;
-}
-
+// verify, one body over any store: every shard read and checked (a node set: every shard,
+// redundancy block and manifest copy on its node, the bad ones listed with what the scheme
+// can rebuild, then the shard headers). Exit 1 when anything is bad.
 int cmd_verify(const VerifyArgs& a) {
   const std::string mode_name = a.full ? "full" : a.verify;
   const Verify mode = verify_of(mode_name);
-  if (is_s3_root(a.dir)) return cmd_verify_s3(a, mode_name, mode);
-  std::string step;
-  if (const auto set = node_set_of(a.dir, true, &step)) return cmd_verify_nodes(a, mode_name, *set, step);
-  LiveReads live;
-  return live.run([&] {
-    const auto reader = open_dir_or_root(a.dir, &live);
+  const Located at = locate(a.dir);
+  std::vector<std::string> rotated;
+  // What was verified, printed the same way for every kind.
+  const auto report = [&](const std::string& dir, const Manifest& m) {
+    std::uint64_t total = 0;
+    for (const auto& s : m.shards) total += s.size;
+    const auto from = resharded_from(m, join_path(dir, kManifestName));
+    json::array rot;
+    for (const auto& r : rotated) rot.emplace_back(r);
+    if (a.json) {
+      print_json(json::object{{"ok", true}, {"dir", dir}, {"mode", mode_name}, {"shards", m.shards.size()},
+                              {"bytes", total}, {"source_verify", source_verify_json(from)}, {"rotated_away", rot}});
+    } else {
+      std::printf("OK %s: %zu shards, %s verified, %s\n", dir.c_str(), m.shards.size(), human_bytes(total).c_str(), verify_how(mode));
+      if (from) std::printf("%s %s\n", from->source_verify == Verify::none ? "warning:" : "note:", resharded_text(*from).c_str());
+    }
+    return kExitOk;
+  };
+  if (!at.store) {
+    const auto reader = CheckpointReader::open(posix_file_system(), at.dir);
     {
       ProgressBar bar("verifying", !a.json);
       reader.verify(mode, bar.fn());
     }
-    std::uint64_t total = 0;
-    for (const auto& s : reader.manifest().shards) total += s.size;
-    const char* how = verify_how(mode);
-    const auto from = resharded_from(reader.manifest(), reader.manifest_path());
-    if (a.json) {
-      print_json(json::object{{"ok", true}, {"dir", reader.dir()}, {"mode", mode_name}, {"shards", reader.manifest().shards.size()},
-                              {"bytes", total}, {"source_verify", source_verify_json(from)}, {"rotated_away", live.rotated_json()}});
-    } else {
-      std::printf("OK %s: %zu shards, %s verified, %s\n", reader.dir().c_str(), reader.manifest().shards.size(),
-                  human_bytes(total).c_str(), how);
-      if (from) std::printf("%s %s\n", from->source_verify == Verify::none ? "warning:" : "note:", resharded_text(*from).c_str());
+    return report(reader.dir(), reader.manifest());
+  }
+  CheckpointStore& store = *at.store;
+  return on_live_step(store, at.step, rotated, [&](std::uint64_t step) {
+    const std::string dir = store.name_of(step);
+    const auto h = store.health(step, mode);
+    if (!h) {
+      {
+        ProgressBar bar("verifying", !a.json);
+        store.verify(step, mode, bar.fn());
+      }
+      return report(dir, *store.manifest(step));
     }
-    return kExitOk;
+    // A node set: the health of every file, then the shard headers through the reader.
+    if (h->healthy()) store.verify(step, Verify::none);
+    const Manifest& m = h->manifest;
+    std::uint64_t total = 0;
+    for (const auto& s : m.shards) total += s.size;
+    const auto bad_blocks = std::count_if(h->blocks.begin(), h->blocks.end(), [](const MemberHealth& b) { return !b.ok; });
+    const auto bad_copies = std::count_if(h->manifests.begin(), h->manifests.end(), [](const MemberHealth& f) { return !f.ok; });
+    if (a.json) {
+      json::object o{{"ok", h->healthy()}, {"dir", dir}, {"checkpoint", checkpoint_dir_name(step)}, {"mode", mode_name},
+                     {"redundancy", redundancy_name(m.nodes->scheme)}, {"shards", m.shards.size()}, {"blocks", m.redundancy.size()},
+                     {"bytes", total}, {"redundancy_bytes", redundancy_bytes(m)}, {"health", health_json(*h)}};
+      if (!h->healthy()) o["error"] = first_bad_json(*h);
+      print_json(o);
+    } else if (h->healthy()) {
+      std::printf("OK %s: %zu shards (%s) and %zu redundancy blocks (%s) verified, %s; %s survives %s\n", dir.c_str(), m.shards.size(),
+                  human_bytes(total).c_str(), m.redundancy.size(), human_bytes(redundancy_bytes(m)).c_str(), verify_how(mode),
+                  redundancy_name(m.nodes->scheme).c_str(), survives_text(*h).c_str());
+    } else {
+      std::printf("BAD %s: %zu of %zu shards, %zu of %zu redundancy blocks and %zu of %zu manifest copies bad, %s\n", dir.c_str(),
+                  h->bad_ranks.size(), m.shards.size(), static_cast<std::size_t>(bad_blocks), m.redundancy.size(),
+                  static_cast<std::size_t>(bad_copies), h->manifests.size(), verify_how(mode));
+      for (const auto& n : health_notes(*h, store.root())) std::printf("  %s\n", n.c_str());
+    }
+    return h->healthy() ? kExitOk : kExitBad;
   });
 }
 
@@ -928,8 +949,8 @@ full, or --full), and every shard header against the manifest (--verify none: on
 the sizes). A progress bar is drawn on a terminal, never into a pipe.
 
 For a node set (DIR/node-0, DIR/node-1, ...: a checkpoint across node roots; DIR/node-n or
-DIR/node-n/step-N name the same) every shard and every redundancy block is checked on its
-node; a bad or missing one is listed (what, node, the typed error), with whether the
+DIR/node-n/step-N name the same) every shard, every redundancy block and every node's copy
+of the manifest is checked on its node; a bad or missing one is listed (what, node, the typed error), with whether the
 scheme (replicate:F, rs:K+M) can rebuild the bad shards (ckpt repair DIR) or not. Exit 1
 if any file is bad, rebuildable or not.
 
@@ -958,7 +979,7 @@ example:
 // ---- repair -----------------------------------------------------------------------------
 
 struct RepairArgs : Common {
-  std::string dir;
+  std::string dir, verify = "fast";
   std::optional<std::uint64_t> step;
   bool full = false;
 };
@@ -1014,8 +1035,11 @@ int cmd_repair(const RepairArgs& a) {
     name = asked;
   }
   const NodeCheckpoint c = node_checkpoint(*set, name);
-  const Verify mode = a.full ? Verify::full : Verify::fast;
+  const std::string mode_name = a.full ? "full" : a.verify;
+  const Verify mode = verify_of(mode_name);
   NodeLocks locks(c.roots);
+  // What a killed repair (or writer) left: removed as the next writer would remove it.
+  prepare_node_roots(fs, locks.locks());
   RepairReport rep;
   // The repair logs each rebuilt file, which this prints on stdout: its other log lines
   // still go to stderr.
@@ -1037,7 +1061,7 @@ int cmd_repair(const RepairArgs& a) {
     json::array lines;
     for (const auto& l : rep.lines) lines.emplace_back(l);
     print_json(json::object{{"ok", true}, {"dir", set->dir}, {"checkpoint", c.name}, {"redundancy", scheme},
-                            {"mode", a.full ? "full" : "fast"}, {"rebuilt_ranks", ints_json(rep.rebuilt_ranks)}, {"rebuilt", lines},
+                            {"mode", mode_name}, {"rebuilt_ranks", ints_json(rep.rebuilt_ranks)}, {"rebuilt", lines},
                             {"health", health_json(after)}});
     return kExitOk;
   }
@@ -1061,10 +1085,12 @@ checkpoint of the node set DIR (DIR/node-0, DIR/node-1, ...; or of step N with -
 from the replicas (replicate:F) or by Reed-Solomon decoding of the surviving data and
 parity of its stripes (rs:K+M). Each rebuilt file is checked against the manifest's SHA-256
 before it is renamed into place and fsynced; a lost node root gets its checkpoint
-directory back (with the manifest, and `latest` if it had none). Holds the writer lock of
+directory back (with the manifest, and `latest` if it had none), and a node's missing or
+damaged copy of manifest.json is rewritten as the bytes the other nodes hold. What a killed
+repair or writer left behind (temporaries) is removed first. Holds the writer lock of
 every node root (Errc::busy if a training run or another repair holds one). Prints one line
-per rebuilt file: what, where, from what. Damage is found as ckpt verify finds it: the
-XXH3 of every chunk, or with --full also the SHA-256 of every file.
+per rebuilt file: what, where, from what. Damage is found as ckpt verify finds it
+(--verify): the XXH3 of every chunk, or with full also the SHA-256 of every file.
 
 More lost than the scheme survives (e.g. two nodes with rs:3+1) is exit 1 with
 Errc::missing_shard naming the lost ranks, their nodes and the scheme's limit, and nothing is
@@ -1080,7 +1106,8 @@ example:
   c->add_option_function<std::uint64_t>("--step", [a](std::uint64_t s) { a->step = s; }, "the checkpoint of step N (default: the newest latest of the node roots)")
       ->check(CLI::Range(std::uint64_t{0}, kMaxStep).description(""))
       ->option_text("N");
-  c->add_flag("--full", a->full, "also check every file's SHA-256 to find damage (default: XXH3 per chunk)");
+  auto* mode = add_verify_option(*c, a->verify, "how damage is found: fast (default) the XXH3 of every chunk; full\nalso every file's SHA-256; none only missing files and sizes");
+  c->add_flag("--full", a->full, "the same as --verify full")->excludes(mode);
   return bind(c, a, cmd_repair);
 }
 
@@ -1545,7 +1572,7 @@ void compare_stream(DType t, std::uint64_t numel, const std::function<void(std::
 }
 
 struct DiffArgs : Common {
-  std::string a, b;
+  std::string a, b, verify = "fast";
 };
 
 // Records a dtype or shape mismatch of A's (ta, sa) and B's (tb, sb) in `d`; false if none.
@@ -1563,7 +1590,8 @@ bool type_mismatch(DType ta, const std::vector<std::uint64_t>& sa, DType tb, con
 int diff_checkpoints(const DiffArgs& a, LiveReads& live) {
   const auto ra = open_dir_or_root(a.a, &live), rb = open_dir_or_root(a.b, &live);
   const Manifest &ma = ra.manifest(), &mb = rb.manifest();
-  for (const auto* r : {&ra, &rb}) verify_headers(*r, Verify::fast);
+  const Verify mode = verify_of(a.verify);
+  for (const auto* r : {&ra, &rb}) verify_headers(*r, mode);
   // Flat tensors compare in the flat space when both checkpoints describe it the same way.
   std::optional<FlatReader> fa, fb;
   std::vector<std::string> flat;
@@ -1571,8 +1599,8 @@ int diff_checkpoints(const DiffArgs& a, LiveReads& live) {
   try {
     const FlatLayout la = flat_layout(ma), lb = flat_layout(mb);
     if (la.tensors == lb.tensors && la.num_params == lb.num_params) {
-      fa.emplace(ra, la);
-      fb.emplace(rb, lb);
+      fa.emplace(ra, la, mode);
+      fb.emplace(rb, lb, mode);
       flat = la.tensors;
     } else {
       flat_note = "flat layouts differ: flat tensors compared rank by rank";
@@ -1589,8 +1617,8 @@ int diff_checkpoints(const DiffArgs& a, LiveReads& live) {
   if (!fa && flat_note.empty()) {
     ga = global_tensors(ma);
     gb = global_tensors(mb);
-    const auto read_global = [](const CheckpointReader& r, const std::vector<GlobalTensor>& gs, const GlobalTensor& g) {
-      return [&r, &gs, &g](std::uint64_t at, std::span<std::byte> out) {
+    const auto read_global = [mode](const CheckpointReader& r, const std::vector<GlobalTensor>& gs, const GlobalTensor& g) {
+      return [&r, &gs, &g, mode](std::uint64_t at, std::span<std::byte> out) {
         const std::uint64_t es = dtype_size(g.dtype);
         std::vector<SliceTarget> targets;
         std::uint64_t pos = 0;
@@ -1599,7 +1627,7 @@ int diff_checkpoints(const DiffArgs& a, LiveReads& live) {
           targets.push_back({g.name, g.dtype, std::move(b.offsets), std::move(b.lengths), out.subspan(pos, n)});
           pos += n;
         }
-        load_slices(r, gs, targets, Verify::fast);
+        load_slices(r, gs, targets, mode);
       };
     };
     for (const auto& g : gb)
@@ -1635,8 +1663,8 @@ int diff_checkpoints(const DiffArgs& a, LiveReads& live) {
   // Everything else by (name, rank), in A's index order, then what only B has.
   std::map<std::pair<std::string, int>, bool> seen;
   std::optional<ShardRangeReader> sa, sb;
-  auto reader_for = [](std::optional<ShardRangeReader>& cur, const CheckpointReader& r, int rank) -> ShardRangeReader& {
-    if (!cur || cur->rank() != rank) cur.emplace(r, rank, Verify::fast);
+  auto reader_for = [mode](std::optional<ShardRangeReader>& cur, const CheckpointReader& r, int rank) -> ShardRangeReader& {
+    if (!cur || cur->rank() != rank) cur.emplace(r, rank, mode);
     return *cur;
   };
   for (const auto& t : ma.tensors) {
@@ -1718,6 +1746,7 @@ example:
                             *a);
   add_path(*c, "A", a->a, "a checkpoint directory, or a root (its latest)");
   add_path(*c, "B", a->b, "a checkpoint directory, or a root (its latest)");
+  add_verify_option(*c, a->verify, "fast (default): the XXH3 of every chunk read; full: also each\nwhole shard's SHA-256 first; none: sizes and shard headers only");
   return bind(c, a, cmd_diff);
 }
 
@@ -1813,27 +1842,30 @@ int write_npy(const GetArgs& a, Verify mode, const GotTensor& g) {
   return kExitOk;
 }
 
-// get from an object store: ranged GETs of the chunks covering the tensor (read_object_tensor).
-int cmd_get_s3(const GetArgs& a, Verify mode) {
-  const S3Step s = s3_step_of(a.dir);
-  const ObjectCheckpoint c = open_object_checkpoint(*s.store, s.step);
-  const ObjectTensor t = read_object_tensor(*s.store, c, rank_of(a, c.manifest), a.tensor, mode);
-  return write_npy(a, mode, {s.store->name_of(checkpoint_dir_name(s.step)), t.record.rank, &t.record, t.data, false, t.chunks_checked,
-                             t.bytes_checked, t.shard_size, {}});
-}
-
+// get, one body over any store: the tensor's view from the rank's shard (MappedShard: mapped
+// where the store keeps files this process can map, else read through the store's file
+// system, only the chunks covering it, each checked per --verify), written as .npy.
 int cmd_get(const GetArgs& a) {
   const Verify mode = verify_of(a.verify);
-  if (is_s3_root(a.dir)) return cmd_get_s3(a, mode);
-  LiveReads live;
-  return live.run([&] {
-    const auto reader = open_dir_or_root(a.dir, &live);
+  const Located at = locate(a.dir);
+  const auto got = [&](const std::string& dir, const CheckpointReader& reader, json::array rotated) {
     const int rank = rank_of(a, reader.manifest());
     const MappedShard shard(reader, rank, mode);
     const TensorView v = shard.tensor(a.tensor);  // a missing tensor: not_found listing the rank's
     const MappedShardStats st = shard.stats();
-    return write_npy(a, mode, {reader.dir(), rank, reader.manifest().find_tensor(a.tensor, rank), v.data, shard.is_mapped(),
-                               st.chunks_checked, st.bytes_checked, shard.size(), live.rotated_json()});
+    return write_npy(a, mode, {dir, rank, reader.manifest().find_tensor(a.tensor, rank), v.data, shard.is_mapped(),
+                               st.chunks_checked, st.bytes_checked, shard.size(), std::move(rotated)});
+  };
+  if (!at.store) {
+    const auto reader = CheckpointReader::open(posix_file_system(), at.dir);
+    return got(reader.dir(), reader, {});
+  }
+  CheckpointStore& store = *at.store;
+  std::vector<std::string> rotated;
+  return on_live_step(store, at.step, rotated, [&](std::uint64_t step) {
+    json::array rot;
+    for (const auto& r : rotated) rot.emplace_back(r);
+    return got(store.name_of(step), store.open(step), std::move(rot));
   });
 }
 

@@ -39,6 +39,7 @@
 #include "ckpt/io/s3.hpp"
 #include "ckpt/io/tiers.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
+#include "ckpt/store/store.hpp"
 #include "ckpt/runtime/preemption.hpp"
 #include "ckpt/runtime/tiering.hpp"
 #include "ckpt/testing/fault_injection.hpp"
@@ -717,29 +718,33 @@ void copy_to_scratch(const std::string& from_root, const std::string& name, cons
 }
 
 // With --nodes and --resume: what a lost or damaged node root held is rebuilt before the
-// resume reads it (holding the node roots' locks), and every rebuilt file is named.
-// Returns, when something was rebuilt, the line of check (i).
+// resume reads it (the store's explicit repair, under its writer: every node root's lock),
+// and every rebuilt file is named. Returns, when something was rebuilt, the line of check (i).
 std::optional<std::string> repair_before_resume(const Options& o, const std::string& root) {
-  FileSystem& pfs = posix_file_system();
-  const auto roots = node_root_paths(root, o.nodes);
-  const auto name = read_latest_nodes(pfs, roots);
-  if (!name) return std::nullopt;  // the resume reports it
-  std::vector<RootLock> locks;
-  for (const auto& r : roots) locks.emplace_back(pfs, r);
-  const auto h = check_node_checkpoint(pfs, roots, *name, Verify::full);
-  if (h.healthy()) {
-    std::printf("%s: every shard and redundancy block verifies (%s)\n", name->c_str(), redundancy_name(o.redundancy).c_str());
+  const auto store = open_store(root);
+  const auto step = store->latest();
+  if (!step) return std::nullopt;  // the resume reports it
+  const std::string name = checkpoint_dir_name(*step);
+  const auto writer = store->writer();
+  const auto h = store->health(*step, Verify::full);
+  if (!h || h->healthy()) {
+    std::printf("%s: every shard and redundancy block verifies (%s)\n", name.c_str(), redundancy_name(o.redundancy).c_str());
     return std::nullopt;
   }
-  for (const auto& s : h.shards)
-    if (!s.ok) std::printf("%s: %s on node %d is bad: %s\n", name->c_str(), s.what.c_str(), s.node, s.error.c_str());
-  const RepairReport rep = repair_node_checkpoint(pfs, roots, *name, Verify::full);
-  for (const auto& line : rep.lines) std::printf("%s: %s\n", name->c_str(), line.c_str());
+  for (const auto& s : h->shards)
+    if (!s.ok) std::printf("%s: %s on node %d is bad: %s\n", name.c_str(), s.what.c_str(), s.node, s.error.c_str());
+  const auto reports = writer->repair(*step, Verify::full);
+  std::size_t files = 0, shards = 0;
+  for (const auto& rep : reports) {
+    for (const auto& line : rep.lines) std::printf("%s: %s\n", name.c_str(), line.c_str());
+    files += rep.lines.size();
+    shards += rep.rebuilt_ranks.size();
+  }
   // Every rebuilt file was checked against the manifest's SHA-256 before it was renamed in;
   // the whole checkpoint is checked again here, as the resume will read it.
-  const auto after = check_node_checkpoint(pfs, roots, *name, Verify::full);
-  return std::to_string(rep.lines.size()) + " file(s) of " + *name + " rebuilt (" + std::to_string(rep.rebuilt_ranks.size()) +
-         " shard(s)), each equal to the manifest's SHA-256; afterwards " + (after.healthy() ? "every shard and block verifies" : "STILL DAMAGED");
+  const auto after = store->health(*step, Verify::full);
+  return std::to_string(files) + " file(s) of " + name + " rebuilt (" + std::to_string(shards) +
+         " shard(s)), each equal to the manifest's SHA-256; afterwards " + (after->healthy() ? "every shard and block verifies" : "STILL DAMAGED");
 }
 
 // The line a run with --durable-dir ends with: whether the durable tier holds the run's
@@ -1213,11 +1218,25 @@ int program_main(int argc, char** argv) {
     if (printer() && !o.resume && !snap_dir.empty() && *r0.snapshot_step < r0.last_step && !unexpected_failures) {
       const std::string name = checkpoint_dir_name(*r0.snapshot_step);
       std::printf("\nthe loader refuses bad resumes (scratch copies of %s):\n", name.c_str());
+      // A resume: what the store's redundancy rebuilds is rebuilt first (the explicit repair a
+      // Checkpointer's start-up runs; opening never writes), then the live checkpoint opens.
+      const auto resume_open = [&](const std::string& root, int world) {
+        std::string rebuilt;
+        if (o.nodes) {
+          const auto store = open_store(root);
+          if (const auto step = store->latest())
+            for (const auto& rep : store->writer()->repair(*step, Verify::fast))
+              for (const auto& line : rep.lines) rebuilt += (rebuilt.empty() ? "rebuilt: " : "; ") + line;
+        }
+        auto opened = open_latest(posix_file_system(), root, {.expected_world_size = world});
+        opened.note = rebuilt;
+        return opened;
+      };
       auto refuse = [&](const char* what, auto&& damage, int world) {
         copy_to_scratch(snap_root, name, scratch / "bad");
         damage(scratch / "bad" / name);
         try {
-          auto opened = open_latest(posix_file_system(), (scratch / "bad").string(), {.expected_world_size = world});
+          auto opened = resume_open((scratch / "bad").string(), world);
           for (int r = 0; r < world; ++r) opened.reader.load_shard(r);
           std::printf("  %-24s NOT refused\n", what);
           exit_code = 1;
@@ -1243,7 +1262,7 @@ int program_main(int argc, char** argv) {
           copy_to_scratch(snap_root, name, scratch / "bad");
           lose(tolerated)(scratch / "bad" / name);
           try {
-            auto opened = open_latest(posix_file_system(), (scratch / "bad").string(), {.expected_world_size = o.world});
+            auto opened = resume_open((scratch / "bad").string(), o.world);
             for (int r = 0; r < o.world; ++r) opened.reader.load_shard(r, Verify::full);
             std::printf("  %-24s rebuilt, not refused: %s\n", (std::to_string(tolerated) + " node(s) lost:").c_str(), opened.note.c_str());
           } catch (const Error& e) {

@@ -126,7 +126,8 @@ TEST_CASE("a lost node root: ckpt verify names the lost shard and says rs can re
   INFO(r.out);
   CHECK(r.status == 1);
   CHECK(has(r.out, "BAD "));
-  CHECK(has(r.out, "1 of 4 shards and 1 of 4 redundancy blocks bad"));
+  CHECK(has(r.out, "1 of 4 shards, 1 of 4 redundancy blocks and 1 of 4 manifest copies bad"));
+  CHECK(has(r.out, "manifest copy on node 1: not found: " + (s.ckpt_dir(1) / "manifest.json").string()));
   CHECK(has(r.out, "shard of rank 1 on node 1: missing shard"));
   CHECK(has(r.out, s.shard(1).string()));
   CHECK(has(r.out, "parity 0 of stripe 2 on node 1"));  // stripe 2's parity lives on node (2+3)%4
@@ -160,6 +161,38 @@ TEST_CASE("a lost node root: ckpt verify names the lost shard and says rs can re
   v = json_of(r.out);
   CHECK(v.at("rebuilt").as_array().empty());
   CHECK(v.at("health").at("healthy").as_bool());
+}
+
+TEST_CASE("a node's missing or emptied manifest copy: verify reports it, repair restores the other nodes' bytes and removes a killed repair's temporaries") {
+  SavedNodeCheckpoint s(4, 4, kRs31);
+  const auto pristine = test::read_all(s.ckpt_dir(0) / "manifest.json");
+  fs::remove(s.ckpt_dir(2) / "manifest.json");
+  test::write_all(s.ckpt_dir(3) / "manifest.json", {});
+  // What a repair killed mid-way leaves: a rebuilt file beside its name.
+  const fs::path leftover = s.ckpt_dir(1) / temporary_name(s.m.shards[1].path);
+  test::write_all(leftover, {1, 2, 3});
+  auto r = ckpt_run("verify " + s.set());
+  INFO(r.out);
+  CHECK(r.status == 1);
+  CHECK(has(r.out, "0 of 4 shards, 0 of 4 redundancy blocks and 2 of 4 manifest copies bad"));
+  CHECK(has(r.out, "manifest copy on node 2: not found: " + (s.ckpt_dir(2) / "manifest.json").string()));
+  CHECK(has(r.out, "manifest copy on node 3: checksum mismatch: " + (s.ckpt_dir(3) / "manifest.json").string()));
+  CHECK(has(r.out, "the other nodes' copies of the manifest restore it: ckpt repair " + s.set()));
+  r = ckpt_run("ls " + s.set());
+  INFO(r.out);
+  CHECK(r.status == 1);
+  CHECK(has(r.out, "degraded (latest)"));
+  r = ckpt_run("repair --verify full " + s.set());
+  INFO(r.out);
+  CHECK(r.status == 0);
+  CHECK(has(r.out, "node 2: manifest.json restored as the copy the other nodes hold"));
+  CHECK(has(r.out, "node 3: manifest.json restored as the copy the other nodes hold"));
+  for (int n = 0; n < 4; ++n) CHECK(test::read_all(s.ckpt_dir(n) / "manifest.json") == pristine);
+  CHECK_FALSE(fs::exists(leftover));
+  r = ckpt_run("verify --full " + s.set());
+  INFO(r.out);
+  CHECK(r.status == 0);
+  CHECK(has(r.out, "OK "));
 }
 
 TEST_CASE("ckpt repair rebuilds a bit-flipped shard and a truncated parity block found by their checksums") {

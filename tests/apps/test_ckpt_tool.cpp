@@ -479,6 +479,18 @@ TEST_CASE("ckpt diff reports equal tensors, the largest difference, and mismatch
   CHECK(r.out.find("[4] vs [5]") != std::string::npos);
   CHECK(r.out.find("only in A") != std::string::npos);
   CHECK(r.out.find("only in B") != std::string::npos);
+  // A flipped byte in A: refused by the default --verify fast (the checksum of the chunk
+  // read), compared as it is with --verify none.
+  const auto ra = CheckpointReader::open(posix_file_system(), (other / "a" / checkpoint_dir_name(1)).string());
+  auto bytes = test::read_all(ra.shard_path(0));
+  bytes[ra.manifest().find_tensor("x", 0)->begin] ^= 0x40;
+  test::write_all(ra.shard_path(0), bytes);
+  r = ckpt_run("diff " + (other / "a").string() + " " + (other / "b").string());
+  CHECK(r.status == 1);
+  CHECK_MESSAGE(r.out.find("checksum mismatch: " + ra.shard_path(0)) != std::string::npos, r.out);
+  r = ckpt_run("diff --verify none " + (other / "a").string() + " " + (other / "b").string());
+  CHECK(r.status == 3);
+  CHECK(r.out.find("shape mismatch") != std::string::npos);
 }
 
 TEST_CASE("every ckpt command answers --json with one JSON object") {

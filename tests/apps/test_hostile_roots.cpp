@@ -86,7 +86,7 @@ TEST_CASE("every program given a root its user cannot read prints the typed perm
       {"ckpt-demo --steps 2 --resume --dir " + root, "ckpt-demo: I/O error: " + root + "/latest: lstat failed: Permission denied"},
       {"ckpt-training-loop --steps 2 --dir " + root, "ckpt-training-loop: I/O error: " + root},
       {"ckpt ls " + root, "ckpt ls: I/O error: " + root + "/latest: lstat failed: Permission denied"},
-      {"ckpt verify " + root + "/step-0000000010", "ckpt verify: I/O error: " + root + "/step-0000000010/manifest.json"},
+      {"ckpt verify " + root + "/step-0000000010", "ckpt verify: I/O error: " + root + "/step-0000000010: lstat failed: Permission denied"},
   };
   for (const auto& u : uses) check_refused(u, as_nobody);
 }

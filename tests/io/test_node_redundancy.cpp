@@ -8,6 +8,7 @@
 #include <bit>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -244,7 +245,7 @@ void check_whole(const Saved& s, const fsys::path& dir) {
   CHECK(h.recoverable());
   CHECK(h.min_margin() == tolerated_node_losses(s.l.scheme));
   RepairReport again;
-  const CheckpointReader reader = open_latest_nodes(posix_file_system(), roots, s.l.world_size(), Verify::full, &again);
+  const CheckpointReader reader = repair_and_open_latest_nodes(posix_file_system(), roots, s.l.world_size(), Verify::full, &again);
   CHECK(again.nothing_to_do());
   reader.verify(Verify::full);
   for (int r = 0; r < s.l.world_size(); ++r) {
@@ -406,7 +407,7 @@ TEST_CASE("replicate:3/2 over 5 nodes of 2 ranks each rebuilds any two lost node
   every_tolerated_loss(layout_of(5, 2, "replicate:3/2"));
 }
 
-TEST_CASE("open_latest_nodes rebuilds a lost node before it loads and says what it rebuilt") {
+TEST_CASE("repair_and_open_latest_nodes rebuilds a lost node before it loads and says what it rebuilt") {
   LogCapture quiet;
   for (const auto& l : {layout_of(4, 1, "rs:3+1"), layout_of(3, 1, "replicate:2")}) {
     INFO(redundancy_name(l.scheme));
@@ -417,7 +418,7 @@ TEST_CASE("open_latest_nodes rebuilds a lost node before it loads and says what 
     fsys::remove_all(dir / "node-1");
     const auto roots = s.roots_in(dir);
     RepairReport rep;
-    const CheckpointReader reader = open_latest_nodes(posix_file_system(), roots, l.world_size(), Verify::full, &rep);
+    const CheckpointReader reader = repair_and_open_latest_nodes(posix_file_system(), roots, l.world_size(), Verify::full, &rep);
     CHECK(rep.rebuilt_ranks == std::vector<int>{1});
     CHECK_FALSE(rep.nothing_to_do());
     for (int r = 0; r < l.world_size(); ++r) {
@@ -428,7 +429,7 @@ TEST_CASE("open_latest_nodes rebuilds a lost node before it loads and says what 
     // A world size the checkpoint was not written at is refused before anything is repaired.
     fsys::remove_all(dir / "node-2");
     const Tree before = snapshot(dir);
-    const Error e = expect_error([&] { open_latest_nodes(posix_file_system(), roots, l.world_size() + 1); });
+    const Error e = expect_error([&] { repair_and_open_latest_nodes(posix_file_system(), roots, l.world_size() + 1); });
     CHECK(e.code() == Errc::world_size_mismatch);
     CHECK(snapshot(dir) == before);
   }
@@ -514,7 +515,7 @@ TEST_CASE("one lost node more than rs:K+M tolerates is refused naming the lost r
         ++refused;
         CHECK(e.expected() == "at most " + std::to_string(l.scheme.m) + " lost node(s) per stripe");
         CHECK(snapshot(dir) == before);
-        const Error f = expect_error([&] { open_latest_nodes(posix_file_system(), roots); });
+        const Error f = expect_error([&] { repair_and_open_latest_nodes(posix_file_system(), roots); });
         CHECK(f.code() == Errc::missing_shard);
         CHECK(snapshot(dir) == before);
       }
@@ -626,7 +627,7 @@ TEST_CASE("a crash or power loss at any step of a save across nodes leaves a che
         // The previous checkpoint is still whole too.
         CHECK(check_node_checkpoint(posix_file_system(), roots, checkpoint_dir_name(10), Verify::full).healthy());
       }
-      const CheckpointReader reader = open_latest_nodes(posix_file_system(), roots, l.world_size(), Verify::full);
+      const CheckpointReader reader = repair_and_open_latest_nodes(posix_file_system(), roots, l.world_size(), Verify::full);
       CHECK(reader.manifest().step == want);
       reader.verify(Verify::full);
       fsys::remove_all(dir);
@@ -818,7 +819,7 @@ TEST_CASE("an I/O error at any step of a save across nodes leaves either nothing
       }
       const std::string want = checkpoint_dir_name(named > 0 ? 20 : 10);
       CHECK(check_node_checkpoint(posix_file_system(), roots, want, Verify::full).healthy());
-      CHECK(open_latest_nodes(posix_file_system(), roots, l.world_size(), Verify::full).manifest().step == (named > 0 ? 20u : 10u));
+      CHECK(repair_and_open_latest_nodes(posix_file_system(), roots, l.world_size(), Verify::full).manifest().step == (named > 0 ? 20u : 10u));
     }
   CHECK(failed_clean > 0);
   CHECK(failed_committed > 0);
@@ -898,12 +899,13 @@ TEST_CASE("a repair is durable: a power loss right after it keeps every rebuilt 
   }
 }
 
-TEST_CASE("health and repair read the manifest from the first node whose manifest opens") {
+TEST_CASE("health and repair read the manifest most nodes hold, report a bad copy, and restore it as those bytes") {
   LogCapture quiet;
   const Saved s(layout_of(4, 1, "rs:2+2"));
   TempDir work("ckpt-nodes-work");
   const fsys::path dir = work / "set";
   s.copy_to(dir);
+  const std::string manifest_rel = "/" + s.name + "/" + std::string(kManifestName);
   write_all(dir / "node-0" / s.name / kManifestName, {'{', '"'});
   Bad bad;
   damage_node(dir, s.m, s.name, 1, Damage::lost_root, bad);
@@ -911,16 +913,149 @@ TEST_CASE("health and repair read the manifest from the first node whose manifes
   const NodeCheckpointHealth h = check_node_checkpoint(posix_file_system(), roots, s.name);
   CHECK(h.bad_ranks == std::vector<int>{1});
   CHECK(encode_manifest(h.manifest) == encode_manifest(s.m));
+  const auto& pristine = s.files.at("node-2" + manifest_rel);
+  CHECK(std::string(pristine.begin(), pristine.end()) == h.manifest_bytes);
+  REQUIRE(h.manifests.size() == 4);
+  CHECK_FALSE(h.manifests[0].ok);
+  CHECK_MESSAGE(contains(h.manifests[0].error, "other bytes"), h.manifests[0].error);
+  CHECK_FALSE(h.manifests[1].ok);
+  CHECK(h.manifests[2].ok);
+  CHECK(h.manifests[3].ok);
   const auto rep = repair_node_checkpoint(posix_file_system(), roots, s.name);
   CHECK(rep.rebuilt_ranks == std::vector<int>{1});
-  CHECK(read_all(dir / "node-1" / s.name / kManifestName) == s.files.at("node-1/" + s.name + "/" + std::string(kManifestName)));
-  // No node with a manifest that opens: not_found naming every node's.
+  CHECK(std::any_of(rep.lines.begin(), rep.lines.end(), [](const std::string& l) { return contains(l, "node 0: manifest.json restored"); }));
+  // Both copies are the same bytes as before, the damaged one and the lost node's.
+  for (const char* node : {"node-0", "node-1"}) CHECK(read_all(dir / node / s.name / kManifestName) == s.files.at(node + manifest_rel));
+  check_whole(s, dir);
+  // No node with a manifest that opens and some missing: not_found naming every node's copy.
+  write_all(dir / "node-0" / s.name / kManifestName, {'{', '"'});
   for (int n : {1, 2, 3}) fsys::remove(dir / ("node-" + std::to_string(n)) / s.name / kManifestName);
   const Error e = expect_error([&] { check_node_checkpoint(posix_file_system(), roots, s.name); });
   CHECK(e.code() == Errc::not_found);
   for (int n = 0; n < 4; ++n) CHECK_MESSAGE(contains(e.actual(), join_path(join_path(roots[static_cast<std::size_t>(n)], s.name), std::string(kManifestName))), e.actual());
   const Error f = expect_error([&] { repair_node_checkpoint(posix_file_system(), roots, s.name); });
   CHECK(f.code() == Errc::not_found);
+  // Every copy there and none that opens: the first copy's own error.
+  for (int n = 0; n < 4; ++n) write_all(dir / ("node-" + std::to_string(n)) / s.name / kManifestName, {'{', '"'});
+  const Error g = expect_error([&] { check_node_checkpoint(posix_file_system(), roots, s.name); });
+  CHECK(g.code() == Errc::malformed_manifest);
+  CHECK(g.file() == join_path(join_path(roots[0], s.name), std::string(kManifestName)));
+}
+
+TEST_CASE("a copy of the manifest missing, emptied or with other bytes on one node is found by the health check and restored by repair") {
+  LogCapture quiet;
+  const Saved s(layout_of(3, 1, "replicate:2"));
+  const std::string manifest_rel = "/" + s.name + "/" + std::string(kManifestName);
+  const auto& pristine = s.files.at("node-0" + manifest_rel);
+  // Other bytes that decode as the same manifest: what a repair that re-encoded the decoded
+  // manifest could leave (a re-encoded double need not be the same text).
+  std::vector<std::uint8_t> spaced = pristine;
+  spaced.push_back(' ');
+  for (const auto& [what, damage] : std::vector<std::pair<std::string, std::function<void(const fsys::path&)>>>{
+           {"missing", [](const fsys::path& p) { fsys::remove(p); }},
+           {"emptied", [](const fsys::path& p) { write_all(p, {}); }},
+           {"other bytes", [&](const fsys::path& p) { write_all(p, spaced); }}}) {
+    INFO(what);
+    TempDir work("ckpt-nodes-work");
+    const fsys::path dir = work / "set";
+    s.copy_to(dir);
+    const auto roots = s.roots_in(dir);
+    damage(dir / "node-1" / s.name / kManifestName);
+    // Reading takes the copy most nodes hold and writes nothing.
+    const Tree before = snapshot(dir);
+    std::vector<std::string> dirs;
+    for (const auto& r : roots) dirs.push_back(join_path(r, s.name));
+    const NodeManifest nm = read_node_manifest(posix_file_system(), dirs);
+    CHECK(nm.node == 0);
+    CHECK(nm.bytes == std::string(pristine.begin(), pristine.end()));
+    CHECK(nm.problems[0].empty());
+    CHECK_FALSE(nm.problems[1].empty());
+    CHECK(nm.problems[2].empty());
+    const NodeCheckpointHealth h = check_node_checkpoint(posix_file_system(), roots, s.name, Verify::full);
+    CHECK_FALSE(h.healthy());
+    CHECK(h.recoverable());
+    CHECK(h.bad_ranks.empty());
+    REQUIRE(h.bad_files().size() == 1);
+    CHECK(h.bad_files()[0]->node == 1);
+    CHECK(h.bad_files()[0]->what == "manifest copy");
+    CHECK(snapshot(dir) == before);
+    // The repair restores it as the other nodes' bytes; a second repair has nothing to do.
+    const auto rep = repair_node_checkpoint(posix_file_system(), roots, s.name);
+    REQUIRE(rep.lines.size() == 1);
+    CHECK_MESSAGE(contains(rep.lines[0], "node 1: manifest.json restored"), rep.lines[0]);
+    CHECK(read_all(dir / "node-1" / s.name / kManifestName) == pristine);
+    CHECK(repair_node_checkpoint(posix_file_system(), roots, s.name).nothing_to_do());
+    check_whole(s, dir);
+  }
+}
+
+TEST_CASE("the manifest of a node set is the bytes most nodes hold, not the first node's") {
+  LogCapture quiet;
+  const Saved s(layout_of(3, 1, "replicate:2"));
+  TempDir work("ckpt-nodes-work");
+  const fsys::path dir = work / "set";
+  s.copy_to(dir);
+  // Node 0 holds a manifest that decodes and describes a checkpoint across 3 nodes, but other
+  // bytes (one tensor's metadata edited); nodes 1 and 2 agree.
+  Manifest edited = s.m;
+  edited.shards[0].metadata["edited"] = "yes";
+  const std::string text = encode_manifest(edited);
+  write_all(dir / "node-0" / s.name / kManifestName, std::vector<std::uint8_t>(text.begin(), text.end()));
+  const auto roots = s.roots_in(dir);
+  std::vector<std::string> dirs;
+  for (const auto& r : roots) dirs.push_back(join_path(r, s.name));
+  const NodeManifest nm = read_node_manifest(posix_file_system(), dirs);
+  CHECK(nm.node == 1);
+  CHECK(nm.manifest->shards[0].metadata.count("edited") == 0);
+  CHECK_MESSAGE(contains(nm.problems[0], "other bytes"), nm.problems[0]);
+  // The reader opens the same manifest, through the node set and through node 0's directory.
+  CHECK(CheckpointReader::open_nodes(posix_file_system(), dirs).manifest().shards[0].metadata.count("edited") == 0);
+  CHECK(CheckpointReader::open(posix_file_system(), dirs[0]).manifest().shards[0].metadata.count("edited") == 0);
+}
+
+TEST_CASE("a killed repair's temporaries are removed by the next writer's or repair's crash cleanup") {
+  LogCapture quiet;
+  const Saved s(layout_of(3, 1, "rs:2+1"));
+  TempDir work("ckpt-nodes-work");
+  const fsys::path dir = work / "set";
+  s.copy_to(dir);
+  const auto roots = s.roots_in(dir);
+  // What a repair killed mid-way leaves: a rebuilt file beside its name, a recreated
+  // checkpoint directory not yet renamed into place.
+  const std::string file_tmp = temporary_name(s.m.shards[1].path), dir_tmp = temporary_name(s.name);
+  write_all(dir / "node-1" / s.name / file_tmp, {1, 2, 3});
+  fsys::create_directories(dir / "node-2" / dir_tmp);
+  write_all(dir / "node-2" / dir_tmp / s.m.shards[2].path, {4});
+  std::vector<RootLock> locks;
+  for (const auto& r : roots) locks.emplace_back(posix_file_system(), r);
+  const auto removed = prepare_node_roots(posix_file_system(), locks);
+  CHECK(std::find(removed.begin(), removed.end(), "node-1/" + s.name + "/" + file_tmp) != removed.end());
+  CHECK(std::find(removed.begin(), removed.end(), "node-2/" + dir_tmp) != removed.end());
+  CHECK_FALSE(fsys::exists(dir / "node-1" / s.name / file_tmp));
+  CHECK_FALSE(fsys::exists(dir / "node-2" / dir_tmp));
+  locks.clear();
+  check_whole(s, dir);
+}
+
+TEST_CASE("opening a node set's latest checkpoint never writes: a lost node is refused until the explicit repair") {
+  LogCapture quiet;
+  const Saved s(layout_of(3, 1, "rs:2+1"));
+  TempDir work("ckpt-nodes-work");
+  const fsys::path dir = work / "set";
+  s.copy_to(dir);
+  fsys::remove_all(dir / "node-1" / s.name);
+  const Tree before = snapshot(dir);
+  const Error e = expect_error([&] { open_latest(posix_file_system(), dir.string(), {.expected_world_size = s.l.world_size()}); });
+  CHECK(e.code() == Errc::missing_shard);
+  CHECK(snapshot(dir) == before);
+  // With fallback there is no older checkpoint: not found, and still nothing written.
+  const Error f = expect_error([&] { open_latest(posix_file_system(), dir.string(), {.fallback = true}); });
+  CHECK(f.code() == Errc::not_found);
+  CHECK(snapshot(dir) == before);
+  // The explicit repair rebuilds it; then it opens.
+  const auto rep = repair_node_checkpoint(posix_file_system(), s.roots_in(dir), s.name);
+  CHECK(rep.rebuilt_ranks == std::vector<int>{1});
+  CHECK_NOTHROW(open_latest(posix_file_system(), dir.string(), {.expected_world_size = s.l.world_size()}).reader.verify(Verify::full));
 }
 
 TEST_CASE("begin and commit across nodes refuse what they cannot do and leave no temporaries, and a stopped redundancy write is aborted") {

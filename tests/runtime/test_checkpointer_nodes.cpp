@@ -222,7 +222,7 @@ TEST_CASE("a power cut after any operation of a save across node roots leaves th
   }
 }
 
-TEST_CASE("open_latest with fallback on a node set passes over a checkpoint lost beyond the scheme to the previous one, rebuilt") {
+TEST_CASE("a node set's checkpoint lost beyond the scheme: opening writes nothing, the Checkpointer's start-up rebuilds the older one, open_latest falls back to it") {
   test::TempDir dir;
   const std::string root = (dir.path() / "set").string();
   test::Fixture first(4, 1), second(4, 2);
@@ -235,17 +235,27 @@ TEST_CASE("open_latest with fallback on a node set passes over a checkpoint lost
   fs::remove_all(dir.path() / "set/node-1/step-0000000002");
   fs::remove_all(dir.path() / "set/node-2/step-0000000002");
   fs::remove_all(dir.path() / "set/node-3/step-0000000001");
-  try {
-    open_latest(posix_file_system(), root);
-    FAIL("opened");
-  } catch (const Error& e) {
-    CHECK(e.code() == Errc::missing_shard);
-    CHECK(std::string(e.what()).find("shards of rank 1 (node 1), rank 2 (node 2) are lost beyond what rs:3+1 restores") != std::string::npos);
+  const Error e = test::expect_error([&] { open_latest(posix_file_system(), root); });
+  CHECK(e.code() == Errc::missing_shard);
+  CHECK(e.file() == (dir.path() / "set/node-1/step-0000000002/rank-00001-of-00004.safetensors").string());
+  // Opening rebuilds nothing: with fallback, step 1 lacks node 3's files as well.
+  const Error f = test::expect_error([&] { open_latest(posix_file_system(), root, {.fallback = true}); });
+  CHECK(f.code() == Errc::not_found);
+  CHECK_FALSE(fs::exists(dir.path() / "set/node-3/step-0000000001"));
+  // The explicit repair, at the Checkpointer's start-up: step 1 is rebuilt, step 2 cannot be.
+  {
+    test::LogCapture log;
+    Checkpointer c(node_options(root, "rs:3+1"));
+    bool rebuilt = false;
+    for (const auto& r : c.repairs())
+      for (const auto& l : r.lines) rebuilt |= l.find("rank 3 (node-3/step-0000000001/rank-00003-of-00004.safetensors) rebuilt from parity") != std::string::npos;
+    CHECK(rebuilt);
+    CHECK(log.matching({"shards of rank 1 (node 1), rank 2 (node 2) are lost beyond what rs:3+1 restores"}).size() >= 1);
   }
   auto opened = open_latest(posix_file_system(), root, {.fallback = true});
   CHECK(opened.name == "step-0000000001");
   CHECK(opened.fell_back);
-  CHECK(opened.note.find("rank 3 (node-3/step-0000000001/rank-00003-of-00004.safetensors) rebuilt from parity") != std::string::npos);
+  CHECK(opened.note.find("missing shard") != std::string::npos);
   for (int r = 0; r < 4; ++r) {
     const auto shard = opened.reader.load_shard(r, Verify::full);
     for (const auto& t : first.request.ranks[static_cast<std::size_t>(r)].tensors) {

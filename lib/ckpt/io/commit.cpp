@@ -69,6 +69,21 @@ std::vector<std::string> prepare_root(FileSystem& fs, const RootLock& lock) {
     fs.sync_dir(root);
     log_line(root + ": removed what a writer that is gone left behind: " + owners);
   }
+  // Inside committed checkpoints: the file temporaries of a repair that was killed
+  // (repair_node_checkpoint writes a rebuilt file beside its name, then renames it).
+  for (const auto& e : fs.list_dir(root)) {
+    if (e.type != EntryType::directory || !parse_checkpoint_dir_name(e.name)) continue;
+    const std::string dir = join_path(root, e.name);
+    bool any = false;
+    for (const auto& f : fs.list_dir(dir))
+      if (is_temporary_name(f.name)) {
+        fs.remove_all(join_path(dir, f.name));
+        removed.push_back(e.name + "/" + f.name);
+        log_line(join_path(dir, f.name) + ": removed what a repair that is gone left behind");
+        any = true;
+      }
+    if (any) fs.sync_dir(dir);
+  }
   // Step directories `latest` never named: a crash between a checkpoint's rename and the
   // `latest` update (for the first checkpoint: no `latest` at all, so the root holds no
   // committed checkpoint and is an empty root).

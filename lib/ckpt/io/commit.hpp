@@ -43,7 +43,8 @@
 namespace ckpt {
 
 /// Step 0, the crash cleanup: creates `lock.root()` if needed and removes every temporary in
-/// it (".tmp-*", ".latest.tmp-*"), whoever made it; then the step directories that were never
+/// it (".tmp-*", ".latest.tmp-*"), whoever made it, and those inside its step directories (a
+/// killed node-set repair's, "step-N/.tmp-*"); then the step directories that were never
 /// committed: every step-N newer than the step `latest` names, or every step-N when there is
 /// no `latest` (a crash between the first checkpoint's rename and the first `latest`: the
 /// root holds no committed checkpoint, so it is an empty root), each through a temporary name

@@ -206,6 +206,69 @@ std::string parent_dir(std::string_view p) {
 
 std::shared_ptr<const Manifest> read_checkpoint_manifest(FileSystem& fs, const std::string& dir) { return open_manifest(fs, dir); }
 
+NodeManifest read_node_manifest(FileSystem& fs, std::span<const std::string> node_dirs) {
+  if (node_dirs.empty()) throw Error(Errc::invalid_argument, {}, "node directories of a checkpoint across node roots", "at least one", "none");
+  const std::size_t n = node_dirs.size();
+  // Every copy's bytes, or why it has none.
+  std::vector<std::optional<std::string>> bytes(n);
+  std::vector<std::optional<Error>> errors(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::string mpath = join_path(node_dirs[i], kManifestName);
+    try {
+      refuse_symlinked_dir(fs, node_dirs[i]);
+      if (!fs.stat(mpath)) throw Error(Errc::not_found, mpath, "no manifest: not a complete checkpoint", "manifest.json present", "missing");
+      bytes[i] = with_typed_errors(mpath, [&] { return detail::read_small_file(fs, mpath, kMaxManifestBytes, Errc::malformed_manifest); });
+    } catch (const Error& e) {
+      errors[i] = e;
+    }
+  }
+  // The groups of copies holding the same bytes, most copies first (a tie: the lowest node);
+  // the first group whose bytes decode as a checkpoint across these nodes is the manifest.
+  std::vector<std::size_t> order;
+  for (std::size_t i = 0; i < n; ++i)
+    if (bytes[i]) order.push_back(i);
+  const auto copies = [&](std::size_t i) { return std::count(bytes.begin(), bytes.end(), bytes[i]); };
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return copies(a) > copies(b); });
+  for (const std::size_t i : order) {
+    if (errors[i]) continue;  // its group was refused already
+    const std::string mpath = join_path(node_dirs[i], kManifestName);
+    try {
+      auto m = open_manifest(fs, node_dirs[i]);
+      if (!m->nodes)
+        throw Error(Errc::malformed_manifest, mpath, "nodes", "a checkpoint across " + std::to_string(n) + " node roots", "a checkpoint of one root");
+      if (static_cast<std::size_t>(m->nodes->nodes) != n)
+        throw Error(Errc::malformed_manifest, mpath, "nodes.count (the node roots the checkpoint spans)", std::to_string(n),
+                    std::to_string(m->nodes->nodes));
+      NodeManifest out;
+      out.manifest = std::move(m);
+      out.node = i;
+      out.problems.assign(n, {});
+      for (std::size_t j = 0; j < n; ++j)
+        if (errors[j]) out.problems[j] = errors[j]->what();
+        else if (bytes[j] != bytes[i])
+          out.problems[j] = Error(Errc::checksum_mismatch, join_path(node_dirs[j], kManifestName), "copy of the manifest",
+                                  "the bytes most nodes hold (node " + std::to_string(i) + "'s)", "other bytes")
+                                .what();
+      out.bytes = std::move(*bytes[i]);
+      return out;
+    } catch (const Error& e) {
+      for (std::size_t j = 0; j < n; ++j)
+        if (bytes[j] && bytes[j] == bytes[i]) errors[j] = e.file() == mpath ? Error(e.code(), join_path(node_dirs[j], kManifestName), e.detail(), e.expected(), e.actual()) : e;
+    }
+  }
+  // No copy qualifies. Every copy there but refused: the first one's error (the content's:
+  // a malformed or hostile manifest). Some missing: Errc::not_found naming every copy.
+  std::string tried;
+  bool any_missing = false;
+  for (std::size_t i = 0; i < n; ++i) {
+    any_missing |= errors[i]->code() == Errc::not_found;
+    tried += (tried.empty() ? "" : "; ") + std::string(errors[i]->what());
+  }
+  if (!any_missing) throw *errors[0];
+  throw Error(Errc::not_found, join_path(node_dirs[0], kManifestName),
+              "no node root has a manifest of " + std::string(last_component(node_dirs[0])) + " that opens", "a manifest on at least one node", tried);
+}
+
 CheckpointReader CheckpointReader::checked(FileSystem& fs, std::string dir, std::shared_ptr<const Manifest> manifest,
                                            std::vector<std::string> node_dirs, std::optional<int> expected_world_size) {
   const Manifest& m = *manifest;
@@ -252,36 +315,23 @@ CheckpointReader CheckpointReader::open(FileSystem& fs, const std::string& dir, 
   auto manifest = open_manifest(fs, dir);
   std::vector<std::string> node_dirs;
   if (manifest->nodes) {
-    // DIR/node-n/step-N: the other nodes' directories are DIR/node-k/step-N.
+    // DIR/node-n/step-N: the checkpoint across DIR/node-k/step-N, its manifest the one the
+    // nodes agree on (read_node_manifest).
     const std::string node_root = parent_dir(dir);
     const std::string set = parent_dir(node_root);
     const std::string name(last_component(dir));
-    if (last_component(node_root).starts_with("node-"))
-      for (int n = 0; n < manifest->nodes->nodes; ++n) node_dirs.push_back(join_path(join_path(set, "node-" + std::to_string(n)), name));
-    else
-      for (int n = 0; n < manifest->nodes->nodes; ++n) node_dirs.push_back(dir);
+    if (last_component(node_root).starts_with("node-")) {
+      for (const auto& r : node_root_paths(set, manifest->nodes->nodes)) node_dirs.push_back(join_path(r, name));
+      return open_nodes(fs, node_dirs, expected_world_size);
+    }
+    for (int n = 0; n < manifest->nodes->nodes; ++n) node_dirs.push_back(dir);
   }
   return checked(fs, dir, std::move(manifest), std::move(node_dirs), expected_world_size);
 }
 
 CheckpointReader CheckpointReader::open_nodes(FileSystem& fs, std::span<const std::string> node_dirs, std::optional<int> expected_world_size) {
-  if (node_dirs.empty()) throw Error(Errc::invalid_argument, {}, "open_nodes: node directories", "at least one", "none");
-  std::optional<Error> first;
-  for (const auto& d : node_dirs) {
-    try {
-      auto manifest = open_manifest(fs, d);
-      if (!manifest->nodes)
-        throw Error(Errc::malformed_manifest, join_path(d, kManifestName), "nodes", "a checkpoint across " + std::to_string(node_dirs.size()) + " node roots",
-                    "a checkpoint of one root");
-      return checked(fs, d, std::move(manifest), std::vector<std::string>(node_dirs.begin(), node_dirs.end()), expected_world_size);
-    } catch (const Error& e) {
-      // Only the manifest decides the node to read it from; a shard problem is the checkpoint's.
-      if (e.file() != join_path(d, kManifestName) && e.code() != Errc::unsafe_path) throw;
-      if (e.code() == Errc::world_size_mismatch) throw;
-      if (!first) first = e;
-    }
-  }
-  throw *first;
+  NodeManifest m = read_node_manifest(fs, node_dirs);
+  return checked(fs, node_dirs[m.node], std::move(m.manifest), std::vector<std::string>(node_dirs.begin(), node_dirs.end()), expected_world_size);
 }
 
 std::string CheckpointReader::manifest_path() const { return join_path(dir_, kManifestName); }
@@ -470,33 +520,26 @@ OpenedCheckpoint open_latest(FileSystem& fs, const std::string& root, const Open
   if (!fs.stat(root)) throw Error(Errc::not_found, root, "no such checkpoint root");
   if (!fs.stat(join_path(root, kLatestName)))
     if (const int nodes = count_node_roots(fs, root); nodes > 0) {
-      // A node set: what is lost or damaged is rebuilt from the redundancy first.
+      // A node set, opened as it is: rebuilding a lost node's files is the explicit repair
+      // (CheckpointStore's writer; the Checkpointer's start-up, ckpt repair), never a read.
       const auto roots = node_root_paths(root, nodes);
-      const auto rebuilt = [](const RepairReport& report) {
-        std::string note;
-        for (const auto& line : report.lines) note += (note.empty() ? "rebuilt: " : "; ") + line;
-        return note;
-      };
-      if (!opt.repair) {
-        const auto name = read_latest_nodes(fs, roots);
-        if (!name) throw Error(Errc::not_found, root, "no latest pointer on any of the " + std::to_string(roots.size()) + " node roots: nothing committed yet");
+      const auto open_step_nodes = [&](const std::string& name) {
         std::vector<std::string> dirs;
-        for (const auto& r : roots) dirs.push_back(join_path(r, *name));
-        return {CheckpointReader::open_nodes(fs, dirs, opt.expected_world_size), *name, false, {}};
-      }
+        for (const auto& r : roots) dirs.push_back(join_path(r, name));
+        return CheckpointReader::open_nodes(fs, dirs, opt.expected_world_size);
+      };
+      const auto tried = read_latest_nodes(fs, roots);
       std::string why;
       try {
-        RepairReport report;
-        auto reader = open_latest_nodes(fs, roots, opt.expected_world_size, opt.verify, &report);
-        std::string name = checkpoint_dir_name(reader.manifest().step);
-        return {std::move(reader), std::move(name), false, rebuilt(report)};
+        if (!tried) throw Error(Errc::not_found, root, "no latest pointer on any of the " + std::to_string(roots.size()) + " node roots: nothing committed yet");
+        auto reader = open_step_nodes(*tried);
+        if (opt.fallback) reader.verify(opt.verify);
+        return {std::move(reader), *tried, false, {}};
       } catch (const Error& e) {
         if (!opt.fallback || e.code() == Errc::world_size_mismatch) throw;
         why = e.what();
       }
-      // With fallback: the older checkpoints of the node set, newest first, each rebuilt
-      // if it can be and verified.
-      const auto tried = read_latest_nodes(fs, roots);
+      // With fallback: the older checkpoints of the node set, newest first, each verified.
       std::set<std::string> names;
       for (const auto& r : roots)
         if (fs.stat(r))
@@ -504,13 +547,9 @@ OpenedCheckpoint open_latest(FileSystem& fs, const std::string& root, const Open
             if (e.type == EntryType::directory && parse_checkpoint_dir_name(e.name) && (!tried || e.name < *tried)) names.insert(e.name);
       for (auto it = names.rbegin(); it != names.rend(); ++it) {
         try {
-          RepairReport report = repair_node_checkpoint(fs, roots, *it, opt.verify);
-          std::vector<std::string> dirs;
-          for (const auto& r : roots) dirs.push_back(join_path(r, *it));
-          auto reader = CheckpointReader::open_nodes(fs, dirs, opt.expected_world_size);
+          auto reader = open_step_nodes(*it);
           reader.verify(opt.verify);
-          const std::string note = rebuilt(report);
-          return {std::move(reader), *it, true, why + (note.empty() ? "" : "; " + note)};
+          return {std::move(reader), *it, true, why};
         } catch (const Error& e) {
           if (e.code() == Errc::world_size_mismatch) throw;
         }

@@ -90,11 +90,9 @@ class CheckpointReader {
   /// DIR/node-n/step-N finds each shard in its own node's DIR/node-k/step-N (open_nodes).
   static CheckpointReader open(FileSystem& fs, const std::string& dir, std::optional<int> expected_world_size = {});
   /// A checkpoint across node roots: node_dirs[n] is node n's checkpoint directory
-  /// (ROOT_n/step-N). The manifest is read from the first node directory whose manifest
-  /// opens (they are identical; a node lost or a manifest damaged on one node does not
-  /// matter), and must name node_dirs.size() nodes (Errc::malformed_manifest otherwise);
-  /// then every shard is checked in its node's directory as open() checks them. Throws the
-  /// first node's manifest error when none opens.
+  /// (ROOT_n/step-N). The manifest is read_node_manifest's (the copy most nodes hold; a node
+  /// lost or a copy damaged on some nodes does not matter); then every shard is checked in
+  /// its node's directory as open() checks them.
   static CheckpointReader open_nodes(FileSystem& fs, std::span<const std::string> node_dirs, std::optional<int> expected_world_size = {});
 
   const Manifest& manifest() const noexcept { return manifest_; }
@@ -185,6 +183,25 @@ class CheckpointReader {
 /// Throws Errc::not_found (no manifest) and the manifest's decode errors. Thread-safe.
 std::shared_ptr<const Manifest> read_checkpoint_manifest(FileSystem& fs, const std::string& dir);
 
+/// The manifest of a checkpoint across node roots, and what each node's copy holds.
+struct NodeManifest {
+  std::shared_ptr<const Manifest> manifest;  ///< decoded from `bytes`
+  std::string bytes;                         ///< manifest.json as most nodes' copies hold it
+  std::size_t node = 0;                      ///< the first node whose copy holds `bytes`
+  /// Per node: empty when its copy holds `bytes`, else why not (missing, unreadable, not a
+  /// checkpoint across these nodes, other bytes).
+  std::vector<std::string> problems;
+};
+
+/// The one lookup of the manifest of a checkpoint across node roots: node_dirs[n] is node n's
+/// directory of it (ROOT_n/step-N). Every node's copy is read; the manifest is the bytes most
+/// copies hold among those that decode (as read_checkpoint_manifest decodes them) and describe
+/// a checkpoint across node_dirs.size() nodes (a tie: the lowest node's). A lost node, or a
+/// copy missing, emptied or edited on some nodes, does not matter while one good copy is left.
+/// When no copy qualifies: with every copy there, the first one's error (a malformed or
+/// hostile manifest); with some missing, Errc::not_found naming every copy. Thread-safe.
+NodeManifest read_node_manifest(FileSystem& fs, std::span<const std::string> node_dirs);
+
 /// Options for opening the live checkpoint of a root.
 struct OpenLatestOptions {
   std::optional<int> expected_world_size;
@@ -193,11 +210,6 @@ struct OpenLatestOptions {
   bool fallback = false;
   /// Verification applied while choosing (only with fallback; loads verify again).
   Verify verify = Verify::fast;
-  /// A node set: check the checkpoint and rebuild what is lost or damaged before opening it
-  /// (the default). false opens it as it is: for a reader that knows the check ran already
-  /// (under MPI, the Checkpointer's construction checks and rebuilds the live checkpoint
-  /// once, and each process then reads its part; its loads still verify what they read).
-  bool repair = true;
 };
 
 struct OpenedCheckpoint {
@@ -213,9 +225,10 @@ struct OpenedCheckpoint {
 /// job saving to ROOT committed newer ones and removed it) is not an error: `latest` is
 /// read again and what it names then is opened, up to kOpenLatestAttempts times in all.
 /// A world_size mismatch is never "fallen back" from: it is the caller's mistake.
-/// A node set ROOT (io/node_commit.hpp) opens its newest checkpoint across the node roots,
-/// first rebuilding what is lost or damaged (open_latest_nodes; `note` says what was
-/// rebuilt from what); with fallback, its older checkpoints are tried the same way.
+/// A node set ROOT (io/node_commit.hpp) opens its newest checkpoint across the node roots as
+/// it is (with fallback, its older ones are tried the same way): opening never writes.
+/// Rebuilding what a lost node held is the explicit repair (StoreWriter::repair, which the
+/// Checkpointer's start-up and `ckpt repair` run; repair_and_open_latest_nodes).
 OpenedCheckpoint open_latest(FileSystem& fs, const std::string& root, const OpenLatestOptions& options = {});
 
 /// How many times open_latest reads `latest` when the checkpoint it named is rotated away

@@ -253,34 +253,33 @@ bool stripe_piece_bad(const NodeLayout& l, const NodeSpans& spans, const std::ve
   return false;
 }
 
-Manifest read_any_manifest(FileSystem& fs, std::span<const std::string> roots, const std::string& name) {
+}  // namespace
+
+std::vector<const MemberHealth*> NodeCheckpointHealth::bad_files() const {
+  std::vector<const MemberHealth*> out;
+  for (const auto* list : {&shards, &blocks, &manifests})
+    for (const auto& f : *list)
+      if (!f.ok) out.push_back(&f);
+  return out;
+}
+
+namespace {
+std::vector<std::string> checkpoint_dirs(std::span<const std::string> roots, const std::string& name) {
   std::vector<std::string> dirs;
   for (const auto& r : roots) dirs.push_back(join_path(r, name));
-  std::string tried;
-  // The manifest alone (its shards may be missing or damaged), from the first node that has one.
-  for (const auto& d : dirs) {
-    const std::string mpath = join_path(d, kManifestName);
-    try {
-      if (!fs.stat(mpath)) {
-        tried += (tried.empty() ? "" : "; ") + mpath + ": missing";
-        continue;
-      }
-      const auto m = read_checkpoint_manifest(fs, d);
-      if (m->nodes && static_cast<std::size_t>(m->nodes->nodes) == roots.size()) return *m;
-      tried += (tried.empty() ? "" : "; ") + mpath + ": not a checkpoint across " + std::to_string(roots.size()) + " nodes";
-    } catch (const Error& e) {
-      tried += (tried.empty() ? "" : "; ") + std::string(e.what());
-    }
-  }
-  throw Error(Errc::not_found, join_path(roots.empty() ? std::string() : roots.front(), name),
-              "no node root has a manifest of " + name + " that opens", "a manifest on at least one node", tried);
+  return dirs;
 }
 }  // namespace
 
 NodeCheckpointHealth check_node_checkpoint(FileSystem& fs, std::span<const std::string> roots, const std::string& name, Verify verify) {
   NodeCheckpointHealth h;
   h.name = name;
-  h.manifest = read_any_manifest(fs, roots, name);
+  const auto dirs = checkpoint_dirs(roots, name);
+  NodeManifest nm = read_node_manifest(fs, dirs);
+  h.manifest = *nm.manifest;
+  h.manifest_bytes = std::move(nm.bytes);
+  for (std::size_t n = 0; n < dirs.size(); ++n)
+    h.manifests.push_back(MemberHealth{"manifest copy", static_cast<int>(n), join_path(dirs[n], kManifestName), nm.problems[n].empty(), nm.problems[n]});
   const Manifest& m = h.manifest;
   const NodeLayout& l = *m.nodes;
   AlignedBuffer scratch;
@@ -413,8 +412,7 @@ RepairReport repair_node_checkpoint(FileSystem& fs, std::span<const std::string>
     t.dir = t.final_dir;
     if (!st || st->type != EntryType::directory) {
       bool needed = false;
-      for (const auto& s : h.shards) needed |= s.node == n && !s.ok;
-      for (const auto& b : h.blocks) needed |= b.node == n && !b.ok;
+      for (const auto& f : h.bad_files()) needed |= f->node == n;
       if (!needed) continue;
       if (!fs.stat(t.root)) {
         // A lost node's root: recreated, and its entry made durable in the parent (the
@@ -616,15 +614,24 @@ RepairReport repair_node_checkpoint(FileSystem& fs, std::span<const std::string>
     } else {
       // No redundancy: only the health check's verdict (lost) reaches here with bad shards.
     }
+    // A node's bad manifest copy: the bytes most nodes hold (never re-encoded: a decode and
+    // encode need not give the same bytes back), written beside it and renamed over it.
+    for (const auto& mh : h.manifests) {
+      auto& t = targets[static_cast<std::size_t>(mh.node)];
+      if (mh.ok || t.fresh) continue;
+      const auto [dir, file] = write_target(mh.node, std::string(kManifestName));
+      detail::write_small_file(fs, join_path(dir, file), h.manifest_bytes);
+      rep.lines.push_back("node " + std::to_string(mh.node) + ": " + std::string(kManifestName) + " restored as the copy the other nodes hold (it was: " +
+                          mh.error + ")");
+    }
     // Into place: files renamed over their names, recreated directories with the manifest.
-    const std::string manifest_text = encode_manifest(m);
     for (std::size_t n = 0; n < targets.size(); ++n) {
       auto& t = targets[n];
       for (const auto& [tmp, fin] : t.renames) fs.rename(join_path(t.dir, tmp), join_path(t.dir, fin));
       if (!t.renames.empty()) fs.sync_dir(t.dir);
       const bool recreated = t.fresh;
       if (t.fresh) {
-        detail::write_small_file(fs, join_path(t.dir, kManifestName), manifest_text);
+        detail::write_small_file(fs, join_path(t.dir, kManifestName), h.manifest_bytes);
         fs.sync_dir(t.dir);
         fs.rename(t.dir, t.final_dir);
         fs.sync_dir(t.root);
@@ -671,7 +678,7 @@ std::vector<RepairReport> repair_node_roots(FileSystem& fs, std::span<const std:
   return out;
 }
 
-CheckpointReader open_latest_nodes(FileSystem& fs, std::span<const std::string> roots, std::optional<int> expected_world_size, Verify verify,
+CheckpointReader repair_and_open_latest_nodes(FileSystem& fs, std::span<const std::string> roots, std::optional<int> expected_world_size, Verify verify,
                                    RepairReport* report) {
   const auto name = read_latest_nodes(fs, roots);
   if (!name)
@@ -681,7 +688,8 @@ CheckpointReader open_latest_nodes(FileSystem& fs, std::span<const std::string> 
   for (const auto& r : roots) dirs.push_back(join_path(r, *name));
   {
     // A world-size mismatch is the caller's, before any repair.
-    const Manifest m = read_any_manifest(fs, roots, *name);
+    const auto owner = read_node_manifest(fs, dirs).manifest;
+    const Manifest& m = *owner;
     if (expected_world_size && *expected_world_size != m.world_size)
       throw Error(Errc::world_size_mismatch, join_path(dirs[0], kManifestName),
                   "checkpoint written at world size " + std::to_string(m.world_size) + ", loading at world size " +
@@ -699,7 +707,8 @@ CheckpointReader open_latest_nodes(FileSystem& fs, std::span<const std::string> 
     for (const auto& r : roots) key += "\n" + r;
     const auto fingerprint = [&] {
       std::string f;
-      const Manifest m = read_any_manifest(fs, roots, *name);
+      const auto owner = read_node_manifest(fs, dirs).manifest;
+      const Manifest& m = *owner;
       const auto add = [&](int node, const std::string& file) {
         const auto st = fs.stat(join_path(dirs[static_cast<std::size_t>(node)], file));
         f += st ? std::to_string(st->device) + ":" + std::to_string(st->inode) + ":" + std::to_string(st->size) + ":" + std::to_string(st->mtime_ns) + ";"
@@ -707,6 +716,7 @@ CheckpointReader open_latest_nodes(FileSystem& fs, std::span<const std::string> 
       };
       for (const auto& s : m.shards) add(m.nodes->node_of(s.rank), s.path);
       for (const auto& b : m.redundancy) add(b.node, b.path);
+      for (int n = 0; n < m.nodes->nodes; ++n) add(n, std::string(kManifestName));
       return f;
     };
     const auto it = checked.find(key);

@@ -103,21 +103,30 @@ struct NodeCheckpointHealth {
   Manifest manifest;
   std::vector<MemberHealth> shards;  ///< per rank
   std::vector<MemberHealth> blocks;  ///< per manifest redundancy block
+  /// Per node: its copy of manifest.json ("manifest copy"), bad when missing, unreadable or
+  /// other bytes than `manifest_bytes`.
+  std::vector<MemberHealth> manifests;
+  std::string manifest_bytes;  ///< manifest.json as most nodes hold it (read_node_manifest)
   /// How many more lost nodes each unit survives: rs, per stripe, M minus its bad members;
   /// replicate, per rank, its good copies minus 1; none, per rank, 0 or -1. Negative: lost.
   std::vector<int> margins;
   std::vector<int> bad_ranks;  ///< shards missing or failing their checksums
   std::vector<int> lost_ranks;  ///< of those, the ones the scheme cannot rebuild
-  bool healthy() const noexcept { return bad_ranks.empty() && std::all_of(blocks.begin(), blocks.end(), [](const MemberHealth& b) { return b.ok; }); }
+  bool healthy() const noexcept {
+    const auto ok = [](const MemberHealth& f) { return f.ok; };
+    return bad_ranks.empty() && std::all_of(blocks.begin(), blocks.end(), ok) && std::all_of(manifests.begin(), manifests.end(), ok);
+  }
+  /// Every bad file: shards, redundancy blocks, manifest copies, in that order.
+  std::vector<const MemberHealth*> bad_files() const;
   bool recoverable() const noexcept { return lost_ranks.empty(); }
   /// The smallest margin (the node losses the checkpoint still survives); 0 without units.
   int min_margin() const noexcept;
 };
 
-/// Reads the checkpoint `name` across `roots` (the manifest from the first node that has
-/// it) and checks every shard and block per `verify` (sizes, then XXH3 of every chunk; full:
-/// SHA-256 too). Never throws for damage (it is the report); throws Errc::not_found (naming
-/// every node's manifest) when no node has a manifest that opens, and the manifest's errors.
+/// Reads the checkpoint `name` across `roots` (read_node_manifest: the manifest most nodes
+/// hold) and checks every node's copy of the manifest against those bytes, and every shard
+/// and block per `verify` (sizes, then XXH3 of every chunk; full: SHA-256 too). Never throws
+/// for damage (it is the report); throws read_node_manifest's errors when no copy opens.
 NodeCheckpointHealth check_node_checkpoint(FileSystem& fs, std::span<const std::string> roots, const std::string& name,
                                            Verify verify = Verify::fast);
 
@@ -129,12 +138,13 @@ struct RepairReport {
   bool nothing_to_do() const noexcept { return lines.empty(); }
 };
 
-/// Rebuilds every bad shard and block of checkpoint `name` (check_node_checkpoint with
+/// Rebuilds every bad shard, block and manifest copy of checkpoint `name` (check_node_checkpoint with
 /// `verify`; Verify::none finds lost and truncated files only, by their sizes) from
 /// replicas or by Reed-Solomon decoding, each checked against the manifest's SHA-256 before
 /// it is renamed into place, durably (file fsync, directory fsync); a node whose root or
 /// checkpoint directory is gone gets it back (a temporary directory renamed into place, the
-/// manifest); every node that holds the checkpoint and whose `latest` names none or an older
+/// manifest); a node's missing or damaged manifest copy is rewritten as the bytes most nodes
+/// hold (never re-encoded); every node that holds the checkpoint and whose `latest` names none or an older
 /// one gets `latest` naming it, even when every file is good (a line in the report unless
 /// the node was recreated). Errc::missing_shard naming
 /// the lost shards, their nodes and the scheme's limit when more is lost than the scheme
@@ -143,10 +153,6 @@ struct RepairReport {
 RepairReport repair_node_checkpoint(FileSystem& fs, std::span<const std::string> roots, const std::string& name,
                                     Verify verify = Verify::fast);
 
-/// Opens the checkpoint the newest `latest` of `roots` names (read_latest_nodes), repairing
-/// it first if a shard or block is bad (repair_node_checkpoint; `report`, if given, says what
-/// was rebuilt). Throws Errc::not_found without a `latest`, the repair's error when it
-/// cannot be rebuilt.
 /// Rebuilds the committed checkpoints of `roots` (at or before the newest `latest`) that have
 /// files missing or of the wrong size (Verify::none: a replaced node's empty root, a
 /// truncated file), so that every checkpoint kept survives the scheme's losses again, not
@@ -154,7 +160,13 @@ RepairReport repair_node_checkpoint(FileSystem& fs, std::span<const std::string>
 /// reports of the checkpoints repaired. The caller holds the node roots' locks.
 std::vector<RepairReport> repair_node_roots(FileSystem& fs, std::span<const std::string> roots);
 
-CheckpointReader open_latest_nodes(FileSystem& fs, std::span<const std::string> roots, std::optional<int> expected_world_size = {},
-                                   Verify verify = Verify::fast, RepairReport* report = nullptr);
+/// The resume of a node set's writer: repairs the checkpoint the newest `latest` of `roots`
+/// names if a shard, block or manifest copy is bad (repair_node_checkpoint with `verify`;
+/// `report`, if given, says what was rebuilt), then opens it. A write: the caller holds the
+/// node roots' locks (open_latest only reads). Throws Errc::not_found without a `latest`, the
+/// repair's error when it cannot be rebuilt. The ranks of one process calling it at once
+/// check the checkpoint once.
+CheckpointReader repair_and_open_latest_nodes(FileSystem& fs, std::span<const std::string> roots, std::optional<int> expected_world_size = {},
+                                              Verify verify = Verify::fast, RepairReport* report = nullptr);
 
 }  // namespace ckpt

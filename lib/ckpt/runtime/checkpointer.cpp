@@ -439,10 +439,9 @@ struct Checkpointer::Impl {
       // A replaced node's empty root (or a truncated file): every kept checkpoint is made
       // whole again, not only the one a resume reads.
       repairs = writer->repair();
-      // With ranks in several processes each resumes from its own node's files without
-      // checking the others' (their loads verify what they read), so the live checkpoint is
-      // checked here, once, and what is damaged rebuilt, before any process can resume.
-      if (local_count < opt.world_size) repair_latest();
+      // Reads never write: the live checkpoint is checked here, once (Verify::fast), and what
+      // is damaged rebuilt, before any rank (of any process) resumes from it.
+      repair_latest();
     });
     if (!writer) writer = store->writer({.lead = false});
     staging.resize(static_cast<std::size_t>(opt.world_size));

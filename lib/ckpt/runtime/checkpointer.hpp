@@ -153,7 +153,9 @@ struct CheckpointerOptions {
   /// they are written (no read-back) and are durable before the commit. Every node root is
   /// locked and prepared (prepare_node_roots), and at construction every kept checkpoint
   /// with files missing or truncated (a replaced node) is rebuilt (repair_node_roots: one
-  /// stat per file when nothing is missing; repairs() says what was). Pre-save rotation
+  /// stat per file when nothing is missing), and the checkpoint `latest` names is checked
+  /// (Verify::fast) and what is damaged in it rebuilt (repairs() says what was): opening a
+  /// checkpoint never writes, so this is where a resume's repair happens. Pre-save rotation
   /// (make_room) is not run on node roots.
   /// Ranks in several processes (a multi-process coordinator, one rank per process): node n's
   /// root is touched only by node n's processes. Each process writes its rank's shard and
@@ -161,9 +163,8 @@ struct CheckpointerOptions {
   /// of other nodes' shards they are computed from over the coordinator (send_bytes,
   /// receive_bytes; never through a shared file system); rank 0's process prepares, commits
   /// and rotates every node root through the coordinator's file transport (each process
-  /// serves its node's files), and at construction also checks the checkpoint `latest`
-  /// names (Verify::fast) and rebuilds what is damaged, so that each process may resume
-  /// from its own node's files. A coordinator without a file transport is refused
+  /// serves its node's files), including the construction's repair, so that each process may
+  /// resume from its own node's files. A coordinator without a file transport is refused
   /// (Errc::invalid_argument).
   std::optional<NodeOptions> nodes{};
   /// The default staging of save() (a per-call argument overrides it).

@@ -128,16 +128,25 @@ class DirectoryStore final : public CheckpointStore {
   CheckpointReader open(std::uint64_t step, std::optional<int> expected_world_size) override {
     return CheckpointReader::open(fs_, committed_dir(step), expected_world_size);
   }
+  StoredCheckpoint describe(std::uint64_t step) override {
+    (void)open(step, std::nullopt);  // the manifest, and every shard there at its size
+    return detail::described(step, manifest(step), latest() == step);
+  }
   std::unique_ptr<ReadableFile> shard(std::uint64_t step, int rank) override { return fs_.open_read(open(step, std::nullopt).shard_path(rank)); }
   void verify(std::uint64_t step, Verify mode, const ProgressFn& progress) override { open(step, std::nullopt).verify(mode, progress); }
   bool rotated_away(std::uint64_t step) noexcept override { return ckpt::rotated_away(fs_, root(), checkpoint_dir_name(step)); }
   std::unique_ptr<StoreWriter> writer(const WriterOptions& options) override { return std::make_unique<DirectoryWriter>(fs_, root(), options.lead); }
 
  private:
-  // ROOT/step-N, when it exists (Errc::not_found naming it otherwise).
+  // ROOT/step-N, when it exists (Errc::not_found naming it otherwise). Under a root that is
+  // missing, no directory or unreadable, the reader's open names what is wrong with the path.
   std::string committed_dir(std::uint64_t step) {
     const std::string dir = name_of(step);
-    if (!fs_.stat(dir)) detail::throw_not_committed(dir, step);
+    try {
+      if (const auto r = fs_.stat(root()); r && r->type == EntryType::directory && !fs_.stat(dir)) detail::throw_not_committed(dir, step);
+    } catch (const Error& e) {
+      if (e.code() == Errc::not_found) throw;
+    }
     return dir;
   }
 

@@ -192,18 +192,15 @@ class NodeSetStore final : public CheckpointStore {
       const auto holders = holding(name);
       try {
         const auto m = manifest(step);
-        const NodeCheckpointHealth h = check_node_checkpoint(fs_, node_root_paths(root(), m->nodes->nodes), name, verify);
+        c.health = health(step, verify);
+        const NodeCheckpointHealth& h = *c.health;
         c.manifest = m;
-        c.health = std::make_shared<const NodeCheckpointHealth>(h);
         c.world_size = m->world_size;
         for (const auto& s : m->shards) c.bytes += s.size;
         for (const auto& b : m->redundancy) c.redundancy_bytes += b.size;
         c.state = h.healthy() ? CheckpointState::complete : h.recoverable() ? CheckpointState::degraded : CheckpointState::corrupt;
         if (!h.healthy() && being_rotated(step, holders)) continue;
-        if (!h.healthy())
-          for (const auto* members : {&h.shards, &h.blocks})
-            for (const auto& mh : *members)
-              if (!mh.ok && c.error.empty()) c.error = mh.what + " on node " + std::to_string(mh.node) + ": " + mh.error;
+        if (const auto bad = h.bad_files(); !bad.empty()) c.error = bad.front()->what + " on node " + std::to_string(bad.front()->node) + ": " + bad.front()->error;
       } catch (const Error& e) {
         if (being_rotated(step, holders)) continue;  // removed by a rotation while it was listed: no damage
         c.state = CheckpointState::corrupt;
@@ -229,26 +226,15 @@ class NodeSetStore final : public CheckpointStore {
     return out;
   }
 
-  // The manifest from the first node root whose copy decodes and describes a checkpoint across
-  // nodes (the copies are the same bytes; a lost node or a damaged copy does not matter).
+  // The manifest the node roots agree on (read_node_manifest); a step no node root holds is
+  // not committed.
   std::shared_ptr<const Manifest> manifest(std::uint64_t step) override {
     const std::string name = checkpoint_dir_name(step);
-    std::optional<Error> first;
-    for (const auto& r : roots_) {
-      const std::string dir = join_path(r, name);
-      try {
-        if (!fs_.stat(dir)) continue;
-        auto m = read_checkpoint_manifest(fs_, dir);
-        if (!m->nodes) throw Error(Errc::malformed_manifest, join_path(dir, kManifestName), "no \"nodes\": a checkpoint in one root, not across node roots");
-        return m;
-      } catch (const Error& e) {
-        if (!first) first = e;
-      }
-    }
-    // No copy opens: the first one's error (every copy is the same bytes); none there at all:
-    // the step is not committed.
-    if (!first) detail::throw_not_committed(name_of(step), step);
-    throw *first;
+    if (std::none_of(roots_.begin(), roots_.end(), [&](const std::string& r) { return fs_.stat(join_path(r, name)).has_value(); }))
+      detail::throw_not_committed(name_of(step), step);
+    std::vector<std::string> dirs;
+    for (const auto& r : roots_) dirs.push_back(join_path(r, name));
+    return read_node_manifest(fs_, dirs).manifest;
   }
 
   CheckpointReader open(std::uint64_t step, std::optional<int> expected_world_size) override {
@@ -258,6 +244,17 @@ class NodeSetStore final : public CheckpointStore {
     return CheckpointReader::open_nodes(fs_, dirs, expected_world_size);
   }
   std::unique_ptr<ReadableFile> shard(std::uint64_t step, int rank) override { return fs_.open_read(open(step, std::nullopt).shard_path(rank)); }
+  StoredCheckpoint describe(std::uint64_t step) override {
+    StoredCheckpoint c = detail::described(step, manifest(step), latest() == step);
+    c.health = health(step, Verify::none);
+    for (const auto& b : c.manifest->redundancy) c.redundancy_bytes += b.size;
+    c.state = c.health->healthy() ? CheckpointState::complete : c.health->recoverable() ? CheckpointState::degraded : CheckpointState::corrupt;
+    return c;
+  }
+  std::shared_ptr<const NodeCheckpointHealth> health(std::uint64_t step, Verify mode) override {
+    const auto m = manifest(step);
+    return std::make_shared<const NodeCheckpointHealth>(check_node_checkpoint(fs_, node_root_paths(root(), m->nodes->nodes), checkpoint_dir_name(step), mode));
+  }
   void verify(std::uint64_t step, Verify mode, const ProgressFn& progress) override { open(step, std::nullopt).verify(mode, progress); }
   bool rotated_away(std::uint64_t step) noexcept override {
     const std::string name = checkpoint_dir_name(step);

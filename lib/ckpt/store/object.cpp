@@ -110,7 +110,9 @@ class StepFiles final : public FileSystem {
   [[noreturn]] static void read_only(const std::string& path) {
     throw Error(Errc::invalid_argument, path, "a read-only view of an object store's checkpoint: write through its StoreWriter");
   }
-  // ROOT/step-N[/file]: the opened step and the file name ("" for the step itself).
+  // ROOT/step-N[/file], or ROOT/step-N/<run_id>[/file] (the data prefix the tier manifest
+  // names, as the store's readers are opened: their errors then name each object's real
+  // key): the opened step and the file name ("" for the step itself).
   std::pair<std::shared_ptr<const ObjectCheckpoint>, std::string> locate(const std::string& path) {
     if (!path.starts_with(root_ + "/")) return {};
     const std::string rest = path.substr(root_.size() + 1);
@@ -120,7 +122,10 @@ class StepFiles final : public FileSystem {
     std::lock_guard lk(mu_);
     const auto it = steps_.find(*step);
     if (it == steps_.end()) return {};
-    return {it->second, slash == std::string::npos ? std::string() : rest.substr(slash + 1)};
+    std::string file = slash == std::string::npos ? std::string() : rest.substr(slash + 1);
+    if (const std::string& run = it->second->tier.run_id; !run.empty() && (file == run || file.starts_with(run + "/")))
+      file = file.size() == run.size() ? std::string() : file.substr(run.size() + 1);
+    return {it->second, file};
   }
 
   ObjectStore& client_;
@@ -299,9 +304,22 @@ class ObjectCheckpointStore final : public CheckpointStore {
   std::shared_ptr<const Manifest> manifest(std::uint64_t step) override {
     return std::make_shared<const Manifest>(open_object_checkpoint(client_, step).manifest);
   }
+  StoredCheckpoint describe(std::uint64_t step) override {
+    ObjectCheckpoint ck = open_object_checkpoint(client_, step);
+    const auto last = read_object_latest(client_);
+    StoredCheckpoint c = detail::described(step, std::make_shared<const Manifest>(std::move(ck.manifest)), last && last->step == step);
+    c.run = ck.tier.run;
+    c.run_id = ck.tier.run_id;
+    c.tier = std::make_shared<const ObjectManifest>(std::move(ck.tier));
+    return c;
+  }
+  // The reader's directory is the step's data prefix (step-N/<run_id>), so that what it
+  // reports names the objects it read.
   CheckpointReader open(std::uint64_t step, std::optional<int> expected_world_size) override {
-    files_.open_step(step);
-    return CheckpointReader::open(files_, name_of(step), expected_world_size);
+    const auto ck = files_.open_step(step);
+    std::string dir = root() + "/" + ck->tier.data_prefix;
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    return CheckpointReader::open(files_, dir, expected_world_size);
   }
   std::unique_ptr<ReadableFile> shard(std::uint64_t step, int rank) override {
     const auto ck = files_.open_step(step);

@@ -113,6 +113,17 @@ void refuse_participant(const std::string& root, const char* what) {
   throw Error(Errc::invalid_argument, root, std::string(what) + " by a participant of a shared run: only the lead process (rank 0's) does it");
 }
 
+StoredCheckpoint described(std::uint64_t step, std::shared_ptr<const Manifest> m, bool is_latest) {
+  StoredCheckpoint c;
+  c.name = checkpoint_dir_name(step);
+  c.step = step;
+  c.is_latest = is_latest;
+  c.world_size = m->world_size;
+  for (const auto& s : m->shards) c.bytes += s.size;
+  c.manifest = std::move(m);
+  return c;
+}
+
 void throw_not_committed(const std::string& where, std::uint64_t step) {
   throw Error(Errc::not_found, where, "no committed checkpoint of step " + std::to_string(step));
 }

@@ -11,9 +11,11 @@
 //     steps()           the committed steps, ascending
 //     list(verify)      every checkpoint with its state, and the saves in progress
 //     manifest(step)    the checkpoint's manifest, decoded with the loader's checks
+//     describe(step)    what list() says of one committed step, its damage thrown typed
 //     open(step)        a CheckpointReader over it (its shards where the store keeps them)
 //     shard(step, r)    rank r's shard file, for streaming it elsewhere
 //     verify(step)      every shard read and checked (Verify::fast or full)
+//     health(step)      a node set's findings per file, and what its redundancy rebuilds
 //     rotated_away(s)   a read of s failed because rotation removed it, which is no damage
 //   writing (writer(): the root's lock, every node root's lock, or the prefix's writer lease;
 //   then the crash cleanup of the kind):
@@ -45,6 +47,7 @@
 namespace ckpt {
 
 class ObjectStore;
+struct ObjectManifest;
 
 enum class StoreKind {
   directory,     ///< ROOT/latest, ROOT/step-N/ (io/commit.hpp)
@@ -87,6 +90,8 @@ struct StoredCheckpoint {
   std::shared_ptr<const Manifest> manifest;
   std::shared_ptr<const NodeCheckpointHealth> health;
   std::string run, run_id;
+  /// An object store's: the tier manifest that committed it (io/object_commit.hpp).
+  std::shared_ptr<const ObjectManifest> tier;
 };
 
 /// Called with each piece of a shard before it is written (its offset in the file and its
@@ -234,6 +239,11 @@ class CheckpointStore {
   virtual std::vector<StoredCheckpoint> list(Verify verify = Verify::none) = 0;
   /// The manifest of the committed `step`. Errc::not_found when it is not committed.
   virtual std::shared_ptr<const Manifest> manifest(std::uint64_t step) = 0;
+  /// The committed `step` as list() gives it without reading shards (its manifest, sizes and
+  /// what the kind records besides: a node set's health by sizes, an object store's tier
+  /// manifest), except that what is wrong with it is thrown, typed: Errc::not_found when it
+  /// is not committed, the manifest's errors, a directory's missing or resized shard.
+  virtual StoredCheckpoint describe(std::uint64_t step) = 0;
   /// A reader over the committed `step` (every shard where this store keeps it). Errc::not_found
   /// when it is not committed; the reader's open errors.
   virtual CheckpointReader open(std::uint64_t step, std::optional<int> expected_world_size = {}) = 0;
@@ -242,6 +252,15 @@ class CheckpointStore {
   /// Reads and checks every shard of `step` (the header against the manifest index always;
   /// each chunk's XXH3 with fast; also the whole files' XXH3 and SHA-256 with full).
   virtual void verify(std::uint64_t step, Verify mode, const ProgressFn& progress = {}) = 0;
+  /// What the store's redundancy makes of committed `step`: a node set's check of every shard,
+  /// redundancy block and node's manifest copy per `mode` (check_node_checkpoint: damage is
+  /// the report, with what the scheme can rebuild). nullptr on a store that keeps no
+  /// redundancy: its damage is verify()'s typed error.
+  virtual std::shared_ptr<const NodeCheckpointHealth> health(std::uint64_t step, Verify mode) {
+    (void)step;
+    (void)mode;
+    return nullptr;
+  }
   /// Whether committed `step` was removed by rotation: it is gone and `latest` names a newer
   /// step. Never throws.
   virtual bool rotated_away(std::uint64_t step) noexcept = 0;

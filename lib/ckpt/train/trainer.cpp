@@ -568,13 +568,11 @@ std::uint64_t Trainer::resume_latest(const std::string& root, Verify verify, Res
 }
 
 std::uint64_t Trainer::resume_latest(const Checkpointer& checkpointer, Verify verify, Reshard reshard) {
+  // The Checkpointer's start-up repaired what a node set's redundancy rebuilds (reads never
+  // write): the resume opens what is there.
   const CheckpointerOptions& o = checkpointer.options();
-  const bool spread = o.nodes && o.coordinator && static_cast<int>(o.coordinator->local_ranks().size()) < o.world_size;
-  return resume_from(
-      [&](std::optional<int> expect) {
-        return open_latest(checkpointer.file_system(), o.root, {.expected_world_size = expect, .repair = !spread});
-      },
-      o.root, verify, reshard);
+  return resume_from([&](std::optional<int> expect) { return open_latest(checkpointer.file_system(), o.root, {.expected_world_size = expect}); },
+                     o.root, verify, reshard);
 }
 
 std::optional<std::uint64_t> Trainer::resume_or_start(const std::string& root, Verify verify, Reshard reshard) {

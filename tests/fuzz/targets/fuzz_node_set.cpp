@@ -189,7 +189,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   if (flags & 8) {
     refusable([&] {
-      const CheckpointReader reader = open_latest_nodes(fs, roots, std::nullopt, verify);
+      const CheckpointReader reader = repair_and_open_latest_nodes(fs, roots, std::nullopt, verify);
       const Manifest& m = reader.manifest();
       for (int r = 0; r < m.world_size && r < 8; ++r)
         refusable([&] {

@@ -31,6 +31,10 @@ void write_file_copy(FileSystem& fs, const std::string& dir, const std::string& 
 /// Errc::invalid_argument: `what` ("commit", "rotation", ...) asked of a participant writer.
 [[noreturn]] void refuse_participant(const std::string& root, const char* what);
 
+/// The StoredCheckpoint of a committed step with manifest `m` (name, step, world size, the
+/// shards' bytes; complete), for describe().
+StoredCheckpoint described(std::uint64_t step, std::shared_ptr<const Manifest> m, bool is_latest);
+
 /// Errc::not_found naming `where`: step `step` is not committed there.
 [[noreturn]] void throw_not_committed(const std::string& where, std::uint64_t step);
 
