@@ -159,103 +159,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // of every step (its ranks' shards, the redundancy blocks placed on it, the manifest), and no
 // `latest` of its own.
 
-struct NodeSet {
-  std::string dir;  // DIR
-  int found = 0;    // node roots present (count_node_roots); the manifest says how many there are
-  std::vector<std::string> found_roots() const { return found ? node_root_paths(dir, found) : std::vector<std::string>{}; }
-};
-
-bool is_node_root_name(const std::string& name) {
-  return name.size() > 5 && name.starts_with("node-") && name.find_first_not_of("0123456789", 5) == std::string::npos;
-}
-
 std::string strip_slashes(std::string p) {
   while (p.size() > 1 && p.back() == '/') p.pop_back();
   return p;
-}
-
-// The node set `root` is one node root of, if it is one.
-std::optional<std::string> node_set_above(const std::string& root) {
-  const std::filesystem::path p(strip_slashes(root));
-  const std::string parent = p.parent_path().string();
-  try {
-    if (is_node_root_name(p.filename().string()) && !parent.empty() && is_node_set(posix_file_system(), parent)) return parent;
-  } catch (const Error&) {  // unreadable: the caller's own access reports it
-  }
-  return std::nullopt;
-}
-
-// The manifest of checkpoint `name` of the node set: from the first node root whose copy
-// decodes and describes a checkpoint across nodes (the copies are identical; a lost node or
-// a damaged copy does not matter). Errc::not_found naming every copy tried when none does.
-Manifest node_manifest(const NodeSet& set, const std::string& name) {
-  if (!set.found)
-    throw Error(Errc::not_found, join_path(set.dir, "node-*/" + name), "no node root has a manifest of " + name + " that opens",
-                "a manifest on at least one node", "no node roots");
-  std::vector<std::string> dirs;
-  for (const auto& root : set.found_roots()) dirs.push_back(join_path(root, name));
-  return *read_node_manifest(posix_file_system(), dirs).manifest;
-}
-
-// Every node root of the checkpoint `m` describes (a lost one too).
-std::vector<std::string> node_roots(const NodeSet& set, const Manifest& m) { return node_root_paths(set.dir, m.nodes->nodes); }
-
-// The checkpoint the newest `latest` of the node roots names; Errc::not_found without one.
-std::string node_latest(const NodeSet& set) {
-  if (const auto name = read_latest_nodes(posix_file_system(), set.found_roots())) return *name;
-  throw Error(Errc::not_found, set.dir, "no committed checkpoint on the node roots", "a `latest` on at least one node root",
-              std::to_string(set.found) + " node root(s), none with a `latest` naming a checkpoint");
-}
-
-// The step-N directories on any node root, in step order.
-std::vector<std::string> node_step_names(const NodeSet& set) {
-  FileSystem& fs = posix_file_system();
-  std::set<std::string> names;
-  for (const auto& root : set.found_roots()) {
-    if (!fs.stat(root)) continue;
-    for (const auto& e : fs.list_dir(root))
-      if (e.type == EntryType::directory && parse_checkpoint_dir_name(e.name)) names.insert(e.name);
-  }
-  return {names.begin(), names.end()};
-}
-
-// The node set `path` is (DIR), or, with `members`, the one it belongs to: one of its node
-// roots DIR/node-n (the checkpoint is then the newest `latest`'s) or a checkpoint
-// DIR/node-n/step-N of it (`*step` is then set to its name), when that checkpoint's manifest
-// describes a checkpoint across nodes. nullopt for anything else (a plain root or checkpoint,
-// or a path this process cannot read).
-std::optional<NodeSet> node_set_of(const std::string& path, bool members = false, std::string* step = nullptr) {
-  FileSystem& fs = posix_file_system();
-  const std::string p = strip_slashes(path);
-  try {
-    if (is_node_set(fs, p)) return NodeSet{p, count_node_roots(fs, p)};
-  } catch (const Error&) {  // unreadable: not a node set; the command's own access reports why
-    return std::nullopt;
-  }
-  if (!members) return std::nullopt;
-  const auto across_nodes = [&](const std::string& dir) {
-    try {
-      const std::string mpath = join_path(dir, kManifestName);
-      return fs.stat(mpath) && decode_manifest(detail::read_small_file(fs, mpath, kMaxManifestBytes, Errc::malformed_manifest), mpath).nodes;
-    } catch (const Error&) {
-      return false;
-    }
-  };
-  if (const auto parent = node_set_above(p)) {
-    std::optional<std::string> latest;
-    try {
-      latest = read_latest(fs, p);
-    } catch (const Error&) {
-    }
-    if (latest && across_nodes(join_path(p, *latest))) return NodeSet{*parent, count_node_roots(fs, *parent)};
-    return std::nullopt;
-  }
-  const std::filesystem::path fp(p);
-  if (const auto set = node_set_above(fp.parent_path().string()); set && parse_checkpoint_dir_name(fp.filename().string()) && across_nodes(p)) {
-    if (step) *step = fp.filename().string();
-    return NodeSet{*set, count_node_roots(fs, *set)};
-  }
-  return std::nullopt;
 }
 
 // "1 more node loss", "0 more node losses", or "lost" (a shard the scheme cannot rebuild).
@@ -328,19 +234,6 @@ std::uint64_t redundancy_bytes(const Manifest& m) {
   return b;
 }
 
-// A node set's checkpoint: `name`, or the newest `latest`'s; its manifest and node roots.
-struct NodeCheckpoint {
-  std::string name;
-  Manifest manifest;
-  std::vector<std::string> roots;
-};
-NodeCheckpoint node_checkpoint(const NodeSet& set, const std::string& name = {}) {
-  NodeCheckpoint c;
-  c.name = name.empty() ? node_latest(set) : name;
-  c.manifest = node_manifest(set, c.name);
-  c.roots = node_roots(set, c.manifest);
-  return c;
-}
 
 // ---- reading a root a job saves to ------------------------------------------------------
 //
@@ -415,35 +308,6 @@ class LiveReads {
   std::vector<std::string> rotated_;
 };
 
-// DIR may be a checkpoint directory or a root (then its latest), or a node set (then the
-// checkpoint the newest `latest` of its node roots names, every shard read from its node).
-// With `live`, a checkpoint of a plain root is noted there before it is opened.
-CheckpointReader open_dir_or_root(const std::string& path, LiveReads* live = nullptr) {
-  FileSystem& fs = posix_file_system();
-  if (const auto set = node_set_of(path)) {
-    const NodeCheckpoint c = node_checkpoint(*set);
-    std::vector<std::string> dirs;
-    for (const auto& r : c.roots) dirs.push_back(join_path(r, c.name));
-    return CheckpointReader::open_nodes(fs, dirs);
-  }
-  if (fs.stat(join_path(path, kManifestName))) {
-    if (live) live->note_dir(path);
-    return CheckpointReader::open(fs, path);
-  }
-  if (fs.stat(join_path(path, kLatestName))) {
-    if (!live) return open_latest(fs, path).reader;
-    std::optional<std::string> named;
-    try {
-      named = read_latest(fs, path);
-    } catch (const Error&) {  // open_latest reports it
-    }
-    const std::size_t note = live->note_latest(path, named.value_or(""));
-    OpenedCheckpoint opened = open_latest(fs, path);
-    live->opened(note, opened.name);
-    return std::move(opened.reader);
-  }
-  return CheckpointReader::open(fs, path);  // reports the missing manifest
-}
 
 void print_json(const json::value& v) { std::cout << json::serialize(v) << "\n"; }
 
@@ -499,53 +363,6 @@ CLI::Option* add_buffer_option(CLI::App& c, std::uint64_t& bytes) {
 
 // ---- ls, inspect, verify ----------------------------------------------------------------
 
-// What a command's DIR names, through open_store: a checkpoint of a store (ROOT/step-N, a node
-// set's DIR/node-n/step-N, s3://bucket/prefix/step-N: `step` set), or a store whose `latest`
-// is meant (a root, a node set or one of its node roots, s3://bucket/prefix); or, outside any
-// store, a checkpoint directory of another name (`dir`: an output of ckpt reshard).
-struct Located {
-  std::unique_ptr<CheckpointStore> store;
-  std::optional<std::uint64_t> step;
-  std::string dir;
-};
-Located locate(const std::string& arg) {
-  FileSystem& fs = posix_file_system();
-  std::string p = strip_slashes(arg);
-  const auto step_of = [](std::string_view path) -> std::optional<std::uint64_t> {
-    const auto slash = path.rfind('/');
-    return parse_checkpoint_dir_name(slash == std::string_view::npos ? path : path.substr(slash + 1));
-  };
-  const auto parent_of = [](const std::string& path) {
-    const std::string parent = std::filesystem::path(path).parent_path().string();
-    return parent.empty() ? std::string(".") : parent;
-  };
-  Located out;
-  if (is_s3_root(p)) {
-    // s3://bucket/prefix/step-N: the step of the root above it.
-    if (const auto slash = p.rfind('/'); slash != std::string::npos && slash > std::string_view("s3://").size())
-      if ((out.step = step_of(p))) p.resize(slash);
-    out.store = open_store(p);
-    return out;
-  }
-  std::string step_name;
-  if (const auto set = node_set_of(p, true, &step_name)) {
-    out.store = open_store(set->dir);
-    if (!step_name.empty()) out.step = parse_checkpoint_dir_name(step_name);
-    return out;
-  }
-  if (const auto step = step_of(p)) {
-    out.store = open_store(parent_of(p));
-    out.step = step;
-    return out;
-  }
-  if (!fs.stat(join_path(p, kManifestName))) {
-    out.store = open_store(p);  // a root (its latest)
-    return out;
-  }
-  out.dir = p;
-  return out;
-}
-
 // The step `latest` of `store` names; Errc::not_found naming the root when there is none.
 std::uint64_t latest_of(CheckpointStore& store) {
   if (const auto step = store.latest()) return *step;
@@ -592,12 +409,6 @@ std::string step_dir_name(const std::string& text, const std::string& where) {
   throw Error(Errc::invalid_argument, where, "STEP", "a step number or a step-N name", "'" + text + "'");
 }
 
-// An s3://bucket/prefix root's store, with the endpoint and keys of the environment.
-std::unique_ptr<ObjectStore> object_store_of(const std::string& root) {
-  S3Options s3;
-  s3.root = root;
-  return open_s3(s3);
-}
 
 // ls of any root (open_store decides its kind): every checkpoint and save in progress, checked
 // per --verify; a node set's also with its layout, scheme and health.
@@ -798,7 +609,7 @@ void print_inspect(const std::string& dir, const Manifest& m, const NodeCheckpoi
 // index; with what the kind records besides (a node set's layout and health by sizes, an
 // object store's tier manifest).
 int cmd_inspect(const InspectArgs& a) {
-  Located at = locate(a.dir);
+  LocatedCheckpoint at = locate_checkpoint(a.dir);
   if (!a.step.empty()) {
     if (at.step || !at.store)
       throw Error(Errc::invalid_argument, a.dir, "STEP with a checkpoint", "DIR a root, a node set, a node root or s3://bucket/prefix",
@@ -870,13 +681,35 @@ const char* verify_how(Verify mode) {
   return mode == Verify::full ? "full (xxh3 per chunk + sha256)" : mode == Verify::fast ? "fast (xxh3 per chunk)" : "none (sizes and headers)";
 }
 
+// DIR may be a checkpoint directory, a checkpoint of a store (ROOT/step-N, DIR/node-n/step-N),
+// or a store (its latest): located as every command locates it, read through the store. With
+// `live`, the checkpoint is noted there before it is opened.
+CheckpointReader open_dir_or_root(const std::string& path, LiveReads* live = nullptr) {
+  const LocatedCheckpoint at = locate_checkpoint(path);
+  if (!at.store) return CheckpointReader::open(posix_file_system(), at.dir);
+  CheckpointStore& store = *at.store;
+  if (at.step) {
+    if (live) live->note_dir(path);
+    return store.open(*at.step);
+  }
+  std::optional<std::uint64_t> named;
+  try {
+    named = store.latest();
+  } catch (const Error&) {  // latest_of reports it
+  }
+  const std::size_t note = live ? live->note_latest(store.root(), named ? checkpoint_dir_name(*named) : "") : 0;
+  const std::uint64_t step = latest_of(store);
+  if (live) live->opened(note, checkpoint_dir_name(step));
+  return store.open(step);
+}
+
 // verify, one body over any store: every shard read and checked (a node set: every shard,
 // redundancy block and manifest copy on its node, the bad ones listed with what the scheme
 // can rebuild, then the shard headers). Exit 1 when anything is bad.
 int cmd_verify(const VerifyArgs& a) {
   const std::string mode_name = a.full ? "full" : a.verify;
   const Verify mode = verify_of(mode_name);
-  const Located at = locate(a.dir);
+  const LocatedCheckpoint at = locate_checkpoint(a.dir);
   std::vector<std::string> rotated;
   // What was verified, printed the same way for every kind.
   const auto report = [&](const std::string& dir, const Manifest& m) {
@@ -984,96 +817,70 @@ struct RepairArgs : Common {
   bool full = false;
 };
 
-// The writer locks of a node set's roots, in node order. A root that is missing (a lost
-// node) is created by its lock; if the repair then fails, such a root is removed again
-// (while it holds nothing but the lock file), so that a refused repair leaves the set as it
-// found it.
-class NodeLocks {
- public:
-  explicit NodeLocks(const std::vector<std::string>& roots) {
-    FileSystem& fs = posix_file_system();
-    try {
-      for (const auto& r : roots) {
-        if (!fs.stat(r)) created_.push_back(r);
-        locks_.emplace_back(fs, r);  // Errc::busy: a writer (a training run, another repair) holds it
-      }
-    } catch (...) {
-      undo();
-      throw;
-    }
-  }
-  // The roots this made, if nothing but the lock file came into them.
-  void undo() noexcept {
-    FileSystem& fs = posix_file_system();
-    for (const auto& r : created_) try {
-        const auto entries = fs.list_dir(r);
-        if (entries.size() == 1 && entries[0].name == kLockName) fs.remove_all(r);
-      } catch (...) {
-      }
-  }
-  std::span<const RootLock> locks() const noexcept { return locks_; }
-
- private:
-  std::vector<std::string> created_;
-  std::vector<RootLock> locks_;
-};
-
+// repair over any store: what its redundancy rebuilds of the checkpoint (a node set's shards,
+// blocks and manifest copies), under its writer (every node root's lock; the crash cleanup
+// first). A store that keeps no redundancy has nothing to rebuild.
 int cmd_repair(const RepairArgs& a) {
-  FileSystem& fs = posix_file_system();
-  if (!fs.stat(a.dir)) throw Error(Errc::not_found, a.dir, "no such checkpoint root or node set");
-  std::string name;
-  const auto set = node_set_of(a.dir, true, &name);
-  if (!set)
-    throw Error(Errc::invalid_argument, a.dir,
-                "nothing to rebuild: a checkpoint in one root has no redundancy (ckpt repair rebuilds the shards of a checkpoint "
-                "across node roots from its replicas or parity)",
-                "a node set DIR/node-0, DIR/node-1, ... saved with redundancy", "a single checkpoint root or checkpoint directory");
+  LocatedCheckpoint at = locate_checkpoint(a.dir);
   if (a.step) {
-    const std::string asked = checkpoint_dir_name(*a.step);
-    if (!name.empty() && name != asked)
-      throw Error(Errc::invalid_argument, a.dir, "--step with a checkpoint directory", name, asked);
-    name = asked;
+    if (at.step && *at.step != *a.step)
+      throw Error(Errc::invalid_argument, a.dir, "--step with a checkpoint directory", checkpoint_dir_name(*at.step), checkpoint_dir_name(*a.step));
+    at.step = a.step;
   }
-  const NodeCheckpoint c = node_checkpoint(*set, name);
+  const auto nothing_to_rebuild = [&] {
+    return Error(Errc::invalid_argument, a.dir,
+                 "nothing to rebuild: a checkpoint in one root has no redundancy (ckpt repair rebuilds the shards of a checkpoint "
+                 "across node roots from its replicas or parity)",
+                 "a node set DIR/node-0, DIR/node-1, ... saved with redundancy", "a single checkpoint root or checkpoint directory");
+  };
+  if (!at.store) throw nothing_to_rebuild();
+  CheckpointStore& store = *at.store;
+  const std::uint64_t step = at.step ? *at.step : latest_of(store);
+  const std::string name = checkpoint_dir_name(step);
+  const auto before = store.health(step, Verify::none);
+  if (!before) throw nothing_to_rebuild();
   const std::string mode_name = a.full ? "full" : a.verify;
   const Verify mode = verify_of(mode_name);
-  NodeLocks locks(c.roots);
-  // What a killed repair (or writer) left: removed as the next writer would remove it.
-  prepare_node_roots(fs, locks.locks());
-  RepairReport rep;
+  const auto writer = store.writer();  // Errc::busy: a writer (a training run, another repair) holds a node root
   // The repair logs each rebuilt file, which this prints on stdout: its other log lines
   // still go to stderr.
   std::vector<std::string> logged;
+  std::vector<RepairReport> reports;
   const LogSink previous = set_log_sink([&logged](std::string_view l) { logged.emplace_back(l); });
   try {
-    rep = repair_node_checkpoint(fs, c.roots, c.name, mode);
+    reports = writer->repair(step, mode);
   } catch (...) {
     set_log_sink(previous);
-    locks.undo();
+    for (const auto& l : logged) log_line(l);
     throw;
   }
   set_log_sink(previous);
+  RepairReport rep;
+  for (auto& r : reports) {
+    rep.rebuilt_ranks.insert(rep.rebuilt_ranks.end(), r.rebuilt_ranks.begin(), r.rebuilt_ranks.end());
+    rep.lines.insert(rep.lines.end(), r.lines.begin(), r.lines.end());
+  }
   for (const auto& l : logged)
-    if (std::none_of(rep.lines.begin(), rep.lines.end(), [&](const std::string& r) { return l == c.name + ": " + r; })) log_line(l);
-  const NodeCheckpointHealth after = check_node_checkpoint(fs, c.roots, c.name, Verify::none);
-  const std::string scheme = redundancy_name(c.manifest.nodes->scheme);
+    if (std::none_of(rep.lines.begin(), rep.lines.end(), [&](const std::string& r) { return l == name + ": " + r; })) log_line(l);
+  const auto after = store.health(step, Verify::none);
+  const Manifest& m = after->manifest;
+  const std::string scheme = redundancy_name(m.nodes->scheme);
   if (a.json) {
     json::array lines;
     for (const auto& l : rep.lines) lines.emplace_back(l);
-    print_json(json::object{{"ok", true}, {"dir", set->dir}, {"checkpoint", c.name}, {"redundancy", scheme},
+    print_json(json::object{{"ok", true}, {"dir", store.root()}, {"checkpoint", name}, {"redundancy", scheme},
                             {"mode", mode_name}, {"rebuilt_ranks", ints_json(rep.rebuilt_ranks)}, {"rebuilt", lines},
-                            {"health", health_json(after)}});
+                            {"health", health_json(*after)}});
     return kExitOk;
   }
   if (rep.nothing_to_do()) {
-    std::printf("nothing to repair: %s on %zu node roots is whole (%zu shards, %zu redundancy blocks, %s); %s survives %s\n", c.name.c_str(),
-                c.roots.size(), c.manifest.shards.size(), c.manifest.redundancy.size(), verify_how(mode), scheme.c_str(),
-                survives_text(after).c_str());
+    std::printf("nothing to repair: %s on %d node roots is whole (%zu shards, %zu redundancy blocks, %s); %s survives %s\n", name.c_str(),
+                m.nodes->nodes, m.shards.size(), m.redundancy.size(), verify_how(mode), scheme.c_str(), survives_text(*after).c_str());
     return kExitOk;
   }
   for (const auto& l : rep.lines) std::printf("%s\n", l.c_str());
-  std::printf("repaired %s: %zu file%s rebuilt, each checked against the manifest's SHA-256; %s survives %s\n", c.name.c_str(),
-              rep.lines.size(), rep.lines.size() == 1 ? "" : "s", scheme.c_str(), survives_text(after).c_str());
+  std::printf("repaired %s: %zu file%s rebuilt, each checked against the manifest's SHA-256; %s survives %s\n", name.c_str(),
+              rep.lines.size(), rep.lines.size() == 1 ? "" : "s", scheme.c_str(), survives_text(*after).c_str());
   return kExitOk;
 }
 
@@ -1121,9 +928,9 @@ struct ReshardArgs : Common {
 int cmd_reshard(const ReshardArgs& a) {
   ReshardOptions opt = a.opt;
   opt.verify = verify_of(a.verify);
-  if (node_set_of(a.dst) || node_set_above(a.dst))
-    throw Error(Errc::invalid_argument, a.dst, "reshard writes its checkpoint into one root, not across node roots",
-                "DST a checkpoint root", node_set_of(a.dst) ? "a node set" : "one node root of the node set " + *node_set_above(a.dst));
+  if (const auto dst = locate_checkpoint(a.dst); dst.store && dst.store->kind() == StoreKind::node_set)
+    throw Error(Errc::invalid_argument, a.dst, "reshard writes its checkpoint into one root, not across node roots", "DST a checkpoint root",
+                dst.node_root ? "one node root of the node set " + dst.store->root() : std::string("a node set"));
   LiveReads live;
   return live.run([&] {
     const auto source = open_dir_or_root(a.src, &live);
@@ -1381,93 +1188,38 @@ int prune_list(const PruneArgs& a, const std::string& root, const std::vector<Pr
   return kExitOk;
 }
 
-// prune of a node set: a step is removed on every node root that has it (remove_checkpoint
-// on each, durable and crash-safe), holding every node root's lock. Its size counts its
-// shards and redundancy blocks; one that opens is one whose shards are all there or
-// rebuildable (a degraded checkpoint is still a checkpoint a resume can use).
-int cmd_prune_nodes(const PruneArgs& a, const NodeSet& set) {
-  FileSystem& fs = posix_file_system();
-  const auto latest = read_latest_nodes(fs, set.found_roots());
-  std::vector<std::string> roots = set.found_roots();
-  if (latest) try {
-      roots = node_roots(set, node_manifest(set, *latest));
-    } catch (const Error&) {  // the latest's manifest on no node: the roots present
-    }
-  std::vector<RootLock> locks;
-  if (!a.dry_run)
-    for (const auto& r : roots)
-      if (fs.stat(r)) locks.emplace_back(fs, r);  // busy: a writer is live; a lost node's root is not made
-  std::vector<PruneEntry> list;
-  for (const auto& name : node_step_names(set)) {
-    PruneEntry e{name, false, latest == name, 0, "corrupt"};
-    try {
-      const NodeCheckpoint c = node_checkpoint(set, name);
-      const NodeCheckpointHealth h = check_node_checkpoint(fs, c.roots, name, Verify::none);
-      e.ok = h.recoverable();
-      e.state = node_state(h);
-      for (const auto& sh : c.manifest.shards) e.bytes += sh.size;
-      e.bytes += redundancy_bytes(c.manifest);
-    } catch (const Error&) {
-    }
-    list.push_back(std::move(e));
+// prune, one body over any store: under the store's writer (a directory's lock, every node
+// root's, or an object store's writer lease: Errc::busy while a job writes to it; without
+// the kind's crash cleanup), the committed steps newest first, each one that opens (complete, or
+// degraded: a node set's redundancy rebuilds it) counted, removed through the writer.
+int cmd_prune(const PruneArgs& a) {
+  const std::string root = strip_slashes(a.root);
+  if (const auto at = locate_checkpoint(root); at.node_root) {
+    const std::string& set = at.store->root();
+    throw Error(Errc::invalid_argument, root,
+                "one node root of the node set " + set + ": pruning it alone would leave the other nodes' parts of its checkpoints",
+                "the node set (ckpt prune " + set + " removes a step on every node root)", "its node root " + root);
   }
-  std::reverse(list.begin(), list.end());  // newest first
-  return prune_list(a, set.dir, list, [&](const std::string& name) {
-    for (const auto& r : roots)
-      if (fs.stat(join_path(r, name))) remove_checkpoint(fs, r, name);
-  });
-}
-
-// prune of an object-store root: the same rule over its committed steps; a step's tier
-// manifest goes first, then its data (remove_object_checkpoint). With
-// --leftovers-older-than, first the leftovers of failed or killed commits older than that
-// (collect_object_leftovers).
-int cmd_prune_s3(const PruneArgs& a) {
-  const auto store = object_store_of(a.root);
-  const auto latest = read_object_latest(*store);
-  const auto steps = list_object_checkpoints(*store);
-  if (steps.empty() && !latest)
-    throw Error(Errc::not_found, a.root, "not a checkpoint root", "a `latest` object or step-N/manifest.json objects", "none of them");
+  const auto store = open_store(root);
+  (void)store->list(Verify::none);  // Errc::not_found before anything is taken: no checkpoint root there
+  std::unique_ptr<StoreWriter> writer;
+  if (!a.dry_run) writer = store->writer({.lead = true, .clean_up = false});
   std::optional<LeftoverReport> leftovers;
-  if (a.leftovers_older_than)
-    leftovers = collect_object_leftovers(*store, std::chrono::seconds(static_cast<std::int64_t>(*a.leftovers_older_than)));
+  if (a.leftovers_older_than) {
+    leftovers = writer->collect_leftovers(std::chrono::seconds(static_cast<std::int64_t>(*a.leftovers_older_than)));
+    if (!leftovers)
+      throw Error(Errc::invalid_argument, root, "--leftovers-older-than collects what commits to an object store left",
+                  "an s3://bucket/prefix root", "a " + std::string(store_kind_name(store->kind())) + " (its temporaries are removed by the next writer)");
+  }
   std::vector<PruneEntry> entries;
-  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {  // newest first
-    PruneEntry e{checkpoint_dir_name(*it), false, latest && latest->step == *it, 0, "corrupt"};
-    try {
-      const ObjectCheckpoint c = verify_object_checkpoint(*store, *it, Verify::none);  // manifests and sizes
-      for (const auto& s : c.manifest.shards) e.bytes += s.size;
-      e.ok = true;
-      e.state = "complete";
-    } catch (const Error&) {
-    }
-    entries.push_back(std::move(e));
+  const auto list = store->list(Verify::none);
+  for (auto it = list.rbegin(); it != list.rend(); ++it) {  // newest first
+    if (!it->step) continue;                                 // a save in progress (or a crashed one's, removed by its next writer)
+    const bool opens = it->state == CheckpointState::complete || it->state == CheckpointState::degraded;
+    entries.push_back({it->name, opens, it->is_latest, it->bytes + it->redundancy_bytes, std::string(checkpoint_state_name(it->state))});
   }
   return prune_list(
-      a, a.root, entries, [&](const std::string& name) { remove_object_checkpoint(*store, *parse_checkpoint_dir_name(name)); },
-      leftovers ? &*leftovers : nullptr);
-}
-
-int cmd_prune(const PruneArgs& a) {
-  if (is_s3_root(a.root)) return cmd_prune_s3(a);
-  if (a.leftovers_older_than)
-    throw Error(Errc::invalid_argument, a.root, "--leftovers-older-than collects what commits to an object store left",
-                "an s3://bucket/prefix root", "a local root (its temporaries are removed by the next writer)");
-  const std::string& root = a.root;
-  FileSystem& fs = posix_file_system();
-  if (!fs.stat(root)) throw Error(Errc::not_found, root, "no such checkpoint root");
-  if (const auto set = node_set_of(root)) return cmd_prune_nodes(a, *set);
-  if (const auto set = node_set_above(root))
-    throw Error(Errc::invalid_argument, root,
-                "one node root of the node set " + *set + ": pruning it alone would leave the other nodes' parts of its checkpoints",
-                "the node set (ckpt prune " + *set + " removes a step on every node root)", "its node root " + root);
-  const auto lock = a.dry_run ? std::optional<RootLock>() : std::optional<RootLock>(std::in_place, fs, root);  // busy: a writer is live
-  auto list = list_checkpoints(fs, root, Verify::none);
-  std::erase_if(list, [](const CheckpointInfo& c) { return !c.step; });  // temporaries: maybe a live save
-  std::vector<PruneEntry> entries;
-  for (auto it = list.rbegin(); it != list.rend(); ++it)  // newest first
-    entries.push_back({it->name, it->state == CheckpointState::complete, it->is_latest, it->bytes, std::string(checkpoint_state_name(it->state))});
-  return prune_list(a, root, entries, [&](const std::string& name) { remove_checkpoint(fs, root, name); });
+      a, root, entries, [&](const std::string& name) { writer->remove(*parse_checkpoint_dir_name(name)); }, leftovers ? &*leftovers : nullptr);
 }
 
 Command declare_prune(CLI::App& app) {
@@ -1477,7 +1229,10 @@ Keep the newest K checkpoints of ROOT that open (manifest and shard sizes good) 
 `latest` names; remove every checkpoint older than the K-th kept one. Each removal is
 durable and crash-safe (renamed to a temporary, the root fsynced, then deleted). Corrupt
 checkpoints newer than the K-th are left for inspection; temporaries of a save in progress
-are never touched. On a node set (DIR/node-0, DIR/node-1, ...) a step is removed on every
+are never touched: prune holds the store's writer while it runs (a directory's lock, every
+node root's, or an object store's writer lease: Errc::busy while a job writes there; a lease
+a job that died left is taken over once it went a whole period unrenewed), and removes only
+the steps it names (what a writer that died left is the next writer's to remove). On a node set (DIR/node-0, DIR/node-1, ...) a step is removed on every
 node root, holding every node root's lock; a degraded step (a shard missing that its
 redundancy rebuilds) counts as one that opens. A single node root DIR/node-n is refused
 (prune the node set instead). On an object store, s3://bucket/prefix, a step's tier manifest
@@ -1847,7 +1602,7 @@ int write_npy(const GetArgs& a, Verify mode, const GotTensor& g) {
 // system, only the chunks covering it, each checked per --verify), written as .npy.
 int cmd_get(const GetArgs& a) {
   const Verify mode = verify_of(a.verify);
-  const Located at = locate(a.dir);
+  const LocatedCheckpoint at = locate_checkpoint(a.dir);
   const auto got = [&](const std::string& dir, const CheckpointReader& reader, json::array rotated) {
     const int rank = rank_of(a, reader.manifest());
     const MappedShard shard(reader, rank, mode);

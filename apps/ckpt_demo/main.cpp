@@ -683,10 +683,7 @@ std::unique_ptr<ObjectStore> durable_store(const std::string& root) {
 // What in `root` (--dir, or a --durable-dir of either kind) may be a committed checkpoint, as
 // its kind's commit protocol says (io/tiers.hpp): nullopt only for an empty root. A missing
 // bucket is an error naming it, never "empty".
-std::optional<std::string> committed_in(const std::string& root) {
-  if (is_s3_root(root)) return find_committed_checkpoint(*durable_store(root));
-  return find_committed_checkpoint(posix_file_system(), root);
-}
+std::optional<std::string> committed_in(const std::string& root) { return open_store(root)->committed_evidence(); }
 
 // Where checkpoint `name` of `root` keeps its manifest: ROOT/name, or node 0's copy of it.
 std::string manifest_dir(const std::string& root, const std::string& name) {

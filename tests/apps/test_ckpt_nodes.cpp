@@ -324,6 +324,22 @@ TEST_CASE("ckpt prune of a node set removes each old step on every node root and
   CHECK(has(r.out, "one node root of the node set " + s.set()));
 }
 
+TEST_CASE("ckpt prune of a node set with a lost node root removes old steps on the others and does not make the lost root") {
+  SavedNodeCheckpoint s(4, 4, kRs31);
+  s.save_step(20);
+  fs::remove_all(s.root(3));
+  const auto r = ckpt_run("prune " + s.set() + " --keep 1");
+  INFO(r.out);
+  CHECK(r.status == 0);
+  CHECK(has(r.out, "removed  step-0000000010"));
+  for (int n = 0; n < 3; ++n) {
+    CAPTURE(n);
+    CHECK_FALSE(fs::exists(s.root(n) / "step-0000000010"));
+    CHECK(fs::exists(s.root(n) / "step-0000000020"));
+  }
+  CHECK_FALSE(fs::exists(s.root(3)));  // the lock prune took there did not leave it behind
+}
+
 TEST_CASE("ckpt get, diff and reshard read a node set through the reader, never taking a redundancy block for a shard") {
   SavedNodeCheckpoint s(4, 4, kRs31);
   test::Saved plain(4);  // the same fixture in one root

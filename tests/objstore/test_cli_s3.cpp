@@ -292,3 +292,28 @@ TEST_CASE("ckpt ls of an s3 root a job commits to and rotates with keep 1 never 
   CHECK(runs > 3);
   CHECK(commits.load() > 3);
 }
+
+TEST_CASE("ckpt prune of an s3 root holds the prefix's writer lease: refused with busy while a job writes there, removing nothing") {
+  TwoSteps two("cli-prune-lease");
+  auto& [o, store, local, root] = two;
+  StoreOptions so;
+  so.object_store = store.get();
+  const auto job = open_store(o.root, so);
+  {
+    const auto writer = job->writer();  // a job writing to the prefix holds its lease
+    const auto [rc, out] = run("prune --keep 1 " + o.root);
+    INFO(out);
+    CHECK(rc == 1);
+    CHECK(out.find("ckpt prune: busy: " + store->name_of("lease")) != std::string::npos);
+    CHECK(list_object_checkpoints(*store) == std::vector<std::uint64_t>{10, 20});
+    // A dry run takes no lease.
+    const auto [drc, dry] = run("prune --keep 1 --dry-run " + o.root);
+    CHECK(drc == 0);
+    CHECK(dry.find("would remove step-0000000010") != std::string::npos);
+  }
+  // Released when the job's writer ends: prune takes it at once.
+  const auto [rc, out] = run("prune --keep 1 " + o.root);
+  INFO(out);
+  CHECK(rc == 0);
+  CHECK(list_object_checkpoints(*store) == std::vector<std::uint64_t>{20});
+}

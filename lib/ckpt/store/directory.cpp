@@ -7,6 +7,7 @@
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/root_lock.hpp"
 #include "ckpt/io/run_identity.hpp"
+#include "ckpt/io/tiers.hpp"
 #include "ckpt/store/detail/kinds.hpp"
 
 namespace ckpt {
@@ -42,9 +43,10 @@ class DirectoryTarget final : public StepTarget {
 
 class DirectoryWriter final : public StoreWriter {
  public:
-  DirectoryWriter(FileSystem& fs, const std::string& root, bool lead) : fs_(fs), root_(root) {
-    if (lead) cleaned_ = prepare_root(fs_, lock_.emplace(fs_, root));
-    else fs_.create_dirs(root);
+  DirectoryWriter(FileSystem& fs, const std::string& root, const WriterOptions& options) : fs_(fs), root_(root) {
+    if (!options.lead) fs_.create_dirs(root);
+    else if (options.clean_up) cleaned_ = prepare_root(fs_, lock_.emplace(fs_, root));
+    else lock_.emplace(fs_, root);
   }
   const std::vector<std::string>& cleaned_up() const noexcept override { return cleaned_; }
   std::unique_ptr<StepTarget> begin(std::uint64_t step, const StepOptions& options) override {
@@ -87,7 +89,7 @@ class DirectoryStore final : public CheckpointStore {
     const auto name = read_latest(fs_, root());
     if (!name) return std::nullopt;
     const auto step = parse_checkpoint_dir_name(*name);
-    if (!step) throw Error(Errc::malformed_manifest, join_path(root(), kLatestName), "does not name a checkpoint", "step-N", "'" + *name + "'");
+    if (!step) throw Error(Errc::malformed_manifest, join_path(root(), kLatestName), "content", "step-NNNNNNNNNN", "'" + name->substr(0, 64) + "'");
     return step;
   }
 
@@ -101,6 +103,8 @@ class DirectoryStore final : public CheckpointStore {
     std::sort(out.begin(), out.end());
     return out;
   }
+
+  std::optional<std::string> committed_evidence() override { return find_committed_checkpoint(fs_, root()); }
 
   std::vector<StoredCheckpoint> list(Verify verify) override {
     if (!fs_.stat(root())) throw Error(Errc::not_found, root(), "no such checkpoint root");
@@ -135,7 +139,7 @@ class DirectoryStore final : public CheckpointStore {
   std::unique_ptr<ReadableFile> shard(std::uint64_t step, int rank) override { return fs_.open_read(open(step, std::nullopt).shard_path(rank)); }
   void verify(std::uint64_t step, Verify mode, const ProgressFn& progress) override { open(step, std::nullopt).verify(mode, progress); }
   bool rotated_away(std::uint64_t step) noexcept override { return ckpt::rotated_away(fs_, root(), checkpoint_dir_name(step)); }
-  std::unique_ptr<StoreWriter> writer(const WriterOptions& options) override { return std::make_unique<DirectoryWriter>(fs_, root(), options.lead); }
+  std::unique_ptr<StoreWriter> writer(const WriterOptions& options) override { return std::make_unique<DirectoryWriter>(fs_, root(), options); }
 
  private:
   // ROOT/step-N, when it exists (Errc::not_found naming it otherwise). Under a root that is

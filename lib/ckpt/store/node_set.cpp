@@ -14,6 +14,7 @@
 #include "ckpt/io/redundancy_io.hpp"
 #include "ckpt/io/root_lock.hpp"
 #include "ckpt/io/run_identity.hpp"
+#include "ckpt/io/tiers.hpp"
 #include "ckpt/store/detail/kinds.hpp"
 
 namespace ckpt {
@@ -87,14 +88,25 @@ class NodeSetTarget final : public StepTarget {
 class NodeSetWriter final : public StoreWriter {
  public:
   // The lead: every node root's lock, in node order, then the crash cleanup across them. A
-  // node root that does not exist is made (a replaced node's fresh disk).
-  NodeSetWriter(FileSystem& fs, std::string dir, std::vector<std::string> roots, std::optional<NodeLayout> layout, bool lead)
-      : fs_(fs), dir_(std::move(dir)), roots_(std::move(roots)), layout_(std::move(layout)), lead_(lead) {
+  // node root that does not exist is made (a replaced node's fresh disk); if it still holds
+  // nothing but its lock file when the writer is released (a refused repair, a prune), it is
+  // removed again, so that a writer that wrote nothing there leaves the set as it found it.
+  NodeSetWriter(FileSystem& fs, std::string dir, std::vector<std::string> roots, std::optional<NodeLayout> layout, const WriterOptions& options)
+      : fs_(fs), dir_(std::move(dir)), roots_(std::move(roots)), layout_(std::move(layout)), lead_(options.lead) {
     fs_.create_dirs(dir_);
     if (!lead_) return;
-    for (const auto& r : roots_) locks_.emplace_back(fs_, r);
-    cleaned_ = prepare_node_roots(fs_, locks_);
+    try {
+      for (const auto& r : roots_) {
+        if (!fs_.stat(r)) made_.push_back(r);
+        locks_.emplace_back(fs_, r);  // Errc::busy: a writer (a training run, a repair) holds it
+      }
+      if (options.clean_up) cleaned_ = prepare_node_roots(fs_, locks_);
+    } catch (...) {
+      remove_made_roots();
+      throw;
+    }
   }
+  ~NodeSetWriter() override { remove_made_roots(); }
   const std::vector<std::string>& cleaned_up() const noexcept override { return cleaned_; }
   std::unique_ptr<StepTarget> begin(std::uint64_t step, const StepOptions& options) override {
     if (!layout_)
@@ -148,11 +160,22 @@ class NodeSetWriter final : public StoreWriter {
   }
 
  private:
+  // The roots this writer made that hold nothing but the lock file: removed while it still
+  // holds their locks.
+  void remove_made_roots() noexcept {
+    for (const auto& r : made_) try {
+        const auto entries = fs_.list_dir(r);
+        if (entries.size() == 1 && entries[0].name == kLockName) fs_.remove_all(r);
+      } catch (...) {
+      }
+  }
+
   FileSystem& fs_;
   std::string dir_;
   std::vector<std::string> roots_;
   std::optional<NodeLayout> layout_;
   bool lead_;
+  std::vector<std::string> made_;
   std::vector<RootLock> locks_;
   std::vector<std::string> cleaned_;
 };
@@ -178,6 +201,8 @@ class NodeSetStore final : public CheckpointStore {
       if (const auto s = parse_checkpoint_dir_name(name); *s <= *last) out.push_back(*s);
     return out;
   }
+
+  std::optional<std::string> committed_evidence() override { return find_committed_checkpoint(fs_, root()); }
 
   std::vector<StoredCheckpoint> list(Verify verify) override {
     if (!fs_.stat(root())) throw Error(Errc::not_found, root(), "no such checkpoint root");
@@ -270,7 +295,7 @@ class NodeSetStore final : public CheckpointStore {
   }
   std::unique_ptr<StoreWriter> writer(const WriterOptions& options) override {
     const int nodes = layout_ ? layout_->nodes : static_cast<int>(roots_.size());
-    return std::make_unique<NodeSetWriter>(fs_, root(), node_root_paths(root(), nodes), layout_, options.lead);
+    return std::make_unique<NodeSetWriter>(fs_, root(), node_root_paths(root(), nodes), layout_, options);
   }
 
  private:

@@ -14,6 +14,7 @@
 #include "ckpt/io/object_lease.hpp"
 #include "ckpt/io/object_transfer.hpp"
 #include "ckpt/io/run_identity.hpp"
+#include "ckpt/io/tiers.hpp"
 #include "ckpt/store/detail/kinds.hpp"
 
 namespace ckpt {
@@ -253,6 +254,10 @@ class ObjectWriter final : public StoreWriter {
     lease_.check();
     remove_object_checkpoint(client_, step);
   }
+  std::optional<LeftoverReport> collect_leftovers(std::chrono::seconds older_than) override {
+    lease_.check();
+    return collect_object_leftovers(client_, older_than);
+  }
 
  private:
   ObjectStore& client_;
@@ -272,6 +277,7 @@ class ObjectCheckpointStore final : public CheckpointStore {
     return l->step;
   }
   std::vector<std::uint64_t> steps() override { return list_object_checkpoints(client_); }
+  std::optional<std::string> committed_evidence() override { return find_committed_checkpoint(client_); }
 
   std::vector<StoredCheckpoint> list(Verify verify) override {
     const auto last = read_object_latest(client_);

@@ -5,6 +5,8 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/io/layout.hpp"
 #include "ckpt/io/node_commit.hpp"
+#include "ckpt/io/object_commit.hpp"
+#include "ckpt/io/reader.hpp"
 #include "ckpt/io/s3.hpp"
 #include "ckpt/store/detail/kinds.hpp"
 
@@ -67,6 +69,86 @@ std::unique_ptr<CheckpointStore> open_store(const std::string& given, const Stor
   }
   if (is_node_set(fs, root)) return detail::make_node_set_store(root, fs, count_node_roots(fs, root), std::nullopt);
   return detail::make_directory_store(root, fs);
+}
+
+namespace {
+bool is_node_root_name(std::string_view name) {
+  return name.size() > 5 && name.starts_with("node-") && name.find_first_not_of("0123456789", 5) == std::string_view::npos;
+}
+std::string parent_of(const std::string& p) {
+  const auto slash = p.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? std::string("/") : p.substr(0, slash);
+}
+std::string last_of(const std::string& p) {
+  const auto slash = p.rfind('/');
+  return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+// DIR, when `root` is one node root DIR/node-n of a node set.
+std::optional<std::string> node_set_above(FileSystem& fs, const std::string& root) {
+  if (!is_node_root_name(last_of(root))) return std::nullopt;
+  const std::string dir = parent_of(root);
+  return is_node_set(fs, dir) ? std::optional<std::string>(dir) : std::nullopt;  // is_node_set: false when unreadable
+}
+// Whether the checkpoint directory `dir` holds a manifest of a checkpoint across node roots.
+bool across_nodes(FileSystem& fs, const std::string& dir) {
+  try {
+    return fs.stat(join_path(dir, kManifestName)) && read_checkpoint_manifest(fs, dir)->nodes.has_value();
+  } catch (const Error&) {
+    return false;
+  }
+}
+}  // namespace
+
+LocatedCheckpoint locate_checkpoint(const std::string& given, const StoreOptions& options) {
+  std::string p = given;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  LocatedCheckpoint out;
+  if (is_s3_root(p)) {
+    // s3://bucket/prefix/step-N: that step of the root above it.
+    if (const auto slash = p.rfind('/'); slash != std::string::npos && slash > std::string_view("s3://").size())
+      if ((out.step = parse_checkpoint_dir_name(std::string_view(p).substr(slash + 1)))) p.resize(slash);
+    out.store = open_store(p, options);
+    return out;
+  }
+  FileSystem& fs = options.fs ? *options.fs : posix_file_system();
+  if (is_node_set(fs, p)) {
+    out.store = open_store(p, options);
+    return out;
+  }
+  // DIR/node-n whose `latest` is a checkpoint across nodes: the node set's latest.
+  if (const auto set = node_set_above(fs, p)) {
+    std::optional<std::string> latest;
+    try {
+      latest = read_latest(fs, p);
+    } catch (const Error&) {
+    }
+    if (latest && across_nodes(fs, join_path(p, *latest))) {
+      out.store = open_store(*set, options);
+      out.node_root = true;
+      return out;
+    }
+  }
+  if (const auto step = parse_checkpoint_dir_name(last_of(p))) {
+    // DIR/node-n/step-N of a checkpoint across nodes: that step of the node set; else
+    // ROOT/step-N: that step of the root.
+    const std::string parent = parent_of(p);
+    const auto set = node_set_above(fs, parent);
+    out.store = open_store(set && across_nodes(fs, p) ? *set : parent, options);
+    out.step = step;
+    return out;
+  }
+  if (!fs.stat(join_path(p, kManifestName))) {
+    out.store = open_store(p, options);  // a root: its latest
+    return out;
+  }
+  out.dir = p;  // a checkpoint directory of another name
+  return out;
+}
+
+std::optional<LeftoverReport> StoreWriter::collect_leftovers(std::chrono::seconds older_than) {
+  (void)older_than;
+  return std::nullopt;
 }
 
 namespace detail {

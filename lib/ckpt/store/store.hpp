@@ -28,6 +28,7 @@
 // kind of store it is (docs/architecture.md, "Stores"); a new kind registers there.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -48,6 +49,7 @@ namespace ckpt {
 
 class ObjectStore;
 struct ObjectManifest;
+struct LeftoverReport;
 
 enum class StoreKind {
   directory,     ///< ROOT/latest, ROOT/step-N/ (io/commit.hpp)
@@ -176,6 +178,10 @@ struct WriterOptions {
   /// lead's process cleaned the store up first: CommitCoordinator::start_run), its targets
   /// never commit, and rotate, make_room and remove are refused (Errc::invalid_argument).
   bool lead = true;
+  /// false: take the store without its crash cleanup, for maintenance that removes only what
+  /// it names (ckpt prune leaves a temporary it did not make, and a step newer than `latest`,
+  /// to the next writer).
+  bool clean_up = true;
 };
 
 /// This process's right to write a store (CheckpointStore::writer): held until destroyed.
@@ -213,6 +219,11 @@ class StoreWriter {
   /// Removes the committed checkpoint `step` durably; Errc::invalid_argument for the one
   /// `latest` names, Errc::not_found for one that is not there.
   virtual void remove(std::uint64_t step) = 0;
+  /// Removes what failed or killed commits left that no crash cleanup reaches: an object
+  /// store's objects no tier manifest commits and its multipart uploads, those the server dates
+  /// more than `older_than` ago (collect_object_leftovers, io/object_commit.hpp). nullopt for
+  /// a store whose next writer removes its leftovers itself (a directory, a node set).
+  virtual std::optional<LeftoverReport> collect_leftovers(std::chrono::seconds older_than);
 };
 
 /// A place where checkpoints live (the file comment). Reading is thread-safe.
@@ -231,6 +242,12 @@ class CheckpointStore {
   virtual std::optional<std::uint64_t> latest() = 0;
   /// The committed steps, ascending. A missing root has none.
   virtual std::vector<std::uint64_t> steps() = 0;
+  /// What shows that the store holds a committed checkpoint, as its commit protocol says
+  /// (find_committed_checkpoint, io/tiers.hpp: "ROOT/latest", a node root's `latest`, a step
+  /// committed that no `latest` names yet): nullopt only for an empty or missing store, so
+  /// that a run deciding between a fresh start and a resume never takes an unreadable store
+  /// for an empty one (its errors are thrown; a missing bucket is Errc::invalid_argument).
+  virtual std::optional<std::string> committed_evidence() = 0;
   /// Every checkpoint and save in progress, in name order (a directory lists its temporaries
   /// among them, as ls always has; a node set after them, "node-n/.tmp-..."). With
   /// Verify::none only manifests and sizes are read; else every shard is checked. A
@@ -282,5 +299,23 @@ class CheckpointStore {
 /// entries; writes nothing. Errc::invalid_argument for an empty root, a bad s3:// root or
 /// missing credentials, or options.nodes on an s3:// root.
 std::unique_ptr<CheckpointStore> open_store(const std::string& root, const StoreOptions& options = {});
+
+/// What a path names, as the tools take it (located by locate_checkpoint).
+struct LocatedCheckpoint {
+  /// The store the path is, or holds a checkpoint of; null for a checkpoint directory outside
+  /// any store (`dir`: a directory of another name than step-N, an output of ckpt reshard).
+  std::unique_ptr<CheckpointStore> store;
+  std::optional<std::uint64_t> step;  ///< the step the path names; nullopt: the store's latest
+  std::string dir;                    ///< with no store: the checkpoint directory
+  bool node_root = false;             ///< the path was one node root DIR/node-n of the node set
+};
+
+/// Resolves `path` into a store (through open_store) and perhaps a step of it: a root (a
+/// directory, a node set, s3://bucket/prefix) names its latest; ROOT/step-N,
+/// s3://bucket/prefix/step-N and DIR/node-n/step-N (a checkpoint across node roots) name that
+/// step; DIR/node-n, when its latest is a checkpoint across nodes, names the node set's latest;
+/// a directory holding a manifest under another name is a checkpoint outside any store. Reads
+/// at most a few entries and one manifest; writes nothing. open_store's errors.
+LocatedCheckpoint locate_checkpoint(const std::string& path, const StoreOptions& options = {});
 
 }  // namespace ckpt
