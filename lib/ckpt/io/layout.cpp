@@ -99,4 +99,17 @@ std::string join_path(std::string_view dir, std::string_view name) {
   return out;
 }
 
+std::string_view last_component(std::string_view p) noexcept {
+  while (p.size() > 1 && p.back() == '/') p.remove_suffix(1);
+  if (const auto slash = p.rfind('/'); slash != std::string_view::npos && p.size() > 1) p.remove_prefix(slash + 1);
+  return p;
+}
+
+std::string parent_dir(std::string_view p) {
+  while (p.size() > 1 && p.back() == '/') p.remove_suffix(1);
+  const auto slash = p.rfind('/');
+  if (slash == std::string_view::npos) return ".";
+  return slash == 0 ? std::string("/") : std::string(p.substr(0, slash));
+}
+
 }  // namespace ckpt

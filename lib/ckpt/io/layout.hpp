@@ -59,5 +59,10 @@ bool is_abandoned_temporary(std::string_view name, std::string_view final_name) 
 
 /// root + "/" + name, without doubling a trailing slash.
 std::string join_path(std::string_view dir, std::string_view name);
+/// The directory that holds `path`, trailing slashes ignored: "a/b/" -> "a", "/a" -> "/",
+/// "a" -> ".".
+std::string parent_dir(std::string_view path);
+/// The last component of `path`, trailing slashes ignored: "a/b/" -> "b", "a" -> "a".
+std::string_view last_component(std::string_view path) noexcept;
 
 }  // namespace ckpt

@@ -22,22 +22,21 @@ std::vector<std::string> node_root_paths(const std::string& dir, int nodes) {
   return out;
 }
 
-namespace {
-// The n of a "node-<n>" name, or -1.
-int node_index(std::string_view name) {
+int node_root_index(std::string_view name) noexcept {
   if (!name.starts_with("node-")) return -1;
   const auto digits = name.substr(5);
   if (digits.empty() || digits.size() > 6 || digits.find_first_not_of("0123456789") != std::string_view::npos) return -1;
-  return std::stoi(std::string(digits));
+  int n = 0;
+  for (const char c : digits) n = n * 10 + (c - '0');
+  return n;
 }
-}  // namespace
 
 bool is_node_set(FileSystem& fs, const std::string& dir) {
   try {
     const auto st = fs.stat(dir);
     if (!st || st->type != EntryType::directory || fs.stat(join_path(dir, kLatestName))) return false;
     for (const auto& e : fs.list_dir(dir))
-      if (e.type == EntryType::directory && node_index(e.name) >= 0) return true;
+      if (e.type == EntryType::directory && node_root_index(e.name) >= 0) return true;
   } catch (const Error&) {
   }
   return false;
@@ -48,7 +47,7 @@ int count_node_roots(FileSystem& fs, const std::string& dir) {
   int n = 0;
   std::vector<std::string> present;
   for (const auto& e : fs.list_dir(dir))
-    if (const int i = node_index(e.name); e.type == EntryType::directory && i >= 0) {
+    if (const int i = node_root_index(e.name); e.type == EntryType::directory && i >= 0) {
       n = std::max(n, i + 1);
       present.push_back(join_path(dir, e.name));
     }

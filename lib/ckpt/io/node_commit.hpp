@@ -24,6 +24,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ckpt/format/manifest.hpp"
@@ -33,6 +34,8 @@
 
 namespace ckpt {
 
+/// The n of a node root's name "node-<n>" (1 to 6 digits), or -1 for any other name.
+int node_root_index(std::string_view name) noexcept;
 /// Node n's root under `dir`: DIR/node-n, for n in 0..nodes-1.
 std::vector<std::string> node_root_paths(const std::string& dir, int nodes);
 /// True if `dir` holds node roots (a directory node-<n>) and no `latest` of its own.

@@ -190,18 +190,6 @@ std::shared_ptr<const Manifest> open_manifest(FileSystem& fs, const std::string&
   }
 }
 
-std::string_view last_component(std::string_view p) {
-  while (p.size() > 1 && p.back() == '/') p.remove_suffix(1);
-  if (const auto slash = p.rfind('/'); slash != std::string_view::npos) p.remove_prefix(slash + 1);
-  return p;
-}
-
-std::string parent_dir(std::string_view p) {
-  while (p.size() > 1 && p.back() == '/') p.remove_suffix(1);
-  const auto slash = p.rfind('/');
-  if (slash == std::string_view::npos) return ".";
-  return slash == 0 ? "/" : std::string(p.substr(0, slash));
-}
 }  // namespace
 
 std::shared_ptr<const Manifest> read_checkpoint_manifest(FileSystem& fs, const std::string& dir) { return open_manifest(fs, dir); }

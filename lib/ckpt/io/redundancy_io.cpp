@@ -418,8 +418,7 @@ RepairReport repair_node_checkpoint(FileSystem& fs, std::span<const std::string>
         // A lost node's root: recreated, and its entry made durable in the parent (the
         // checkpoint directory renamed into it is fsynced through the root below).
         fs.create_dirs(t.root);
-        const auto slash = t.root.find_last_of('/');
-        fs.sync_dir(slash == std::string::npos ? std::string(".") : slash == 0 ? std::string("/") : t.root.substr(0, slash));
+        fs.sync_dir(parent_dir(t.root));
       }
       t.fresh = true;
       t.dir = join_path(t.root, temporary_name(name));

@@ -44,13 +44,6 @@ std::vector<const TensorRecord*> rank0_tensors(const Manifest& m) {
   return out;
 }
 
-// The directory that holds `path` (for "out" relative to the working directory, ".").
-std::string parent_of(const std::string& path) {
-  std::filesystem::path p(path);
-  if (!p.has_filename()) p = p.parent_path();  // "a/b/" names "a/b"
-  const auto parent = p.parent_path();
-  return parent.empty() ? std::string(".") : parent.string();
-}
 
 std::string base_name(const std::string& path) {
   std::filesystem::path p(path);
@@ -477,7 +470,7 @@ ReshardResult reshard_checkpoint(FileSystem& fs, const CheckpointReader& source,
   if (parallel) training["parallel"] = std::move(*parallel);
 
   const bool created_root = !fs.stat(dst_root);
-  if (created_root) require_dir(fs, parent_of(dst_root), "the parent of the destination root");
+  if (created_root) require_dir(fs, parent_dir(dst_root), "the parent of the destination root");
   else require_dir(fs, dst_root, "the destination root");
   ReshardResult result;
   result.source_verify = checked;
@@ -567,7 +560,7 @@ ReshardResult reshard_checkpoint(FileSystem& fs, const CheckpointReader& source,
     if (created_root && lock) {  // without the lock, DST may be another writer's by now
       try {
         fs.remove_all(dst_root);
-        fs.sync_dir(parent_of(dst_root));
+        fs.sync_dir(parent_dir(dst_root));
       } catch (...) {
         // The error that brought us here is the one to report.
       }
@@ -717,7 +710,7 @@ ConsolidateResult consolidate_checkpoint(FileSystem& fs, const CheckpointReader&
   result.left_out = left_out;
   result.source_verify = checked;
 
-  const std::string parent = parent_of(out_dir);
+  const std::string parent = parent_dir(out_dir);
   require_dir(fs, parent, "the parent of the output directory");
   // Leftovers of killed consolidates into OUT are removed first: only those made on this host
   // by a process that is gone (is_abandoned_temporary), never a live one's.

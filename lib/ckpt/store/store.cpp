@@ -72,22 +72,10 @@ std::unique_ptr<CheckpointStore> open_store(const std::string& given, const Stor
 }
 
 namespace {
-bool is_node_root_name(std::string_view name) {
-  return name.size() > 5 && name.starts_with("node-") && name.find_first_not_of("0123456789", 5) == std::string_view::npos;
-}
-std::string parent_of(const std::string& p) {
-  const auto slash = p.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? std::string("/") : p.substr(0, slash);
-}
-std::string last_of(const std::string& p) {
-  const auto slash = p.rfind('/');
-  return slash == std::string::npos ? p : p.substr(slash + 1);
-}
 // DIR, when `root` is one node root DIR/node-n of a node set.
 std::optional<std::string> node_set_above(FileSystem& fs, const std::string& root) {
-  if (!is_node_root_name(last_of(root))) return std::nullopt;
-  const std::string dir = parent_of(root);
+  if (node_root_index(last_component(root)) < 0) return std::nullopt;
+  const std::string dir = parent_dir(root);
   return is_node_set(fs, dir) ? std::optional<std::string>(dir) : std::nullopt;  // is_node_set: false when unreadable
 }
 // Whether the checkpoint directory `dir` holds a manifest of a checkpoint across node roots.
@@ -129,10 +117,10 @@ LocatedCheckpoint locate_checkpoint(const std::string& given, const StoreOptions
       return out;
     }
   }
-  if (const auto step = parse_checkpoint_dir_name(last_of(p))) {
+  if (const auto step = parse_checkpoint_dir_name(last_component(p))) {
     // DIR/node-n/step-N of a checkpoint across nodes: that step of the node set; else
     // ROOT/step-N: that step of the root.
-    const std::string parent = parent_of(p);
+    const std::string parent = parent_dir(p);
     const auto set = node_set_above(fs, parent);
     out.store = open_store(set && across_nodes(fs, p) ? *set : parent, options);
     out.step = step;

@@ -5,6 +5,7 @@
 #include <cerrno>
 
 #include "ckpt/core/error.hpp"
+#include "ckpt/io/layout.hpp"
 
 namespace ckpt::testing {
 
@@ -26,10 +27,6 @@ const char* op_name(FaultInjectionFileSystem::Op op) {
   }
 }
 
-std::string parent_of(const std::string& path) {
-  const auto slash = path.find_last_of('/');
-  return slash == std::string::npos ? std::string(".") : slash == 0 ? std::string("/") : path.substr(0, slash);
-}
 
 class FaultyFile final : public WritableFile {
  public:
@@ -160,7 +157,7 @@ bool FaultInjectionFileSystem::before(Op op, const std::string& path) {
 
 void FaultInjectionFileSystem::log_created(const std::string& path) {
   std::lock_guard lk(mu_);
-  dir_changes_.push_back({DirChange::created, parent_of(path), path, {}, std::nullopt});
+  dir_changes_.push_back({DirChange::created, parent_dir(path), path, {}, std::nullopt});
 }
 
 std::unique_ptr<WritableFile> FaultInjectionFileSystem::create(const std::string& path, const WriteOptions& opts) {
@@ -210,7 +207,7 @@ void FaultInjectionFileSystem::rename(const std::string& from, const std::string
   }
   // Earlier changes keep the paths they were made under: the undo runs in reverse order, so
   // by the time it reaches them, this rename has been undone and those paths are right again.
-  dir_changes_.push_back({DirChange::renamed, parent_of(to), to, from, std::move(replaced)});
+  dir_changes_.push_back({DirChange::renamed, parent_dir(to), to, from, std::move(replaced)});
 }
 
 void FaultInjectionFileSystem::note_synced(std::uint64_t id) {
