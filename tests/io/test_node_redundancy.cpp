@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstring>
 #include <filesystem>
@@ -965,7 +966,7 @@ TEST_CASE("a copy of the manifest missing, emptied or with other bytes on one no
     const Tree before = snapshot(dir);
     std::vector<std::string> dirs;
     for (const auto& r : roots) dirs.push_back(join_path(r, s.name));
-    const NodeManifest nm = read_node_manifest(posix_file_system(), dirs);
+    const NodeManifest nm = read_node_manifest(posix_file_system(), dirs, /*with_bytes=*/true);
     CHECK(nm.node == 0);
     CHECK(nm.bytes == std::string(pristine.begin(), pristine.end()));
     CHECK(nm.problems[0].empty());
@@ -1145,4 +1146,25 @@ TEST_CASE("unit_reads lists every read a redundancy unit makes, in order, and ea
       CHECK(l.node_of(writer) == want_blocks[u].node);
     }
   }
+}
+
+TEST_CASE("the ranks of a process opening one node set read each node's copy of the manifest once between them") {
+  LogCapture quiet;
+  const Saved s(layout_of(3, 1, "replicate:2"));
+  // Counts the opens of manifest.json files (a read of a copy, or the decode's open).
+  struct Counting final : FileSystemWrapper {
+    using FileSystemWrapper::FileSystemWrapper;
+    std::atomic<int> manifest_opens{0};
+    std::unique_ptr<ReadableFile> open_read(const std::string& path) override {
+      if (path.ends_with(kManifestName)) ++manifest_opens;
+      return FileSystemWrapper::open_read(path);
+    }
+  };
+  Counting fs(posix_file_system());
+  std::vector<std::string> dirs;
+  for (const auto& r : s.roots_in(s.pristine.path())) dirs.push_back(join_path(r, s.name));
+  (void)CheckpointReader::open_nodes(fs, dirs);
+  CHECK(fs.manifest_opens == 4);  // each of the 3 copies read, and the decode's open
+  for (int rank = 0; rank < 8; ++rank) (void)CheckpointReader::open_nodes(fs, dirs);
+  CHECK(fs.manifest_opens == 4 + 8);  // then only the decode cache's open: no copy read again
 }

@@ -10,6 +10,7 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/format/manifest_limits.hpp"
 #include "ckpt/hash/file_digest.hpp"
+#include "ckpt/hash/xxh3.hpp"
 #include "ckpt/io/detail/shard_header.hpp"
 #include "ckpt/io/detail/small_file.hpp"
 #include "ckpt/io/layout.hpp"
@@ -194,18 +195,61 @@ std::shared_ptr<const Manifest> open_manifest(FileSystem& fs, const std::string&
 
 std::shared_ptr<const Manifest> read_checkpoint_manifest(FileSystem& fs, const std::string& dir) { return open_manifest(fs, dir); }
 
-NodeManifest read_node_manifest(FileSystem& fs, std::span<const std::string> node_dirs) {
+namespace {
+// The XXH3 of manifest copies, by the identity ManifestCache keys on (a committed manifest is
+// never modified in place): the ranks of a process that open one node set at once read each
+// node's copy once between them, not once each. Bounded; a copy whose identity changed while
+// it was read is not kept.
+class ManifestDigests {
+ public:
+  // The digest of `mpath` (its bytes into `*bytes` when they were read for it).
+  std::uint64_t get(FileSystem& fs, const std::string& mpath, std::optional<std::string>* bytes) {
+    const auto before = fs.stat(mpath);
+    if (!before) throw Error(Errc::not_found, mpath, "no manifest: not a complete checkpoint", "manifest.json present", "missing");
+    const std::string key = key_of(fs, mpath, *before);
+    if (before->inode != 0) {
+      std::lock_guard lk(mu_);
+      if (const auto it = digests_.find(key); it != digests_.end()) return it->second;
+    }
+    std::string text = with_typed_errors(mpath, [&] { return detail::read_small_file(fs, mpath, kMaxManifestBytes, Errc::malformed_manifest); });
+    const std::uint64_t d = xxh3_64(text.data(), text.size());
+    if (const auto after = fs.stat(mpath); before->inode != 0 && after && key_of(fs, mpath, *after) == key && after->size == text.size()) {
+      std::lock_guard lk(mu_);
+      if (digests_.size() >= 4096) digests_.clear();
+      digests_[key] = d;
+    }
+    *bytes = std::move(text);
+    return d;
+  }
+
+ private:
+  static std::string key_of(FileSystem& fs, const std::string& mpath, const FileStat& st) {
+    return std::to_string(reinterpret_cast<std::uintptr_t>(&fs)) + ":" + std::to_string(st.device) + ":" + std::to_string(st.inode) + ":" +
+           std::to_string(st.size) + ":" + std::to_string(st.mtime_ns) + ":" + mpath;
+  }
+  std::mutex mu_;
+  std::map<std::string, std::uint64_t> digests_;
+};
+
+ManifestDigests& manifest_digests() {
+  static ManifestDigests d;
+  return d;
+}
+}  // namespace
+
+NodeManifest read_node_manifest(FileSystem& fs, std::span<const std::string> node_dirs, bool with_bytes) {
   if (node_dirs.empty()) throw Error(Errc::invalid_argument, {}, "node directories of a checkpoint across node roots", "at least one", "none");
   const std::size_t n = node_dirs.size();
-  // Every copy's bytes, or why it has none.
+  // Every copy's XXH3 (equal digests: the same bytes), or why it has none; the bytes of the
+  // copies read for it.
+  std::vector<std::optional<std::uint64_t>> digests(n);
   std::vector<std::optional<std::string>> bytes(n);
   std::vector<std::optional<Error>> errors(n);
   for (std::size_t i = 0; i < n; ++i) {
     const std::string mpath = join_path(node_dirs[i], kManifestName);
     try {
       refuse_symlinked_dir(fs, node_dirs[i]);
-      if (!fs.stat(mpath)) throw Error(Errc::not_found, mpath, "no manifest: not a complete checkpoint", "manifest.json present", "missing");
-      bytes[i] = with_typed_errors(mpath, [&] { return detail::read_small_file(fs, mpath, kMaxManifestBytes, Errc::malformed_manifest); });
+      digests[i] = manifest_digests().get(fs, mpath, &bytes[i]);
     } catch (const Error& e) {
       errors[i] = e;
     }
@@ -214,8 +258,8 @@ NodeManifest read_node_manifest(FileSystem& fs, std::span<const std::string> nod
   // the first group whose bytes decode as a checkpoint across these nodes is the manifest.
   std::vector<std::size_t> order;
   for (std::size_t i = 0; i < n; ++i)
-    if (bytes[i]) order.push_back(i);
-  const auto copies = [&](std::size_t i) { return std::count(bytes.begin(), bytes.end(), bytes[i]); };
+    if (digests[i]) order.push_back(i);
+  const auto copies = [&](std::size_t i) { return std::count(digests.begin(), digests.end(), digests[i]); };
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return copies(a) > copies(b); });
   for (const std::size_t i : order) {
     if (errors[i]) continue;  // its group was refused already
@@ -233,15 +277,18 @@ NodeManifest read_node_manifest(FileSystem& fs, std::span<const std::string> nod
       out.problems.assign(n, {});
       for (std::size_t j = 0; j < n; ++j)
         if (errors[j]) out.problems[j] = errors[j]->what();
-        else if (bytes[j] != bytes[i])
+        else if (digests[j] != digests[i])
           out.problems[j] = Error(Errc::checksum_mismatch, join_path(node_dirs[j], kManifestName), "copy of the manifest",
                                   "the bytes most nodes hold (node " + std::to_string(i) + "'s)", "other bytes")
                                 .what();
-      out.bytes = std::move(*bytes[i]);
+      if (with_bytes)
+        out.bytes = bytes[i] ? std::move(*bytes[i])
+                             : with_typed_errors(mpath, [&] { return detail::read_small_file(fs, mpath, kMaxManifestBytes, Errc::malformed_manifest); });
       return out;
     } catch (const Error& e) {
       for (std::size_t j = 0; j < n; ++j)
-        if (bytes[j] && bytes[j] == bytes[i]) errors[j] = e.file() == mpath ? Error(e.code(), join_path(node_dirs[j], kManifestName), e.detail(), e.expected(), e.actual()) : e;
+        if (digests[j] && digests[j] == digests[i])
+          errors[j] = e.file() == mpath ? Error(e.code(), join_path(node_dirs[j], kManifestName), e.detail(), e.expected(), e.actual()) : e;
     }
   }
   // No copy qualifies. Every copy there but refused: the first one's error (the content's:

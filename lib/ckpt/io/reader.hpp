@@ -186,7 +186,7 @@ std::shared_ptr<const Manifest> read_checkpoint_manifest(FileSystem& fs, const s
 /// The manifest of a checkpoint across node roots, and what each node's copy holds.
 struct NodeManifest {
   std::shared_ptr<const Manifest> manifest;  ///< decoded from `bytes`
-  std::string bytes;                         ///< manifest.json as most nodes' copies hold it
+  std::string bytes;                         ///< manifest.json as most nodes' copies hold it (with_bytes)
   std::size_t node = 0;                      ///< the first node whose copy holds `bytes`
   /// Per node: empty when its copy holds `bytes`, else why not (missing, unreadable, not a
   /// checkpoint across these nodes, other bytes).
@@ -199,8 +199,11 @@ struct NodeManifest {
 /// a checkpoint across node_dirs.size() nodes (a tie: the lowest node's). A lost node, or a
 /// copy missing, emptied or edited on some nodes, does not matter while one good copy is left.
 /// When no copy qualifies: with every copy there, the first one's error (a malformed or
-/// hostile manifest); with some missing, Errc::not_found naming every copy. Thread-safe.
-NodeManifest read_node_manifest(FileSystem& fs, std::span<const std::string> node_dirs);
+/// hostile manifest); with some missing, Errc::not_found naming every copy. Copies are
+/// compared by the XXH3 of their bytes, kept per process by file identity (as the decoded
+/// manifest is), so the ranks of a process opening one node set read each copy once between
+/// them; `bytes` is filled only `with_bytes` (a repair's). Thread-safe.
+NodeManifest read_node_manifest(FileSystem& fs, std::span<const std::string> node_dirs, bool with_bytes = false);
 
 /// Options for opening the live checkpoint of a root.
 struct OpenLatestOptions {

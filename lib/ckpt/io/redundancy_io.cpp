@@ -275,7 +275,7 @@ NodeCheckpointHealth check_node_checkpoint(FileSystem& fs, std::span<const std::
   NodeCheckpointHealth h;
   h.name = name;
   const auto dirs = checkpoint_dirs(roots, name);
-  NodeManifest nm = read_node_manifest(fs, dirs);
+  NodeManifest nm = read_node_manifest(fs, dirs, /*with_bytes=*/true);
   h.manifest = *nm.manifest;
   h.manifest_bytes = std::move(nm.bytes);
   for (std::size_t n = 0; n < dirs.size(); ++n)
