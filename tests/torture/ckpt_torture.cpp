@@ -219,6 +219,12 @@ int run(const std::string& self, const std::string& root, int kills, std::uint64
     waitpid(c.pid, &status, 0);
     close(c.out);
     ++phases[phase_of(root)];
+    // Across node roots, a step renamed into place on the nodes is committed by the next
+    // writer's start-up even when no `latest` names it yet (the kill cut the first commit's
+    // `latest` updates too): so judged before this kill's node loss, and with nothing loadable.
+    next_may_be_committed = false;
+    for (const auto& r : roots_of(root))
+      next_may_be_committed |= g_redundancy && fs::exists(r / checkpoint_dir_name(expected_resume.value_or(0) + 1));
     // Open the root as a user would after the crash.
     try {
       auto opened = open_latest(posix_file_system(), root, {.expected_world_size = kWorld});
