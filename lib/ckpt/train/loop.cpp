@@ -1,5 +1,6 @@
 #include "ckpt/train/loop.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <future>
 #include <memory>
@@ -76,18 +77,21 @@ PreemptionSave save_on_preemption(Checkpointer& checkpointer, Trainer& trainer, 
     const auto latest = latest_step(checkpointer.options().root);
     shared[0] = latest ? *latest + 1 : 0;
     if (durable && latest) {
-      const bool want = out.committed;
       // An object store's `latest` is not polled (a request per 10 ms): the replicator's
       // newest committed step stands for it.
       auto durable_latest = [&] {
         return is_s3_root(durable->root) ? checkpointer.stats().durable.last_step : latest_step(durable->root);
       };
-      while (durable_latest() != latest) {
-        if (!want || Clock::now() >= deadline || decision.hurry || preemption.count() >= 2) {
-          shared[2] = want;
-          break;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      if (out.committed && durable_latest() != latest) {
+        // Wait through the replicator's drain: when it gives up (the deadline, a second
+        // signal) it also stops the copy running, so what the line says below is what the
+        // durable tier holds when the process exits, not a copy that lands just after.
+        DurableDrainOptions wait;
+        wait.deadline = std::chrono::duration_cast<std::chrono::milliseconds>(std::max(deadline - Clock::now(), Clock::duration::zero()));
+        wait.stop = [&]() -> std::string {
+          return decision.hurry || preemption.count() >= 2 ? "a second signal" : "";
+        };
+        shared[2] = !checkpointer.drain_durable(wait).complete;
       }
       shared[1] = durable_latest() == latest;
       if (shared[1]) shared[2] = 0;
