@@ -26,12 +26,12 @@
 #include <vector>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/io/commit.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/object_commit.hpp"
-#include "ckpt/io/s3.hpp"
-#include "ckpt/io/save.hpp"
-#include "ckpt/io/tiers.hpp"
+#include "ckpt/store/local/commit.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/store/object/object_commit.hpp"
+#include "ckpt/objstore/s3.hpp"
+#include "ckpt/ops/save.hpp"
+#include "ckpt/store/tiers.hpp"
 #include "bench_support.hpp"
 
 namespace fs = std::filesystem;

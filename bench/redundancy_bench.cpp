@@ -32,10 +32,10 @@
 #include <vector>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/node_commit.hpp"
-#include "ckpt/io/redundancy_io.hpp"
-#include "ckpt/io/tiers.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/store/nodes/node_commit.hpp"
+#include "ckpt/store/nodes/redundancy_io.hpp"
+#include "ckpt/store/tiers.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
 #include "bench_support.hpp"
 

@@ -5,11 +5,11 @@ find_package(Boost 1.81 REQUIRED COMPONENTS json)
 find_package(OpenSSL 3 REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(LIBURING REQUIRED IMPORTED_TARGET liburing)
-# Reed-Solomon erasure coding of checkpoints across nodes (io/erasure.hpp): ISA-L, libisal-dev.
+# Reed-Solomon erasure coding of checkpoints across nodes (store/nodes/erasure.hpp): ISA-L, libisal-dev.
 pkg_check_modules(LIBISAL REQUIRED IMPORTED_TARGET libisal)
-# The S3 object-store client (io/s3.cpp, SigV4 through CURLOPT_AWS_SIGV4): libcurl4-openssl-dev.
+# The S3 object-store client (objstore/s3.cpp, SigV4 through CURLOPT_AWS_SIGV4): libcurl4-openssl-dev.
 pkg_check_modules(LIBCURL REQUIRED IMPORTED_TARGET libcurl>=7.75)
-# The XML of S3 answers (io/detail/s3_xml.cpp): expat, libexpat1-dev.
+# The XML of S3 answers (objstore/detail/s3_xml.cpp): expat, libexpat1-dev.
 pkg_check_modules(EXPAT REQUIRED IMPORTED_TARGET expat)
 find_path(XXHASH_INCLUDE_DIR xxhash.h REQUIRED)
 # The command-line programs (apps/, examples/) parse with CLI11, header-only (libcli11-dev).

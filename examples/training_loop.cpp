@@ -75,7 +75,7 @@ int program_main(int argc, char** argv) {
   std::vector<float> resumed(n);
   const auto shard = latest.reader.load_shard(/*rank=*/0);
   std::memcpy(resumed.data(), shard.tensor("weights").data.data(), n * sizeof(float));
-  // Or straight into memory you own, without a shard buffer (ckpt/io/load_into.hpp).
+  // Or straight into memory you own, without a shard buffer (ckpt/read/load_into.hpp).
   std::vector<float> owned(n);
   const ckpt::LoadTarget into[] = {{.name = "weights", .out = std::as_writable_bytes(std::span(owned)), .dtype = ckpt::DType::F32, .shape = {n}}};
   ckpt::load_into(latest.reader, /*rank=*/0, into, ckpt::Verify::fast);

@@ -12,13 +12,13 @@
 //   ckpt get DIR TENSOR --out FILE.npy   one tensor as a NumPy .npy file, reading only its chunks
 //
 // DIR, ROOT, SRC may also be a node set (DIR/node-0, DIR/node-1, ...: a checkpoint across node
-// roots, io/node_commit.hpp): ls, inspect and verify then show its scheme and health, repair
+// roots, store/nodes/node_commit.hpp): ls, inspect and verify then show its scheme and health, repair
 // rebuilds what its redundancy covers, prune removes a step on every node, and the commands
 // that read tensors read through CheckpointReader, which never takes a redundancy block for a
 // shard.
 //
 // ls, inspect, verify, get and prune also take an object store, s3://bucket/prefix (inspect,
-// verify and get also .../step-N): its committed steps, read through io/object_commit.hpp in
+// verify and get also .../step-N): its committed steps, read through store/object/object_commit.hpp in
 // ranged GETs, printed by the same code as local checkpoints.
 //
 // Every command takes --json and --help; `ckpt --help` documents the exit codes. Each
@@ -48,19 +48,19 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
 #include "ckpt/format/manifest_limits.hpp"
-#include "ckpt/io/commit.hpp"
-#include "ckpt/io/detail/small_file.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/mapped.hpp"
-#include "ckpt/io/node_commit.hpp"
-#include "ckpt/io/object_commit.hpp"
-#include "ckpt/io/reader.hpp"
-#include "ckpt/io/redundancy_io.hpp"
-#include "ckpt/io/reshard.hpp"
-#include "ckpt/io/s3.hpp"
-#include "ckpt/io/root_lock.hpp"
-#include "ckpt/io/slice_load.hpp"
-#include "ckpt/io/range_reader.hpp"
+#include "ckpt/store/local/commit.hpp"
+#include "ckpt/fs/small_file.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/read/mapped.hpp"
+#include "ckpt/store/nodes/node_commit.hpp"
+#include "ckpt/store/object/object_commit.hpp"
+#include "ckpt/read/reader.hpp"
+#include "ckpt/store/nodes/redundancy_io.hpp"
+#include "ckpt/ops/reshard.hpp"
+#include "ckpt/objstore/s3.hpp"
+#include "ckpt/store/root_lock.hpp"
+#include "ckpt/read/slice_load.hpp"
+#include "ckpt/read/range_reader.hpp"
 #include "ckpt/store/store.hpp"
 #include "cli.hpp"
 #include "npy.hpp"
@@ -154,7 +154,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 // ---- node sets ---------------------------------------------------------------------------
 //
-// A checkpoint across node roots (io/node_commit.hpp, docs/format.md "Nodes and redundancy"):
+// A checkpoint across node roots (store/nodes/node_commit.hpp, docs/format.md "Nodes and redundancy"):
 // DIR holds the node roots DIR/node-0, DIR/node-1, ..., each a checkpoint root with its part
 // of every step (its ranks' shards, the redundancy blocks placed on it, the manifest), and no
 // `latest` of its own.

@@ -3,7 +3,7 @@
 #include <fcntl.h>
 #include <liburing.h>
 
-#include "ckpt/runtime/detail/write_backend.hpp"
+#include "ckpt/runtime/write_backend.hpp"
 #include <sys/stat.h>
 #include <unistd.h>
 

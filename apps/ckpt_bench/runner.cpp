@@ -16,10 +16,10 @@
 #include <optional>
 #include <thread>
 
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/load_into.hpp"
-#include "ckpt/io/mapped.hpp"
-#include "ckpt/io/reader.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/read/load_into.hpp"
+#include "ckpt/read/mapped.hpp"
+#include "ckpt/read/reader.hpp"
 
 namespace bench {
 

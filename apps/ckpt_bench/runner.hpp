@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "bench.hpp"
-#include "ckpt/io/reader.hpp"
+#include "ckpt/read/reader.hpp"
 #include "timed_fs.hpp"
 
 namespace bench {

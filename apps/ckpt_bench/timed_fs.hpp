@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "bench.hpp"
-#include "ckpt/io/file_system.hpp"
+#include "ckpt/fs/file_system.hpp"
 
 namespace bench {
 

@@ -29,15 +29,15 @@
 #ifdef CKPT_DEMO_MPI
 #include "ckpt/dist/mpi/mpi_comm.hpp"
 #endif
-#include "ckpt/io/commit.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/node_commit.hpp"
-#include "ckpt/io/object_commit.hpp"
-#include "ckpt/io/reader.hpp"
-#include "ckpt/io/redundancy_io.hpp"
-#include "ckpt/io/root_lock.hpp"
-#include "ckpt/io/s3.hpp"
-#include "ckpt/io/tiers.hpp"
+#include "ckpt/store/local/commit.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/store/nodes/node_commit.hpp"
+#include "ckpt/store/object/object_commit.hpp"
+#include "ckpt/read/reader.hpp"
+#include "ckpt/store/nodes/redundancy_io.hpp"
+#include "ckpt/store/root_lock.hpp"
+#include "ckpt/objstore/s3.hpp"
+#include "ckpt/store/tiers.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
 #include "ckpt/store/store.hpp"
 #include "ckpt/runtime/preemption.hpp"
@@ -681,7 +681,7 @@ std::unique_ptr<ObjectStore> durable_store(const std::string& root) {
 }
 
 // What in `root` (--dir, or a --durable-dir of either kind) may be a committed checkpoint, as
-// its kind's commit protocol says (io/tiers.hpp): nullopt only for an empty root. A missing
+// its kind's commit protocol says (store/tiers.hpp): nullopt only for an empty root. A missing
 // bucket is an error naming it, never "empty".
 std::optional<std::string> committed_in(const std::string& root) { return open_store(root)->committed_evidence(); }
 

@@ -5,10 +5,14 @@
 //
 //   core     ckpt::Error and ckpt::Errc (every failure), dtypes and tensor views, the log sink
 //   format   the manifest and the safetensors shard header (encode, decode, validate)
-//   io       the FileSystem interface and posix_file_system(), names on disk, the verified
-//            loader (open_latest, CheckpointReader), the synchronous save and its commit,
-//            the root's writer lock, the one shard writer and the ranged shard reader,
-//            resharding and consolidation, the copy between two tiers
+//   fs       the FileSystem interface and posix_file_system(), names on disk
+//   objstore the ObjectStore interface and its S3 client
+//   shard    the one shard writer
+//   read     the verified loader (open_latest, CheckpointReader), the ranged shard reader,
+//            loads into owned memory, mapped shards, slice loads
+//   store    where checkpoints live (CheckpointStore, open_store), each kind's commit, the
+//            root's writer lock, the copy between two tiers
+//   ops      the synchronous save, resharding and consolidation
 //   runtime  the asynchronous Checkpointer (save, SaveHandle, cadence), the commit
 //            coordinator interface, background replication to a durable tier
 //
@@ -30,30 +34,30 @@
 #include "ckpt/format/safetensors.hpp"
 #include "ckpt/format/shard_check.hpp"
 #include "ckpt/format/sharding.hpp"
-#include "ckpt/io/commit.hpp"
-#include "ckpt/io/erasure.hpp"
-#include "ckpt/io/file_system.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/load_into.hpp"
-#include "ckpt/io/mapped.hpp"
-#include "ckpt/io/node_commit.hpp"
-#include "ckpt/io/object_commit.hpp"
-#include "ckpt/io/object_lease.hpp"
-#include "ckpt/io/object_store.hpp"
-#include "ckpt/io/object_transfer.hpp"
-#include "ckpt/io/range_reader.hpp"
-#include "ckpt/io/reader.hpp"
-#include "ckpt/io/redundancy_io.hpp"
-#include "ckpt/io/remote_file_system.hpp"
-#include "ckpt/io/reshard.hpp"
-#include "ckpt/io/root_lock.hpp"
-#include "ckpt/io/run_identity.hpp"
-#include "ckpt/io/s3.hpp"
-#include "ckpt/io/save.hpp"
-#include "ckpt/io/shard_writer.hpp"
-#include "ckpt/io/slice_load.hpp"
-#include "ckpt/io/tiers.hpp"
+#include "ckpt/fs/file_system.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/fs/remote_file_system.hpp"
+#include "ckpt/objstore/object_store.hpp"
+#include "ckpt/objstore/object_transfer.hpp"
+#include "ckpt/objstore/s3.hpp"
+#include "ckpt/shard/shard_writer.hpp"
+#include "ckpt/read/load_into.hpp"
+#include "ckpt/read/mapped.hpp"
+#include "ckpt/read/range_reader.hpp"
+#include "ckpt/read/reader.hpp"
+#include "ckpt/read/slice_load.hpp"
+#include "ckpt/store/root_lock.hpp"
+#include "ckpt/store/run_identity.hpp"
 #include "ckpt/store/store.hpp"
+#include "ckpt/store/tiers.hpp"
+#include "ckpt/store/local/commit.hpp"
+#include "ckpt/store/nodes/erasure.hpp"
+#include "ckpt/store/nodes/node_commit.hpp"
+#include "ckpt/store/nodes/redundancy_io.hpp"
+#include "ckpt/store/object/object_commit.hpp"
+#include "ckpt/store/object/object_lease.hpp"
+#include "ckpt/ops/reshard.hpp"
+#include "ckpt/ops/save.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
 #include "ckpt/runtime/coordinator.hpp"
 #include "ckpt/runtime/preemption.hpp"

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "../io/io_fixture.hpp"
-#include "ckpt/io/save.hpp"
+#include "ckpt/ops/save.hpp"
 
 namespace ckpt::test {
 

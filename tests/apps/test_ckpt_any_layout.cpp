@@ -8,7 +8,7 @@
 #include <numeric>
 
 #include "ckpt/ckpt.hpp"
-#include "ckpt/io/slice_load.hpp"
+#include "ckpt/read/slice_load.hpp"
 #include "ckpt_tool_fixture.hpp"
 #include "support/test_support.hpp"
 

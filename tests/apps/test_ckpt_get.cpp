@@ -7,8 +7,8 @@
 #include <fstream>
 
 #include "apps/ckpt_tool_fixture.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/reader.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/read/reader.hpp"
 
 using namespace ckpt;
 namespace fs = std::filesystem;

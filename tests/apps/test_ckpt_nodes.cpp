@@ -6,8 +6,8 @@
 #include <filesystem>
 
 #include "apps/ckpt_tool_fixture.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/root_lock.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/store/root_lock.hpp"
 #include "ckpt/format/sharding.hpp"
 #include <cstring>
 #include "support/node_checkpoint.hpp"

@@ -14,8 +14,8 @@
 #include <sstream>
 
 #include "cli.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/root_lock.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/store/root_lock.hpp"
 #include "support/fuse_mount.hpp"
 #include "support/test_support.hpp"
 

@@ -20,7 +20,7 @@
 #include <sstream>
 #include <thread>
 
-#include "ckpt/io/layout.hpp"
+#include "ckpt/fs/layout.hpp"
 #include "support/test_support.hpp"
 
 extern char** environ;

@@ -19,7 +19,7 @@ namespace json = boost::json;
 
 namespace {
 
-// shard_file_name lives in io/layout.hpp (not a format dependency); the tests spell it out.
+// shard_file_name lives in fs/layout.hpp (not a format dependency); the tests spell it out.
 std::string shard_file_name_for_test(int rank, int world) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "rank-%05d-of-%05d.safetensors", rank, world);

@@ -8,10 +8,10 @@
 #include "ckpt/format/redundancy.hpp"
 #include "ckpt/format/safetensors.hpp"
 #include "ckpt/hash/file_digest.hpp"
-#include "ckpt/io/commit.hpp"
-#include "ckpt/io/save.hpp"
-#include "ckpt/io/shard_writer.hpp"
-#include "ckpt/io/layout.hpp"
+#include "ckpt/store/local/commit.hpp"
+#include "ckpt/ops/save.hpp"
+#include "ckpt/shard/shard_writer.hpp"
+#include "ckpt/fs/layout.hpp"
 
 namespace ckpt::hostile {
 

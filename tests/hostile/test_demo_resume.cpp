@@ -14,8 +14,8 @@
 #include <boost/json.hpp>
 
 #include "ckpt/format/manifest.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/reader.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/read/reader.hpp"
 #include "ckpt/testing/memory_file_system.hpp"
 #include "hostile/corpus.hpp"
 #include "support/test_support.hpp"

@@ -22,11 +22,11 @@
 #include <set>
 #include <stdexcept>
 
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/load_into.hpp"
-#include "ckpt/io/mapped.hpp"
-#include "ckpt/io/range_reader.hpp"
-#include "ckpt/io/reader.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/read/load_into.hpp"
+#include "ckpt/read/mapped.hpp"
+#include "ckpt/read/range_reader.hpp"
+#include "ckpt/read/reader.hpp"
 #include "hostile/corpus.hpp"
 #include "support/test_support.hpp"
 

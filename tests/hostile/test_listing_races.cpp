@@ -9,9 +9,9 @@
 #include <set>
 #include <string>
 
-#include "ckpt/io/commit.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/reader.hpp"
+#include "ckpt/store/local/commit.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/read/reader.hpp"
 #include "hostile/corpus.hpp"
 
 using namespace ckpt;

@@ -9,8 +9,8 @@
 
 #include <cstdio>
 
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/reader.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/read/reader.hpp"
 #include "hostile/corpus.hpp"
 #include "support/test_support.hpp"
 

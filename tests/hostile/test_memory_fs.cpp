@@ -2,7 +2,7 @@
 // tests and the fuzzers rely on: posix_file_system() in a scratch directory and
 // MemoryFileSystem. Every case runs on each backend, so the in-memory one cannot drift
 // from what the real one does. Each also runs on a routed file system
-// (io/remote_file_system.hpp) whose scratch root is served by a FileService over either of
+// (fs/remote_file_system.hpp) whose scratch root is served by a FileService over either of
 // them through LoopbackFileTransport, with an empty MemoryFileSystem as its local side, so a
 // call that failed to route would find nothing: the forwarding keeps every contract.
 #include <doctest/doctest.h>
@@ -14,11 +14,11 @@
 #include <thread>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/io/commit.hpp"
-#include "ckpt/io/save.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/reader.hpp"
-#include "ckpt/io/remote_file_system.hpp"
+#include "ckpt/store/local/commit.hpp"
+#include "ckpt/ops/save.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/read/reader.hpp"
+#include "ckpt/fs/remote_file_system.hpp"
 #include "ckpt/testing/memory_file_system.hpp"
 #include "support/file_contents.hpp"
 #include "support/test_support.hpp"

@@ -11,11 +11,11 @@
 #include <string_view>
 #include <vector>
 
-#include "ckpt/io/commit.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/reader.hpp"
-#include "ckpt/io/save.hpp"
-#include "ckpt/io/file_system.hpp"
+#include "ckpt/store/local/commit.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/read/reader.hpp"
+#include "ckpt/ops/save.hpp"
+#include "ckpt/fs/file_system.hpp"
 #include "ckpt/testing/fault_injection.hpp"
 #include "support/test_support.hpp"
 

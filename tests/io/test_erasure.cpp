@@ -1,4 +1,4 @@
-// ReedSolomon (io/erasure.hpp) against an independent GF(2^8) implementation of the code
+// ReedSolomon (store/nodes/erasure.hpp) against an independent GF(2^8) implementation of the code
 // matrix the header documents: a decoder written from docs/format.md alone must agree.
 #include <doctest/doctest.h>
 
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/io/erasure.hpp"
+#include "ckpt/store/nodes/erasure.hpp"
 #include "support/test_support.hpp"
 
 using namespace ckpt;

@@ -9,9 +9,9 @@
 #include "ckpt/core/aligned_buffer.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/hash/file_digest.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/load_into.hpp"
-#include "ckpt/io/save.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/read/load_into.hpp"
+#include "ckpt/ops/save.hpp"
 #include "ckpt/testing/memory_file_system.hpp"
 #include "io/io_fixture.hpp"
 

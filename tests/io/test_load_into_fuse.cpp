@@ -15,9 +15,9 @@
 
 #include "ckpt/core/aligned_buffer.hpp"
 #include "ckpt/core/error.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/load_into.hpp"
-#include "ckpt/io/save.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/read/load_into.hpp"
+#include "ckpt/ops/save.hpp"
 #include "support/fuse_mount.hpp"
 #include "support/test_support.hpp"
 

@@ -16,8 +16,8 @@
 #include "ckpt/format/detail/manifest_parse.hpp"
 #include "ckpt/format/manifest_limits.hpp"
 #include "ckpt/hash/file_digest.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/reader.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/read/reader.hpp"
 #include "ckpt/testing/memory_file_system.hpp"
 #include "io_fixture.hpp"
 

@@ -15,10 +15,10 @@
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/hash/xxh3.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/mapped.hpp"
-#include "ckpt/io/reader.hpp"
-#include "ckpt/io/save.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/read/mapped.hpp"
+#include "ckpt/read/reader.hpp"
+#include "ckpt/ops/save.hpp"
 #include "ckpt/testing/memory_file_system.hpp"
 #include "io/io_fixture.hpp"
 

@@ -6,10 +6,10 @@
 #include <filesystem>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/io/commit.hpp"
-#include "ckpt/io/save.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/reader.hpp"
+#include "ckpt/store/local/commit.hpp"
+#include "ckpt/ops/save.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/read/reader.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
 #include "ckpt/testing/fault_injection.hpp"
 #include "io/io_fixture.hpp"

@@ -6,12 +6,12 @@
 #include <functional>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/io/commit.hpp"
-#include "ckpt/io/save.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/mapped.hpp"
-#include "ckpt/io/range_reader.hpp"
-#include "ckpt/io/reader.hpp"
+#include "ckpt/store/local/commit.hpp"
+#include "ckpt/ops/save.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/read/mapped.hpp"
+#include "ckpt/read/range_reader.hpp"
+#include "ckpt/read/reader.hpp"
 #include "ckpt/hash/file_digest.hpp"
 #include <cstring>
 #include "io/io_fixture.hpp"

@@ -1,4 +1,4 @@
-// The routed file system (io/remote_file_system.hpp) through LoopbackFileTransport: errors
+// The routed file system (fs/remote_file_system.hpp) through LoopbackFileTransport: errors
 // cross the wire unchanged, a rename between processes is refused, locks are held by the
 // server for the client, long reads and writes travel in pieces, the server answers every
 // request that does not decode with Errc::comm_error, and the whole save, load, node commit,
@@ -22,12 +22,12 @@
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/format/redundancy.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/node_commit.hpp"
-#include "ckpt/io/reader.hpp"
-#include "ckpt/io/redundancy_io.hpp"
-#include "ckpt/io/remote_file_system.hpp"
-#include "ckpt/io/save.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/store/nodes/node_commit.hpp"
+#include "ckpt/read/reader.hpp"
+#include "ckpt/store/nodes/redundancy_io.hpp"
+#include "ckpt/fs/remote_file_system.hpp"
+#include "ckpt/ops/save.hpp"
 #include "ckpt/testing/capped_file_system.hpp"
 #include "ckpt/testing/memory_file_system.hpp"
 #include "io/io_fixture.hpp"

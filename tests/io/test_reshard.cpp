@@ -1,5 +1,5 @@
-// Resharding and consolidation (lib/ckpt/io/reshard.hpp) and the streaming shard I/O under
-// them (lib/ckpt/io/range_reader.hpp, lib/ckpt/io/shard_writer.hpp), on checkpoints shaped like the trainer's: flat fp32
+// Resharding and consolidation (lib/ckpt/ops/reshard.hpp) and the streaming shard I/O under
+// them (lib/ckpt/read/range_reader.hpp, lib/ckpt/shard/shard_writer.hpp), on checkpoints shaped like the trainer's: flat fp32
 // tensors sliced across ranks with zero padding, replicated tensors on rank 0, per-rank
 // metadata.
 #include <doctest/doctest.h>
@@ -16,13 +16,13 @@
 #include "ckpt/core/log.hpp"
 #include "ckpt/dist/communicator.hpp"
 #include "ckpt/hash/xxh3.hpp"
-#include "ckpt/io/commit.hpp"
-#include "ckpt/io/save.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/reader.hpp"
-#include "ckpt/io/reshard.hpp"
-#include "ckpt/io/range_reader.hpp"
-#include "ckpt/io/shard_writer.hpp"
+#include "ckpt/store/local/commit.hpp"
+#include "ckpt/ops/save.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/read/reader.hpp"
+#include "ckpt/ops/reshard.hpp"
+#include "ckpt/read/range_reader.hpp"
+#include "ckpt/shard/shard_writer.hpp"
 #include "io_fixture.hpp"
 #include "test_reshard_safetensors.hpp"
 

@@ -1,4 +1,4 @@
-// The writer lock of a root (io/root_lock.hpp): one writer at a time, in this process and
+// The writer lock of a root (store/root_lock.hpp): one writer at a time, in this process and
 // across processes; the crash cleanup only under it; temporaries that say who made them.
 #include <doctest/doctest.h>
 
@@ -13,12 +13,12 @@
 #include <filesystem>
 #include <optional>
 
-#include "ckpt/io/commit.hpp"
-#include "ckpt/io/save.hpp"
-#include "ckpt/io/layout.hpp"
+#include "ckpt/store/local/commit.hpp"
+#include "ckpt/ops/save.hpp"
+#include "ckpt/fs/layout.hpp"
 #include "ckpt/testing/memory_file_system.hpp"
-#include "ckpt/io/reader.hpp"
-#include "ckpt/io/root_lock.hpp"
+#include "ckpt/read/reader.hpp"
+#include "ckpt/store/root_lock.hpp"
 #include "io_fixture.hpp"
 
 using namespace ckpt;

@@ -8,13 +8,13 @@
 #include <thread>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/reader.hpp"
-#include "ckpt/io/save.hpp"
-#include "ckpt/io/slice_load.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/read/reader.hpp"
+#include "ckpt/ops/save.hpp"
+#include "ckpt/read/slice_load.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
 #include "ckpt/runtime/coordinator.hpp"
-#include "ckpt/runtime/detail/wire.hpp"
+#include "ckpt/runtime/wire.hpp"
 #include "ckpt/testing/memory_file_system.hpp"
 #include "support/test_support.hpp"
 

@@ -7,10 +7,10 @@
 #include <fstream>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/io/commit.hpp"
-#include "ckpt/io/save.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/tiers.hpp"
+#include "ckpt/store/local/commit.hpp"
+#include "ckpt/ops/save.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/store/tiers.hpp"
 #include "io/io_fixture.hpp"
 #include "support/node_checkpoint.hpp"
 

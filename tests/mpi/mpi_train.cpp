@@ -16,8 +16,8 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/dist/mpi/mpi_comm.hpp"
 #include "ckpt/dist/thread_comm.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/reader.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/read/reader.hpp"
 #include "ckpt/train/trainer.hpp"
 #include "mpi/small_config.hpp"
 

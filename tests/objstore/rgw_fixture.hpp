@@ -24,8 +24,8 @@
 #include <utility>
 #include <vector>
 
-#include "ckpt/io/object_store.hpp"
-#include "ckpt/io/s3.hpp"
+#include "ckpt/objstore/object_store.hpp"
+#include "ckpt/objstore/s3.hpp"
 #include "support/test_support.hpp"
 
 namespace ckpt::test {

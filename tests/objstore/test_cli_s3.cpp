@@ -14,8 +14,8 @@
 #include <sstream>
 #include <thread>
 
-#include "ckpt/io/object_commit.hpp"
-#include "ckpt/io/save.hpp"
+#include "ckpt/store/object/object_commit.hpp"
+#include "ckpt/ops/save.hpp"
 #include "ckpt/store/store.hpp"
 #include "io/io_fixture.hpp"
 #include "objstore/rgw_fixture.hpp"
@@ -249,7 +249,7 @@ TEST_CASE("ckpt prune --leftovers-older-than removes an s3 root's uncommitted ob
 }
 
 TEST_CASE("ckpt ls of an s3 root a job commits to and rotates with keep 1 never calls a checkpoint corrupt") {
-  // Before ls read every root through one store (store/object.cpp), a step that rotation
+  // Before ls read every root through one store (store/object/object.cpp), a step that rotation
   // removed between the listing and its read was listed as corrupt with exit 1 (18-22 of
   // ~250 runs during training).
   if (!std::filesystem::exists(kTool)) {

@@ -16,11 +16,11 @@
 #include <thread>
 
 #include "ckpt/format/manifest.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/object_commit.hpp"
-#include "ckpt/io/object_lease.hpp"
-#include "ckpt/io/run_identity.hpp"
-#include "ckpt/io/s3.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/store/object/object_commit.hpp"
+#include "ckpt/store/object/object_lease.hpp"
+#include "ckpt/store/run_identity.hpp"
+#include "ckpt/objstore/s3.hpp"
 #include "objstore/rgw_fixture.hpp"
 #include "support/test_support.hpp"
 

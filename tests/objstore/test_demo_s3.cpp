@@ -14,9 +14,9 @@
 #include <filesystem>
 #include <sstream>
 
-#include "ckpt/io/object_commit.hpp"
-#include "ckpt/io/run_identity.hpp"
-#include "ckpt/io/s3.hpp"
+#include "ckpt/store/object/object_commit.hpp"
+#include "ckpt/store/run_identity.hpp"
+#include "ckpt/objstore/s3.hpp"
 #include "objstore/rgw_fixture.hpp"
 #include "objstore/stall_proxy.hpp"
 #include "support/test_support.hpp"

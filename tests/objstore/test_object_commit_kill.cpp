@@ -17,8 +17,8 @@
 #include <thread>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/io/object_commit.hpp"
-#include "ckpt/io/save.hpp"
+#include "ckpt/store/object/object_commit.hpp"
+#include "ckpt/ops/save.hpp"
 #include "io/io_fixture.hpp"
 #include "objstore/rgw_fixture.hpp"
 

@@ -10,7 +10,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "ckpt/io/s3.hpp"
+#include "ckpt/objstore/s3.hpp"
 #include "objstore/rgw_fixture.hpp"
 #include "support/test_support.hpp"
 

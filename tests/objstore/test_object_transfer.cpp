@@ -8,7 +8,7 @@
 #include <mutex>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/io/object_transfer.hpp"
+#include "ckpt/objstore/object_transfer.hpp"
 #include "ckpt/testing/fault_object_store.hpp"
 #include "objstore/rgw_fixture.hpp"
 #include "support/test_support.hpp"

@@ -8,8 +8,8 @@
 #include <thread>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/io/object_store.hpp"
-#include "ckpt/io/s3.hpp"
+#include "ckpt/objstore/object_store.hpp"
+#include "ckpt/objstore/s3.hpp"
 #include "ckpt/testing/fault_object_store.hpp"
 #include "objstore/rgw_fixture.hpp"
 #include "support/test_support.hpp"

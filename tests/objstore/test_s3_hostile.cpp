@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/io/s3.hpp"
+#include "ckpt/objstore/s3.hpp"
 #include "objstore/rgw_fixture.hpp"
 #include "support/test_support.hpp"
 

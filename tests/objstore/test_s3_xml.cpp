@@ -3,8 +3,8 @@
 #include <doctest/doctest.h>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/io/detail/s3_xml.hpp"
-#include "ckpt/io/s3.hpp"
+#include "ckpt/objstore/detail/s3_xml.hpp"
+#include "ckpt/objstore/s3.hpp"
 #include "support/test_support.hpp"
 
 using namespace ckpt;

@@ -2,7 +2,7 @@
 // same cases as a directory and the node sets pass (tests/store/test_conformance.cpp).
 #include "store/conformance.hpp"
 
-#include "ckpt/io/object_commit.hpp"
+#include "ckpt/store/object/object_commit.hpp"
 #include "objstore/rgw_fixture.hpp"
 
 namespace {

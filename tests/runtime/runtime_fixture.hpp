@@ -9,9 +9,9 @@
 #include <thread>
 #include <vector>
 
-#include "ckpt/io/layout.hpp"
+#include "ckpt/fs/layout.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
-#include "ckpt/runtime/detail/write_backend.hpp"
+#include "ckpt/runtime/write_backend.hpp"
 #include "support/test_support.hpp"
 
 namespace ckpt::test {

@@ -6,10 +6,10 @@
 #include <filesystem>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/node_commit.hpp"
-#include "ckpt/io/reader.hpp"
-#include "ckpt/io/redundancy_io.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/store/nodes/node_commit.hpp"
+#include "ckpt/read/reader.hpp"
+#include "ckpt/store/nodes/redundancy_io.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
 #include "ckpt/testing/fault_injection.hpp"
 #include "io/io_fixture.hpp"

@@ -8,8 +8,8 @@
 #include <thread>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/reader.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/read/reader.hpp"
 #include "ckpt/testing/fault_injection.hpp"
 #include "runtime/runtime_fixture.hpp"
 

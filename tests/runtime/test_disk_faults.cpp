@@ -14,8 +14,8 @@
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/reader.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/read/reader.hpp"
 #include "ckpt/testing/fault_injection.hpp"
 #include "ckpt/testing/memory_file_system.hpp"
 #include "runtime/runtime_fixture.hpp"

@@ -7,8 +7,8 @@
 #include <cstring>
 #include <thread>
 
-#include "ckpt/io/mapped.hpp"
-#include "ckpt/io/reader.hpp"
+#include "ckpt/read/mapped.hpp"
+#include "ckpt/read/reader.hpp"
 #include "runtime/runtime_fixture.hpp"
 
 using namespace ckpt;

@@ -14,12 +14,12 @@
 #include <thread>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/io/commit.hpp"
-#include "ckpt/io/save.hpp"
+#include "ckpt/store/local/commit.hpp"
+#include "ckpt/ops/save.hpp"
 #include "ckpt/testing/fault_injection.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/reader.hpp"
-#include "ckpt/io/root_lock.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/read/reader.hpp"
+#include "ckpt/store/root_lock.hpp"
 #include "runtime/runtime_fixture.hpp"
 
 using namespace ckpt;

@@ -20,9 +20,9 @@
 #include <thread>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/io/commit.hpp"
-#include "ckpt/io/reader.hpp"
-#include "ckpt/io/root_lock.hpp"
+#include "ckpt/store/local/commit.hpp"
+#include "ckpt/read/reader.hpp"
+#include "ckpt/store/root_lock.hpp"
 #include "runtime/runtime_fixture.hpp"
 
 using namespace ckpt;

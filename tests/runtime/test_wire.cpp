@@ -1,4 +1,4 @@
-// The commit coordination's messages between processes (runtime/detail/wire.hpp) on what
+// The commit coordination's messages between processes (runtime/wire.hpp) on what
 // another process, broken or hostile, may send: every message that does not decode is
 // Errc::comm_error naming what was being decoded, never another error, a wrapped number or a
 // silent default. (The reports' manifest parts and redundancy blocks: tests/io/test_sharded.cpp;
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/runtime/detail/wire.hpp"
+#include "ckpt/runtime/wire.hpp"
 #include "support/test_support.hpp"
 
 using namespace ckpt;

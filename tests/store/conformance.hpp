@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/io/layout.hpp"
+#include "ckpt/fs/layout.hpp"
 #include "ckpt/store/store.hpp"
 #include "io/io_fixture.hpp"
 

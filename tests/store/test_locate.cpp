@@ -6,8 +6,8 @@
 #include <filesystem>
 
 #include "ckpt/format/redundancy.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/save.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/ops/save.hpp"
 #include "ckpt/store/store.hpp"
 #include "io/io_fixture.hpp"
 #include "support/node_checkpoint.hpp"

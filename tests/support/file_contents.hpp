@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-#include "ckpt/io/file_system.hpp"
+#include "ckpt/fs/file_system.hpp"
 
 namespace ckpt::test {
 

@@ -1,5 +1,5 @@
 // A checkpoint across node roots (DIR/node-0, DIR/node-1, ...) with redundancy, written the
-// way a save across nodes writes one (io/node_commit.hpp): the shards into every node's
+// way a save across nodes writes one (store/nodes/node_commit.hpp): the shards into every node's
 // temporary directory, the redundancy blocks over the shard images (write_redundancy: no
 // read-back), the manifest with its node layout and blocks, then commit_node_checkpoint.
 // For the tests of anything that reads, checks or repairs such checkpoints.
@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "ckpt/format/redundancy.hpp"
-#include "ckpt/io/node_commit.hpp"
-#include "ckpt/io/redundancy_io.hpp"
-#include "ckpt/io/root_lock.hpp"
-#include "ckpt/io/save.hpp"
+#include "ckpt/store/nodes/node_commit.hpp"
+#include "ckpt/store/nodes/redundancy_io.hpp"
+#include "ckpt/store/root_lock.hpp"
+#include "ckpt/ops/save.hpp"
 #include "io/io_fixture.hpp"
 #include "support/test_support.hpp"
 

@@ -32,9 +32,9 @@
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/random.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/reader.hpp"
-#include "ckpt/io/redundancy_io.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/read/reader.hpp"
+#include "ckpt/store/nodes/redundancy_io.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
 
 namespace fs = std::filesystem;

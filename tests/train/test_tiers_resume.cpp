@@ -7,7 +7,7 @@
 #include <mutex>
 
 #include "ckpt/dist/thread_comm.hpp"
-#include "ckpt/io/layout.hpp"
+#include "ckpt/fs/layout.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
 #include "ckpt/train/trainer.hpp"
 #include "support/test_support.hpp"

@@ -15,9 +15,9 @@
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/dist/thread_comm.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/reader.hpp"
-#include "ckpt/io/reshard.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/read/reader.hpp"
+#include "ckpt/ops/reshard.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
 #include "ckpt/train/trainer.hpp"
 #include "support/test_support.hpp"

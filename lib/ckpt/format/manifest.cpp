@@ -13,7 +13,7 @@
 #include <set>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/format/detail/json_util.hpp"
+#include "ckpt/format/json_util.hpp"
 #include "ckpt/format/detail/manifest_parse.hpp"
 #include "ckpt/hash/file_digest.hpp"
 #include "ckpt/hash/xxh3.hpp"

@@ -5,7 +5,7 @@
 #include <set>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/format/detail/json_util.hpp"
+#include "ckpt/format/json_util.hpp"
 
 namespace ckpt {
 

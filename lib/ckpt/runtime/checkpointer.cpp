@@ -59,19 +59,19 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
 #include "ckpt/hash/file_digest.hpp"
-#include "ckpt/io/commit.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/node_commit.hpp"
-#include "ckpt/io/redundancy_io.hpp"
-#include "ckpt/io/remote_file_system.hpp"
-#include "ckpt/io/run_identity.hpp"
-#include "ckpt/io/s3.hpp"
-#include "ckpt/io/reader.hpp"
-#include "ckpt/io/shard_writer.hpp"
-#include "ckpt/io/sharded_save.hpp"
+#include "ckpt/store/local/commit.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/store/nodes/node_commit.hpp"
+#include "ckpt/store/nodes/redundancy_io.hpp"
+#include "ckpt/fs/remote_file_system.hpp"
+#include "ckpt/store/run_identity.hpp"
+#include "ckpt/objstore/s3.hpp"
+#include "ckpt/read/reader.hpp"
+#include "ckpt/shard/shard_writer.hpp"
+#include "ckpt/shard/sharded_save.hpp"
 #include "ckpt/runtime/detail/offload.hpp"
-#include "ckpt/runtime/detail/wire.hpp"
-#include "ckpt/runtime/detail/write_backend.hpp"
+#include "ckpt/runtime/wire.hpp"
+#include "ckpt/runtime/write_backend.hpp"
 #include "ckpt/store/store.hpp"
 
 namespace ckpt {
@@ -460,7 +460,7 @@ struct Checkpointer::Impl {
   // An s3:// durable tier: the prefix's writer lease, taken for this root's run (its identity
   // kept in the root the tier copies from, drawn for a fresh root), before anything is saved:
   // a prefix another job writes to, or whose newest checkpoint is another run's, is refused
-  // here (io/object_lease.hpp). A store that does not answer now is not a refusal: the first
+  // here (store/object/object_lease.hpp). A store that does not answer now is not a refusal: the first
   // copy takes the lease instead, and until then nothing is committed there (a durable tier
   // that fails never fails training).
   void claim_durable() {
@@ -1156,7 +1156,7 @@ struct Checkpointer::Impl {
     }
   }
 
-  // Keeps the newest keep_last checkpoints (io/commit.hpp), and those the durable tier still
+  // Keeps the newest keep_last checkpoints (store/local/commit.hpp), and those the durable tier still
   // has to copy. Runs after the handles complete; a failure is logged, not thrown: the new
   // checkpoint is committed.
   // The steps the durable tier still has to copy (none without one).

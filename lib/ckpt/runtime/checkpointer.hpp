@@ -5,7 +5,7 @@
 // SaveHandle at once. A writer thread then streams the shard to disk (io_uring through
 // Boost.Asio, or pwrite on a worker pool) while worker threads compute its XXH3 per chunk and
 // SHA-256 from the same staged bytes; when every rank's shard of the step is durable, one
-// commit runs the protocol of io/commit.hpp, then rotation keeps the last K checkpoints.
+// commit runs the protocol of store/local/commit.hpp, then rotation keeps the last K checkpoints.
 //
 //   ckpt::Checkpointer ckpt({.root = "/ckpts/run1", .world_size = 4, .keep_last = 3});
 //   // in rank r's thread, every N steps:
@@ -21,7 +21,7 @@
 // A full disk frees itself: before each checkpoint, when the root's free space
 // (FileSystem::free_space) is below the expected size of the checkpoint, the oldest
 // checkpoints older than the one `latest` names are removed (never that one, never one the
-// durable tier still has to copy) until it fits or none is left (make_room, io/commit.hpp),
+// durable tier still has to copy) until it fits or none is left (make_room, store/local/commit.hpp),
 // with a log line and CheckpointerStats::early_rotations / early_rotated. The expected size
 // is the sum of this process's shards of the step staged when the checkpoint begins, a
 // local rank not staged yet counted as the largest staged one; with ranks in several
@@ -56,8 +56,8 @@
 #include "ckpt/format/manifest.hpp"
 #include "ckpt/format/redundancy.hpp"
 #include "ckpt/format/safetensors.hpp"
-#include "ckpt/io/file_system.hpp"
-#include "ckpt/io/redundancy_io.hpp"
+#include "ckpt/fs/file_system.hpp"
+#include "ckpt/store/nodes/redundancy_io.hpp"
 #include "ckpt/runtime/coordinator.hpp"
 #include "ckpt/runtime/tiering.hpp"
 
@@ -97,7 +97,7 @@ enum class Staging {
 
 /// Ranks grouped into nodes, each node with its own local root (its NVMe), and the
 /// redundancy that lets the others rebuild a lost node (format/redundancy.hpp,
-/// io/node_commit.hpp, docs/format.md "Nodes and redundancy").
+/// store/nodes/node_commit.hpp, docs/format.md "Nodes and redundancy").
 struct NodeOptions {
   int ranks_per_node = 1;            ///< rank r lives on node r / ranks_per_node
   RedundancyScheme redundancy{};     ///< none, replicate:F or rs:K+M (parse_redundancy)
@@ -127,7 +127,7 @@ struct CheckpointerOptions {
   /// s3:// durable root is claimed at construction (DurableReplicator::claim: its writer
   /// lease, for the run identity kept in this root, ROOT/.run, drawn for a fresh root), so
   /// the constructor throws Errc::busy when another job writes to that prefix,
-  /// Errc::conflict when its newest checkpoint is another run's (io/run_identity.hpp), and
+  /// Errc::conflict when its newest checkpoint is another run's (store/run_identity.hpp), and
   /// Errc::invalid_argument naming the bucket when it does not exist. A store that fails
   /// otherwise (unreachable, 5xx) is logged and left to the first copy, which takes the lease
   /// first; the constructor waits for the client's retries then (a store that accepts
@@ -149,7 +149,7 @@ struct CheckpointerOptions {
   int max_consecutive_failures = 0;
   /// Node-local roots: node n's root is ROOT/node-n (ROOT is then the directory of the node
   /// roots, not a root itself). Each checkpoint is committed across every node root as one
-  /// (io/node_commit.hpp); its redundancy blocks are computed from the staged shards while
+  /// (store/nodes/node_commit.hpp); its redundancy blocks are computed from the staged shards while
   /// they are written (no read-back) and are durable before the commit. Every node root is
   /// locked and prepared (prepare_node_roots), and at construction every kept checkpoint
   /// with files missing or truncated (a replaced node) is rebuilt (repair_node_roots: one
@@ -288,7 +288,7 @@ struct CheckpointerStats {
 
 class Checkpointer {
  public:
-  /// Takes the root's writer lock (io/root_lock.hpp) and holds it until destruction,
+  /// Takes the root's writer lock (store/root_lock.hpp) and holds it until destruction,
   /// prepares the root (removes temporaries a crashed writer left) and starts the writer
   /// threads. With several processes only the one that prepares the root (rank 0's) takes
   /// the lock. Throws Errc::busy (naming the root and the holder's pid, having touched

@@ -5,7 +5,7 @@
 // a step are in, the coordinator runs the commit exactly once, on one rank, with the reports in
 // rank order, and delivers the commit's outcome (CommitOutcome) to every rank. The in-process
 // coordinator below does this with a mutex; a multi-process backend encodes the same structs
-// for its wire (runtime/detail/wire.hpp, the one place they become text) and sends them over a
+// for its wire (runtime/wire.hpp, the one place they become text) and sends them over a
 // channel of its own to one committing rank and back, so they can never interleave with the
 // training loop's collectives.
 #pragma once
@@ -24,7 +24,7 @@
 
 namespace ckpt {
 
-class FileTransport;  // io/remote_file_system.hpp
+class FileTransport;  // fs/remote_file_system.hpp
 
 /// What one rank hands the coordinator for a step: its shard's part of the manifest once the
 /// shard is durable, or the error that stopped it.

@@ -1,4 +1,4 @@
-// The replicator's thread: takes the pending step, copies it (io/tiers.hpp), rotates the
+// The replicator's thread: takes the pending step, copies it (store/tiers.hpp), rotates the
 // durable root, and on failure schedules a retry unless a newer step is waiting. All state
 // is under one mutex; errors are kept as values (code and message), never as shared
 // exception objects.
@@ -10,12 +10,12 @@
 #include <thread>
 
 #include "ckpt/core/log.hpp"
-#include "ckpt/io/commit.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/object_commit.hpp"
-#include "ckpt/io/run_identity.hpp"
-#include "ckpt/io/s3.hpp"
-#include "ckpt/io/tiers.hpp"
+#include "ckpt/store/local/commit.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/store/object/object_commit.hpp"
+#include "ckpt/store/run_identity.hpp"
+#include "ckpt/objstore/s3.hpp"
+#include "ckpt/store/tiers.hpp"
 
 namespace ckpt {
 

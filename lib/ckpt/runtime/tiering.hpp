@@ -1,6 +1,6 @@
 // Background replication of committed checkpoints from the local tier to the durable tier
-// (io/tiers.hpp does the copy itself; for an `s3://bucket/prefix` root,
-// io/object_commit.hpp's commit_to_object_store and rotate_object_checkpoints). The
+// (store/tiers.hpp does the copy itself; for an `s3://bucket/prefix` root,
+// store/object/object_commit.hpp's commit_to_object_store and rotate_object_checkpoints). The
 // Checkpointer owns one when CheckpointerOptions::durable is set; it can also be used alone.
 //
 // Policy (docs/commit-protocol.md, "Two tiers"):
@@ -17,17 +17,17 @@
 //     so a copy never reads a directory that rotation is deleting;
 //   - the durable root has its own rotation (keep_last), run after each durable commit; on an
 //     object store, each commit (and its rotation, if any) is followed by a collection of
-//     leftovers older than leftover_grace (io/object_commit.hpp's collect_object_leftovers:
+//     leftovers older than leftover_grace (store/object/object_commit.hpp's collect_object_leftovers:
 //     data of failed or killed commits, multipart uploads never completed), logged and
 //     counted; a failed collection is logged and never fails the copy;
-//   - each copy and each rotation holds the durable root's writer lock (io/root_lock.hpp),
+//   - each copy and each rotation holds the durable root's writer lock (store/root_lock.hpp),
 //     taken then and not for the replicator's life, since the durable root may not exist
 //     yet; another writer holding it makes that copy fail with Errc::busy (and be retried);
 //   - an s3:// root has no lock: the replicator holds the prefix's writer lease
-//     (io/object_lease.hpp) for its life, taken by claim() (the Checkpointer calls it at
+//     (store/object/object_lease.hpp) for its life, taken by claim() (the Checkpointer calls it at
 //     construction; else the first copy takes it), and commits only while the lease holds
 //     (checked before the tier manifest, `latest`, rotation and collection). The tier
-//     manifests and `latest` record the run identity (io/run_identity.hpp); claim() refuses
+//     manifests and `latest` record the run identity (store/run_identity.hpp); claim() refuses
 //     a prefix whose newest checkpoint is another run's. A lease taken over by another
 //     writer fails every later copy with Errc::busy: this replicator commits nothing more;
 //   - drain(deadline) waits for the tier to catch up, and gives up at the deadline (or when
@@ -47,17 +47,17 @@
 #include <string_view>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/io/file_system.hpp"
-#include "ckpt/io/object_lease.hpp"
-#include "ckpt/io/object_store.hpp"
-#include "ckpt/io/reader.hpp"
+#include "ckpt/fs/file_system.hpp"
+#include "ckpt/store/object/object_lease.hpp"
+#include "ckpt/objstore/object_store.hpp"
+#include "ckpt/read/reader.hpp"
 
 namespace ckpt {
 
 /// The durable tier: where committed checkpoints are copied, and how.
 struct DurableTierOptions {
   /// Durable root: a directory (created at the first copy; not the local root), or an object
-  /// store, `s3://bucket/prefix` (docs/object-store.md; the commit is io/object_commit.hpp's,
+  /// store, `s3://bucket/prefix` (docs/object-store.md; the commit is store/object/object_commit.hpp's,
   /// which never moves `latest` backwards, whatever allow_older_than_latest says).
   std::string root{};
   int keep_last = 10;          ///< rotation of the durable root (0: keep all)
@@ -91,13 +91,13 @@ struct DurableTierOptions {
   /// Negative: Errc::invalid_argument. A directory root's copy stuck in a system call cannot
   /// be aborted: the drain returns at the deadline, the destructor still waits for it.
   std::chrono::milliseconds drain_deadline{std::chrono::minutes(5)};
-  /// For an s3:// root: the writer lease's period and renewal interval (io/object_lease.hpp).
+  /// For an s3:// root: the writer lease's period and renewal interval (store/object/object_lease.hpp).
   /// The defaults, 60 s and 15 s, cost one small PUT per 15 s, survive three failed renewals
   /// in a row (a 30 s stall of the store included) without losing the lease, and let the
   /// successor of a job that died take over within one to two minutes, less than a requeue
   /// takes. Tests use periods of a second or two.
   ObjectLeaseOptions lease{};
-  /// For an s3:// root: this run's identity (io/run_identity.hpp), recorded in the tier
+  /// For an s3:// root: this run's identity (store/run_identity.hpp), recorded in the tier
   /// manifests and `latest` and held in the lease. Empty: the Checkpointer passes the local
   /// root's to claim(); a replicator used alone whose first copy claims the prefix reads the
   /// source root's (ROOT/.run), or draws a random one for its life.
@@ -184,7 +184,7 @@ class DurableReplicator {
   /// ended (a directory root's copy stuck in a system call: after 5 s more at most, still
   /// running). Never throws.
   DurableDrain drain(const DurableDrainOptions& options = {});
-  /// For an s3:// root: takes the prefix's writer lease for run `run` (io/object_lease.hpp;
+  /// For an s3:// root: takes the prefix's writer lease for run `run` (store/object/object_lease.hpp;
   /// may wait up to one lease period if the lease it finds has expired, to see its holder is
   /// gone) and checks that the store's newest checkpoint (what find_committed_checkpoint
   /// finds) records this run or none. Throws Errc::busy (another live writer holds the lease,

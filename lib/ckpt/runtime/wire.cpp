@@ -1,4 +1,4 @@
-#include "ckpt/runtime/detail/wire.hpp"
+#include "ckpt/runtime/wire.hpp"
 
 #include <algorithm>
 #include <boost/json.hpp>

@@ -28,7 +28,7 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
 #include "ckpt/runtime/detail/offload.hpp"
-#include "ckpt/runtime/detail/write_backend.hpp"
+#include "ckpt/runtime/write_backend.hpp"
 
 namespace ckpt::detail {
 

@@ -3,11 +3,11 @@
 #include <algorithm>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/node_commit.hpp"
-#include "ckpt/io/object_commit.hpp"
-#include "ckpt/io/reader.hpp"
-#include "ckpt/io/s3.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/store/nodes/node_commit.hpp"
+#include "ckpt/store/object/object_commit.hpp"
+#include "ckpt/read/reader.hpp"
+#include "ckpt/objstore/s3.hpp"
 #include "ckpt/store/detail/kinds.hpp"
 
 namespace ckpt {

@@ -1,10 +1,10 @@
 // Where checkpoints live, as one type.
 //
 // A CheckpointStore is a place that holds the committed checkpoints of one run: a directory
-// (io/commit.hpp's protocol), a set of node roots DIR/node-n committed as one
-// (io/node_commit.hpp), or an object-store prefix s3://bucket/prefix (io/object_commit.hpp).
-// The three protocols stay as they are, each behind its implementation (store/directory.cpp,
-// store/node_set.cpp, store/object.cpp); this interface is the level where they agree:
+// (store/local/commit.hpp's protocol), a set of node roots DIR/node-n committed as one
+// (store/nodes/node_commit.hpp), or an object-store prefix s3://bucket/prefix (store/object/object_commit.hpp).
+// The three protocols stay as they are, each behind its implementation (store/local/directory.cpp,
+// store/nodes/node_set.cpp, store/object/object.cpp); this interface is the level where they agree:
 //
 //   reading (no lock; nothing is ever written):
 //     latest()          the step `latest` names (a node set: the newest any node's names)
@@ -40,10 +40,10 @@
 
 #include "ckpt/format/manifest.hpp"
 #include "ckpt/format/redundancy.hpp"
-#include "ckpt/io/commit.hpp"
-#include "ckpt/io/file_system.hpp"
-#include "ckpt/io/reader.hpp"
-#include "ckpt/io/redundancy_io.hpp"
+#include "ckpt/store/local/commit.hpp"
+#include "ckpt/fs/file_system.hpp"
+#include "ckpt/read/reader.hpp"
+#include "ckpt/store/nodes/redundancy_io.hpp"
 
 namespace ckpt {
 
@@ -52,9 +52,9 @@ struct ObjectManifest;
 struct LeftoverReport;
 
 enum class StoreKind {
-  directory,     ///< ROOT/latest, ROOT/step-N/ (io/commit.hpp)
-  node_set,      ///< DIR/node-n/, one root per node, committed as one (io/node_commit.hpp)
-  object_store,  ///< s3://bucket/prefix (io/object_commit.hpp)
+  directory,     ///< ROOT/latest, ROOT/step-N/ (store/local/commit.hpp)
+  node_set,      ///< DIR/node-n/, one root per node, committed as one (store/nodes/node_commit.hpp)
+  object_store,  ///< s3://bucket/prefix (store/object/object_commit.hpp)
 };
 /// "directory", "node set", "object store".
 std::string_view store_kind_name(StoreKind kind) noexcept;
@@ -72,7 +72,7 @@ struct StoreOptions {
   /// client open_s3() makes for the root, with the environment's endpoint and keys.
   ObjectStore* object_store = nullptr;
   /// An object store's writer: the run identity it takes the writer lease for and records in
-  /// what it commits (io/run_identity.hpp, io/object_lease.hpp). Empty: a new random one.
+  /// what it commits (store/run_identity.hpp, store/object/object_lease.hpp). Empty: a new random one.
   std::string run;
 };
 
@@ -92,7 +92,7 @@ struct StoredCheckpoint {
   std::shared_ptr<const Manifest> manifest;
   std::shared_ptr<const NodeCheckpointHealth> health;
   std::string run, run_id;
-  /// An object store's: the tier manifest that committed it (io/object_commit.hpp).
+  /// An object store's: the tier manifest that committed it (store/object/object_commit.hpp).
   std::shared_ptr<const ObjectManifest> tier;
 };
 
@@ -125,7 +125,7 @@ class StepTarget {
   virtual void write_shard(int rank, const std::string& name, const ReadableFile& source, const PieceCheck& check = {}) = 0;
   /// The redundancy the store keeps besides the shards (a node set with a scheme: replicas or
   /// Reed-Solomon parity on other nodes), in units, each computed from ranks' bytes
-  /// (io/redundancy_io.hpp): how many units the step has for these shard sizes (0: none).
+  /// (store/nodes/redundancy_io.hpp): how many units the step has for these shard sizes (0: none).
   virtual std::size_t redundancy_units(std::span<const std::uint64_t> shard_sizes) const {
     (void)shard_sizes;
     return 0;
@@ -165,7 +165,7 @@ struct SharedRun {
 
 /// How StoreWriter::begin begins a step.
 struct StepOptions {
-  BeginOptions begin;               ///< io/commit.hpp's (a step before `latest`, for a resumed run)
+  BeginOptions begin;               ///< store/local/commit.hpp's (a step before `latest`, for a resumed run)
   std::optional<SharedRun> shared;  ///< ranks in several processes: this process's part
 };
 
@@ -191,16 +191,16 @@ class StoreWriter {
   /// What the crash cleanup removed when the writer was made (temporaries of a dead writer,
   /// steps never committed), as "NAME" (a node set: "node-n/NAME").
   virtual const std::vector<std::string>& cleaned_up() const noexcept = 0;
-  /// Begins checkpoint `step` (io/commit.hpp's begin_checkpoint and its refusals: a committed
+  /// Begins checkpoint `step` (store/local/commit.hpp's begin_checkpoint and its refusals: a committed
   /// step, a step at or before `latest` unless options allow it). With options.shared, the
   /// run's shared temporaries (begin_shared_checkpoint: created if missing, the same paths in
   /// every process); Errc::invalid_argument on a store that has none (an object store).
   virtual std::unique_ptr<StepTarget> begin(std::uint64_t step, const StepOptions& options = {}) = 0;
-  /// The run identity of the store (io/run_identity.hpp): a directory's ROOT/.run, a node
+  /// The run identity of the store (store/run_identity.hpp): a directory's ROOT/.run, a node
   /// set's node-0/.run (drawn and written for a fresh root), an object store's lease's run.
   virtual std::string establish_run_identity() = 0;
   /// Rebuilds what the store's redundancy can rebuild of every kept checkpoint (a node set:
-  /// repair_node_roots, io/redundancy_io.hpp), or of `step` alone; the others keep nothing
+  /// repair_node_roots, store/nodes/redundancy_io.hpp), or of `step` alone; the others keep nothing
   /// to rebuild from and return nothing. Reads never rebuild: this is the one operation that
   /// does.
   virtual std::vector<RepairReport> repair(std::optional<std::uint64_t> step = std::nullopt, Verify verify = Verify::fast) {
@@ -221,7 +221,7 @@ class StoreWriter {
   virtual void remove(std::uint64_t step) = 0;
   /// Removes what failed or killed commits left that no crash cleanup reaches: an object
   /// store's objects no tier manifest commits and its multipart uploads, those the server dates
-  /// more than `older_than` ago (collect_object_leftovers, io/object_commit.hpp). nullopt for
+  /// more than `older_than` ago (collect_object_leftovers, store/object/object_commit.hpp). nullopt for
   /// a store whose next writer removes its leftovers itself (a directory, a node set).
   virtual std::optional<LeftoverReport> collect_leftovers(std::chrono::seconds older_than);
 };
@@ -243,7 +243,7 @@ class CheckpointStore {
   /// The committed steps, ascending. A missing root has none.
   virtual std::vector<std::uint64_t> steps() = 0;
   /// What shows that the store holds a committed checkpoint, as its commit protocol says
-  /// (find_committed_checkpoint, io/tiers.hpp: "ROOT/latest", a node root's `latest`, a step
+  /// (find_committed_checkpoint, store/tiers.hpp: "ROOT/latest", a node root's `latest`, a step
   /// committed that no `latest` names yet): nullopt only for an empty or missing store, so
   /// that a run deciding between a fresh start and a resume never takes an unreadable store
   /// for an empty one (its errors are thrown; a missing bucket is Errc::invalid_argument).

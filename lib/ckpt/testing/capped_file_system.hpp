@@ -9,7 +9,7 @@
 #include <string>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/io/file_system.hpp"
+#include "ckpt/fs/file_system.hpp"
 
 namespace ckpt::testing {
 

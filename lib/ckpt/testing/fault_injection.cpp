@@ -5,7 +5,7 @@
 #include <cerrno>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/io/layout.hpp"
+#include "ckpt/fs/layout.hpp"
 
 namespace ckpt::testing {
 

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/io/file_system.hpp"
+#include "ckpt/fs/file_system.hpp"
 
 namespace ckpt::testing {
 

@@ -14,7 +14,7 @@
 #include <mutex>
 #include <string>
 
-#include "ckpt/io/object_store.hpp"
+#include "ckpt/objstore/object_store.hpp"
 
 namespace ckpt::testing {
 

@@ -29,7 +29,7 @@
 #include <string_view>
 #include <vector>
 
-#include "ckpt/io/file_system.hpp"
+#include "ckpt/fs/file_system.hpp"
 
 namespace ckpt::testing {
 

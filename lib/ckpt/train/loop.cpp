@@ -7,10 +7,10 @@
 #include <thread>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/io/file_system.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/reader.hpp"
-#include "ckpt/io/s3.hpp"
+#include "ckpt/fs/file_system.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/read/reader.hpp"
+#include "ckpt/objstore/s3.hpp"
 
 namespace ckpt::train {
 

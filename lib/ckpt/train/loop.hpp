@@ -62,7 +62,7 @@ inline constexpr double kCancelWaitSeconds = 5.0;
 /// not `abandoned`). If it does not stop in time (a write or fsync stuck in the kernel), the
 /// handles are left running and the process should exit without destroying the
 /// checkpointer (std::_Exit after flushing its output): the root is then as after a crash,
-/// its temporary removed by the next start (io/commit.hpp). After a commit with a durable
+/// its temporary removed by the next start (store/local/commit.hpp). After a commit with a durable
 /// tier, rank 0 waits for the durable tier to catch up (Checkpointer::drain_durable) until
 /// the deadline or a second signal (decision.hurry, or preemption.count() >= 2); giving up
 /// stops the copy running, so `durable` says what the durable tier holds from then on. Blocks in start_save while another step is in flight

@@ -11,12 +11,12 @@
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/random.hpp"
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/load_into.hpp"
-#include "ckpt/io/slice_load.hpp"
-#include "ckpt/io/reshard.hpp"
-#include "ckpt/io/s3.hpp"
-#include "ckpt/io/tiers.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/read/load_into.hpp"
+#include "ckpt/read/slice_load.hpp"
+#include "ckpt/ops/reshard.hpp"
+#include "ckpt/objstore/s3.hpp"
+#include "ckpt/store/tiers.hpp"
 
 namespace ckpt::train {
 
@@ -633,7 +633,7 @@ std::uint64_t Trainer::resume_from(const std::function<OpenedCheckpoint(std::opt
 Trainer::TieredResume Trainer::resume_latest_tiered(const std::string& local_root, const std::string& durable_root, Verify verify,
                                                     Reshard reshard, bool adopt_run) {
   TieredResume out;
-  // An s3:// durable root: its checkpoint is restored into the local root (io/tiers.hpp).
+  // An s3:// durable root: its checkpoint is restored into the local root (store/tiers.hpp).
   std::unique_ptr<ObjectStore> store;
   if (is_s3_root(durable_root)) {
     S3Options s3;

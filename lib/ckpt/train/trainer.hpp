@@ -17,7 +17,7 @@
 
 #include "ckpt/dist/communicator.hpp"
 #include "ckpt/format/safetensors.hpp"
-#include "ckpt/io/reader.hpp"
+#include "ckpt/read/reader.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
 #include "ckpt/train/data.hpp"
 #include "ckpt/train/gpt.hpp"
@@ -261,7 +261,7 @@ class Trainer {
   /// (CheckpointReader::manifest_path), so that of several roots or tiers the user can tell
   /// which was refused. Returns the step resumed from. Collective.
   /// The optimizer shard (master, m, v) is read straight into the optimizer's own buffers
-  /// (load_into, io/load_into.hpp), after every check that needs no shard bytes (world size,
+  /// (load_into, read/load_into.hpp), after every check that needs no shard bytes (world size,
   /// layout, configuration, manifest state). So a throw after those checks may leave this
   /// rank's optimizer buffers holding part of the checkpoint (verified bytes, zeros where a
   /// chunk failed, as load_into documents) under the old step and scaler: resume again (or
@@ -275,7 +275,7 @@ class Trainer {
   /// Collective.
   std::uint64_t resume_latest(const Checkpointer& checkpointer, Verify verify = Verify::fast, Reshard reshard = Reshard::no);
   /// The restart loop's resume: resume_latest(root, ...) if ROOT may hold a committed
-  /// checkpoint (io/tiers.hpp's find_committed_checkpoint: a `latest`; for a node set any
+  /// checkpoint (store/tiers.hpp's find_committed_checkpoint: a `latest`; for a node set any
   /// node's `latest`, or a step renamed into place on every node root), else nothing (the
   /// trainer stays at step 0: start fresh) and nullopt. A missing root is an empty one; so is
   /// a root holding only step directories that `latest` never named (a crash in the first
@@ -298,7 +298,7 @@ class Trainer {
   };
   /// resume_latest over two tiers: the checkpoint the local root's `latest` names if it opens
   /// and verifies (`verify`, every shard, on every rank), else the durable root's
-  /// (open_latest_tiered, io/tiers.hpp). Every rank must pick the same one (else
+  /// (open_latest_tiered, store/tiers.hpp). Every rank must pick the same one (else
   /// Errc::aborted naming the rank that differs). The durable tier's newest may be older
   /// than what the local `latest` names (that one was corrupt): a run that saves after such
   /// a resume builds its Checkpointer with CheckpointerOptions::allow_older_than_latest, or

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/io/file_system.hpp"
+#include "ckpt/fs/file_system.hpp"
 
 namespace ckpt::fuzz {
 

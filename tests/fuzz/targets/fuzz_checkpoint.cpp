@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/reader.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/read/reader.hpp"
 #include "ckpt/testing/memory_file_system.hpp"
 #include "fuzz_common.hpp"
 #include "fuzz/support/bundle.hpp"

@@ -1,4 +1,4 @@
-// A checkpoint across node roots with redundancy (format/redundancy.hpp, io/redundancy_io.hpp)
+// A checkpoint across node roots with redundancy (format/redundancy.hpp, store/nodes/redundancy_io.hpp)
 // built from the fuzz input in a MemoryFileSystem, then checked, repaired and opened the way
 // `ckpt verify`, `ckpt repair` and a resume do. What is read from outside: the manifest with
 // its node layout and redundancy blocks (the blocks' records: kind, node, stripe, members,
@@ -29,10 +29,10 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/io/layout.hpp"
-#include "ckpt/io/node_commit.hpp"
-#include "ckpt/io/reader.hpp"
-#include "ckpt/io/redundancy_io.hpp"
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/store/nodes/node_commit.hpp"
+#include "ckpt/read/reader.hpp"
+#include "ckpt/store/nodes/redundancy_io.hpp"
 #include "ckpt/testing/memory_file_system.hpp"
 #include "fuzz/support/bundle.hpp"
 #include "fuzz/support/reseal.hpp"

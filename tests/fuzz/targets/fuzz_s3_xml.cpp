@@ -1,4 +1,4 @@
-// The S3 client's answers (io/detail/s3_xml.hpp) on arbitrary bytes: what a hostile server or a
+// The S3 client's answers (objstore/detail/s3_xml.hpp) on arbitrary bytes: what a hostile server or a
 // man in the middle can send. Every input goes through parse_xml and the parsers of the
 // answers the client reads (ListObjectsV2, ListMultipartUploads, InitiateMultipartUpload, an
 // error body). A refusal must be a ckpt::Error naming the store and what was parsed
@@ -13,7 +13,7 @@
 #include <string>
 #include <string_view>
 
-#include "ckpt/io/detail/s3_xml.hpp"
+#include "ckpt/objstore/detail/s3_xml.hpp"
 #include "fuzz_common.hpp"
 
 using namespace ckpt;

@@ -1,7 +1,7 @@
 // The messages processes of one job exchange (what another process, broken or hostile, may
-// send): the commit coordination's reports, outcomes and shard sizes (runtime/detail/wire.hpp),
+// send): the commit coordination's reports, outcomes and shard sizes (runtime/wire.hpp),
 // an error as JSON (core/error.hpp), and the file calls of a routed file system, both ends
-// (io/remote_file_system.hpp). The first input byte chooses the message kind (mod 7), the rest
+// (fs/remote_file_system.hpp). The first input byte chooses the message kind (mod 7), the rest
 // is the message:
 //
 //   0 rank report     decode_rank_report
@@ -30,8 +30,8 @@
 #include <vector>
 
 #include "ckpt/core/error.hpp"
-#include "ckpt/io/remote_file_system.hpp"
-#include "ckpt/runtime/detail/wire.hpp"
+#include "ckpt/fs/remote_file_system.hpp"
+#include "ckpt/runtime/wire.hpp"
 #include "ckpt/testing/capped_file_system.hpp"
 #include "ckpt/testing/memory_file_system.hpp"
 #include "fuzz/support/file_calls.hpp"

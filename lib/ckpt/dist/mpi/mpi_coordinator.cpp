@@ -34,9 +34,9 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
 #include "ckpt/dist/mpi/mpi_comm.hpp"
-#include "ckpt/io/remote_file_system.hpp"
-#include "ckpt/runtime/detail/local_outcomes.hpp"
-#include "ckpt/runtime/detail/wire.hpp"
+#include "ckpt/fs/remote_file_system.hpp"
+#include "ckpt/runtime/local_outcomes.hpp"
+#include "ckpt/runtime/wire.hpp"
 
 namespace ckpt::dist {
 

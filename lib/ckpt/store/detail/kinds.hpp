@@ -8,11 +8,11 @@
 
 namespace ckpt::detail {
 
-/// store/directory.cpp: ROOT/latest, ROOT/step-N (io/commit.hpp).
+/// store/local/directory.cpp: ROOT/latest, ROOT/step-N (store/local/commit.hpp).
 std::unique_ptr<CheckpointStore> make_directory_store(std::string root, FileSystem& fs);
-/// store/node_set.cpp: DIR/node-0 .. node-(nodes-1) (io/node_commit.hpp); `layout` for writing.
+/// store/nodes/node_set.cpp: DIR/node-0 .. node-(nodes-1) (store/nodes/node_commit.hpp); `layout` for writing.
 std::unique_ptr<CheckpointStore> make_node_set_store(std::string dir, FileSystem& fs, int nodes, std::optional<NodeLayout> layout);
-/// store/object.cpp: s3://bucket/prefix (io/object_commit.hpp); `owned` is the client when
+/// store/object/object.cpp: s3://bucket/prefix (store/object/object_commit.hpp); `owned` is the client when
 /// the store made it (else null, and `client` is the caller's); `run` its writer's identity.
 std::unique_ptr<CheckpointStore> make_object_store(std::string root, ObjectStore& client, std::unique_ptr<ObjectStore> owned, std::string run);
 
@@ -20,7 +20,7 @@ std::unique_ptr<CheckpointStore> make_object_store(std::string root, ObjectStore
 /// that are not checkpoint directories are skipped.
 std::vector<std::uint64_t> steps_of(const std::vector<std::string>& names);
 
-/// `keep` over checkpoint directory names, as io/commit.hpp's rotation takes it.
+/// `keep` over checkpoint directory names, as store/local/commit.hpp's rotation takes it.
 std::function<bool(const std::string&)> keep_by_name(const KeepStep& keep);
 
 /// A file store's StepTarget::write_shard: DIR/NAME created (buffered), written from `source`

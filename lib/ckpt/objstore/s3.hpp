@@ -1,0 +1,69 @@
+// The S3 implementation of ObjectStore, over libcurl (kept out of this header) with AWS
+// Signature V4 (CURLOPT_AWS_SIGV4), path-style URLs (`ENDPOINT/bucket/key`), for AWS S3 and
+// compatible servers (tested against a Ceph RADOS Gateway, docs/object-store.md).
+//
+// Configuration, the way S3 users expect it: a root `s3://bucket/prefix` and the endpoint,
+// credentials and region from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and
+// AWS_REGION, each overridable by the options below.
+//
+// What the client does on every request, because the server needs it (measured with curl
+// 7.88 against the RGW): it sends `x-amz-content-sha256` (the SHA-256 of the payload) itself,
+// and writes the query string sorted and with `=` on every parameter (`?uploads=`), or the
+// signature does not match (403). Every put and part carries Content-MD5, so the server
+// refuses bytes damaged on the way (400 BadDigest) instead of storing them.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckpt/objstore/object_store.hpp"
+
+namespace ckpt {
+
+/// Where an `s3://bucket/prefix` root points.
+struct S3Root {
+  std::string bucket;
+  std::string prefix;  ///< without leading or trailing '/'; may be empty
+};
+
+/// Parses `s3://bucket[/prefix]`. Throws Errc::invalid_argument naming `root` for anything
+/// else (another scheme, no bucket, a bucket that is not 3..63 of [a-z0-9.-], a prefix that
+/// is not a safe key).
+S3Root parse_s3_root(std::string_view root);
+
+/// True if `root` starts with "s3://" (so a caller picks the object-store tier).
+bool is_s3_root(std::string_view root) noexcept;
+
+struct S3Options {
+  std::string root;        ///< "s3://bucket/prefix" (required)
+  std::string endpoint;    ///< e.g. "http://127.0.0.1:7480"; empty: $AWS_ENDPOINT_URL, else https://s3.<region>.amazonaws.com
+  std::string access_key;  ///< empty: $AWS_ACCESS_KEY_ID
+  std::string secret_key;  ///< empty: $AWS_SECRET_ACCESS_KEY
+  std::string region;      ///< empty: $AWS_REGION, else $AWS_DEFAULT_REGION, else "us-east-1"
+  std::chrono::milliseconds connect_timeout{5000};
+  /// A request fails with "no response" (ETIMEDOUT) if it moves fewer than 1 byte per second
+  /// for this long, or takes longer than `request_timeout` in all.
+  std::chrono::milliseconds stall_timeout{30000};
+  std::chrono::milliseconds request_timeout{600000};
+  /// The largest listing or error response read (a larger one is Errc::io_error).
+  std::size_t max_response_bytes = 8u << 20;
+  /// How open_s3() retries (make_s3_object_store() does not).
+  RetryPolicy retry;
+  /// Called with each request's extra headers ("Name: value") just before it is signed and
+  /// sent. For tests: a damaged Content-MD5, to see the server refuse it. Empty: none.
+  std::function<void(std::vector<std::string>& headers)> before_send;
+};
+
+/// The S3 client alone: each call is one HTTP request, no retry. Throws
+/// Errc::invalid_argument for a bad root or missing credentials (naming the variable to set).
+/// The object is thread-safe and reuses connections across calls.
+std::unique_ptr<ObjectStore> make_s3_object_store(const S3Options& options);
+
+/// The S3 client behind a RetryingObjectStore with `options.retry`: what a caller uses.
+std::unique_ptr<ObjectStore> open_s3(const S3Options& options);
+
+}  // namespace ckpt
