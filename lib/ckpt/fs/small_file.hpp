@@ -1,5 +1,5 @@
-// Private: whole small files (manifest.json, latest, tier.json), read and written the one way
-// the commit protocol needs.
+// Not installed: whole small files (manifest.json, latest, tier.json, a consolidated index),
+// read and written the one way the commit protocol needs.
 #pragma once
 
 #include <cstdint>

@@ -14,11 +14,13 @@
 #include "ckpt/core/log.hpp"
 #include "ckpt/store/local/commit.hpp"
 #include "ckpt/fs/layout.hpp"
+#include "ckpt/fs/small_file.hpp"
 #include "ckpt/shard/shard_writer.hpp"
 
 namespace ckpt {
 
 namespace json = boost::json;
+using detail::write_small_file;
 
 namespace {
 
@@ -495,13 +497,6 @@ bool is_optimizer_state(std::string_view name) noexcept { return name.starts_wit
 
 namespace {
 
-// Writes `text` as the new file `path`, fsynced.
-void write_small_file(FileSystem& fs, const std::string& path, std::string_view text) {
-  auto f = fs.create(path, {});
-  f->write_at(0, std::as_bytes(std::span(text.data(), text.size())));
-  f->sync();
-  f->close();
-}
 
 // Removes what killed consolidates into PARENT/out_name left: their temporaries, when made on
 // this host by a process that no longer exists.

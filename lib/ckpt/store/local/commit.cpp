@@ -13,14 +13,6 @@
 
 namespace ckpt {
 
-namespace detail {
-void write_small_file(FileSystem& fs, const std::string& path, std::string_view content) {
-  auto f = fs.create(path, {});
-  f->write_at(0, std::as_bytes(std::span(content.data(), content.size())));
-  f->sync();
-  f->close();
-}
-}  // namespace detail
 
 using detail::write_small_file;
 
