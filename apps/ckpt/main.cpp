@@ -88,6 +88,8 @@ exit codes:
   1  failure: a bad or unreadable checkpoint, or an I/O error; the typed error is printed
      (code, file, expected and actual value), and with --json it is the output:
      {"ok": false, "error": {"code", "file", "detail", "expected", "actual", "message"}}
+     where "code" is the error's identifier ("checksum_mismatch", "not_found", ...: the
+     `code` of the Python exceptions too)
   2  usage error (unknown command or option, missing or malformed argument); with --json:
      {"ok": false, "error": {"code": "usage", "message", ...}}
   3  diff: the checkpoints differ
@@ -96,7 +98,7 @@ exit codes:
      try, or was named by its directory; nothing is wrong with it. Read from a root, a
      checkpoint rotated away is read again as `latest` names it then, up to 3 tries; the
      ones rotated away are listed ("rotated_away" in --json). With --json:
-     {"ok": false, "rotated_away": [...], "error": {"code": "rotated away", ...}}
+     {"ok": false, "rotated_away": [...], "error": {"code": "rotated_away", ...}}
 )";
 
 std::string human_bytes(std::uint64_t b) {
@@ -116,7 +118,7 @@ std::string shape_str(const std::vector<std::uint64_t>& shape) {
 }
 
 json::object error_json(const Error& e) {
-  return {{"code", errc_name(e.code())}, {"file", e.file()}, {"detail", e.detail()},
+  return {{"code", errc_id(e.code())}, {"file", e.file()}, {"detail", e.detail()},
           {"expected", e.expected()},   {"actual", e.actual()}, {"message", e.what()}};
 }
 
@@ -206,10 +208,11 @@ json::array ints_json(const std::vector<int>& v) {
 }
 
 // The first bad file's error, in the shape of error_json (its message starts with the
-// code's name: "missing shard: PATH: ..."), for the {"ok": false, "error"} of --json.
+// code's name: "missing shard: PATH: ..."; "code" is that code's identifier), for the
+// {"ok": false, "error"} of --json.
 json::object first_bad_json(const NodeCheckpointHealth& h) {
   for (const auto* f : h.bad_files())
-    return {{"code", f->error.substr(0, f->error.find(':'))}, {"file", f->path}, {"detail", f->what + " on node " + std::to_string(f->node)},
+    return {{"code", errc_id(errc_of_message(f->error).value_or(Errc::io_error))}, {"file", f->path}, {"detail", f->what + " on node " + std::to_string(f->node)},
             {"expected", ""}, {"actual", ""}, {"message", f->error}};
   return {};
 }
@@ -1713,7 +1716,7 @@ int main(int argc, char** argv) {
       for (const auto& d : r.rotated) rotated.emplace_back(d);
       print_json(json::object{{"ok", false},
                               {"rotated_away", rotated},
-                              {"error", {{"code", "rotated away"}, {"file", r.dir}, {"detail", "removed by rotation while it was read"},
+                              {"error", {{"code", "rotated_away"}, {"file", r.dir}, {"detail", "removed by rotation while it was read"},
                                          {"expected", ""}, {"actual", r.latest}, {"message", message}}}});
     }
     std::cerr << name << ": " << message << "\n";

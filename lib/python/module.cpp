@@ -48,34 +48,11 @@ namespace {
 
 // ---- errors -------------------------------------------------------------------------------
 
-const char* errc_id(ckpt::Errc c) {
-  using ckpt::Errc;
-  switch (c) {
-    case Errc::world_size_mismatch: return "world_size_mismatch";
-    case Errc::missing_shard: return "missing_shard";
-    case Errc::size_mismatch: return "size_mismatch";
-    case Errc::checksum_mismatch: return "checksum_mismatch";
-    case Errc::malformed_manifest: return "malformed_manifest";
-    case Errc::malformed_shard: return "malformed_shard";
-    case Errc::unsupported_schema: return "unsupported_schema";
-    case Errc::unsafe_path: return "unsafe_path";
-    case Errc::io_error: return "io_error";
-    case Errc::no_space: return "no_space";
-    case Errc::not_found: return "not_found";
-    case Errc::invalid_argument: return "invalid_argument";
-    case Errc::aborted: return "aborted";
-    case Errc::comm_error: return "comm_error";
-    case Errc::busy: return "busy";
-    case Errc::conflict: return "conflict";
-  }
-  return "io_error";
-}
-
 // Sets the Python error for `e`: an instance of ckpt.errors' class for its code.
 void raise_ckpt_error(const ckpt::Error& e) {
   try {
     py::object make = py::module_::import("ckpt.errors").attr("_from_core");
-    py::object exc = make(errc_id(e.code()), e.what(), e.file(), e.detail(), e.expected(), e.actual(), e.sys_errno());
+    py::object exc = make(std::string(ckpt::errc_id(e.code())), e.what(), e.file(), e.detail(), e.expected(), e.actual(), e.sys_errno());
     PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
   } catch (py::error_already_set& err) {
     err.restore();
@@ -705,6 +682,17 @@ PYBIND11_MODULE(_core, m) {
       raise_ckpt_error(e);
     }
   });
+
+  m.def(
+      "_error_codes",
+      [] {
+        std::vector<std::pair<std::string, std::string>> out;
+        for (int c = 0; c <= static_cast<int>(ckpt::kLastErrc); ++c)
+          out.emplace_back(ckpt::errc_id(static_cast<ckpt::Errc>(c)), ckpt::errc_name(static_cast<ckpt::Errc>(c)));
+        return out;
+      },
+      "Every ckpt::Errc as (identifier, name in messages), from the C++ library's one table: the identifier is "
+      "the `code` of the ckpt.errors class raised for it");
 
   m.def(
       "split_range",

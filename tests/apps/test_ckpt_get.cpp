@@ -164,7 +164,7 @@ TEST_CASE("ckpt get refuses a missing tensor, a rank out of range, an unwritable
   // --json: the error as the one JSON object.
   r = get(s.ckpt_dir().string() + " f32 --rank 1 --json --out " + npy);
   CHECK(r.status == 1);
-  CHECK(boost::json::parse(r.out.substr(0, r.out.find('\n'))).at("error").at("code").as_string() == "checksum mismatch");
+  CHECK(boost::json::parse(r.out.substr(0, r.out.find('\n'))).at("error").at("code").as_string() == "checksum_mismatch");
 }
 
 TEST_CASE("ckpt get refuses a tensor the manifest index calls I32 while its shard header says F32, with exit 1, the field named and no output") {

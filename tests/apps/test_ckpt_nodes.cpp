@@ -140,7 +140,7 @@ TEST_CASE("a lost node root: ckpt verify names the lost shard and says rs can re
   CHECK(v.at("health").at("state").as_string() == "degraded");
   CHECK(v.at("health").at("bad_ranks").as_array() == boost::json::array{1});
   CHECK(v.at("health").at("lost_ranks").as_array().empty());
-  CHECK(v.at("error").at("code").as_string() == "missing shard");
+  CHECK(v.at("error").at("code").as_string() == "missing_shard");
   CHECK(v.at("error").at("file").as_string() == s.shard(1).string());
   r = ckpt_run("ls " + s.set());
   INFO(r.out);
@@ -265,7 +265,7 @@ TEST_CASE("two lost nodes under rs:3+1: verify says rs cannot rebuild them, repa
   r = ckpt_run("repair --json " + s.set());
   INFO(r.out);
   CHECK(r.status == 1);
-  CHECK(json_of(r.out).at("error").at("code").as_string() == "missing shard");
+  CHECK(json_of(r.out).at("error").at("code").as_string() == "missing_shard");
 }
 
 TEST_CASE("ckpt repair of a single root says there is nothing to rebuild without redundancy, and a busy node root is refused") {

@@ -118,7 +118,7 @@ struct Tally {
 
 // Checks one run of a reading command (verify, inspect, get, diff) on the live root: exit 0
 // with {"ok": true} (a checkpoint rotated away under an earlier try listed in rotated_away),
-// or exit 4 with {"ok": false, "error": {"code": "rotated away"}}; anything else fails.
+// or exit 4 with {"ok": false, "error": {"code": "rotated_away"}}; anything else fails.
 void check_read(const std::string& what, const ToolRun& r, Tally& t) {
   CAPTURE(what);
   INFO("stdout: " << r.out << "\nstderr: " << r.err);
@@ -135,7 +135,7 @@ void check_read(const std::string& what, const ToolRun& r, Tally& t) {
   } else {
     ++t.rotated_exit;
     CHECK_FALSE(v.at("ok").as_bool());
-    CHECK(v.at("error").at("code").as_string() == "rotated away");
+    CHECK(v.at("error").at("code").as_string() == "rotated_away");
     CHECK(rotated.size() == 3);
     CHECK(r.err.find("rotated away: ") != std::string::npos);
   }

@@ -96,7 +96,7 @@ TEST_CASE("ckpt verify --full catches what only SHA-256 sees and reports JSON") 
   const auto line = r.out.substr(0, r.out.find('\n'));
   const auto v = boost::json::parse(line).as_object();
   CHECK(v.at("ok").as_bool() == false);
-  CHECK(v.at("error").at("code").as_string() == "checksum mismatch");
+  CHECK(v.at("error").at("code").as_string() == "checksum_mismatch");
   CHECK(v.at("error").at("file").as_string() == s.shard(0).string());
 }
 
@@ -241,7 +241,7 @@ TEST_CASE("ckpt reshard and consolidate of a corrupt source fail with the typed 
     CHECK(r.status == 1);
     const auto v = json_of(r.out);
     CHECK(v.at("ok").as_bool() == false);
-    CHECK(v.at("error").at("code").as_string() == "checksum mismatch");
+    CHECK(v.at("error").at("code").as_string() == "checksum_mismatch");
     CHECK(v.at("error").at("file").as_string() == shard.string());
     CHECK(names_in(demo.dir.path()) == before);  // no output, no temporary
   }
@@ -257,7 +257,7 @@ TEST_CASE("ckpt reshard --verify none copies a corrupt source only when asked, s
     CAPTURE(mode);
     const auto r = ckpt_run("reshard " + demo.root + " " + copy + " --world-size 2 --json --verify " + mode);
     CHECK(r.status == 1);
-    CHECK(json_of(r.out).at("error").at("code").as_string() == "checksum mismatch");
+    CHECK(json_of(r.out).at("error").at("code").as_string() == "checksum_mismatch");
     CHECK(!fs::exists(copy));
   }
   int status = -1;
@@ -597,7 +597,7 @@ TEST_CASE("ckpt ls of a directory that is not a checkpoint root fails with not_f
     CHECK(r.status == 1);
     const auto v = json_of(r.out);
     CHECK(v.at("ok").as_bool() == false);
-    CHECK(v.at("error").at("code").as_string() == "not found");
+    CHECK(v.at("error").at("code").as_string() == "not_found");
     CHECK(v.at("error").at("file").as_string() == path.string());
   }
   // A root whose only entry is a save in progress is a root: listed, exit 0.
@@ -640,7 +640,7 @@ TEST_CASE("ckpt consolidate creates OUT's missing parent, and removes it again w
   const auto before = names_in(demo.dir.path());
   r = ckpt_run("consolidate " + demo.root + " " + (demo.dir / "made" / "for" / "it").string() + " --json");
   CHECK(r.status == 1);
-  CHECK(json_of(r.out).at("error").at("code").as_string() == "checksum mismatch");
+  CHECK(json_of(r.out).at("error").at("code").as_string() == "checksum_mismatch");
   CHECK(names_in(demo.dir.path()) == before);
 }
 

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <new>
+#include <set>
 #include <stdexcept>
 #include <string>
 
@@ -113,4 +114,25 @@ TEST_CASE("an error whose fields are not UTF-8 (a path of any bytes) crosses as 
   const Error unreadable = error_from_json("\xcd.");
   CHECK(unreadable.code() == Errc::comm_error);
   CHECK(error_from_json(error_to_json(unreadable)).actual() == "\xcd.");
+}
+
+TEST_CASE("every code has one identifier and one name, and a composed message gives its code back") {
+  std::set<std::string> ids, names;
+  for (int c = 0; c <= static_cast<int>(kLastErrc); ++c) {
+    const auto code = static_cast<Errc>(c);
+    ids.emplace(errc_id(code));
+    names.emplace(errc_name(code));
+    const Error e(code, "/ckpt/f", "d", "x", "y");
+    CAPTURE(e.what());
+    CHECK(errc_of_message(e.what()) == code);
+    CHECK(errc_of_message(errc_name(code)) == code);
+  }
+  CHECK(ids.size() == static_cast<std::size_t>(kLastErrc) + 1);
+  CHECK(names.size() == ids.size());
+  CHECK(errc_id(Errc::checksum_mismatch) == "checksum_mismatch");
+  CHECK(errc_name(Errc::checksum_mismatch) == "checksum mismatch");
+  CHECK(errc_id(Errc::io_error) == "io_error");
+  CHECK(errc_name(Errc::io_error) == "I/O error");
+  CHECK_FALSE(errc_of_message("checksum mismatched: x").has_value());
+  CHECK_FALSE(errc_of_message("").has_value());
 }

@@ -344,3 +344,19 @@ def test_when_busy_skip_skips_a_step_that_arrives_while_another_is_in_flight(roo
         assert h1.wait().step == 1
         assert c.save(1, 2, {"a": np.ones(2)}).skipped()  # decided once for every rank of the step
     assert ckpt.open_latest(root).step == 1
+
+
+def test_every_error_code_of_the_library_has_its_exception_class_with_the_same_identifier(tmp_path):
+    # One table in the C++ library (core/error.cpp) names every ckpt::Errc: the identifier the
+    # tool's --json and these exceptions carry as `code`, and the words messages begin with.
+    codes = ckpt._core._error_codes()
+    assert len(codes) == 16
+    assert {c for c, _ in codes} == set(ckpt.errors._BY_CODE)
+    for code, name in codes:
+        assert ckpt.errors._BY_CODE[code].code == code
+        assert code == name.replace(" ", "_") or (code, name) in {("io_error", "I/O error"), ("no_space", "no space left"),
+                                                                  ("comm_error", "communication error")}
+    # And a real error crosses with both: its class's code, and the message's first words.
+    with pytest.raises(ckpt.NotFound) as e:
+        ckpt.open_latest(str(tmp_path / "nothing-here"))
+    assert e.value.code == "not_found" and str(e.value).startswith("not found: ")

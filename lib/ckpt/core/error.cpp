@@ -8,29 +8,63 @@
 #include <new>
 
 #include <boost/json.hpp>
+#include <iterator>
 
 namespace ckpt {
 
+namespace {
+// Each code's identifier (its enumerator's name) and its name in messages, in enum order:
+// the one table errc_id, errc_name, the tool's --json and the Python exceptions read.
+struct ErrcNames {
+  Errc code;
+  std::string_view id, name;
+};
+constexpr ErrcNames kErrcNames[] = {
+    {Errc::world_size_mismatch, "world_size_mismatch", "world size mismatch"},
+    {Errc::missing_shard, "missing_shard", "missing shard"},
+    {Errc::size_mismatch, "size_mismatch", "size mismatch"},
+    {Errc::checksum_mismatch, "checksum_mismatch", "checksum mismatch"},
+    {Errc::malformed_manifest, "malformed_manifest", "malformed manifest"},
+    {Errc::malformed_shard, "malformed_shard", "malformed shard"},
+    {Errc::unsupported_schema, "unsupported_schema", "unsupported schema"},
+    {Errc::unsafe_path, "unsafe_path", "unsafe path"},
+    {Errc::io_error, "io_error", "I/O error"},
+    {Errc::no_space, "no_space", "no space left"},
+    {Errc::not_found, "not_found", "not found"},
+    {Errc::invalid_argument, "invalid_argument", "invalid argument"},
+    {Errc::aborted, "aborted", "aborted"},
+    {Errc::comm_error, "comm_error", "communication error"},
+    {Errc::busy, "busy", "busy"},
+    {Errc::conflict, "conflict", "conflict"},
+};
+static_assert(std::size(kErrcNames) == static_cast<std::size_t>(kLastErrc) + 1, "a code without a name");
+constexpr bool in_enum_order() {
+  for (std::size_t i = 0; i < std::size(kErrcNames); ++i)
+    if (static_cast<std::size_t>(kErrcNames[i].code) != i) return false;
+  return true;
+}
+static_assert(in_enum_order(), "kErrcNames is indexed by code");
+
+const ErrcNames* names_of(Errc code) noexcept {
+  const auto i = static_cast<std::size_t>(code);
+  return i < std::size(kErrcNames) ? &kErrcNames[i] : nullptr;
+}
+}  // namespace
+
 std::string_view errc_name(Errc code) noexcept {
-  switch (code) {
-    case Errc::world_size_mismatch: return "world size mismatch";
-    case Errc::missing_shard: return "missing shard";
-    case Errc::size_mismatch: return "size mismatch";
-    case Errc::checksum_mismatch: return "checksum mismatch";
-    case Errc::malformed_manifest: return "malformed manifest";
-    case Errc::malformed_shard: return "malformed shard";
-    case Errc::unsupported_schema: return "unsupported schema";
-    case Errc::unsafe_path: return "unsafe path";
-    case Errc::io_error: return "I/O error";
-    case Errc::no_space: return "no space left";
-    case Errc::not_found: return "not found";
-    case Errc::invalid_argument: return "invalid argument";
-    case Errc::aborted: return "aborted";
-    case Errc::comm_error: return "communication error";
-    case Errc::busy: return "busy";
-    case Errc::conflict: return "conflict";
-  }
-  return "unknown error";
+  const auto* n = names_of(code);
+  return n ? n->name : "unknown error";
+}
+
+std::string_view errc_id(Errc code) noexcept {
+  const auto* n = names_of(code);
+  return n ? n->id : "unknown";
+}
+
+std::optional<Errc> errc_of_message(std::string_view message) noexcept {
+  for (const auto& n : kErrcNames)
+    if (message.starts_with(n.name) && (message.size() == n.name.size() || message.substr(n.name.size()).starts_with(": "))) return n.code;
+  return std::nullopt;
 }
 
 namespace {

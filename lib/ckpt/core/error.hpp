@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -35,8 +36,18 @@ enum class Errc {
 /// The last code: a code read from a wire or a file is one iff 0 <= code <= kLastErrc.
 inline constexpr Errc kLastErrc = Errc::conflict;
 
-/// Stable lower-case name of a code ("checksum mismatch"), used in messages and --json output.
+/// Stable lower-case name of a code ("checksum mismatch"): how messages begin.
 std::string_view errc_name(Errc code) noexcept;
+
+/// Stable identifier of a code: its enumerator's name ("checksum_mismatch"). The `code` of
+/// an error in the ckpt tool's --json output and of the Python exceptions (ckpt.errors): the
+/// one identifier a program branches on, whatever the language. Names and identifiers come
+/// from one table (core/error.cpp).
+std::string_view errc_id(Errc code) noexcept;
+
+/// The code of a message an Error composed (what(): it begins with errc_name and ": "), for
+/// reports that keep only the message; nullopt when it begins with no code's name.
+std::optional<Errc> errc_of_message(std::string_view message) noexcept;
 
 /// The one error type of ckpt. what() is the full human-readable message.
 class Error : public std::runtime_error {
