@@ -51,7 +51,6 @@
 #include "ckpt/store/store.hpp"
 #include "ckpt/store/tiers.hpp"
 #include "ckpt/store/local/commit.hpp"
-#include "ckpt/store/nodes/erasure.hpp"
 #include "ckpt/store/nodes/node_commit.hpp"
 #include "ckpt/store/nodes/redundancy_io.hpp"
 #include "ckpt/store/object/object_commit.hpp"

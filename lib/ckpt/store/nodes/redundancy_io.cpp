@@ -1,4 +1,5 @@
 #include "ckpt/store/nodes/redundancy_io.hpp"
+#include "ckpt/store/nodes/erasure.hpp"
 
 #include <algorithm>
 #include <mutex>

@@ -15,11 +15,12 @@
 #include <vector>
 
 #include "ckpt/format/manifest.hpp"
-#include "ckpt/store/nodes/erasure.hpp"
 #include "ckpt/fs/file_system.hpp"
 #include "ckpt/read/reader.hpp"
 
 namespace ckpt {
+
+class ReedSolomon;  // store/nodes/erasure.hpp: the codec, internal to the library (not installed)
 
 /// Fills `out` with bytes [offset, offset + out.size()) of node `node`'s data (its shard
 /// files back to back, rank order); bytes past the end are zeros. Throws the source's errors.
