@@ -1,5 +1,6 @@
-// Private: the one check of a shard chunk against the XXH3 its manifest records, shared by the
-// range reader and the mapped shard, so both name a bad chunk the same way.
+// Not installed: the one check of a shard chunk against the XXH3 its manifest records, and the
+// one error that names a bad chunk, shared by every reader of chunks (the reader, the range
+// reader, load_into, the mapped shard, a node set's health check), so all name it the same way.
 #pragma once
 
 #include <cstdint>

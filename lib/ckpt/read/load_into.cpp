@@ -12,6 +12,7 @@
 // The sources report the last two as DirectRefused; the file is then reopened buffered and
 // read again from its start, once (pump): the hashes restart, and every target is rewritten.
 #include "ckpt/read/load_into.hpp"
+#include "ckpt/read/chunk_check.hpp"
 
 #include <fcntl.h>
 #include <liburing.h>
@@ -597,10 +598,7 @@ class FileLoad {
         const std::uint64_t h = chunk_hash.digest(), expected = plan_.rec->chunk_xxh3[r.chunk];
         if (h != expected) {
           const std::uint64_t cb = r.chunk * cs_;
-          throw Error(Errc::checksum_mismatch, plan_.path,
-                      "xxh3 of chunk " + std::to_string(r.chunk) + " of " + std::to_string(plan_.rec->chunk_xxh3.size()) + " (bytes " +
-                          std::to_string(cb) + "-" + std::to_string(std::min(size_, cb + cs_)) + ")",
-                      xxh3_hex(expected), xxh3_hex(h));
+          detail::throw_chunk_mismatch(plan_.path, r.chunk, plan_.rec->chunk_xxh3.size(), cb, std::min(size_, cb + cs_) - cb, expected, h);
         }
       }
       if (i + slots_ < reads_.size()) submit(i + slots_);

@@ -15,6 +15,7 @@
 #include "ckpt/fs/small_file.hpp"
 #include "ckpt/fs/layout.hpp"
 #include "ckpt/read/node_layout.hpp"
+#include "ckpt/read/chunk_check.hpp"
 #include "ckpt/read/range_reader.hpp"
 
 namespace ckpt {
@@ -22,12 +23,6 @@ namespace ckpt {
 
 using detail::read_small_file;
 
-namespace {
-std::string chunk_label(std::uint64_t k, std::uint64_t n, std::uint64_t begin, std::uint64_t end) {
-  return "chunk " + std::to_string(k) + " of " + std::to_string(n) + " (bytes " + std::to_string(begin) + "-" +
-         std::to_string(end) + ")";
-}
-}  // namespace
 
 std::optional<Verify> parse_verify(std::string_view s) noexcept {
   if (s == "none") return Verify::none;
@@ -369,9 +364,7 @@ void CheckpointReader::read_verified(int rank, Verify mode, std::span<std::byte>
     f->read_at(begin, piece);
     if (mode != Verify::none) {
       const std::uint64_t h = xxh3_64(piece.data(), piece.size());
-      if (h != rec.chunk_xxh3[k])
-        throw Error(Errc::checksum_mismatch, path, "xxh3 of " + chunk_label(k, n, begin, begin + len), xxh3_hex(rec.chunk_xxh3[k]),
-                    xxh3_hex(h));
+      if (h != rec.chunk_xxh3[k]) detail::throw_chunk_mismatch(path, k, n, begin, len, rec.chunk_xxh3[k], h);
     }
     if (sha) {
       sha->update(piece);
@@ -493,8 +486,7 @@ std::vector<std::byte> CheckpointReader::read_tensor(std::string_view name, int 
     std::span<std::byte> piece(chunk.data(), static_cast<std::size_t>(len));
     f->read_at(begin, piece);
     const std::uint64_t h = xxh3_64(piece.data(), piece.size());
-    if (h != rec.chunk_xxh3[k])
-      throw Error(Errc::checksum_mismatch, path, "xxh3 of " + chunk_label(k, n, begin, begin + len), xxh3_hex(rec.chunk_xxh3[k]), xxh3_hex(h));
+    if (h != rec.chunk_xxh3[k]) detail::throw_chunk_mismatch(path, k, n, begin, len, rec.chunk_xxh3[k], h);
     const std::uint64_t from = std::max(begin, t->begin), to = std::min(begin + len, t->end);
     std::memcpy(out.data() + (from - t->begin), piece.data() + (from - begin), static_cast<std::size_t>(to - from));
   }

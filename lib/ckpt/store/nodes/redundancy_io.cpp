@@ -1,5 +1,6 @@
 #include "ckpt/store/nodes/redundancy_io.hpp"
 #include "ckpt/store/nodes/erasure.hpp"
+#include "ckpt/read/chunk_check.hpp"
 
 #include <algorithm>
 #include <mutex>
@@ -228,9 +229,7 @@ std::optional<std::string> file_problem(FileSystem& fs, const std::string& path,
       const auto n = static_cast<std::size_t>(std::min(chunk_size, size - off));
       f->read_at(off, scratch.span(n));
       const std::uint64_t got = xxh3_64(scratch.data(), n);
-      if (got != chunks[i])
-        throw Error(Errc::checksum_mismatch, path, "chunk " + std::to_string(i) + " (bytes " + std::to_string(off) + "..)", xxh3_hex(chunks[i]),
-                    xxh3_hex(got));
+      if (got != chunks[i]) detail::throw_chunk_mismatch(path, i, chunks.size(), off, n, chunks[i], got);
       if (verify == Verify::full) h.update(scratch.span(n));
     }
     if (verify == Verify::full) {
