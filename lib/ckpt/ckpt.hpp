@@ -38,7 +38,6 @@
 #include "ckpt/fs/layout.hpp"
 #include "ckpt/fs/remote_file_system.hpp"
 #include "ckpt/objstore/object_store.hpp"
-#include "ckpt/objstore/object_transfer.hpp"
 #include "ckpt/objstore/s3.hpp"
 #include "ckpt/shard/shard_writer.hpp"
 #include "ckpt/read/load_into.hpp"

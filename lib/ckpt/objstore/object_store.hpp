@@ -240,4 +240,16 @@ class RetryingObjectStore final : public ObjectStoreWrapper {
 /// The lower-case hex MD5 of `data`: the ETag S3 gives an object stored by one put.
 std::string md5_hex(std::span<const std::byte> data);
 
+/// How a file goes up to an object store (a checkpoint's shards, by the object store's
+/// commit and the durable tier).
+struct UploadOptions {
+  /// Files of at least this many bytes go up in parts; smaller ones in one put.
+  std::uint64_t multipart_threshold = 64ull << 20;
+  /// Bytes per part (the last may be shorter): 5 MiB..5 GiB (S3's limits), and at most
+  /// 10000 parts per file.
+  std::uint64_t part_size = 16ull << 20;
+  /// Parts uploaded at once (each holds one part_size buffer): 1..64.
+  int parts_in_flight = 4;
+};
+
 }  // namespace ckpt

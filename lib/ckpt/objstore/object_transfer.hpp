@@ -3,7 +3,8 @@
 // refuses damaged bytes) and passing the caller's check of the bytes read (the tier re-checks
 // each chunk against its XXH3, as the directory tier does). An upload that fails is aborted, so
 // it leaves no multipart upload behind (unless the abort itself fails: then the upload is one
-// of the leftovers that list_multipart_uploads() shows and a collector removes).
+// of the leftovers that list_multipart_uploads() shows and a collector removes). Not installed:
+// the library's own transfer (UploadOptions, what a user sets, is in object_store.hpp).
 #pragma once
 
 #include <cstdint>
@@ -17,15 +18,6 @@
 
 namespace ckpt {
 
-struct UploadOptions {
-  /// Files of at least this many bytes go up in parts; smaller ones in one put.
-  std::uint64_t multipart_threshold = 64ull << 20;
-  /// Bytes per part (the last may be shorter): 5 MiB..5 GiB (S3's limits), and at most
-  /// 10000 parts per file.
-  std::uint64_t part_size = 16ull << 20;
-  /// Parts uploaded at once (each holds one part_size buffer): 1..64.
-  int parts_in_flight = 4;
-};
 
 /// Called with the bytes read from the file at `offset` before they are sent (from the
 /// uploading threads, concurrently for different ranges); throws to fail the upload.

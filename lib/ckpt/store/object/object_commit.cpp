@@ -1,4 +1,5 @@
 #include "ckpt/store/object/object_commit.hpp"
+#include "ckpt/objstore/object_transfer.hpp"
 
 #include <algorithm>
 #include <atomic>

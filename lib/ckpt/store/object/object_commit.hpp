@@ -44,7 +44,6 @@
 #include "ckpt/store/local/commit.hpp"
 #include "ckpt/fs/file_system.hpp"
 #include "ckpt/objstore/object_store.hpp"
-#include "ckpt/objstore/object_transfer.hpp"
 #include "ckpt/read/reader.hpp"
 
 namespace ckpt {
