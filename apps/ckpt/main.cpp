@@ -207,12 +207,11 @@ json::array ints_json(const std::vector<int>& v) {
   return a;
 }
 
-// The first bad file's error, in the shape of error_json (its message starts with the
-// code's name: "missing shard: PATH: ..."; "code" is that code's identifier), for the
-// {"ok": false, "error"} of --json.
+// The first bad file's error, in the shape of error_json, for the {"ok": false, "error"} of
+// --json.
 json::object first_bad_json(const NodeCheckpointHealth& h) {
   for (const auto* f : h.bad_files())
-    return {{"code", errc_id(errc_of_message(f->error).value_or(Errc::io_error))}, {"file", f->path}, {"detail", f->what + " on node " + std::to_string(f->node)},
+    return {{"code", errc_id(f->code)}, {"file", f->path}, {"detail", f->what + " on node " + std::to_string(f->node)},
             {"expected", ""}, {"actual", ""}, {"message", f->error}};
   return {};
 }
@@ -558,7 +557,7 @@ void print_inspect(const std::string& dir, const Manifest& m, const NodeCheckpoi
     std::printf("training    %s\n", json::serialize(tr).c_str());
   }
   std::printf("\n");
-  const auto state = [](const MemberHealth& f) { return f.ok ? std::string("ok") : f.error.substr(0, f.error.find(':')); };
+  const auto state = [](const MemberHealth& f) { return f.ok ? std::string("ok") : std::string(errc_name(f.code)); };
   if (h) {
     Table shards({{"RANK"}, {"NODE", true}, {"SHARD"}, {"SIZE", true}, {"PARAM OFF", true}, {"PARAM NUMEL", true}, {"SHA-256"}, {"STATE"}});
     for (const auto& s : m.shards)

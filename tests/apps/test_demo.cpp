@@ -38,6 +38,17 @@ std::map<std::int64_t, std::string> losses(const std::string& path) {
   }
   return out;
 }
+
+// step -> loss_hex from a recorded losses file of tests/data ("STEP HEX" per line).
+std::map<std::int64_t, std::string> recorded_losses(const std::string& path) {
+  std::map<std::int64_t, std::string> out;
+  const auto b = ckpt::test::read_all(path);
+  std::istringstream in(std::string(b.begin(), b.end()));
+  std::int64_t step = 0;
+  std::string hex;
+  while (in >> step >> hex) out[step] = hex;
+  return out;
+}
 }  // namespace
 
 TEST_CASE("the default demo passes every check and verifies its resume") {
@@ -386,14 +397,7 @@ TEST_CASE("a checkpoint written by ckpt 0.1.0's callback writer still verifies a
                            (dir / "resumed.jsonl").string(), status);
   CHECK(status == 0);
   CHECK(out.find("resumed from step 10") != std::string::npos);
-  std::map<std::int64_t, std::string> expected;
-  {
-    const auto b = ckpt::test::read_all(data + "v0.1-demo-root.losses-11-20.txt");
-    std::istringstream in(std::string(b.begin(), b.end()));
-    std::int64_t step = 0;
-    std::string hex;
-    while (in >> step >> hex) expected[step] = hex;
-  }
+  const auto expected = recorded_losses(data + "v0.1-demo-root.losses-11-20.txt");
   REQUIRE(expected.size() == 10);
   CHECK(losses((dir / "resumed.jsonl").string()) == expected);
 }
@@ -430,14 +434,7 @@ TEST_CASE("a node set written before io/ was split into modules verifies, is rep
   INFO(out);
   CHECK(status == 0);
   CHECK(out.find("resumed from step 10") != std::string::npos);
-  std::map<std::int64_t, std::string> expected;
-  {
-    const auto b = ckpt::test::read_all(data + ".losses-11-20.txt");
-    std::istringstream in(std::string(b.begin(), b.end()));
-    std::int64_t step = 0;
-    std::string hex;
-    while (in >> step >> hex) expected[step] = hex;
-  }
+  const auto expected = recorded_losses(data + ".losses-11-20.txt");
   REQUIRE(expected.size() == 10);
   CHECK(losses((dir / "resumed.jsonl").string()) == expected);
 }

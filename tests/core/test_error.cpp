@@ -116,7 +116,7 @@ TEST_CASE("an error whose fields are not UTF-8 (a path of any bytes) crosses as 
   CHECK(error_from_json(error_to_json(unreadable)).actual() == "\xcd.");
 }
 
-TEST_CASE("every code has one identifier and one name, and a composed message gives its code back") {
+TEST_CASE("every code has one identifier and one name, and a message begins with its name") {
   std::set<std::string> ids, names;
   for (int c = 0; c <= static_cast<int>(kLastErrc); ++c) {
     const auto code = static_cast<Errc>(c);
@@ -124,8 +124,7 @@ TEST_CASE("every code has one identifier and one name, and a composed message gi
     names.emplace(errc_name(code));
     const Error e(code, "/ckpt/f", "d", "x", "y");
     CAPTURE(e.what());
-    CHECK(errc_of_message(e.what()) == code);
-    CHECK(errc_of_message(errc_name(code)) == code);
+    CHECK(std::string_view(e.what()).starts_with(std::string(errc_name(code)) + ": /ckpt/f"));
   }
   CHECK(ids.size() == static_cast<std::size_t>(kLastErrc) + 1);
   CHECK(names.size() == ids.size());
@@ -133,6 +132,4 @@ TEST_CASE("every code has one identifier and one name, and a composed message gi
   CHECK(errc_name(Errc::checksum_mismatch) == "checksum mismatch");
   CHECK(errc_id(Errc::io_error) == "io_error");
   CHECK(errc_name(Errc::io_error) == "I/O error");
-  CHECK_FALSE(errc_of_message("checksum mismatched: x").has_value());
-  CHECK_FALSE(errc_of_message("").has_value());
 }

@@ -969,9 +969,10 @@ TEST_CASE("a copy of the manifest missing, emptied or with other bytes on one no
     const NodeManifest nm = read_node_manifest(posix_file_system(), dirs, /*with_bytes=*/true);
     CHECK(nm.node == 0);
     CHECK(nm.bytes == std::string(pristine.begin(), pristine.end()));
-    CHECK(nm.problems[0].empty());
-    CHECK_FALSE(nm.problems[1].empty());
-    CHECK(nm.problems[2].empty());
+    CHECK_FALSE(nm.problems[0]);
+    REQUIRE(nm.problems[1]);
+    CHECK(contains(nm.problems[1]->what(), "node-1"));
+    CHECK_FALSE(nm.problems[2]);
     const NodeCheckpointHealth h = check_node_checkpoint(posix_file_system(), roots, s.name, Verify::full);
     CHECK_FALSE(h.healthy());
     CHECK(h.recoverable());
@@ -1008,7 +1009,9 @@ TEST_CASE("the manifest of a node set is the bytes most nodes hold, not the firs
   const NodeManifest nm = read_node_manifest(posix_file_system(), dirs);
   CHECK(nm.node == 1);
   CHECK(nm.manifest->shards[0].metadata.count("edited") == 0);
-  CHECK_MESSAGE(contains(nm.problems[0], "other bytes"), nm.problems[0]);
+  REQUIRE(nm.problems[0]);
+  CHECK_MESSAGE(contains(nm.problems[0]->what(), "other bytes"), nm.problems[0]->what());
+  CHECK(nm.problems[0]->code() == Errc::checksum_mismatch);
   // The reader opens the same manifest, through the node set and through node 0's directory.
   CHECK(CheckpointReader::open_nodes(posix_file_system(), dirs).manifest().shards[0].metadata.count("edited") == 0);
   CHECK(CheckpointReader::open(posix_file_system(), dirs[0]).manifest().shards[0].metadata.count("edited") == 0);

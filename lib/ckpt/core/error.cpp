@@ -61,12 +61,6 @@ std::string_view errc_id(Errc code) noexcept {
   return n ? n->id : "unknown";
 }
 
-std::optional<Errc> errc_of_message(std::string_view message) noexcept {
-  for (const auto& n : kErrcNames)
-    if (message.starts_with(n.name) && (message.size() == n.name.size() || message.substr(n.name.size()).starts_with(": "))) return n.code;
-  return std::nullopt;
-}
-
 namespace {
 std::string compose(Errc code, const std::string& file, const std::string& detail,
                     const std::string& expected, const std::string& actual) {

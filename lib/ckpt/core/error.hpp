@@ -7,7 +7,6 @@
 
 #include <cstdint>
 #include <exception>
-#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -44,10 +43,6 @@ std::string_view errc_name(Errc code) noexcept;
 /// one identifier a program branches on, whatever the language. Names and identifiers come
 /// from one table (core/error.cpp).
 std::string_view errc_id(Errc code) noexcept;
-
-/// The code of a message an Error composed (what(): it begins with errc_name and ": "), for
-/// reports that keep only the message; nullopt when it begins with no code's name.
-std::optional<Errc> errc_of_message(std::string_view message) noexcept;
 
 /// The one error type of ckpt. what() is the full human-readable message.
 class Error : public std::runtime_error {

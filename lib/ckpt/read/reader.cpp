@@ -246,11 +246,10 @@ NodeManifest read_node_manifest(FileSystem& fs, std::span<const std::string> nod
       out.node = i;
       out.problems.assign(n, {});
       for (std::size_t j = 0; j < n; ++j)
-        if (errors[j]) out.problems[j] = errors[j]->what();
+        if (errors[j]) out.problems[j] = errors[j];
         else if (digests[j] != digests[i])
           out.problems[j] = Error(Errc::checksum_mismatch, join_path(node_dirs[j], kManifestName), "copy of the manifest",
-                                  "the bytes most nodes hold (node " + std::to_string(i) + "'s)", "other bytes")
-                                .what();
+                                  "the bytes most nodes hold (node " + std::to_string(i) + "'s)", "other bytes");
       if (with_bytes)
         out.bytes = bytes[i] ? std::move(*bytes[i])
                              : with_typed_errors(mpath, [&] { return detail::read_small_file(fs, mpath, kMaxManifestBytes, Errc::malformed_manifest); });

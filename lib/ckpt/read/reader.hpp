@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "ckpt/core/aligned_buffer.hpp"
+#include "ckpt/core/error.hpp"
 #include "ckpt/format/manifest.hpp"
 #include "ckpt/format/safetensors.hpp"
 #include "ckpt/format/shard_check.hpp"
@@ -188,9 +189,9 @@ struct NodeManifest {
   std::shared_ptr<const Manifest> manifest;  ///< decoded from `bytes`
   std::string bytes;                         ///< manifest.json as most nodes' copies hold it (with_bytes)
   std::size_t node = 0;                      ///< the first node whose copy holds `bytes`
-  /// Per node: empty when its copy holds `bytes`, else why not (missing, unreadable, not a
-  /// checkpoint across these nodes, other bytes).
-  std::vector<std::string> problems;
+  /// Per node: nullopt when its copy holds `bytes`, else why not (missing, unreadable, not a
+  /// checkpoint across these nodes, other bytes), as the typed error.
+  std::vector<std::optional<Error>> problems;
 };
 
 /// The one lookup of the manifest of a checkpoint across node roots: node_dirs[n] is node n's

@@ -213,7 +213,7 @@ int NodeCheckpointHealth::min_margin() const noexcept {
 
 namespace {
 // Checks one file against its size and checksums (per `verify`); the error message if bad.
-std::optional<std::string> file_problem(FileSystem& fs, const std::string& path, std::uint64_t size, const std::string& sha256,
+std::optional<Error> file_problem(FileSystem& fs, const std::string& path, std::uint64_t size, const std::string& sha256,
                                         std::uint64_t xxh3, const std::vector<std::uint64_t>& chunks, std::uint64_t chunk_size,
                                         Verify verify, AlignedBuffer& scratch) {
   try {
@@ -239,7 +239,7 @@ std::optional<std::string> file_problem(FileSystem& fs, const std::string& path,
     }
     return std::nullopt;
   } catch (const Error& e) {
-    return std::string(e.what());
+    return e;
   }
 }
 
@@ -279,7 +279,9 @@ NodeCheckpointHealth check_node_checkpoint(FileSystem& fs, std::span<const std::
   h.manifest = *nm.manifest;
   h.manifest_bytes = std::move(nm.bytes);
   for (std::size_t n = 0; n < dirs.size(); ++n)
-    h.manifests.push_back(MemberHealth{"manifest copy", static_cast<int>(n), join_path(dirs[n], kManifestName), nm.problems[n].empty(), nm.problems[n]});
+    h.manifests.push_back(MemberHealth{"manifest copy", static_cast<int>(n), join_path(dirs[n], kManifestName), !nm.problems[n],
+                                       nm.problems[n] ? nm.problems[n]->what() : std::string(),
+                                       nm.problems[n] ? nm.problems[n]->code() : Errc::io_error});
   const Manifest& m = h.manifest;
   const NodeLayout& l = *m.nodes;
   AlignedBuffer scratch;
@@ -289,7 +291,8 @@ NodeCheckpointHealth check_node_checkpoint(FileSystem& fs, std::span<const std::
                     join_path(join_path(roots[static_cast<std::size_t>(l.node_of(s.rank))], name), s.path), true, {}};
     if (auto p = file_problem(fs, mh.path, s.size, s.sha256, s.xxh3, s.chunk_xxh3, m.chunk_size, verify, scratch)) {
       mh.ok = false;
-      mh.error = *p;
+      mh.error = p->what();
+      mh.code = p->code();
       h.bad_ranks.push_back(s.rank);
     }
     h.shards.push_back(std::move(mh));
@@ -300,7 +303,8 @@ NodeCheckpointHealth check_node_checkpoint(FileSystem& fs, std::span<const std::
                     b.node, join_path(join_path(roots[static_cast<std::size_t>(b.node)], name), b.path), true, {}};
     if (auto p = file_problem(fs, mh.path, b.size, b.sha256, b.xxh3, b.chunk_xxh3, m.chunk_size, verify, scratch)) {
       mh.ok = false;
-      mh.error = *p;
+      mh.error = p->what();
+      mh.code = p->code();
     }
     h.blocks.push_back(std::move(mh));
   }

@@ -95,7 +95,8 @@ struct MemberHealth {
   int node = 0;
   std::string path;  ///< full path on its node root
   bool ok = true;
-  std::string error;  ///< why not: the typed error's message
+  std::string error;           ///< why not: the typed error's message
+  Errc code = Errc::io_error;  ///< and its code (when !ok)
 };
 
 /// What check_node_checkpoint found.
