@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/store/store.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/store/local/commit.hpp"
 #include "ckpt/fs/layout.hpp"

@@ -16,6 +16,7 @@
 #include <optional>
 #include <thread>
 
+#include "ckpt/store/store.hpp"
 #include "ckpt/fs/layout.hpp"
 #include "ckpt/read/load_into.hpp"
 #include "ckpt/read/mapped.hpp"

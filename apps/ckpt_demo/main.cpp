@@ -320,9 +320,10 @@ Options parse(int argc, char** argv) {
 #ifndef CKPT_DEMO_MPI
   if (o.mpi) usage("this ckpt-demo was built without MPI (install libopenmpi-dev and reconfigure)");
 #endif
-  if (o.durable_dir && o.dir && !is_s3_root(*o.durable_dir) && fs::weakly_canonical(*o.durable_dir) == fs::weakly_canonical(*o.dir))
+  const bool object_tier = o.durable_dir && root_kind(*o.durable_dir) == StoreKind::object_store;
+  if (o.durable_dir && o.dir && !object_tier && fs::weakly_canonical(*o.durable_dir) == fs::weakly_canonical(*o.dir))
     usage("--durable-dir must differ from --dir");
-  if ((o.lease_seconds || o.adopt_run) && !(o.durable_dir && is_s3_root(*o.durable_dir)))
+  if ((o.lease_seconds || o.adopt_run) && !object_tier)
     usage(std::string(o.adopt_run ? "--adopt-run" : "--lease-seconds") + " needs an s3:// --durable-dir");
   if (!o.mpi) check_node_options(o);  // under MPI once the world size is known
   if (o.inject_spike && *o.inject_spike <= o.save_every)
@@ -673,46 +674,22 @@ std::string fmt_bytes(std::uint64_t b) {
   return buf;
 }
 
-// The object store of an s3:// --durable-dir (endpoint and keys from the environment).
-std::unique_ptr<ObjectStore> durable_store(const std::string& root) {
-  S3Options s3;
-  s3.root = root;
-  return open_s3(s3);
-}
-
 // What in `root` (--dir, or a --durable-dir of either kind) may be a committed checkpoint, as
 // its kind's commit protocol says (store/tiers.hpp): nullopt only for an empty root. A missing
 // bucket is an error naming it, never "empty".
 std::optional<std::string> committed_in(const std::string& root) { return open_store(root)->committed_evidence(); }
 
-// Where checkpoint `name` of `root` keeps its manifest: ROOT/name, or node 0's copy of it.
-std::string manifest_dir(const std::string& root, const std::string& name) {
-  const std::string plain = join_path(root, name);
-  if (fs::exists(fs::path(plain) / kManifestName)) return plain;
-  const int nodes = count_node_roots(posix_file_system(), root);
-  for (int n = 0; n < nodes; ++n) {
-    const std::string d = join_path(join_path(root, "node-" + std::to_string(n)), name);
-    if (fs::exists(fs::path(d) / kManifestName)) return d;
-  }
-  return plain;
+// Checkpoint `step` of `from` copied, verified, into a fresh root `to` of the same layout (a
+// node set's with its redundancy blocks), committed there as its only checkpoint.
+void copy_to_scratch(CheckpointStore& from, std::uint64_t step, const fs::path& to) {
+  fs::remove_all(to);
+  const auto scratch = open_store(to.string(), {.nodes = from.manifest(step)->nodes});
+  copy_checkpoint(from, step, *scratch->writer(), {.copy_record = false});
 }
 
-void copy_to_scratch(const std::string& from_root, const std::string& name, const fs::path& to_root) {
-  fs::remove_all(to_root);
-  fs::create_directories(to_root);
-  const int nodes = count_node_roots(posix_file_system(), from_root);
-  if (nodes == 0) {
-    fs::copy(fs::path(from_root) / name, to_root / name, fs::copy_options::recursive);
-    write_latest(posix_file_system(), to_root.string(), name);
-    return;
-  }
-  for (int n = 0; n < nodes; ++n) {
-    const std::string node = "node-" + std::to_string(n);
-    fs::create_directories(to_root / node);
-    if (fs::exists(fs::path(from_root) / node / name)) fs::copy(fs::path(from_root) / node / name, to_root / node / name, fs::copy_options::recursive);
-    write_latest(posix_file_system(), (to_root / node).string(), name);
-  }
-}
+// The step the live checkpoint of `root` has, or nullopt.
+std::optional<std::uint64_t> latest_of(const std::string& root) { return open_store(root)->latest(); }
+std::string latest_name(const std::optional<std::uint64_t>& step) { return step ? checkpoint_dir_name(*step) : std::string("none"); }
 
 // With --nodes and --resume: what a lost or damaged node root held is rebuilt before the
 // resume reads it (the store's explicit repair, under its writer: every node root's lock),
@@ -762,8 +739,7 @@ std::string durable_tier_line(const Options& o, const std::string& local_root, c
            (g.last_error.empty() ? "" : "; the last error: " + g.last_error);
   }
   if (d.lease_lost) return "durable tier: no, this run's writer lease on " + root + " was taken over by another writer, which commits there now" + last_error;
-  const auto local = read_latest(posix_file_system(), local_root);
-  const auto local_step = local ? parse_checkpoint_dir_name(*local) : std::nullopt;
+  const auto local_step = latest_of(local_root);
   if (local_step && d.last_step != local_step)
     return "durable tier: no, step " + std::to_string(*local_step) + " did not reach " + root + last_error;
   return "durable tier: yes" + (d.last_step ? ", " + root + " holds " + checkpoint_dir_name(*d.last_step) : std::string());
@@ -843,8 +819,10 @@ int program_main(int argc, char** argv) {
                 num_params(m), m.layers, m.dim, m.heads, m.vocab, m.seq, m.batch);
     if (!auto_line.empty()) std::printf("%s\n", auto_line.c_str());
     // The checkpoint a resume starts from, read before this run's saves can rotate it away.
-    std::optional<std::string> source_dir;
+    std::unique_ptr<CheckpointStore> source;  // and its step
+    std::optional<std::uint64_t> source_step;
     int source_world = o.world;
+    const bool object_tier = o.durable_dir && root_kind(*o.durable_dir) == StoreKind::object_store;
     if (o.resume && o.nodes > 0 && !is_mpi()) {
       try {
         if (const auto line = repair_before_resume(o, root)) checks['i'] = {line->find("STILL DAMAGED") == std::string::npos, *line};
@@ -854,15 +832,15 @@ int program_main(int argc, char** argv) {
       }
     }
     std::string rehydrated_from;  // the object store a resume restored the local root from
-    if (o.resume && o.durable_dir && is_s3_root(*o.durable_dir)) {
+    if (o.resume && object_tier) {
       // An object-store tier is not read in place: a local root whose checkpoint is missing or
       // bad is rehydrated from it (verified, committed locally) now, before this run's
       // checkpointer takes the local root's lock; the resume then finds it locally.
       if (printer()) {
         OpenLatestOptions full;
         full.verify = Verify::full;
-        const TieredCheckpoint t = open_latest_tiered(posix_file_system(), root, *durable_store(*o.durable_dir), full, o.adopt_run);
-        if (t.tier == "durable") {
+        const TieredCheckpoint t = open_latest_tiered(posix_file_system(), root, posix_file_system(), *o.durable_dir, full, o.adopt_run);
+        if (t.restored) {
           std::printf("resume: %s (the local tier: %s)\n", t.opened.note.c_str(), t.local_error.c_str());
           rehydrated_from = *o.durable_dir;
         }
@@ -870,16 +848,19 @@ int program_main(int argc, char** argv) {
       barrier();
     }
     if (o.resume) {
-      std::string from = root;
-      if (o.durable_dir && !is_s3_root(*o.durable_dir) && !read_latest(posix_file_system(), root)) from = *o.durable_dir;
-      if (const auto name = read_latest(posix_file_system(), from)) {
-        source_dir = join_path(from, *name);
-        try {
-          source_world = CheckpointReader::open(posix_file_system(), *source_dir).manifest().world_size;
-        } catch (const Error&) {
-          // The resume itself reports what is wrong with it.
+      try {
+        // The local tier's, else a durable tier read in place (an object store's was restored above).
+        source = open_store(root);
+        source_step = source->latest();
+        if (!source_step && o.durable_dir && !object_tier) {
+          source = open_store(*o.durable_dir);
+          source_step = source->latest();
         }
+        if (source_step) source_world = source->manifest(*source_step)->world_size;
+      } catch (const Error&) {
+        // The resume itself reports what is wrong with it.
       }
+      if (!source_step) source.reset();
     }
     // The signals are watched while this run trains and while it drains the durable tier;
     // the handlers stay until the process ends, so a signal during the checks does not kill
@@ -956,8 +937,7 @@ int program_main(int argc, char** argv) {
         // The abandoned save runs on until the process ends: read `latest` again at the last
         // moment, so the line names what the root holds (it may have committed meanwhile).
         std::fflush(stdout);
-        const auto name = read_latest(posix_file_system(), root);
-        p.latest = name ? parse_checkpoint_dir_name(*name) : std::nullopt;
+        p.latest = latest_of(root);
         if (p.latest == p.step) p.abandoned = false, p.committed = true;
       }
       std::printf("\n%s\n", preemption_line(p, g_preempted->signal).c_str());
@@ -999,13 +979,12 @@ int program_main(int argc, char** argv) {
     if (!save_errors.empty()) {
       const auto first_failed = std::min_element(save_errors.begin(), save_errors.end(),
                                                  [](const SaveFailure& a, const SaveFailure& b) { return a.step < b.step; });
-      const auto latest = read_latest(posix_file_system(), root);
-      const auto live = latest ? parse_checkpoint_dir_name(*latest) : std::nullopt;
+      const auto live = latest_of(root);
       std::set<std::uint64_t> failed_steps;
       for (const auto& e : save_errors) failed_steps.insert(e.step);
       if (!live || *live < first_failed->step)
         no_commit_line = "ckpt-demo: no checkpoint committed since the save of step " + std::to_string(first_failed->step) + " failed (" +
-                         std::to_string(failed_steps.size()) + " failed saves; latest " + latest.value_or("none") +
+                         std::to_string(failed_steps.size()) + " failed saves; latest " + latest_name(live) +
                          "; the last error: " + save_errors.back().message + "): exit status " + std::to_string(kExitNoCommit);
     }
     // Failures other than the one --fail-save asked for make checks (d) and (e) meaningless.
@@ -1013,17 +992,19 @@ int program_main(int argc, char** argv) {
         std::any_of(save_errors.begin(), save_errors.end(), [&](const SaveFailure& e) { return o.fail_save != e.step; });
     // The first checkpoint of the run, where it still is: rotation (--keep) may have removed it
     // from the local tier while the durable tier keeps it; with neither, (d) and (e) skip.
-    std::string snap_dir, snap_root;
-    if (r0.snapshot_step) {
-      const std::string name = checkpoint_dir_name(*r0.snapshot_step);
-      for (const std::string& r : {root, o.durable_dir.value_or("")})
-        if (snap_root.empty() && !r.empty() && fs::exists(fs::path(manifest_dir(r, name)) / kManifestName)) snap_root = r;
-    }
-    if (!snap_root.empty()) {
-      snap_dir = join_path(snap_root, checkpoint_dir_name(*r0.snapshot_step));
-      std::ifstream in(join_path(manifest_dir(snap_root, checkpoint_dir_name(*r0.snapshot_step)), kManifestName));
-      std::printf("\nmanifest of %s\n%s", snap_dir.c_str(), std::string(std::istreambuf_iterator<char>(in), {}).c_str());
-    }
+    // (An object-store tier is not read for these checks: (h) verifies it.)
+    std::unique_ptr<CheckpointStore> snap;
+    if (r0.snapshot_step)
+      for (const std::string& r : {root, object_tier ? std::string() : o.durable_dir.value_or("")}) {
+        if (snap || r.empty()) continue;
+        try {
+          auto store = open_store(r);
+          (void)store->manifest(*r0.snapshot_step);
+          snap = std::move(store);
+        } catch (const Error&) {
+        }
+      }
+    if (snap) std::printf("\nmanifest of %s\n%s", snap->name_of(*r0.snapshot_step).c_str(), snap->manifest_text(*r0.snapshot_step).c_str());
 
     // ---- checks ----
     const auto trajectory = rec.final_trajectory();
@@ -1056,10 +1037,10 @@ int program_main(int argc, char** argv) {
                             : "rank " + std::to_string(worst->rank) + " holds " + fmt_bytes(worst->memory.optimizer) +
                                   " optimizer bytes, expected " + fmt_bytes(worst->memory.expected_optimizer) + " = " + formula};
     }
-    if (!snap_dir.empty() && !unexpected_failures) {
+    if (snap && !unexpected_failures) {
       bool equal = true;
       std::size_t tensors = 0;
-      const auto reader = CheckpointReader::open(posix_file_system(), snap_dir, o.world);
+      const auto reader = snap->open(*r0.snapshot_step, o.world);
       for (const auto& rr : rec.ranks) {
         const auto shard = reader.load_shard(rr.rank, Verify::full);
         for (const auto& [name, bytes] : rr.snapshot) {
@@ -1071,9 +1052,9 @@ int program_main(int argc, char** argv) {
       }
       checks['d'] = {equal, std::to_string(tensors) + " tensors of " + checkpoint_dir_name(*r0.snapshot_step) + ", SHA-256 verified"};
     }
-    if (o.reshard && source_dir) {
+    if (o.reshard && source) {
       // (f): the flat state the ranks restored, in rank order, against the source's.
-      const auto src = CheckpointReader::open(posix_file_system(), *source_dir);
+      const auto src = source->open(*source_step);
       bool equal = true;
       const std::uint64_t real = r0.num_params * sizeof(float);
       for (const char* name : {"optim.master", "optim.m", "optim.v"}) {
@@ -1091,75 +1072,48 @@ int program_main(int argc, char** argv) {
                              [](std::byte b) { return b == std::byte{0}; });
       }
       checks['f'] = {equal, "optim.master, optim.m, optim.v of " + std::to_string(o.world) + " ranks = the " +
-                                std::to_string(src.manifest().world_size) + "-rank flat state of " + *source_dir + ", bitwise"};
+                                std::to_string(src.manifest().world_size) + "-rank flat state of " + source->name_of(*source_step) + ", bitwise"};
     }
     const bool gave_up = rec.drain && !rec.drain->complete;  // nothing more may touch the durable tier
     durable_gave_up = gave_up;
     if (o.durable_dir && rec.durable) durable_line = durable_tier_line(o, root, rec, gave_up);
-    if (o.durable_dir && rec.durable && !gave_up && is_s3_root(*o.durable_dir)) {
-      // (h) on an object store: its latest names the local tier's, and every committed step
-      // restores with full verification (the SHA-256 of its manifest and of every shard).
-      const DurableStats& d = *rec.durable;
-      std::printf("\ndurable tier %s: %llu commits (%llu MiB, XXH3 re-verified), %llu superseded, %llu failed attempts%s%s\n",
-                  o.durable_dir->c_str(), static_cast<unsigned long long>(d.copies), static_cast<unsigned long long>(d.bytes >> 20),
-                  static_cast<unsigned long long>(d.superseded), static_cast<unsigned long long>(d.failures),
-                  d.last_error.empty() ? "" : ", last error: ", d.last_error.c_str());
-      const auto store = durable_store(*o.durable_dir);
-      const auto local_latest = read_latest(posix_file_system(), root);
-      const auto object_latest = read_object_latest(*store);
-      const std::string durable_latest = object_latest ? checkpoint_dir_name(object_latest->step) : "none";
-      bool ok = local_latest.has_value() && durable_latest == *local_latest;
-      std::size_t verified = 0;
-      for (const std::uint64_t step : list_object_checkpoints(*store)) {
-        const fs::path into = scratch / ("durable-check-" + std::to_string(step));
-        try {
-          RestoreOptions full;
-          full.verify = Verify::full;
-          const RestoreReport r = restore_from_object_store(*store, step, posix_file_system(), into.string(), full);
-          const ObjectManifest tier = read_object_manifest(*store, step);
-          std::printf("  %s  committed by run %s at %s, restored with %llu XXH3 chunks and every SHA-256 verified\n",
-                      checkpoint_dir_name(step).c_str(), tier.run.empty() ? "(not recorded)" : tier.run.c_str(), tier.committed_at.c_str(),
-                      static_cast<unsigned long long>(r.chunks_verified));
-          ++verified;
-        } catch (const Error& e) {
-          std::printf("  %s  %s\n", checkpoint_dir_name(step).c_str(), e.what());
-          ok = false;
-        }
-        std::error_code ec;
-        fs::remove_all(into, ec);
-      }
-      ok &= verified > 0;
-      checks['h'] = {ok, std::to_string(verified) + " checkpoints on the object store restore with full verification; latest " +
-                             durable_latest + " (local tier: " + local_latest.value_or("none") + ")"};
-    } else if (o.durable_dir && rec.durable && !gave_up) {
-      // (h): the durable tier holds what the local tier committed, copied and verified.
+    if (o.durable_dir && rec.durable && !gave_up) {
+      // (h): the durable tier holds what the local tier committed: its latest names the local
+      // tier's, and every checkpoint there verifies in full (each shard's SHA-256 read back,
+      // over the network for an object store), with what its store records of it (a copy
+      // record where it keeps files, the committing run on an object store).
       const DurableStats& d = *rec.durable;
       std::printf("\ndurable tier %s: %llu copies (%llu MiB, XXH3 re-verified), %llu superseded, %llu failed attempts%s%s\n",
                   o.durable_dir->c_str(), static_cast<unsigned long long>(d.copies), static_cast<unsigned long long>(d.bytes >> 20),
                   static_cast<unsigned long long>(d.superseded), static_cast<unsigned long long>(d.failures),
                   d.last_error.empty() ? "" : ", last error: ", d.last_error.c_str());
-      const auto local_latest = read_latest(posix_file_system(), root);
-      const auto durable_latest = read_latest(posix_file_system(), *o.durable_dir);
+      const auto durable = open_store(*o.durable_dir);
+      const auto local_latest = latest_of(root);
+      const auto durable_latest = durable->latest();
       bool ok = local_latest.has_value() && durable_latest == local_latest;
-      std::size_t verified = 0;
-      for (const auto& c : list_checkpoints(posix_file_system(), *o.durable_dir, Verify::full)) {
+      std::size_t verified = 0, records = 0;
+      for (const auto& c : durable->list(Verify::full)) {
         if (!c.step) continue;
         if (c.state != CheckpointState::complete) {
           std::printf("  %s  %s: %s\n", c.name.c_str(), std::string(checkpoint_state_name(c.state)).c_str(), c.error.c_str());
           ok = false;
           continue;
         }
-        const std::string dir = join_path(*o.durable_dir, c.name);
-        const CopyRecord copy = read_copy_record(posix_file_system(), dir);
-        std::printf("  %s  copied from %s at %s, %llu XXH3 chunks verified\n", c.name.c_str(),
-                    join_path(copy.source_root, copy.source_dir).c_str(), copy.copied_at.c_str(),
-                    static_cast<unsigned long long>(copy.xxh3_chunks_verified));
-        ok &= copy.step == *c.step;
+        if (c.copy) {
+          std::printf("  %s  copied from %s at %s, %llu XXH3 chunks verified\n", c.name.c_str(),
+                      join_path(c.copy->source_root, c.copy->source_dir).c_str(), c.copy->copied_at.c_str(),
+                      static_cast<unsigned long long>(c.copy->xxh3_chunks_verified));
+          ok &= c.copy->step == *c.step;
+          ++records;
+        } else {
+          std::printf("  %s  committed by run %s%s, every XXH3 chunk and SHA-256 verified\n", c.name.c_str(),
+                      c.run.empty() ? "(not recorded)" : c.run.c_str(), c.tier ? (" at " + c.tier->committed_at).c_str() : "");
+        }
         ++verified;
       }
       ok &= verified > 0;
-      checks['h'] = {ok, std::to_string(verified) + " checkpoints in the durable tier verify full with their copy records; latest " +
-                             durable_latest.value_or("none") + " (local tier: " + local_latest.value_or("none") + ")"};
+      checks['h'] = {ok, std::to_string(verified) + " checkpoints in the durable tier verify full" + (records == verified ? " with their copy records" : "") +
+                             "; latest " + latest_name(durable_latest) + " (local tier: " + latest_name(local_latest) + ")"};
     }
     if (o.fail_save) {
       // (g): the failing disk failed one save, not the run.
@@ -1171,7 +1125,13 @@ int program_main(int argc, char** argv) {
       for (const auto& e : fs::directory_iterator(root)) temporaries |= is_temporary_name(e.path().filename().string());
       ok &= !temporaries && !fs::exists(join_path(root, checkpoint_dir_name(at)));
       std::size_t verified = 0;
-      for (const auto& c : list_checkpoints(posix_file_system(), root, Verify::full)) {
+      std::vector<StoredCheckpoint> listed;
+      try {
+        listed = open_store(root)->list(Verify::full);
+      } catch (const Error& e) {
+        if (e.code() != Errc::not_found) throw;  // nothing committed, nothing in progress: nothing to verify
+      }
+      for (const auto& c : listed) {
         if (!c.step) continue;  // a temporary: counted above
         ok &= c.state == CheckpointState::complete;
         verified += c.state == CheckpointState::complete;
@@ -1179,16 +1139,16 @@ int program_main(int argc, char** argv) {
       // `latest` names the last save of the run, or the one before it if that was the failed one.
       std::uint64_t expect = r0.last_step / o.save_every * o.save_every;
       if (expect == at) expect -= o.save_every;
-      const auto latest = read_latest(posix_file_system(), root);
-      ok &= expect == 0 ? !latest.has_value() : latest == checkpoint_dir_name(expect);
+      const auto latest = latest_of(root);
+      ok &= expect == 0 ? !latest.has_value() : latest == expect;
       checks['g'] = {ok, "save of step " + std::to_string(at) + " failed with \"" + std::string(errc_name(Errc::io_error)) + "\" on " +
                              std::to_string(ranks_failed) + " of " + std::to_string(o.world) + " ranks; trained to step " +
-                             std::to_string(r0.rows.back().stats.step) + "; latest " + latest.value_or("none") + "; " +
+                             std::to_string(r0.rows.back().stats.step) + "; latest " + latest_name(latest) + "; " +
                              std::to_string(verified) + " checkpoints verify full; " + (temporaries ? "temporaries LEFT" : "no temporaries")};
     }
-    if (!o.resume && !snap_dir.empty() && *r0.snapshot_step < r0.last_step && !unexpected_failures) {
+    if (!o.resume && snap && *r0.snapshot_step < r0.last_step && !unexpected_failures) {
       const std::string name = checkpoint_dir_name(*r0.snapshot_step);
-      if (printer()) copy_to_scratch(snap_root, name, scratch / "resume");
+      if (printer()) copy_to_scratch(*snap, *r0.snapshot_step, scratch / "resume");
       barrier();  // the copy is there for every process
       Options again_opts = o;
       again_opts.fail_save.reset();
@@ -1212,25 +1172,23 @@ int program_main(int argc, char** argv) {
       // The loader's defences, on scratch copies so DIR holds only this run's checkpoints.
       // One process shows them (the others' output is not shown anyway).
     }
-    if (printer() && !o.resume && !snap_dir.empty() && *r0.snapshot_step < r0.last_step && !unexpected_failures) {
+    if (printer() && !o.resume && snap && *r0.snapshot_step < r0.last_step && !unexpected_failures) {
       const std::string name = checkpoint_dir_name(*r0.snapshot_step);
       std::printf("\nthe loader refuses bad resumes (scratch copies of %s):\n", name.c_str());
       // A resume: what the store's redundancy rebuilds is rebuilt first (the explicit repair a
       // Checkpointer's start-up runs; opening never writes), then the live checkpoint opens.
       const auto resume_open = [&](const std::string& root, int world) {
         std::string rebuilt;
-        if (o.nodes) {
-          const auto store = open_store(root);
-          if (const auto step = store->latest())
-            for (const auto& rep : store->writer()->repair(*step, Verify::fast))
-              for (const auto& line : rep.lines) rebuilt += (rebuilt.empty() ? "rebuilt: " : "; ") + line;
-        }
-        auto opened = open_latest(posix_file_system(), root, {.expected_world_size = world});
+        const auto store = open_store(root);
+        if (const auto step = store->latest())
+          for (const auto& rep : store->writer()->repair(*step, Verify::fast))
+            for (const auto& line : rep.lines) rebuilt += (rebuilt.empty() ? "rebuilt: " : "; ") + line;
+        auto opened = store->open_latest({.expected_world_size = world});
         opened.note = rebuilt;
         return opened;
       };
       auto refuse = [&](const char* what, auto&& damage, int world) {
-        copy_to_scratch(snap_root, name, scratch / "bad");
+        copy_to_scratch(*snap, *r0.snapshot_step, scratch / "bad");
         damage(scratch / "bad" / name);
         try {
           auto opened = resume_open((scratch / "bad").string(), world);
@@ -1241,22 +1199,23 @@ int program_main(int argc, char** argv) {
           std::printf("  %-24s %s\n", what, e.what());
         }
       };
-      const auto shards = CheckpointReader::open(posix_file_system(), snap_dir).manifest().shards;
+      const auto shards = snap->manifest(*r0.snapshot_step)->shards;
       refuse(("world size " + std::to_string(2 * o.world) + ":").c_str(), [](const fs::path&) {}, 2 * o.world);
       if (o.nodes == 0) {
         refuse("missing shard:", [&](const fs::path& d) { fs::remove(d / shards.back().path); }, o.world);
         refuse("truncated shard:", [&](const fs::path& d) { fs::resize_file(d / shards.front().path, shards.front().size / 2); }, o.world);
       } else {
-        // Node roots: d is scratch/bad/step-N, which does not exist; the node roots are
-        // scratch/bad/node-n. What the scheme survives is rebuilt, one more is refused.
+        // Node roots: d is scratch/bad/step-N, which does not exist; the node roots are the
+        // node set's (node_root_paths). What the scheme survives is rebuilt, one more is refused.
         const int tolerated = tolerated_node_losses(o.redundancy);
         const auto lose = [&](int count) {
           return [&, count](const fs::path& d) {
-            for (int n = 0; n < count; ++n) fs::remove_all(d.parent_path() / ("node-" + std::to_string(n)));
+            const auto roots = node_root_paths(d.parent_path().string(), o.nodes);
+            for (int n = 0; n < count; ++n) fs::remove_all(roots[static_cast<std::size_t>(n)]);
           };
         };
         if (tolerated > 0) {
-          copy_to_scratch(snap_root, name, scratch / "bad");
+          copy_to_scratch(*snap, *r0.snapshot_step, scratch / "bad");
           lose(tolerated)(scratch / "bad" / name);
           try {
             auto opened = resume_open((scratch / "bad").string(), o.world);

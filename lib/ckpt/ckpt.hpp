@@ -48,6 +48,7 @@
 #include "ckpt/store/root_lock.hpp"
 #include "ckpt/store/run_identity.hpp"
 #include "ckpt/store/store.hpp"
+#include "ckpt/store/copy.hpp"
 #include "ckpt/store/tiers.hpp"
 #include "ckpt/store/local/commit.hpp"
 #include "ckpt/store/nodes/node_commit.hpp"

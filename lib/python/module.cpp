@@ -25,6 +25,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "ckpt/store/store.hpp"
 #include "ckpt/core/dtype.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/format/manifest.hpp"

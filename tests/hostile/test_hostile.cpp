@@ -22,6 +22,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "ckpt/store/store.hpp"
 #include "ckpt/fs/layout.hpp"
 #include "ckpt/read/load_into.hpp"
 #include "ckpt/read/mapped.hpp"

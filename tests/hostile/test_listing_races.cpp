@@ -9,6 +9,7 @@
 #include <set>
 #include <string>
 
+#include "ckpt/store/store.hpp"
 #include "ckpt/store/local/commit.hpp"
 #include "ckpt/fs/layout.hpp"
 #include "ckpt/read/reader.hpp"

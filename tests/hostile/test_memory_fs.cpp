@@ -13,6 +13,7 @@
 #include <functional>
 #include <thread>
 
+#include "ckpt/store/store.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/store/local/commit.hpp"
 #include "ckpt/ops/save.hpp"

@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <filesystem>
 
+#include "ckpt/store/store.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
 #include "ckpt/store/local/commit.hpp"

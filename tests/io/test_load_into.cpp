@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include "ckpt/store/store.hpp"
 #include "ckpt/core/aligned_buffer.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/hash/file_digest.hpp"

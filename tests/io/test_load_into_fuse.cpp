@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "ckpt/store/store.hpp"
 #include "ckpt/core/aligned_buffer.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/fs/layout.hpp"

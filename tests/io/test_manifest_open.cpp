@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "ckpt/store/store.hpp"
 #include "ckpt/format/detail/manifest_parse.hpp"
 #include "ckpt/format/manifest_limits.hpp"
 #include "ckpt/hash/file_digest.hpp"

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/store/store.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/format/redundancy.hpp"
 #include "ckpt/fs/layout.hpp"

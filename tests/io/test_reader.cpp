@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <functional>
 
+#include "ckpt/store/store.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/store/local/commit.hpp"
 #include "ckpt/ops/save.hpp"

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "ckpt/store/store.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/format/redundancy.hpp"
 #include "ckpt/fs/layout.hpp"

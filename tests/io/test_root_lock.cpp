@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "ckpt/store/store.hpp"
 #include "ckpt/store/local/commit.hpp"
 #include "ckpt/ops/save.hpp"
 #include "ckpt/fs/layout.hpp"

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "ckpt/store/store.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
 #include "ckpt/format/manifest.hpp"

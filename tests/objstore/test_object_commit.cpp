@@ -7,6 +7,7 @@
 #include <fstream>
 #include <thread>
 
+#include "ckpt/store/store.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/hash/file_digest.hpp"
 #include "ckpt/hash/sha256.hpp"

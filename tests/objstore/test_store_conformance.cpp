@@ -79,3 +79,46 @@ TEST_CASE("an object store's listing without a verify level downloads manifests 
   (void)store->list(Verify::fast);
   CHECK(counting.got.load() >= shard_bytes);  // every byte, with a verify level
 }
+
+#include "ckpt/store/copy.hpp"
+#include "support/node_checkpoint.hpp"
+
+TEST_CASE("a node set's checkpoint goes to the object store as one of one root, verified in full, and comes back into a node set of its layout with its parity computed again") {
+  using namespace ckpt;
+  ObjectStoreKind kind;
+  const test::TempDir dir;
+  const test::Fixture fx(3, 10);
+  RedundancyScheme rs{};
+  rs.kind = RedundancyScheme::Kind::reed_solomon;
+  rs.k = 2, rs.m = 1;
+  const Manifest m = test::save_node_checkpoint(posix_file_system(), (dir / "set").string(), 3, rs, fx.request);
+  const auto set = open_store((dir / "set").string());
+  REQUIRE(set->kind() == StoreKind::node_set);
+  const auto object = kind.open();
+  const CopyReport up = copy_checkpoint(*set, 10, *object->writer(), {.verify = Verify::full});
+  CHECK(up.sha256_verified);
+  const auto there = object->manifest(10);
+  CHECK_FALSE(there->nodes);
+  CHECK(there->redundancy.empty());
+  CHECK(there->shards.size() == m.shards.size());
+  object->verify(10, Verify::full);
+  // Back into a fresh node set of the same layout: every shard as it was, the parity recomputed
+  // and whole (a node lost from it is rebuilt).
+  const auto back = open_store((dir / "back").string(), {.nodes = m.nodes});
+  copy_checkpoint(*object, 10, *back->writer(), {.verify = Verify::full, .parallel_shards = 3});
+  const auto h = back->health(10, Verify::full);
+  REQUIRE(h);
+  CHECK(h->healthy());
+  CHECK(back->manifest(10)->redundancy.size() == m.redundancy.size());
+  for (const auto& s : m.shards) {
+    const auto a = set->shard(10, s.rank), b = back->shard(10, s.rank);
+    std::vector<std::byte> x(a->size()), y(b->size());
+    a->read_at(0, x);
+    b->read_at(0, y);
+    CHECK(x == y);
+  }
+  std::filesystem::remove_all(dir / "back" / "node-1");
+  const auto reports = open_store((dir / "back").string())->writer()->repair(10, Verify::full);
+  CHECK_FALSE(reports.empty());
+  CHECK(open_store((dir / "back").string())->health(10, Verify::full)->healthy());
+}

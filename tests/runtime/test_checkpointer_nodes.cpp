@@ -5,6 +5,7 @@
 
 #include <filesystem>
 
+#include "ckpt/store/store.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/fs/layout.hpp"
 #include "ckpt/store/nodes/node_commit.hpp"
@@ -202,7 +203,8 @@ TEST_CASE("a power cut after any operation of a save across node roots leaves th
       // After the reboot, as the next run finds it (a Checkpointer cleans the roots up).
       { Checkpointer reopened(node_options(root, scheme)); }
       CHECK(!any_temporary(root));
-      const auto live = read_latest(posix_file_system(), root);
+      const auto live_step = open_store(root)->latest();
+      const auto live = live_step ? std::optional<std::string>(checkpoint_dir_name(*live_step)) : std::nullopt;
       REQUIRE(live);
       if (*live == "step-0000000002") {
         ++saw_new;

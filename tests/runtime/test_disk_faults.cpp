@@ -12,6 +12,7 @@
 #include <optional>
 #include <thread>
 
+#include "ckpt/store/store.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
 #include "ckpt/fs/layout.hpp"

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <thread>
 
+#include "ckpt/store/store.hpp"
 #include "ckpt/read/mapped.hpp"
 #include "ckpt/read/reader.hpp"
 #include "runtime/runtime_fixture.hpp"

@@ -24,6 +24,7 @@
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/fs/layout.hpp"
+#include "ckpt/store/copy.hpp"
 #include "ckpt/store/store.hpp"
 #include "io/io_fixture.hpp"
 
@@ -135,6 +136,53 @@ TEST_CASE_TEMPLATE_DEFINE("store conformance: a committed checkpoint reads back 
       }
       CHECK(expect_error([&] { s->open(10, Kind::world + 1); }).code() == Errc::world_size_mismatch);
     }
+  }
+
+  SUBCASE("copy_checkpoint brings a directory's checkpoint in and takes it out again, byte for byte, verified") {
+    // In: the scratch directory's checkpoint into this store (a node set with a scheme
+    // computes its redundancy from the shards on the way).
+    const auto in = open_store(src.saved.root());
+    CopyReport r;
+    {
+      auto w = store->writer();
+      r = copy_checkpoint(*in, 10, *w, {.verify = Verify::full, .parallel_shards = 4});
+    }
+    std::uint64_t bytes = 0, chunks = 0;
+    for (const auto& sh : src.manifest().shards) bytes += sh.size, chunks += sh.chunk_xxh3.size();
+    CHECK(r.bytes == bytes);
+    CHECK(r.chunks_verified == chunks);
+    CHECK(r.sha256_verified);
+    REQUIRE(store->latest() == std::optional<std::uint64_t>(10));
+    store->verify(10, Verify::full);
+    if (const auto h = store->health(10, Verify::full)) CHECK(h->healthy());
+    // A checkpoint of one root committed as one: its manifest bytes are the source's.
+    if (!store->manifest(10)->nodes) {
+      const auto file = read_all(src.saved.ckpt_dir() / "manifest.json");
+      CHECK(store->manifest_text(10) == std::string(file.begin(), file.end()));
+    }
+    // Out: into a fresh directory, with the copy record naming this store.
+    const test::TempDir out;
+    const auto dst = open_store((out / "copy").string());
+    r = copy_checkpoint(*store, 10, *dst->writer(), {.verify = Verify::full, .piece_bytes = 1});
+    CHECK(r.bytes == bytes);
+    CHECK(r.chunks_verified == chunks);
+    const StoredCheckpoint c = dst->describe(10);
+    REQUIRE(c.copy);
+    CHECK(c.copy->source_root == store->root());
+    CHECK(c.copy->xxh3_chunks_verified == chunks);
+    CHECK(c.copy->sha256_verified);
+    CHECK_FALSE(c.manifest->nodes);
+    CHECK(c.manifest->redundancy.empty());
+    dst->verify(10, Verify::full);
+    for (int rank = 0; rank < Kind::world; ++rank) {
+      const auto file = dst->shard(10, rank);
+      std::vector<std::byte> all(file->size());
+      file->read_at(0, all);
+      CHECK(all == src.shard_bytes(rank));
+    }
+    // A step the destination holds already is refused there, and nothing changes.
+    CHECK(expect_error([&] { copy_checkpoint(*store, 10, *dst->writer()); }).code() == Errc::invalid_argument);
+    CHECK(dst->steps() == std::vector<std::uint64_t>{10});
   }
 
   SUBCASE("an aborted step, or one whose target is dropped, leaves no trace and latest where it was") {

@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "ckpt/store/store.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/random.hpp"
 #include "ckpt/fs/layout.hpp"
@@ -95,7 +96,7 @@ int victim(const std::string& root, WriterBackend writer) {
         return 3;
       }
   std::uint64_t start = 0;
-  if (read_latest(posix_file_system(), root)) {
+  if (open_store(root)->latest()) {
     try {
       auto opened = open_latest(posix_file_system(), root, {.expected_world_size = kWorld});
       const std::string bad = check_contents(opened.reader);
@@ -234,7 +235,7 @@ int run(const std::string& self, const std::string& root, int kills, std::uint64
       if (!wrong.empty()) throw Error(Errc::checksum_mismatch, opened.reader.dir(), wrong);
       // The newest complete checkpoint is the one `latest` names, or one step newer (killed
       // between the rename and the `latest` update); anything else means `latest` lags.
-      for (const auto& info : list_checkpoints(posix_file_system(), root, Verify::none)) {
+      for (const auto& info : open_store(root)->list(Verify::none)) {
         if (info.state != CheckpointState::corrupt) continue;
         // Across node roots, a checkpoint that had shards on the node lost after the last kill
         // is damaged until the next writer's start-up rebuilds it; it must be rebuildable.

@@ -13,6 +13,7 @@
 #include <optional>
 #include <sstream>
 
+#include "ckpt/store/store.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/dist/thread_comm.hpp"
 #include "ckpt/fs/layout.hpp"

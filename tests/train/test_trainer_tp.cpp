@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 
+#include "ckpt/store/store.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/dist/thread_comm.hpp"
 #include "ckpt/fs/layout.hpp"

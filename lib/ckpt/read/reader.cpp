@@ -307,15 +307,6 @@ CheckpointReader CheckpointReader::checked(FileSystem& fs, std::string dir, std:
 }
 
 CheckpointReader CheckpointReader::open(FileSystem& fs, const std::string& dir, std::optional<int> expected_world_size) {
-  if (!fs.stat(dir)) {
-    // SET/step-N of a node set: the checkpoint across its node roots.
-    const std::string set = parent_dir(dir);
-    if (const int nodes = count_node_roots(fs, set); nodes > 0) {
-      std::vector<std::string> dirs;
-      for (const auto& r : node_root_paths(set, nodes)) dirs.push_back(join_path(r, std::string(last_component(dir))));
-      return open_nodes(fs, dirs, expected_world_size);
-    }
-  }
   auto manifest = open_manifest(fs, dir);
   std::vector<std::string> node_dirs;
   if (manifest->nodes) {
@@ -507,90 +498,10 @@ std::vector<std::byte> CheckpointReader::read_tensor_range(std::string_view name
 
 std::optional<std::string> read_latest(FileSystem& fs, const std::string& root) {
   const std::string path = join_path(root, kLatestName);
-  if (!fs.stat(path)) {
-    // A node set (store/nodes/node_commit.hpp): the newest step any node root's `latest` names.
-    if (const int nodes = count_node_roots(fs, root); nodes > 0) return read_latest_nodes(fs, node_root_paths(root, nodes));
-    return std::nullopt;
-  }
+  if (!fs.stat(path)) return std::nullopt;
   std::string text = read_small_file(fs, path, 4096, Errc::malformed_manifest);
   while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' ')) text.pop_back();
   return text;
-}
-
-OpenedCheckpoint open_latest(FileSystem& fs, const std::string& root, const OpenLatestOptions& opt) {
-  if (!fs.stat(root)) throw Error(Errc::not_found, root, "no such checkpoint root");
-  if (!fs.stat(join_path(root, kLatestName)))
-    if (const int nodes = count_node_roots(fs, root); nodes > 0) {
-      // A node set, opened as it is: rebuilding a lost node's files is the explicit repair
-      // (CheckpointStore's writer; the Checkpointer's start-up, ckpt repair), never a read.
-      const auto roots = node_root_paths(root, nodes);
-      const auto open_step_nodes = [&](const std::string& name) {
-        std::vector<std::string> dirs;
-        for (const auto& r : roots) dirs.push_back(join_path(r, name));
-        return CheckpointReader::open_nodes(fs, dirs, opt.expected_world_size);
-      };
-      const auto tried = read_latest_nodes(fs, roots);
-      std::string why;
-      try {
-        if (!tried) throw Error(Errc::not_found, root, "no latest pointer on any of the " + std::to_string(roots.size()) + " node roots: nothing committed yet");
-        auto reader = open_step_nodes(*tried);
-        if (opt.fallback) reader.verify(opt.verify);
-        return {std::move(reader), *tried, false, {}};
-      } catch (const Error& e) {
-        if (!opt.fallback || e.code() == Errc::world_size_mismatch) throw;
-        why = e.what();
-      }
-      // With fallback: the older checkpoints of the node set, newest first, each verified.
-      std::set<std::string> names;
-      for (const auto& r : roots)
-        if (fs.stat(r))
-          for (const auto& e : fs.list_dir(r))
-            if (e.type == EntryType::directory && parse_checkpoint_dir_name(e.name) && (!tried || e.name < *tried)) names.insert(e.name);
-      for (auto it = names.rbegin(); it != names.rend(); ++it) {
-        try {
-          auto reader = open_step_nodes(*it);
-          reader.verify(opt.verify);
-          return {std::move(reader), *it, true, why};
-        } catch (const Error& e) {
-          if (e.code() == Errc::world_size_mismatch) throw;
-        }
-      }
-      throw Error(Errc::not_found, root, "no checkpoint of the node set that opens and verifies", "a good checkpoint", why);
-    }
-  std::string tried, note;
-  for (int attempt = 1;; ++attempt) {
-    try {
-      const auto name = read_latest(fs, root);
-      if (!name) throw Error(Errc::not_found, join_path(root, kLatestName), "no latest pointer: nothing committed yet");
-      if (!parse_checkpoint_dir_name(*name))
-        throw Error(Errc::malformed_manifest, join_path(root, kLatestName), "content", "step-NNNNNNNNNN", "'" + name->substr(0, 64) + "'");
-      tried = *name;
-      auto reader = CheckpointReader::open(fs, join_path(root, *name), opt.expected_world_size);
-      if (opt.fallback) reader.verify(opt.verify);
-      return {std::move(reader), *name, false, {}};
-    } catch (const Error& e) {
-      // A save committed newer checkpoints and rotated this one away since `latest` was
-      // read: what `latest` names now is the live checkpoint.
-      if (attempt < kOpenLatestAttempts && !tried.empty() && e.code() != Errc::world_size_mismatch && rotated_away(fs, root, tried)) continue;
-      if (!opt.fallback || e.code() == Errc::world_size_mismatch) throw;
-      note = e.what();
-      break;
-    }
-  }
-  std::vector<std::string> names;
-  for (const auto& e : fs.list_dir(root))
-    if (e.type == EntryType::directory && parse_checkpoint_dir_name(e.name) && e.name != tried) names.push_back(e.name);
-  std::sort(names.rbegin(), names.rend());
-  for (const auto& name : names) {
-    try {
-      auto reader = CheckpointReader::open(fs, join_path(root, name), opt.expected_world_size);
-      reader.verify(opt.verify);
-      return {std::move(reader), name, true, note};
-    } catch (const Error& e) {
-      if (e.code() == Errc::world_size_mismatch) throw;
-    }
-  }
-  throw Error(Errc::not_found, root, "no checkpoint that opens and verifies", "a good checkpoint", note.empty() ? "none" : note);
 }
 
 bool rotated_away(FileSystem& fs, const std::string& root, const std::string& name) noexcept {
@@ -620,18 +531,8 @@ std::string_view checkpoint_state_name(CheckpointState s) noexcept {
   return "?";
 }
 
-std::vector<CheckpointInfo> list_checkpoints(FileSystem& fs, const std::string& given_root, Verify verify) {
+std::vector<CheckpointInfo> list_checkpoints(FileSystem& fs, const std::string& root, Verify verify) {
   std::vector<CheckpointInfo> out;
-  // A node set: the checkpoints as node 0 (or the first node root there is) lists them,
-  // each opened across the node roots.
-  std::string root = given_root;
-  if (!fs.stat(join_path(given_root, kLatestName)))
-    if (const int nodes = count_node_roots(fs, given_root); nodes > 0)
-      for (const auto& r : node_root_paths(given_root, nodes))
-        if (fs.stat(r)) {
-          root = r;
-          break;
-        }
   const auto latest = read_latest(fs, root);
   for (const auto& e : fs.list_dir(root)) {
     const auto step = parse_checkpoint_dir_name(e.name);

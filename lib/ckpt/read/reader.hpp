@@ -223,17 +223,9 @@ struct OpenedCheckpoint {
   std::string note;        ///< why it fell back (the error of the checkpoint `latest` named)
 };
 
-/// Opens the checkpoint ROOT/latest names. Throws Errc::not_found if there is none, or the
-/// typed error of the named checkpoint (unless options.fallback finds another good one).
-/// A checkpoint rotated away between the read of `latest` and its open (rotated_away: a
-/// job saving to ROOT committed newer ones and removed it) is not an error: `latest` is
-/// read again and what it names then is opened, up to kOpenLatestAttempts times in all.
-/// A world_size mismatch is never "fallen back" from: it is the caller's mistake.
-/// A node set ROOT (store/nodes/node_commit.hpp) opens its newest checkpoint across the node roots as
-/// it is (with fallback, its older ones are tried the same way): opening never writes.
-/// Rebuilding what a lost node held is the explicit repair (StoreWriter::repair, which the
-/// Checkpointer's start-up and `ckpt repair` run; repair_and_open_latest_nodes).
-OpenedCheckpoint open_latest(FileSystem& fs, const std::string& root, const OpenLatestOptions& options = {});
+/// open_latest(fs, root, options), which opens the live checkpoint of a root of any kind, is
+/// store/store.hpp's (CheckpointStore::open_latest).
+
 
 /// How many times open_latest reads `latest` when the checkpoint it named is rotated away
 /// before it could be opened.
@@ -252,7 +244,8 @@ bool rotated_away(FileSystem& fs, const std::string& root, const std::string& na
 CheckpointReader open_step(FileSystem& fs, const std::string& root, std::uint64_t step,
                            std::optional<int> expected_world_size = {});
 
-/// The name `latest` holds, or nullopt if there is no readable `latest`.
+/// The name the directory root's ROOT/latest holds, or nullopt if there is none. (A node
+/// set's is read_latest_nodes; any root's: open_store(root)->latest().)
 std::optional<std::string> read_latest(FileSystem& fs, const std::string& root);
 
 enum class CheckpointState {
@@ -273,7 +266,8 @@ struct CheckpointInfo {
   std::string error;  ///< why it is corrupt
 };
 
-/// Every checkpoint directory and temporary under `root`, in name (= step) order. With a
+/// Every checkpoint directory and temporary under the directory root `root`, in name (= step)
+/// order (any root's: open_store(root)->list()). With a
 /// verify mode other than none, complete checkpoints are read and checked. A symlink with a
 /// checkpoint's name is listed as corrupt (Errc::unsafe_path, as open() refuses it). Safe to
 /// call while a save commits and rotates in the same root: an entry that is renamed or

@@ -65,7 +65,6 @@
 #include "ckpt/store/nodes/redundancy_io.hpp"
 #include "ckpt/fs/remote_file_system.hpp"
 #include "ckpt/store/run_identity.hpp"
-#include "ckpt/objstore/s3.hpp"
 #include "ckpt/read/reader.hpp"
 #include "ckpt/shard/shard_writer.hpp"
 #include "ckpt/shard/sharded_save.hpp"
@@ -424,11 +423,10 @@ struct Checkpointer::Impl {
                   "CheckpointerOptions.nodes set for a node set", "a single-root checkpointer");
     // The durable tier first: a configuration it refuses (an s3:// root without credentials)
     // fails here, before the root is touched or staging allocated. Node roots: the durable
-    // copy reads each checkpoint through node 0's directory (the reader finds the other
-    // nodes' shards; redundancy blocks are not copied).
+    // copy reads each checkpoint from the node set (its shards; redundancy blocks are not copied).
     if (opt.durable) {
       opt.durable->allow_older_than_latest |= opt.allow_older_than_latest;
-      replicator = std::make_unique<DurableReplicator>(fs, layout ? node_root_paths(opt.root, layout->nodes)[0] : opt.root, *opt.durable);
+      replicator = std::make_unique<DurableReplicator>(fs, opt.root, *opt.durable);
     }
     choose_backend();
     // In several processes, one of them cleans the root up before any can start writing.
@@ -457,14 +455,14 @@ struct Checkpointer::Impl {
     io_thread = std::thread([this] { ctx.run(); });
   }
 
-  // An s3:// durable tier: the prefix's writer lease, taken for this root's run (its identity
+  // A durable tier whose writer is held for the run (an s3:// prefix's writer lease), taken for this root's run (its identity
   // kept in the root the tier copies from, drawn for a fresh root), before anything is saved:
   // a prefix another job writes to, or whose newest checkpoint is another run's, is refused
   // here (store/object/object_lease.hpp). A store that does not answer now is not a refusal: the first
   // copy takes the lease instead, and until then nothing is committed there (a durable tier
   // that fails never fails training).
   void claim_durable() {
-    if (!replicator || !is_s3_root(opt.durable->root)) return;
+    if (!replicator || !replicator->holds_writer()) return;
     const std::string run = opt.durable->run.empty() ? writer->establish_run_identity() : opt.durable->run;
     try {
       replicator->claim(run);
@@ -1301,6 +1299,10 @@ std::optional<StagedSnapshot> Checkpointer::staged(int rank) const {
 void Checkpointer::wait_durable() {
   impl_->refuse_if_forked("wait_durable()");
   if (impl_->replicator) impl_->replicator->wait_idle();
+}
+
+std::optional<std::uint64_t> Checkpointer::durable_latest() {
+  return impl_->replicator ? impl_->replicator->durable_latest() : std::nullopt;
 }
 
 DurableDrain Checkpointer::drain_durable(const DurableDrainOptions& options) {

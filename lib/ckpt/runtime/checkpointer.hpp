@@ -385,6 +385,9 @@ class Checkpointer {
   DurableDrain drain_durable(const DurableDrainOptions& options = {});
   /// wait_durable() for at most `timeout`: true once the durable tier has caught up.
   bool wait_durable_for(std::chrono::nanoseconds timeout);
+  /// The newest step the durable tier holds as far as this process knows
+  /// (DurableReplicator::durable_latest); nullopt without a durable tier.
+  std::optional<std::uint64_t> durable_latest();
 
   /// The file system this Checkpointer writes through: options().fs (the posix one by
   /// default), or, with node roots and ranks in several processes, one on which the other

@@ -14,7 +14,8 @@
 #include "ckpt/fs/layout.hpp"
 #include "ckpt/store/object/object_commit.hpp"
 #include "ckpt/store/run_identity.hpp"
-#include "ckpt/objstore/s3.hpp"
+#include "ckpt/store/copy.hpp"
+#include "ckpt/store/store.hpp"
 #include "ckpt/store/tiers.hpp"
 
 namespace ckpt {
@@ -31,15 +32,14 @@ struct DurableReplicator::Impl {
   FileSystem& src_fs;
   const std::string src_root;
   const DurableTierOptions opt;
-  FileSystem& dst_fs;
-  // An s3:// durable root's store: options.object_store, or the one opened at construction
-  // (used by the replicator's thread only, which alone calls copy()).
-  std::unique_ptr<ObjectStore> owned_store;
-  ObjectStore* store = nullptr;
-  // The s3:// root's writer lease, once claimed (by claim(), or by the first copy on the
-  // replicator's thread); destroyed (released) before the store.
-  std::unique_ptr<ObjectLease> lease;
-  std::mutex lease_mu;  // claim() against the thread's first copy
+  // The durable store, opened at construction (open_store decides its kind); copies and
+  // rotations run on the replicator's thread only.
+  std::unique_ptr<CheckpointStore> dst;
+  // A store whose writer is held for the run (WriterTenure::per_run: an object store's
+  // lease), once claimed (by claim(), or by the first copy on the replicator's thread);
+  // destroyed (released) before the store. Other stores' writers are taken per copy.
+  std::unique_ptr<StoreWriter> held;
+  std::mutex held_mu;  // claim() against the thread's first copy
 
   mutable std::mutex mu;
   std::condition_variable cv;  // the thread waits for work; wait_idle() for the end of it
@@ -53,25 +53,16 @@ struct DurableReplicator::Impl {
   std::thread thread;
   std::once_flag stopped;
 
-  Impl(FileSystem& fs, std::string root, DurableTierOptions o)
-      : src_fs(fs), src_root(std::move(root)), opt(std::move(o)), dst_fs(opt.fs ? *opt.fs : posix_file_system()) {
+  Impl(FileSystem& fs, std::string root, DurableTierOptions o) : src_fs(fs), src_root(std::move(root)), opt(std::move(o)) {
     if (opt.root.empty()) throw_invalid("DurableTierOptions.root is empty");
     if (opt.root == src_root) throw Error(Errc::invalid_argument, opt.root, "the durable root is the local root", "another directory", opt.root);
     if (opt.keep_last < 0) throw_invalid("DurableTierOptions.keep_last must be >= 0");
     if (opt.max_attempts < 1) throw_invalid("DurableTierOptions.max_attempts must be >= 1");
     if (opt.leftover_grace.count() < 0) throw_invalid("DurableTierOptions.leftover_grace must be >= 0");
     if (opt.drain_deadline.count() < 0) throw_invalid("DurableTierOptions.drain_deadline must be >= 0");
-    if (is_s3_root(opt.root)) {
-      // Opening checks the configuration (root, endpoint, keys) without a request: a tier
-      // that could never copy is refused here, before training, not after hours of it.
-      if (opt.object_store) store = opt.object_store;
-      else {
-        S3Options s3;
-        s3.root = opt.root;
-        owned_store = open_s3(s3);
-        store = owned_store.get();
-      }
-    }
+    // Opening checks the configuration (an object store's root, endpoint, keys) without a
+    // request: a tier that could never copy is refused here, before training, not after hours of it.
+    dst = open_store(opt.root, {.fs = opt.fs, .object_store = opt.object_store, .lease = opt.lease});
     thread = std::thread([this] { run(); });
   }
 
@@ -88,7 +79,7 @@ struct DurableReplicator::Impl {
       cv.notify_all();
       drain({});
       thread.join();
-      lease.reset();
+      held.reset();
     });
   }
 
@@ -185,7 +176,7 @@ struct DurableReplicator::Impl {
     log_line("durable tier: gave up after " + std::string(secs) + " s (" + why + "): step " +
              (out.step ? std::to_string(*out.step) : std::string("?")) + " is not committed to " + opt.root +
              (stats.last_error.empty() ? std::string() : "; the last error: " + stats.last_error));
-    if (store) store->abort_calls();
+    dst->abort_calls();
     cv.notify_all();
     cv.wait_for(lk, std::chrono::seconds(5), [&] { return !running; });
   }
@@ -201,39 +192,49 @@ struct DurableReplicator::Impl {
     return random_id();
   }
 
+  bool holds_writer() const noexcept { return dst->writer_tenure() == WriterTenure::per_run; }
+
   void claim(const std::string& run) {
-    if (!store) return;
-    std::lock_guard lk(lease_mu);
+    if (!holds_writer()) return;
+    std::lock_guard lk(held_mu);
     claim_locked(run);
   }
 
-  // The lease the thread's copies commit under: claimed now if claim() was not called.
-  ObjectLease& held_lease() {
-    std::lock_guard lk(lease_mu);
-    if (!lease) claim_locked(default_run());
-    return *lease;
+  // The writer the thread's copies commit under: claimed now if claim() was not called.
+  StoreWriter& held_writer() {
+    std::lock_guard lk(held_mu);
+    if (!held) claim_locked(default_run());
+    return *held;
   }
 
-  // Under lease_mu.
+  // Under held_mu.
   void claim_locked(const std::string& run) {
-    if (lease) return;
-    auto taken = std::make_unique<ObjectLease>(*store, run, opt.lease);
-    // The store's newest checkpoint must be this run's (or predate run identities).
-    std::string theirs;
-    std::uint64_t step = 0;
-    if (const auto latest = read_object_latest(*store)) {
-      step = latest->step;
-      theirs = latest->run.empty() ? read_object_manifest(*store, step).run : latest->run;
-    } else if (const auto steps = list_object_checkpoints(*store); !steps.empty()) {
-      step = steps.back();
-      theirs = read_object_manifest(*store, step).run;
+    if (held) return;
+    auto taken = dst->writer({.run = run});
+    // The store's newest checkpoint must be this run's (or record no run).
+    std::optional<std::uint64_t> newest = dst->latest();
+    if (!newest)
+      if (const auto steps = dst->steps(); !steps.empty()) newest = steps.back();
+    if (newest)
+      if (const std::string theirs = dst->run_of(*newest); !theirs.empty() && theirs != run)
+        throw Error(Errc::conflict, dst->name_of(*newest) + "/" + std::string(kManifestName),
+                    "the newest checkpoint on " + opt.root + ", " + checkpoint_dir_name(*newest) + ", was committed by run " + theirs +
+                        ", not by this run " + run + ": another job's checkpoints (resume that run with adopt_run (ckpt-demo --adopt-run) into a new local root, or use another prefix)",
+                    "run " + run, "run " + theirs);
+    held = std::move(taken);
+  }
+
+  // The newest step the durable tier holds, as DurableReplicator::durable_latest says.
+  std::optional<std::uint64_t> durable_latest() {
+    {
+      std::lock_guard lk(mu);
+      if (stats.last_step || holds_writer()) return stats.last_step;
     }
-    if (!theirs.empty() && theirs != run)
-      throw Error(Errc::conflict, store->name_of(checkpoint_dir_name(step) + "/" + std::string(kObjectManifestName)),
-                  "the newest checkpoint on " + opt.root + ", " + checkpoint_dir_name(step) + ", was committed by run " + theirs +
-                      ", not by this run " + run + ": another job's checkpoints (resume that run with adopt_run (ckpt-demo --adopt-run) into a new local root, or use another prefix)",
-                  "run " + run, "run " + theirs);
-    lease = std::move(taken);
+    try {
+      return dst->latest();
+    } catch (const Error&) {
+      return std::nullopt;
+    }
   }
 
   void run() {
@@ -279,64 +280,45 @@ struct DurableReplicator::Impl {
     bool lease_lost = false;
   };
 
-  // Outside the lock: the copy and the durable rotation.
+  // Outside the lock: the copy, the durable rotation and (a store that keeps leftovers) the
+  // collection, each write behind the writer's right (a lock taken for this copy, or the
+  // writer held for the run, whose lease is checked before each write that commits).
   Outcome copy(std::uint64_t step) {
-    if (is_s3_root(opt.root)) return copy_to_object_store(step);
     Outcome out;
+    std::unique_ptr<StoreWriter> taken;
+    StoreWriter* writer = nullptr;
     try {
-      out.bytes = copy_checkpoint(src_fs, src_root, step, dst_fs, opt.root, opt.verify,
-                                  {.allow_older_than_latest = opt.allow_older_than_latest})
+      const auto source = open_store(src_root, {.fs = &src_fs});
+      if (holds_writer()) writer = &held_writer();
+      else {
+        (void)source->manifest(step);  // a source that does not open never touches the durable root
+        taken = dst->writer();
+        writer = taken.get();
+      }
+      out.bytes = copy_checkpoint(*source, step, *writer, {.verify = opt.verify, .begin = {.allow_older_than_latest = opt.allow_older_than_latest}})
                       .bytes;
     } catch (...) {
       out.error = to_error(std::current_exception());
+      out.lease_lost = writer && writer->lost();
       return out;
     }
     try {
-      const RootLock lock(dst_fs, opt.root);
-      out.rotated = rotate_checkpoints(dst_fs, opt.root, opt.keep_last, checkpoint_dir_name(step)).size();
+      out.rotated = writer->rotate(opt.keep_last, step).size();
     } catch (const Error& e) {
       log_line("durable tier: rotation failed (step " + std::to_string(step) + " is committed there): " + e.what());
     }
-    return out;
-  }
-
-  // The same for an object store: the commit (data, tier manifest, latest) and its rotation,
-  // each write that commits or removes behind the writer lease's check.
-  Outcome copy_to_object_store(std::uint64_t step) {
-    Outcome out;
-    ObjectLease* held = nullptr;
-    try {
-      held = &held_lease();
-      ObjectCommitOptions commit;
-      commit.verify_chunks = opt.verify != Verify::none;
-      commit.run = held->run();
-      commit.holder = held->holder();
-      commit.fence = [held] { held->check(); };
-      out.bytes = commit_to_object_store(src_fs, src_root, step, *store, commit).bytes;
-    } catch (...) {
-      out.error = to_error(std::current_exception());
-      out.lease_lost = held && held->lost();
-      return out;
-    }
-    if (opt.keep_last > 0) {
-      try {
-        held->check();
-        out.rotated = rotate_object_checkpoints(*store, opt.keep_last).size();
-      } catch (const Error& e) {
-        log_line("durable tier: rotation failed (step " + std::to_string(step) + " is committed there): " + e.what());
-      }
-    }
-    if (opt.leftover_grace.count() > 0) out.leftovers = collect_leftovers(step, *held);
+    if (opt.leftover_grace.count() > 0) out.leftovers = collect_leftovers(step, *writer);
     return out;
   }
 
   // After a commit to the object store: what failed or killed commits left there, older than
   // the grace period. Logged; a failure too, never thrown. Returns objects removed plus
   // uploads aborted.
-  std::uint64_t collect_leftovers(std::uint64_t step, const ObjectLease& held) const {
+  std::uint64_t collect_leftovers(std::uint64_t step, StoreWriter& writer) const {
     try {
-      held.check();
-      const LeftoverReport r = collect_object_leftovers(*store, opt.leftover_grace);
+      const auto report = writer.collect_leftovers(opt.leftover_grace);
+      if (!report) return 0;  // its next writer removes what a failed copy left
+      const LeftoverReport& r = *report;
       const std::size_t n = r.removed.size() + r.aborted.size();
       if (n > 0) {
         std::string keys;
@@ -402,6 +384,10 @@ void DurableReplicator::wait_idle() {
 DurableDrain DurableReplicator::drain(const DurableDrainOptions& options) { return impl_->drain(options); }
 
 void DurableReplicator::claim(const std::string& run) { impl_->claim(run); }
+
+bool DurableReplicator::holds_writer() const noexcept { return impl_->holds_writer(); }
+
+std::optional<std::uint64_t> DurableReplicator::durable_latest() { return impl_->durable_latest(); }
 
 bool DurableReplicator::wait_idle_for(std::chrono::nanoseconds timeout) {
   std::unique_lock lk(impl_->mu);

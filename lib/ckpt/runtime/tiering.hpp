@@ -1,6 +1,7 @@
-// Background replication of committed checkpoints from the local tier to the durable tier
-// (store/tiers.hpp does the copy itself; for an `s3://bucket/prefix` root,
-// store/object/object_commit.hpp's commit_to_object_store and rotate_object_checkpoints). The
+// Background replication of committed checkpoints from the local tier to the durable tier:
+// each copy is the copy between stores (store/copy.hpp) from the local root's store into the
+// durable root's (open_store: a directory, or `s3://bucket/prefix` with its own commit), and
+// the durable rotation that store writer's. The
 // Checkpointer owns one when CheckpointerOptions::durable is set; it can also be used alone.
 //
 // Policy (docs/commit-protocol.md, "Two tiers"):
@@ -193,6 +194,14 @@ class DurableReplicator {
   /// errors (a missing bucket: invalid_argument naming it). Idempotent once it succeeded.
   /// A directory root: nothing. Not thread-safe against another claim().
   void claim(const std::string& run);
+  /// Whether the durable store's writer is held for the replicator's life (an object
+  /// store's lease: WriterTenure::per_run), which claim() takes; a directory's lock is taken
+  /// for each copy instead.
+  bool holds_writer() const noexcept;
+  /// The newest step the durable tier holds as far as this replicator knows: the last it
+  /// committed; before its first copy, a store whose `latest` is a local read (a directory)
+  /// is read, an object store is not (no request on the way out of a preempted run).
+  std::optional<std::uint64_t> durable_latest();
   /// wait_idle() for at most `timeout`: true once nothing is pending or running.
   bool wait_idle_for(std::chrono::nanoseconds timeout);
   /// Drains (see the policy above: within DurableTierOptions::drain_deadline, then giving

@@ -29,10 +29,10 @@ std::vector<RedundancyBlock> StepTarget::write_redundancy_unit(std::span<const s
   throw Error(Errc::invalid_argument, "redundancy unit " + std::to_string(unit), "this store keeps no redundancy");
 }
 
-std::string StepTarget::commit(Manifest manifest, std::vector<RedundancyBlock> blocks) {
+std::string StepTarget::commit(Manifest manifest, std::vector<RedundancyBlock> blocks, std::string manifest_text) {
   if (finished_) throw Error(Errc::invalid_argument, "step " + std::to_string(step()), "committed or aborted already");
   try {
-    std::string where = commit_step(std::move(manifest), std::move(blocks));
+    std::string where = commit_step(std::move(manifest), std::move(blocks), std::move(manifest_text));
     finished_ = true;
     return where;
   } catch (...) {
@@ -47,19 +47,76 @@ void StepTarget::abort() noexcept {
   abort_step();
 }
 
+void StepTarget::write_redundancy_block(const RedundancyBlock& block, const ReadableFile&, const PieceCheck&, PieceSize) {
+  throw Error(Errc::invalid_argument, block.path, "this store keeps no redundancy blocks");
+}
+
+std::unique_ptr<ReadableFile> CheckpointStore::redundancy_block(std::uint64_t step, std::size_t index) {
+  throw Error(Errc::invalid_argument, name_of(step), "redundancy block " + std::to_string(index) + ": this store keeps no redundancy blocks");
+}
+
+std::string CheckpointStore::manifest_text(std::uint64_t step) { return encode_manifest(*manifest(step)); }
+
+Error CheckpointStore::no_latest_error() { return Error(Errc::not_found, root(), "no latest pointer: nothing committed yet"); }
+
+OpenedCheckpoint CheckpointStore::open_latest(const OpenLatestOptions& opt) {
+  std::optional<std::uint64_t> tried;
+  std::string note;
+  for (int attempt = 1;; ++attempt) {
+    try {
+      tried = latest();
+      if (!tried) throw no_latest_error();
+      auto reader = open(*tried, opt.expected_world_size);
+      if (opt.fallback) reader.verify(opt.verify);
+      return {std::move(reader), checkpoint_dir_name(*tried), false, {}};
+    } catch (const Error& e) {
+      // A save committed newer checkpoints and rotated this one away since `latest` was
+      // read: what `latest` names now is the live checkpoint.
+      if (attempt < kOpenLatestAttempts && tried && e.code() != Errc::world_size_mismatch && rotated_away(*tried)) continue;
+      if (!opt.fallback || e.code() == Errc::world_size_mismatch) throw;
+      note = e.what();
+      break;
+    }
+  }
+  std::vector<std::uint64_t> others = fallback_steps();
+  std::sort(others.rbegin(), others.rend());
+  for (const std::uint64_t step : others) {
+    if (step == tried) continue;
+    try {
+      auto reader = open(step, opt.expected_world_size);
+      reader.verify(opt.verify);
+      return {std::move(reader), checkpoint_dir_name(step), true, note};
+    } catch (const Error& e) {
+      if (e.code() == Errc::world_size_mismatch) throw;
+    }
+  }
+  throw Error(Errc::not_found, root(), "no checkpoint that opens and verifies", "a good checkpoint", note.empty() ? "none" : note);
+}
+
+OpenedCheckpoint open_latest(FileSystem& fs, const std::string& root, const OpenLatestOptions& options) {
+  return open_store(root, {.fs = &fs})->open_latest(options);
+}
+
+StoreKind root_kind(const std::string& root, const StoreOptions& options) {
+  // The one place a root's kind is decided (docs/architecture.md, "Stores").
+  if (is_s3_root(root)) return StoreKind::object_store;
+  if (options.nodes) return StoreKind::node_set;
+  return is_node_set(options.fs ? *options.fs : posix_file_system(), root) ? StoreKind::node_set : StoreKind::directory;
+}
+
 std::unique_ptr<CheckpointStore> open_store(const std::string& given, const StoreOptions& options) {
   std::string root = given;
   while (root.size() > 1 && root.back() == '/') root.pop_back();
   if (root.empty()) throw Error(Errc::invalid_argument, "checkpoint root", "empty", "a directory or s3://bucket/prefix", "\"\"");
-  // The one place a root's kind is decided (docs/architecture.md, "Stores").
-  if (is_s3_root(root)) {
+  const StoreKind kind = root_kind(root, options);
+  if (kind == StoreKind::object_store) {
     if (options.nodes) throw Error(Errc::invalid_argument, root, "StoreOptions.nodes (a node layout) for an object store");
-    if (options.object_store) return detail::make_object_store(root, *options.object_store, nullptr, options.run);
+    if (options.object_store) return detail::make_object_store(root, *options.object_store, nullptr, options.run, options.lease);
     S3Options s3;
     s3.root = root;
     auto client = open_s3(s3);
     ObjectStore& ref = *client;
-    return detail::make_object_store(root, ref, std::move(client), options.run);
+    return detail::make_object_store(root, ref, std::move(client), options.run, options.lease);
   }
   FileSystem& fs = options.fs ? *options.fs : posix_file_system();
   if (options.nodes) {
@@ -67,7 +124,7 @@ std::unique_ptr<CheckpointStore> open_store(const std::string& given, const Stor
       throw Error(Errc::invalid_argument, root, "StoreOptions.nodes: " + *problem);
     return detail::make_node_set_store(root, fs, options.nodes->nodes, options.nodes);
   }
-  if (is_node_set(fs, root)) return detail::make_node_set_store(root, fs, count_node_roots(fs, root), std::nullopt);
+  if (kind == StoreKind::node_set) return detail::make_node_set_store(root, fs, count_node_roots(fs, root), std::nullopt);
   return detail::make_directory_store(root, fs);
 }
 
@@ -76,7 +133,7 @@ namespace {
 std::optional<std::string> node_set_above(FileSystem& fs, const std::string& root) {
   if (node_root_index(last_component(root)) < 0) return std::nullopt;
   const std::string dir = parent_dir(root);
-  return is_node_set(fs, dir) ? std::optional<std::string>(dir) : std::nullopt;  // is_node_set: false when unreadable
+  return root_kind(dir, {.fs = &fs}) == StoreKind::node_set ? std::optional<std::string>(dir) : std::nullopt;  // false when unreadable
 }
 // Whether the checkpoint directory `dir` holds a manifest of a checkpoint across node roots.
 bool across_nodes(FileSystem& fs, const std::string& dir) {
@@ -92,7 +149,8 @@ LocatedCheckpoint locate_checkpoint(const std::string& given, const StoreOptions
   std::string p = given;
   while (p.size() > 1 && p.back() == '/') p.pop_back();
   LocatedCheckpoint out;
-  if (is_s3_root(p)) {
+  const StoreKind kind = root_kind(p, options);
+  if (kind == StoreKind::object_store) {
     // s3://bucket/prefix/step-N: that step of the root above it.
     if (const auto slash = p.rfind('/'); slash != std::string::npos && slash > std::string_view("s3://").size())
       if ((out.step = parse_checkpoint_dir_name(std::string_view(p).substr(slash + 1)))) p.resize(slash);
@@ -100,7 +158,7 @@ LocatedCheckpoint locate_checkpoint(const std::string& given, const StoreOptions
     return out;
   }
   FileSystem& fs = options.fs ? *options.fs : posix_file_system();
-  if (is_node_set(fs, p)) {
+  if (kind == StoreKind::node_set) {
     out.store = open_store(p, options);
     return out;
   }
@@ -156,12 +214,16 @@ std::function<bool(const std::string&)> keep_by_name(const KeepStep& keep) {
   };
 }
 
-void write_file_copy(FileSystem& fs, const std::string& dir, const std::string& name, const ReadableFile& source, const PieceCheck& check) {
+void write_file_copy(FileSystem& fs, const std::string& dir, const std::string& name, const ReadableFile& source, const PieceCheck& check,
+                     PieceSize pieces) {
   const std::string path = join_path(dir, name);
   try {
     auto out = fs.create(path, WriteOptions{.direct = false});
     const std::uint64_t size = source.size();
-    std::vector<std::byte> piece(static_cast<std::size_t>(std::min<std::uint64_t>(size, 16ull << 20)));
+    // Pieces of pieces.bytes, rounded up to whole multiples.
+    const std::uint64_t m = std::max<std::uint64_t>(pieces.multiple, 1);
+    const std::uint64_t per_piece = (std::max<std::uint64_t>(pieces.bytes, 1) + m - 1) / m * m;
+    std::vector<std::byte> piece(static_cast<std::size_t>(std::min<std::uint64_t>(size, per_piece)));
     for (std::uint64_t at = 0; at < size; at += piece.size()) {
       const std::span<std::byte> part = std::span(piece).first(static_cast<std::size_t>(std::min<std::uint64_t>(piece.size(), size - at)));
       source.read_at(at, part);

@@ -44,6 +44,8 @@
 #include "ckpt/fs/file_system.hpp"
 #include "ckpt/read/reader.hpp"
 #include "ckpt/store/nodes/redundancy_io.hpp"
+#include "ckpt/store/object/object_lease.hpp"
+#include "ckpt/core/error.hpp"
 
 namespace ckpt {
 
@@ -67,13 +69,28 @@ struct StoreOptions {
   /// is DIR/node-n). Unset: a root that is a node set already (is_node_set) opens as one, with
   /// the node count its checkpoints record (count_node_roots), for reading, rotation and
   /// removal (its writer's begin() then needs the layout); anything else is a directory.
-  std::optional<NodeLayout> nodes;
+  std::optional<NodeLayout> nodes{};
   /// An object store: the client to use (not owned; it must outlive the store). Null: the S3
   /// client open_s3() makes for the root, with the environment's endpoint and keys.
   ObjectStore* object_store = nullptr;
   /// An object store's writer: the run identity it takes the writer lease for and records in
   /// what it commits (store/run_identity.hpp, store/object/object_lease.hpp). Empty: a new random one.
-  std::string run;
+  std::string run{};
+  /// An object store's writer: its lease's period and renewal (store/object/object_lease.hpp).
+  ObjectLeaseOptions lease{};
+};
+
+inline constexpr std::string_view kCopyRecordName = "tier.json";
+
+/// What tier.json records about one copy.
+struct CopyRecord {
+  std::uint64_t step = 0;
+  std::string source_root;  ///< the local root copied from
+  std::string source_dir;   ///< e.g. "step-0000000010"
+  std::string copied_at;    ///< UTC, RFC 3339, when the copy's data was durable
+  std::uint64_t bytes = 0;  ///< shard bytes copied
+  std::uint64_t xxh3_chunks_verified = 0;  ///< chunks checked against the manifest (0 with Verify::none)
+  bool sha256_verified = false;            ///< whole files re-hashed (Verify::full)
 };
 
 /// One entry of CheckpointStore::list().
@@ -94,11 +111,23 @@ struct StoredCheckpoint {
   std::string run, run_id;
   /// An object store's: the tier manifest that committed it (store/object/object_commit.hpp).
   std::shared_ptr<const ObjectManifest> tier;
+  /// A directory's checkpoint copied there from another store (store/copy.hpp): its copy record.
+  std::shared_ptr<const CopyRecord> copy;
 };
 
 /// Called with each piece of a shard before it is written (its offset in the file and its
 /// bytes), from several threads at once for different pieces; throws to stop the write.
 using PieceCheck = std::function<void(std::uint64_t offset, std::span<const std::byte> bytes)>;
+
+/// How StepTarget::write_shard cuts a shard into pieces: at most `bytes` each where the store
+/// writes from pieces it reads (a directory, a node set; an object store uploads in its
+/// parts), each starting at a multiple of `multiple` and holding whole multiples of it (the
+/// last may be shorter). A copy passes the manifest's chunk size, so that each piece's
+/// chunks are checked whole (store/copy.hpp).
+struct PieceSize {
+  std::uint64_t bytes = 16ull << 20;
+  std::uint64_t multiple = 1;
+};
 
 /// Which committed steps rotation and make_room must keep besides their own rules (a step
 /// the durable tier still has to copy).
@@ -122,7 +151,23 @@ class StepTarget {
   /// and fsynced into shard_dir(rank), or uploaded under the step's prefix on an object store
   /// (in parts, several at once). For copies between stores; the Checkpointer's writers
   /// stream into shard_dir() themselves. Thread-safe for different ranks.
-  virtual void write_shard(int rank, const std::string& name, const ReadableFile& source, const PieceCheck& check = {}) = 0;
+  /// `pieces` says how the shard is cut (PieceSize).
+  virtual void write_shard(int rank, const std::string& name, const ReadableFile& source, const PieceCheck& check = {},
+                           PieceSize pieces = {}) = 0;
+  /// Whether this target keeps the redundancy blocks of a checkpoint of `layout` as they are
+  /// (a node set of that very layout): a copy then writes them with write_redundancy_block
+  /// and commits them, instead of arriving as a checkpoint of one root.
+  virtual bool keeps_blocks_of(const NodeLayout& layout) const noexcept {
+    (void)layout;
+    return false;
+  }
+  /// Writes redundancy block `block` (its node's directory, its file name) from `source`, as
+  /// write_shard writes a shard. Errc::invalid_argument where keeps_blocks_of is false.
+  virtual void write_redundancy_block(const RedundancyBlock& block, const ReadableFile& source, const PieceCheck& check = {},
+                                      PieceSize pieces = {});
+  /// Shards a copy writes at once into this target: an object store's upload sends several
+  /// parts of one shard at once already, so one; a file store 4.
+  virtual int shards_at_once() const noexcept { return 4; }
   /// The redundancy the store keeps besides the shards (a node set with a scheme: replicas or
   /// Reed-Solomon parity on other nodes), in units, each computed from ranks' bytes
   /// (store/nodes/redundancy_io.hpp): how many units the step has for these shard sizes (0: none).
@@ -140,14 +185,18 @@ class StepTarget {
   /// a node set records its layout and `blocks` (in the layout's plan order) in it. Returns
   /// the committed checkpoint's location as errors name it. On a failure nothing is
   /// committed and the target is aborted; the error is rethrown. Once only.
-  std::string commit(Manifest manifest, std::vector<RedundancyBlock> blocks = {});
+  /// `manifest_text`, when given, is the manifest's encoding to commit byte for byte (a copy
+  /// commits the source's bytes: re-encoding a decoded manifest may change a metadata double
+  /// in its last digit); it must decode to `manifest`'s step. A node set re-encodes (it
+  /// records its layout and blocks).
+  std::string commit(Manifest manifest, std::vector<RedundancyBlock> blocks = {}, std::string manifest_text = {});
   /// Removes what the step wrote, unless it was committed. Never throws; idempotent.
   void abort() noexcept;
 
  protected:
   /// The kind's commit and abort, each run at most once, and never both (after a failed
   /// commit_step, abort_step runs).
-  virtual std::string commit_step(Manifest manifest, std::vector<RedundancyBlock> blocks) = 0;
+  virtual std::string commit_step(Manifest manifest, std::vector<RedundancyBlock> blocks, std::string manifest_text) = 0;
   virtual void abort_step() noexcept = 0;
 
  private:
@@ -166,7 +215,7 @@ struct SharedRun {
 /// How StoreWriter::begin begins a step.
 struct StepOptions {
   BeginOptions begin;               ///< store/local/commit.hpp's (a step before `latest`, for a resumed run)
-  std::optional<SharedRun> shared;  ///< ranks in several processes: this process's part
+  std::optional<SharedRun> shared{};  ///< ranks in several processes: this process's part
 };
 
 /// How CheckpointStore::writer takes the store.
@@ -182,6 +231,9 @@ struct WriterOptions {
   /// it names (ckpt prune leaves a temporary it did not make, and a step newer than `latest`,
   /// to the next writer).
   bool clean_up = true;
+  /// A store that records runs (an object store): the run identity this writer takes it for
+  /// (its lease's, recorded in what it commits). Empty: StoreOptions::run.
+  std::string run{};
 };
 
 /// This process's right to write a store (CheckpointStore::writer): held until destroyed.
@@ -224,6 +276,17 @@ class StoreWriter {
   /// more than `older_than` ago (collect_object_leftovers, store/object/object_commit.hpp). nullopt for
   /// a store whose next writer removes its leftovers itself (a directory, a node set).
   virtual std::optional<LeftoverReport> collect_leftovers(std::chrono::seconds older_than);
+  /// Whether this writer's right was taken from it (an object store's lease taken over by
+  /// another writer): it commits and removes nothing more. A lock is never lost.
+  virtual bool lost() const noexcept { return false; }
+};
+
+/// How long a store's writer is meant to be held (CheckpointStore::writer_tenure).
+enum class WriterTenure {
+  per_operation,  ///< a lock: taken for each copy, rotation or prune and released, so that a
+                  ///< root that does not exist yet, or another maintainer, gets its turn
+  per_run,        ///< a lease: held for the writer's whole run and renewed, since taking it
+                  ///< over is how a successor job takes the store
 };
 
 /// A place where checkpoints live (the file comment). Reading is thread-safe.
@@ -266,6 +329,9 @@ class CheckpointStore {
   virtual CheckpointReader open(std::uint64_t step, std::optional<int> expected_world_size = {}) = 0;
   /// Rank `rank`'s shard of the committed `step`, for reading it as a stream or in ranges.
   virtual std::unique_ptr<ReadableFile> shard(std::uint64_t step, int rank) = 0;
+  /// Redundancy block `index` (of Manifest::redundancy) of the committed `step`, where the
+  /// store keeps them (a node set); Errc::invalid_argument elsewhere.
+  virtual std::unique_ptr<ReadableFile> redundancy_block(std::uint64_t step, std::size_t index);
   /// Reads and checks every shard of `step` (the header against the manifest index always;
   /// each chunk's XXH3 with fast; also the whole files' XXH3 and SHA-256 with full).
   virtual void verify(std::uint64_t step, Verify mode, const ProgressFn& progress = {}) = 0;
@@ -281,13 +347,42 @@ class CheckpointStore {
   /// Whether committed `step` was removed by rotation: it is gone and `latest` names a newer
   /// step. Never throws.
   virtual bool rotated_away(std::uint64_t step) noexcept = 0;
+  /// Opens the checkpoint `latest` names, the one way every reader of a root opens its live
+  /// checkpoint (open_latest below, the tools, the resume): Errc::not_found when there is
+  /// none, or the typed error of the named checkpoint, unless options.fallback finds another
+  /// that opens and verifies (the other steps the store holds, newest first). A checkpoint
+  /// rotated away between the read of `latest` and its open (rotated_away) is no error:
+  /// `latest` is read again, up to kOpenLatestAttempts times. A world-size mismatch is never
+  /// fallen back from. Reads only: rebuilding a lost node's files is StoreWriter::repair.
+  OpenedCheckpoint open_latest(const OpenLatestOptions& options = {});
   /// Takes this process's right to write the store and cleans up after a crashed writer
   /// (WriterOptions::lead; a participant of a shared run takes nothing). Errc::busy naming
   /// the holder when another writer has it.
   virtual std::unique_ptr<StoreWriter> writer(const WriterOptions& options = {}) = 0;
+  /// The run identity that committed `step`, where the store records one (an object store's
+  /// tier manifest); "" where it records none (a directory, a node set, a store written
+  /// before run identities). Errc::not_found when `step` is not committed.
+  virtual std::string run_of(std::uint64_t step) {
+    (void)manifest(step);
+    return {};
+  }
+  /// A directory or node set: per_operation (a lock); an object store: per_run (a lease).
+  virtual WriterTenure writer_tenure() const noexcept { return WriterTenure::per_operation; }
+  /// The bytes of committed `step`'s manifest as the store holds them (what a copy commits):
+  /// the file, or the object; a node set: its manifest re-encoded.
+  virtual std::string manifest_text(std::uint64_t step);
+  /// Stops the store's requests in flight, which then fail at once (an object store's: a
+  /// drain that gives up); a file system's calls cannot be stopped. Thread-safe.
+  virtual void abort_calls() noexcept {}
 
  protected:
   explicit CheckpointStore(std::string root) : root_(std::move(root)) {}
+  /// open_latest's error when latest() finds nothing (the kind's words for "nothing committed").
+  virtual Error no_latest_error();
+  /// The steps open_latest's fallback tries besides the one `latest` names (newest first
+  /// after sorting): every step the store holds under a checkpoint's name, committed or
+  /// not (a step renamed into place whose `latest` was never written is one). Default: steps().
+  virtual std::vector<std::uint64_t> fallback_steps() { return steps(); }
 
  private:
   std::string root_;
@@ -299,6 +394,14 @@ class CheckpointStore {
 /// entries; writes nothing. Errc::invalid_argument for an empty root, a bad s3:// root or
 /// missing credentials, or options.nodes on an s3:// root.
 std::unique_ptr<CheckpointStore> open_store(const std::string& root, const StoreOptions& options = {});
+
+/// The kind open_store opens `root` as, without opening it: no client is made and no
+/// credentials are needed (a node set is told by the root's entries, as open_store tells it).
+StoreKind root_kind(const std::string& root, const StoreOptions& options = {});
+
+/// Opens the live checkpoint of the root `root` (any kind: open_store's, with `fs` for a
+/// directory or a node set): CheckpointStore::open_latest.
+OpenedCheckpoint open_latest(FileSystem& fs, const std::string& root, const OpenLatestOptions& options = {});
 
 /// What a path names, as the tools take it (located by locate_checkpoint).
 struct LocatedCheckpoint {

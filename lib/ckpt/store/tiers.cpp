@@ -2,7 +2,6 @@
 // docs/commit-protocol.md ("Two tiers").
 #include "ckpt/store/tiers.hpp"
 
-#include <boost/json.hpp>
 #include <exception>
 #include <functional>
 #include <optional>
@@ -10,109 +9,27 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
 #include "ckpt/format/manifest.hpp"
-#include "ckpt/format/json_util.hpp"
 #include "ckpt/store/local/commit.hpp"
-#include "ckpt/fs/small_file.hpp"
 #include "ckpt/fs/layout.hpp"
 #include "ckpt/store/nodes/node_commit.hpp"
 #include "ckpt/store/object/object_commit.hpp"
 #include "ckpt/store/object/object_lease.hpp"
 #include "ckpt/store/root_lock.hpp"
+#include "ckpt/store/store.hpp"
+#include "ckpt/store/detail/kinds.hpp"
 #include "ckpt/store/run_identity.hpp"
-#include "ckpt/shard/shard_writer.hpp"
-#include "ckpt/hash/xxh3.hpp"
 
 namespace ckpt {
 
-namespace json = boost::json;
-
-namespace {
-
-std::string encode_copy_record(const CopyRecord& r) {
-  return json::serialize(json::object{{"step", r.step},
-                                      {"source_root", r.source_root},
-                                      {"source_dir", r.source_dir},
-                                      {"copied_at", r.copied_at},
-                                      {"bytes", r.bytes},
-                                      {"verified", json::object{{"xxh3_chunks", r.xxh3_chunks_verified}, {"sha256", r.sha256_verified}}}}) +
-         "\n";
-}
-
-// Copies one shard through the reader's verified stream into `out_dir`, through the shard
-// writer (which hashes what it writes), then checks that what was written is what the
-// manifest records: the copy is verified end to end, not only on the way in.
-std::uint64_t copy_shard(const CheckpointReader& src, const ShardRecord& s, Verify verify, FileSystem& dst_fs, const std::string& out_dir,
-                         std::uint64_t chunk_size) {
-  ShardWriter out = ShardWriter::copy(dst_fs, out_dir, s.path, s.size, {.chunk_size = chunk_size, .sha256 = false});
-  std::uint64_t chunks = 0;
-  src.stream_shard(s.rank, verify, [&](std::uint64_t, std::span<const std::byte> piece) {
-    out.write(piece);
-    ++chunks;
-  });
-  const ShardReport written = out.finish(s.rank);
-  if (written.shard.xxh3 != s.xxh3 || written.shard.chunk_xxh3 != s.chunk_xxh3)
-    throw Error(Errc::checksum_mismatch, out.path(), "xxh3 of the copied file", xxh3_hex(s.xxh3), xxh3_hex(written.shard.xxh3));
-  return chunks;
-}
-
-}  // namespace
 
 CopyRecord copy_checkpoint(FileSystem& src_fs, const std::string& src_root, std::uint64_t step, FileSystem& dst_fs,
                            const std::string& dst_root, Verify verify, const BeginOptions& begin) {
-  const std::string name = checkpoint_dir_name(step);
-  const CheckpointReader src = CheckpointReader::open(src_fs, join_path(src_root, name));
-  const Manifest& m = src.manifest();
-  CopyRecord rec;
-  rec.step = step;
-  rec.source_root = src_root;
-  rec.source_dir = name;
-  rec.sha256_verified = verify == Verify::full;
-  const RootLock lock(dst_fs, dst_root);
-  prepare_root(dst_fs, lock);
-  const std::string temp = begin_checkpoint(dst_fs, dst_root, step, begin);
-  try {
-    for (const auto& s : m.shards) {
-      const std::uint64_t chunks = copy_shard(src, s, verify, dst_fs, temp, m.chunk_size);
-      if (verify != Verify::none) rec.xxh3_chunks_verified += chunks;
-      rec.bytes += s.size;
-    }
-    rec.copied_at = utc_now_rfc3339();
-    detail::write_small_file(dst_fs, join_path(temp, kCopyRecordName), encode_copy_record(rec));
-    // A checkpoint across node roots arrives as one of one root: its shards, without the
-    // node layout and the redundancy blocks (the durable tier is the redundancy there).
-    if (m.nodes) {
-      Manifest plain = m;
-      plain.nodes.reset();
-      plain.redundancy.clear();
-      commit_checkpoint(dst_fs, dst_root, temp, plain);
-    } else {
-      commit_checkpoint(dst_fs, dst_root, temp, m);
-    }
-  } catch (...) {
-    abort_checkpoint(dst_fs, dst_root, temp);
-    throw;
-  }
-  return rec;
-}
-
-CopyRecord read_copy_record(FileSystem& fs, const std::string& dir) {
-  const std::string path = join_path(dir, kCopyRecordName);
-  const std::string text = detail::read_small_file(fs, path, 64 * 1024, Errc::malformed_manifest);
-  const detail::JsonContext c{Errc::malformed_manifest, path};
-  const json::value root = detail::json_parse(c, text, "copy record JSON");
-  const json::object& o = detail::json_obj(c, root, "copy record");
-  CopyRecord r;
-  r.step = detail::json_u64(c, detail::json_field(c, o, "step", ""), "step");
-  r.source_root = std::string(detail::json_str(c, detail::json_field(c, o, "source_root", ""), "source_root"));
-  r.source_dir = std::string(detail::json_str(c, detail::json_field(c, o, "source_dir", ""), "source_dir"));
-  r.copied_at = std::string(detail::json_str(c, detail::json_field(c, o, "copied_at", ""), "copied_at"));
-  r.bytes = detail::json_u64(c, detail::json_field(c, o, "bytes", ""), "bytes");
-  const json::object& v = detail::json_obj(c, detail::json_field(c, o, "verified", ""), "verified");
-  r.xxh3_chunks_verified = detail::json_u64(c, detail::json_field(c, v, "xxh3_chunks", "verified."), "verified.xxh3_chunks");
-  const json::value& sha = detail::json_field(c, v, "sha256", "verified.");
-  if (!sha.is_bool()) c.fail("verified.sha256", "boolean", detail::json_kind(sha));
-  r.sha256_verified = sha.get_bool();
-  return r;
+  // The one copy between stores (store/copy.hpp), under the durable root's writer.
+  const auto source = open_store(src_root, {.fs = &src_fs});
+  const auto destination = open_store(dst_root, {.fs = &dst_fs});
+  const auto writer = destination->writer();
+  const CopyReport r = copy_checkpoint(*source, step, *writer, {.verify = verify, .begin = begin});
+  return CopyRecord{step, src_root, checkpoint_dir_name(step), r.copied_at, r.bytes, r.chunks_verified, r.sha256_verified};
 }
 
 namespace {
@@ -265,21 +182,19 @@ TieredCheckpoint open_latest_tiered(FileSystem& local_fs, const std::string& loc
   TieredCheckpoint t = open_in_tiers(local_fs, local_root, opt, durable.name_of(""),
                                      [&] { return restore_from_object_tier(local_fs, local_root, durable, opt, adopt_run, adopted); });
   t.adopted_run = std::move(adopted);
+  t.restored = t.tier == "durable";
   return t;
 }
 
+TieredCheckpoint open_latest_tiered(FileSystem& local_fs, const std::string& local_root, FileSystem& durable_fs,
+                                    const std::string& durable_root, const OpenLatestOptions& opt, bool adopt_run) {
+  const auto durable = open_store(durable_root, {.fs = &durable_fs});
+  if (ObjectStore* client = detail::object_client(*durable)) return open_latest_tiered(local_fs, local_root, *client, opt, adopt_run);
+  return open_latest_tiered(local_fs, local_root, durable_fs, durable->root(), opt);
+}
+
 std::optional<std::string> find_committed_checkpoint(FileSystem& fs, const std::string& root) {
-  if (!fs.stat(root)) return std::nullopt;
-  const std::string latest = join_path(root, kLatestName);
-  if (fs.stat(latest)) return latest;
-  const int nodes = count_node_roots(fs, root);
-  if (nodes == 0) return std::nullopt;
-  const auto roots = node_root_paths(root, nodes);
-  for (const auto& r : roots)
-    if (fs.stat(r) && fs.stat(join_path(r, kLatestName))) return join_path(r, kLatestName);
-  if (const auto step = newest_node_checkpoint(fs, roots))
-    return join_path(join_path(root, "node-*"), *step) + " (renamed into place on every node root, no latest names it yet)";
-  return std::nullopt;
+  return open_store(root, {.fs = &fs})->committed_evidence();
 }
 
 std::optional<std::string> find_committed_checkpoint(ObjectStore& store) {

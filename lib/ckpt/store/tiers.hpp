@@ -26,25 +26,13 @@
 #include <string>
 #include <string_view>
 
+#include "ckpt/store/copy.hpp"
 #include "ckpt/store/local/commit.hpp"
 #include "ckpt/fs/file_system.hpp"
 #include "ckpt/objstore/object_store.hpp"
 #include "ckpt/read/reader.hpp"
 
 namespace ckpt {
-
-inline constexpr std::string_view kCopyRecordName = "tier.json";
-
-/// What tier.json records about one copy.
-struct CopyRecord {
-  std::uint64_t step = 0;
-  std::string source_root;  ///< the local root copied from
-  std::string source_dir;   ///< e.g. "step-0000000010"
-  std::string copied_at;    ///< UTC, RFC 3339, when the copy's data was durable
-  std::uint64_t bytes = 0;  ///< shard bytes copied
-  std::uint64_t xxh3_chunks_verified = 0;  ///< chunks checked against the manifest (0 with Verify::none)
-  bool sha256_verified = false;            ///< whole files re-hashed (Verify::full)
-};
 
 /// Copies the committed checkpoint `src_root`/step-N to `dst_root` (created if missing) with
 /// the durable commit, then writes nothing else: rotation of the durable root is the caller's.
@@ -58,9 +46,6 @@ struct CopyRecord {
 CopyRecord copy_checkpoint(FileSystem& src_fs, const std::string& src_root, std::uint64_t step, FileSystem& dst_fs,
                            const std::string& dst_root, Verify verify = Verify::fast, const BeginOptions& begin = {});
 
-/// Reads `dir`/tier.json. Errc::not_found if there is none (a checkpoint written directly,
-/// not copied), Errc::malformed_manifest naming the field if it does not parse.
-CopyRecord read_copy_record(FileSystem& fs, const std::string& dir);
 
 /// Which tier a resume used, and why the local tier was passed over.
 struct TieredCheckpoint {
@@ -68,6 +53,7 @@ struct TieredCheckpoint {
   std::string tier;         ///< "local" or "durable"
   std::string local_error;  ///< when tier is "durable": the local tier's error (missing, corrupt, ...)
   std::string adopted_run;  ///< an object store's checkpoint of another run was restored with adopt_run: that run
+  bool restored = false;    ///< the durable checkpoint was restored into the local root (an object store's), not read in place
 };
 
 /// Whether a resume-or-start may start fresh in `root`: what in it may be a committed
@@ -116,5 +102,11 @@ TieredCheckpoint open_latest_tiered(FileSystem& local_fs, const std::string& loc
 /// opens: Errc::not_found naming both tiers' errors.
 TieredCheckpoint open_latest_tiered(FileSystem& local_fs, const std::string& local_root, ObjectStore& durable,
                                     const OpenLatestOptions& options = {}, bool adopt_run = false);
+
+/// Either of the above for a durable root of any kind (open_store's: a directory, read in
+/// place; s3://bucket/prefix, restored into the local root; `durable_fs` for the former, the
+/// S3 client open_store makes for the latter, with the environment's endpoint and keys).
+TieredCheckpoint open_latest_tiered(FileSystem& local_fs, const std::string& local_root, FileSystem& durable_fs,
+                                    const std::string& durable_root, const OpenLatestOptions& options, bool adopt_run);
 
 }  // namespace ckpt

@@ -10,7 +10,7 @@
 #include "ckpt/fs/file_system.hpp"
 #include "ckpt/fs/layout.hpp"
 #include "ckpt/read/reader.hpp"
-#include "ckpt/objstore/s3.hpp"
+#include "ckpt/store/store.hpp"
 
 namespace ckpt::train {
 
@@ -24,9 +24,10 @@ bool save_due(SaveCadence& cadence, dist::Communicator& comm, std::uint64_t step
 
 namespace {
 
-std::optional<std::uint64_t> latest_step(const std::string& root) {
+// The step the checkpointer's root's `latest` names (a node set's: the newest any node names).
+std::optional<std::uint64_t> latest_step(const Checkpointer& checkpointer) {
   try {
-    if (const auto name = read_latest(posix_file_system(), root)) return parse_checkpoint_dir_name(*name);
+    return open_store(checkpointer.options().root, {.fs = &checkpointer.file_system()})->latest();
   } catch (const Error&) {
     // An unreadable `latest` names nothing.
   }
@@ -74,14 +75,12 @@ PreemptionSave save_on_preemption(Checkpointer& checkpointer, Trainer& trainer, 
   // Rank 0 reads both tiers (under MPI its process commits and copies) and tells the others.
   std::uint64_t shared[3] = {0, 0, 0};  // latest + 1 (0: none), durable, durable_skipped
   if (comm.rank() == 0) {
-    const auto latest = latest_step(checkpointer.options().root);
+    const auto latest = latest_step(checkpointer);
     shared[0] = latest ? *latest + 1 : 0;
     if (durable && latest) {
-      // An object store's `latest` is not polled (a request per 10 ms): the replicator's
-      // newest committed step stands for it.
-      auto durable_latest = [&] {
-        return is_s3_root(durable->root) ? checkpointer.stats().durable.last_step : latest_step(durable->root);
-      };
+      // What the replicator knows the durable tier holds (an object store is not asked on
+      // the way out: DurableReplicator::durable_latest).
+      auto durable_latest = [&] { return checkpointer.durable_latest(); };
       if (out.committed && durable_latest() != latest) {
         // Wait through the replicator's drain: when it gives up (the deadline, a second
         // signal) it also stops the copy running, so what the line says below is what the

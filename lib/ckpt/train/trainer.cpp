@@ -1,3 +1,4 @@
+#include "ckpt/store/store.hpp"
 #include "ckpt/train/trainer.hpp"
 
 #include <boost/json.hpp>
@@ -15,7 +16,6 @@
 #include "ckpt/read/load_into.hpp"
 #include "ckpt/read/slice_load.hpp"
 #include "ckpt/ops/reshard.hpp"
-#include "ckpt/objstore/s3.hpp"
 #include "ckpt/store/tiers.hpp"
 
 namespace ckpt::train {
@@ -634,17 +634,10 @@ Trainer::TieredResume Trainer::resume_latest_tiered(const std::string& local_roo
                                                     Reshard reshard, bool adopt_run) {
   TieredResume out;
   // An s3:// durable root: its checkpoint is restored into the local root (store/tiers.hpp).
-  std::unique_ptr<ObjectStore> store;
-  if (is_s3_root(durable_root)) {
-    S3Options s3;
-    s3.root = durable_root;
-    store = open_s3(s3);
-  }
   out.step = resume_from(
       [&](std::optional<int> expect) {
         const OpenLatestOptions opt{.expected_world_size = expect, .verify = verify};
-        TieredCheckpoint t = store ? open_latest_tiered(posix_file_system(), local_root, *store, opt, adopt_run)
-                                   : open_latest_tiered(posix_file_system(), local_root, posix_file_system(), durable_root, opt);
+        TieredCheckpoint t = open_latest_tiered(posix_file_system(), local_root, posix_file_system(), durable_root, opt, adopt_run);
         out.tier = t.tier;
         out.local_error = t.local_error;
         out.adopted_run = t.adopted_run;

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/store/store.hpp"
 #include "ckpt/fs/layout.hpp"
 #include "ckpt/read/reader.hpp"
 #include "ckpt/testing/memory_file_system.hpp"

@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "ckpt/store/object/object_commit.hpp"
 #include "ckpt/store/store.hpp"
 
 namespace ckpt::detail {
@@ -14,7 +15,21 @@ std::unique_ptr<CheckpointStore> make_directory_store(std::string root, FileSyst
 std::unique_ptr<CheckpointStore> make_node_set_store(std::string dir, FileSystem& fs, int nodes, std::optional<NodeLayout> layout);
 /// store/object/object.cpp: s3://bucket/prefix (store/object/object_commit.hpp); `owned` is the client when
 /// the store made it (else null, and `client` is the caller's); `run` its writer's identity.
-std::unique_ptr<CheckpointStore> make_object_store(std::string root, ObjectStore& client, std::unique_ptr<ObjectStore> owned, std::string run);
+std::unique_ptr<CheckpointStore> make_object_store(std::string root, ObjectStore& client, std::unique_ptr<ObjectStore> owned, std::string run,
+                                                   const ObjectLeaseOptions& lease = {});
+
+/// One commit attempt on an object store without a writer lease (commit_to_object_store's:
+/// the options' run, holder and fence stand for it): what it uploaded and whether it moved
+/// `latest`.
+class ObjectCommitTarget : public StepTarget {
+ public:
+  virtual const std::string& run_id() const noexcept = 0;
+  virtual const std::string& data_prefix() const noexcept = 0;
+  virtual bool latest_moved() const noexcept = 0;
+};
+std::unique_ptr<ObjectCommitTarget> make_object_target(ObjectStore& client, std::uint64_t step, ObjectCommitOptions options);
+/// The client of an object store made by make_object_store; null for a store of another kind.
+ObjectStore* object_client(CheckpointStore& store) noexcept;
 
 /// The steps of checkpoint directory names ("step-0000000010"), in the same order; names
 /// that are not checkpoint directories are skipped.
@@ -26,7 +41,8 @@ std::function<bool(const std::string&)> keep_by_name(const KeepStep& keep);
 /// A file store's StepTarget::write_shard: DIR/NAME created (buffered), written from `source`
 /// in pieces of up to 16 MiB, each passed to `check` first, fsynced and closed; a failure
 /// removes the file and rethrows.
-void write_file_copy(FileSystem& fs, const std::string& dir, const std::string& name, const ReadableFile& source, const PieceCheck& check);
+void write_file_copy(FileSystem& fs, const std::string& dir, const std::string& name, const ReadableFile& source, const PieceCheck& check,
+                     PieceSize pieces);
 
 /// Errc::invalid_argument: `what` ("commit", "rotation", ...) asked of a participant writer.
 [[noreturn]] void refuse_participant(const std::string& root, const char* what);

@@ -178,12 +178,14 @@ void write_latest(FileSystem& fs, const std::string& root, const std::string& di
 }
 
 std::string commit_checkpoint(FileSystem& fs, const std::string& root, const std::string& temp_dir,
-                              const Manifest& manifest) {
+                              const Manifest& manifest, std::string_view manifest_text) {
   const std::string name = checkpoint_dir_name(manifest.step);
   const std::string final_dir = join_path(root, name);
-  const std::string text = encode_manifest(manifest);
+  const std::string text = manifest_text.empty() ? encode_manifest(manifest) : std::string(manifest_text);
   // Never commit a manifest the loader would refuse: decode it with the loader's checks first.
-  decode_manifest(text, join_path(temp_dir, kManifestName));
+  if (const Manifest decoded = decode_manifest(text, join_path(temp_dir, kManifestName)); decoded.step != manifest.step)
+    throw Error(Errc::invalid_argument, join_path(temp_dir, kManifestName), "the manifest's step", std::to_string(manifest.step),
+                std::to_string(decoded.step));
   write_small_file(fs, join_path(temp_dir, kManifestName), text);  // a
   fs.sync_dir(temp_dir);                                                                // b
   if (fs.stat(final_dir))

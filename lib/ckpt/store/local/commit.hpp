@@ -92,9 +92,12 @@ std::string begin_shared_checkpoint(FileSystem& fs, const std::string& root, std
 std::string shared_temporary_dir(const std::string& root, std::uint64_t step, const std::string& run_id);
 
 /// Step 3: the manifest, the renames and the fsyncs, in the order above.
-/// Returns the final checkpoint directory path.
+/// Returns the final checkpoint directory path. `manifest_text`, when not empty, is written
+/// as the manifest byte for byte (a copy's: the source's bytes) instead of `manifest`'s
+/// encoding; it must decode with the loader's checks to the same step
+/// (Errc::invalid_argument otherwise).
 std::string commit_checkpoint(FileSystem& fs, const std::string& root, const std::string& temp_dir,
-                              const Manifest& manifest);
+                              const Manifest& manifest, std::string_view manifest_text = {});
 
 /// Steps e-g alone: atomically points ROOT/latest at `dir_name`.
 void write_latest(FileSystem& fs, const std::string& root, const std::string& dir_name);

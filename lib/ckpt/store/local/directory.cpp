@@ -2,11 +2,14 @@
 // ROOT/.lock), the reader of read/reader.hpp, nothing else.
 #include <algorithm>
 
+#include "ckpt/format/manifest_limits.hpp"
+#include "ckpt/fs/small_file.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/store/local/commit.hpp"
 #include "ckpt/fs/layout.hpp"
 #include "ckpt/store/root_lock.hpp"
 #include "ckpt/store/run_identity.hpp"
+#include "ckpt/store/copy.hpp"
 #include "ckpt/store/tiers.hpp"
 #include "ckpt/store/detail/kinds.hpp"
 
@@ -21,15 +24,15 @@ class DirectoryTarget final : public StepTarget {
   std::uint64_t step() const noexcept override { return step_; }
   const std::string& shard_dir(int) const override { return temp_; }
   FileSystem* file_system() const noexcept override { return &fs_; }
-  void write_shard(int, const std::string& name, const ReadableFile& source, const PieceCheck& check) override {
-    detail::write_file_copy(fs_, temp_, name, source, check);
+  void write_shard(int, const std::string& name, const ReadableFile& source, const PieceCheck& check, PieceSize pieces) override {
+    detail::write_file_copy(fs_, temp_, name, source, check, pieces);
   }
 
  protected:
-  std::string commit_step(Manifest manifest, std::vector<RedundancyBlock> blocks) override {
+  std::string commit_step(Manifest manifest, std::vector<RedundancyBlock> blocks, std::string text) override {
     if (!lead_) detail::refuse_participant(root_, "a commit");
     if (!blocks.empty()) throw Error(Errc::invalid_argument, temp_, "redundancy blocks for a directory", "none", std::to_string(blocks.size()));
-    return commit_checkpoint(fs_, root_, temp_, manifest);
+    return commit_checkpoint(fs_, root_, temp_, manifest, text);
   }
   void abort_step() noexcept override { abort_checkpoint(fs_, root_, temp_); }
 
@@ -104,7 +107,12 @@ class DirectoryStore final : public CheckpointStore {
     return out;
   }
 
-  std::optional<std::string> committed_evidence() override { return find_committed_checkpoint(fs_, root()); }
+  // Its `latest`, whatever it holds (store/tiers.hpp, find_committed_checkpoint).
+  std::optional<std::string> committed_evidence() override {
+    const std::string latest = join_path(root(), kLatestName);
+    if (fs_.stat(root()) && fs_.stat(latest)) return latest;
+    return std::nullopt;
+  }
 
   std::vector<StoredCheckpoint> list(Verify verify) override {
     if (!fs_.stat(root())) throw Error(Errc::not_found, root(), "no such checkpoint root");
@@ -121,6 +129,7 @@ class DirectoryStore final : public CheckpointStore {
       s.world_size = c.world_size;
       s.bytes = c.bytes;
       s.error = c.error;
+      if (c.step && c.state == CheckpointState::complete) s.copy = copy_record(*c.step);
       out.push_back(std::move(s));
     }
     return out;
@@ -129,17 +138,39 @@ class DirectoryStore final : public CheckpointStore {
   std::shared_ptr<const Manifest> manifest(std::uint64_t step) override {
     return read_checkpoint_manifest(fs_, committed_dir(step));
   }
+  std::string manifest_text(std::uint64_t step) override {
+    return detail::read_small_file(fs_, join_path(committed_dir(step), kManifestName), kMaxManifestBytes, Errc::malformed_manifest);
+  }
+  // A step that is not there is the reader's Errc::not_found naming ROOT/step-N/manifest.json,
+  // the file a reader of the format looks for.
   CheckpointReader open(std::uint64_t step, std::optional<int> expected_world_size) override {
-    return CheckpointReader::open(fs_, committed_dir(step), expected_world_size);
+    return CheckpointReader::open(fs_, name_of(step), expected_world_size);
   }
   StoredCheckpoint describe(std::uint64_t step) override {
     (void)open(step, std::nullopt);  // the manifest, and every shard there at its size
-    return detail::described(step, manifest(step), latest() == step);
+    StoredCheckpoint c = detail::described(step, manifest(step), latest() == step);
+    c.copy = copy_record(step);
+    return c;
   }
   std::unique_ptr<ReadableFile> shard(std::uint64_t step, int rank) override { return fs_.open_read(open(step, std::nullopt).shard_path(rank)); }
   void verify(std::uint64_t step, Verify mode, const ProgressFn& progress) override { open(step, std::nullopt).verify(mode, progress); }
   bool rotated_away(std::uint64_t step) noexcept override { return ckpt::rotated_away(fs_, root(), checkpoint_dir_name(step)); }
   std::unique_ptr<StoreWriter> writer(const WriterOptions& options) override { return std::make_unique<DirectoryWriter>(fs_, root(), options); }
+
+ protected:
+  Error no_latest_error() override {
+    if (!fs_.stat(root())) return Error(Errc::not_found, root(), "no such checkpoint root");
+    return Error(Errc::not_found, join_path(root(), kLatestName), "no latest pointer: nothing committed yet");
+  }
+  // Every step-N directory, `latest` or not: one renamed into place by a commit that died
+  // before its `latest` is whole.
+  std::vector<std::uint64_t> fallback_steps() override {
+    std::vector<std::uint64_t> out;
+    if (!fs_.stat(root())) return out;
+    for (const auto& e : fs_.list_dir(root()))
+      if (const auto s = parse_checkpoint_dir_name(e.name); s && e.type == EntryType::directory) out.push_back(*s);
+    return out;
+  }
 
  private:
   // ROOT/step-N, when it exists (Errc::not_found naming it otherwise). Under a root that is
@@ -152,6 +183,19 @@ class DirectoryStore final : public CheckpointStore {
       if (e.code() == Errc::not_found) throw;
     }
     return dir;
+  }
+
+  // Its copy record (tier.json), if it was copied here from another store; null otherwise, and
+  // for a record that does not parse (a copy record is what the copy said of itself: the
+  // checkpoint's checks are its manifest's).
+  std::shared_ptr<const CopyRecord> copy_record(std::uint64_t step) {
+    try {
+      const std::string dir = name_of(step);
+      if (!fs_.stat(join_path(dir, kCopyRecordName))) return nullptr;
+      return std::make_shared<const CopyRecord>(read_copy_record(fs_, dir));
+    } catch (const Error&) {
+      return nullptr;
+    }
   }
 
   FileSystem& fs_;

@@ -83,14 +83,18 @@ std::vector<std::string> begin_node_checkpoint(FileSystem& fs, std::span<const s
 }
 
 std::string commit_node_checkpoint(FileSystem& fs, std::span<const std::string> roots, std::span<const std::string> temps,
-                                   const Manifest& manifest) {
+                                   const Manifest& manifest, std::string_view manifest_text) {
   if (!manifest.nodes || static_cast<std::size_t>(manifest.nodes->nodes) != roots.size() || temps.size() != roots.size())
     throw Error(Errc::invalid_argument, roots.empty() ? std::string() : roots.front(), "commit across nodes: node roots and temporaries",
                 std::to_string(manifest.nodes ? manifest.nodes->nodes : 0) + " of each (the manifest's node count)",
                 std::to_string(roots.size()) + " roots, " + std::to_string(temps.size()) + " temporaries");
   const std::string name = checkpoint_dir_name(manifest.step);
-  const std::string text = encode_manifest(manifest);
-  decode_manifest(text, join_path(temps[0], kManifestName));  // never commit what the loader refuses
+  const std::string text = manifest_text.empty() ? encode_manifest(manifest) : std::string(manifest_text);
+  // Never commit what the loader refuses, nor bytes of another step or layout.
+  if (const Manifest decoded = decode_manifest(text, join_path(temps[0], kManifestName));
+      decoded.step != manifest.step || decoded.nodes != manifest.nodes)
+    throw Error(Errc::invalid_argument, join_path(temps[0], kManifestName), "the manifest text's step and layout", checkpoint_dir_name(manifest.step),
+                checkpoint_dir_name(decoded.step));
   for (std::size_t n = 0; n < roots.size(); ++n) {
     detail::write_small_file(fs, join_path(temps[n], kManifestName), text);  // a
     fs.sync_dir(temps[n]);                                                   // b

@@ -63,8 +63,10 @@ std::vector<std::string> begin_node_checkpoint(FileSystem& fs, std::span<const s
 /// renames every committed directory back to its temporary name (abort_node_checkpoint then
 /// removes them) and rethrows; a failure after one has is rethrown too, with the other
 /// nodes' `latest` moved on a best-effort basis (the checkpoint is committed).
+/// `manifest_text`, when not empty, is written byte for byte instead of `manifest`'s
+/// encoding (a copy's: the source's bytes); it must decode to the same step and layout.
 std::string commit_node_checkpoint(FileSystem& fs, std::span<const std::string> roots, std::span<const std::string> temps,
-                                   const Manifest& manifest);
+                                   const Manifest& manifest, std::string_view manifest_text = {});
 
 /// Best effort removal of every node's temporary directory of a failed checkpoint (empty
 /// names are skipped). Never throws.

@@ -57,8 +57,14 @@ class NodeSetTarget final : public StepTarget {
     return temps_[static_cast<std::size_t>(layout_.node_of(rank))];
   }
   FileSystem* file_system() const noexcept override { return &fs_; }
-  void write_shard(int rank, const std::string& name, const ReadableFile& source, const PieceCheck& check) override {
-    detail::write_file_copy(fs_, shard_dir(rank), name, source, check);
+  void write_shard(int rank, const std::string& name, const ReadableFile& source, const PieceCheck& check, PieceSize pieces) override {
+    detail::write_file_copy(fs_, shard_dir(rank), name, source, check, pieces);
+  }
+  bool keeps_blocks_of(const NodeLayout& layout) const noexcept override { return layout == layout_; }
+  void write_redundancy_block(const RedundancyBlock& block, const ReadableFile& source, const PieceCheck& check, PieceSize pieces) override {
+    if (block.node < 0 || block.node >= layout_.nodes)
+      throw Error(Errc::invalid_argument, block.path, "the block's node", "0.." + std::to_string(layout_.nodes - 1), std::to_string(block.node));
+    detail::write_file_copy(fs_, temps_[static_cast<std::size_t>(block.node)], block.path, source, check, pieces);
   }
   std::size_t redundancy_units(std::span<const std::uint64_t> sizes) const override { return ckpt::redundancy_units(layout_, sizes); }
   std::vector<RedundancyBlock> write_redundancy_unit(std::span<const std::uint64_t> sizes, std::size_t unit,
@@ -68,11 +74,12 @@ class NodeSetTarget final : public StepTarget {
   }
 
  protected:
-  std::string commit_step(Manifest manifest, std::vector<RedundancyBlock> blocks) override {
+  std::string commit_step(Manifest manifest, std::vector<RedundancyBlock> blocks, std::string text) override {
     if (!lead_) detail::refuse_participant(roots_.front(), "a commit");
+    if (manifest.nodes != layout_ || manifest.redundancy.size() != blocks.size()) text.clear();  // bytes of another layout: re-encoded
     manifest.nodes = layout_;
     manifest.redundancy = blocks_in_plan_order(manifest, std::move(blocks));
-    return commit_node_checkpoint(fs_, roots_, temps_, manifest);
+    return commit_node_checkpoint(fs_, roots_, temps_, manifest, text);
   }
   void abort_step() noexcept override { abort_node_checkpoint(fs_, roots_, temps_); }
 
@@ -202,7 +209,15 @@ class NodeSetStore final : public CheckpointStore {
     return out;
   }
 
-  std::optional<std::string> committed_evidence() override { return find_committed_checkpoint(fs_, root()); }
+  // Any node root's `latest`, or else a step renamed into place on every node root that holds
+  // checkpoints (store/tiers.hpp, find_committed_checkpoint).
+  std::optional<std::string> committed_evidence() override {
+    for (const auto& r : roots_)
+      if (fs_.stat(r) && fs_.stat(join_path(r, kLatestName))) return join_path(r, kLatestName);
+    if (const auto step = newest_node_checkpoint(fs_, roots_))
+      return name_of(*parse_checkpoint_dir_name(*step)) + " (renamed into place on every node root, no latest names it yet)";
+    return std::nullopt;
+  }
 
   std::vector<StoredCheckpoint> list(Verify verify) override {
     if (!fs_.stat(root())) throw Error(Errc::not_found, root(), "no such checkpoint root");
@@ -269,6 +284,23 @@ class NodeSetStore final : public CheckpointStore {
     return CheckpointReader::open_nodes(fs_, dirs, expected_world_size);
   }
   std::unique_ptr<ReadableFile> shard(std::uint64_t step, int rank) override { return fs_.open_read(open(step, std::nullopt).shard_path(rank)); }
+  // The bytes the node roots agree on (read_node_manifest).
+  std::string manifest_text(std::uint64_t step) override {
+    const std::string name = checkpoint_dir_name(step);
+    std::vector<std::string> dirs;
+    for (const auto& r : roots_) dirs.push_back(join_path(r, name));
+    return read_node_manifest(fs_, dirs, true).bytes;
+  }
+  std::unique_ptr<ReadableFile> redundancy_block(std::uint64_t step, std::size_t index) override {
+    const auto m = manifest(step);
+    if (index >= m->redundancy.size())
+      throw Error(Errc::invalid_argument, name_of(step), "redundancy block", "< " + std::to_string(m->redundancy.size()), std::to_string(index));
+    const RedundancyBlock& b = m->redundancy[index];
+    const auto roots = node_root_paths(root(), m->nodes->nodes);
+    if (b.node < 0 || static_cast<std::size_t>(b.node) >= roots.size())
+      throw Error(Errc::malformed_manifest, name_of(step), "a redundancy block's node", "0.." + std::to_string(roots.size() - 1), std::to_string(b.node));
+    return fs_.open_read(join_path(join_path(roots[static_cast<std::size_t>(b.node)], checkpoint_dir_name(step)), b.path));
+  }
   StoredCheckpoint describe(std::uint64_t step) override {
     StoredCheckpoint c = detail::described(step, manifest(step), latest() == step);
     c.health = health(step, Verify::none);
@@ -296,6 +328,16 @@ class NodeSetStore final : public CheckpointStore {
   std::unique_ptr<StoreWriter> writer(const WriterOptions& options) override {
     const int nodes = layout_ ? layout_->nodes : static_cast<int>(roots_.size());
     return std::make_unique<NodeSetWriter>(fs_, root(), node_root_paths(root(), nodes), layout_, options);
+  }
+
+ protected:
+  Error no_latest_error() override {
+    return Error(Errc::not_found, root(), "no latest pointer on any of the " + std::to_string(roots_.size()) + " node roots: nothing committed yet");
+  }
+  std::vector<std::uint64_t> fallback_steps() override {
+    std::vector<std::uint64_t> out;
+    for (const auto& name : step_names()) out.push_back(*parse_checkpoint_dir_name(name));
+    return out;
   }
 
  private:

@@ -135,52 +135,67 @@ class StepFiles final : public FileSystem {
   std::map<std::uint64_t, std::shared_ptr<const ObjectCheckpoint>> steps_;
 };
 
-class ObjectTarget final : public StepTarget {
+// One commit attempt: its shards uploaded under step-N/<attempt>/, then commit_object_step and
+// `latest` (ObjectCommitOptions: the run and holder recorded, the fence checked before every
+// write that commits).
+class ObjectTarget final : public detail::ObjectCommitTarget {
  public:
-  ObjectTarget(ObjectStore& client, ObjectLease& lease, std::uint64_t step)
-      : client_(client), lease_(lease), step_(step), run_id_(random_id()), prefix_(checkpoint_dir_name(step) + "/" + run_id_ + "/") {}
+  ObjectTarget(ObjectStore& client, std::uint64_t step, ObjectCommitOptions options)
+      : client_(client), step_(step), options_(std::move(options)) {
+    if (options_.run_id.empty()) options_.run_id = random_id();
+    prefix_ = checkpoint_dir_name(step) + "/" + options_.run_id + "/";
+  }
   ~ObjectTarget() override { abort(); }
   std::uint64_t step() const noexcept override { return step_; }
   const std::string& shard_dir(int) const override {
     throw Error(Errc::invalid_argument, client_.name_of(prefix_), "an object store keeps no files: write shards with write_shard");
   }
   FileSystem* file_system() const noexcept override { return nullptr; }
-  void write_shard(int, const std::string& name, const ReadableFile& source, const PieceCheck& check) override {
-    lease_.check();
+  int shards_at_once() const noexcept override { return 1; }
+  // Each part a whole number of pieces.multiple (the chunks a copy checks).
+  void write_shard(int, const std::string& name, const ReadableFile& source, const PieceCheck& check, PieceSize pieces) override {
+    fence();
     const std::string key = prefix_ + name;
     {
       std::lock_guard lk(mu_);
       keys_.push_back(key);
     }
-    const UploadReport r = upload_object(client_, source, key, {}, check);
+    UploadOptions upload = options_.upload;
+    const std::uint64_t m = std::max<std::uint64_t>(pieces.multiple, 1);
+    upload.part_size = (upload.part_size + m - 1) / m * m;
+    const UploadReport r = upload_object(client_, source, key, upload, check);
     std::lock_guard lk(mu_);
     bytes_ += r.bytes;
   }
+  const std::string& run_id() const noexcept override { return options_.run_id; }
+  const std::string& data_prefix() const noexcept override { return prefix_; }
+  bool latest_moved() const noexcept override { return latest_moved_; }
 
  protected:
-  std::string commit_step(Manifest manifest, std::vector<RedundancyBlock> blocks) override {
+  std::string commit_step(Manifest manifest, std::vector<RedundancyBlock> blocks, std::string text) override {
     if (!blocks.empty() || manifest.nodes)
       throw Error(Errc::invalid_argument, client_.name_of(prefix_), "a checkpoint across node roots cannot be committed to an object store yet");
     if (manifest.step != step_)
       throw Error(Errc::invalid_argument, client_.name_of(prefix_), "the manifest's step", std::to_string(step_), std::to_string(manifest.step));
-    const std::string text = encode_manifest(manifest);
-    ObjectCommitOptions o;
-    o.run = lease_.run();
-    o.holder = lease_.holder();
-    o.fence = [this] { lease_.check(); };
+    if (text.empty()) text = encode_manifest(manifest);
+    else if (const Manifest decoded = decode_manifest(text, client_.name_of(prefix_ + std::string(kManifestName))); decoded.step != step_)
+      throw Error(Errc::invalid_argument, client_.name_of(prefix_), "the manifest text's step", std::to_string(step_), std::to_string(decoded.step));
+    ObjectCommitOptions o = options_;
     o.move_latest = false;
     {
       std::lock_guard lk(mu_);
       keys_.push_back(prefix_ + std::string(kManifestName));
     }
-    commit_object_step(client_, step_, run_id_, std::as_bytes(std::span(text)), bytes_, o);
+    commit_object_step(client_, step_, options_.run_id, std::as_bytes(std::span(text)), bytes_, o);
     {
       // Committed (the tier manifest exists): from here a failure must not remove its data.
       std::lock_guard lk(mu_);
       keys_.clear();
     }
-    lease_.check();
-    move_object_latest(client_, step_, o.run, o.holder);
+    if (options_.move_latest) {
+      fence();
+      latest_moved_ = move_object_latest(client_, step_, options_.run, options_.holder);
+    }
     return client_.name_of(checkpoint_dir_name(step_));
   }
   // What this attempt uploaded is removed (best effort: what stays is a leftover no tier
@@ -196,18 +211,23 @@ class ObjectTarget final : public StepTarget {
   }
 
  private:
+  void fence() const {
+    if (options_.fence) options_.fence();
+  }
   ObjectStore& client_;
-  ObjectLease& lease_;
   std::uint64_t step_;
-  std::string run_id_, prefix_;
+  ObjectCommitOptions options_;
+  std::string prefix_;
   std::mutex mu_;
   std::vector<std::string> keys_;
   std::uint64_t bytes_ = 0;
+  bool latest_moved_ = false;
 };
 
 class ObjectWriter final : public StoreWriter {
  public:
-  ObjectWriter(ObjectStore& client, std::string run) : client_(client), lease_(client, run.empty() ? random_id() : std::move(run)) {}
+  ObjectWriter(ObjectStore& client, std::string run, const ObjectLeaseOptions& lease)
+      : client_(client), lease_(client, run.empty() ? random_id() : std::move(run), lease) {}
   const std::vector<std::string>& cleaned_up() const noexcept override { return cleaned_; }
   std::unique_ptr<StepTarget> begin(std::uint64_t step, const StepOptions& step_options) override {
     const BeginOptions& options = step_options.begin;
@@ -224,7 +244,11 @@ class ObjectWriter final : public StoreWriter {
     if (const auto latest = read_object_latest(client_); latest && latest->step >= step && !options.allow_older_than_latest)
       throw Error(Errc::invalid_argument, name, "a step after the one `latest` names (its commit would move `latest` back)",
                   "after " + std::to_string(latest->step), std::to_string(step));
-    return std::make_unique<ObjectTarget>(client_, lease_, step);
+    ObjectCommitOptions o;
+    o.run = lease_.run();
+    o.holder = lease_.holder();
+    o.fence = [this] { lease_.check(); };
+    return std::make_unique<ObjectTarget>(client_, step, std::move(o));
   }
   std::vector<std::uint64_t> rotate(int keep_last, std::uint64_t committed, const KeepStep& keep) override {
     std::vector<std::uint64_t> removed;
@@ -258,6 +282,7 @@ class ObjectWriter final : public StoreWriter {
     lease_.check();
     return collect_object_leftovers(client_, older_than);
   }
+  bool lost() const noexcept override { return lease_.lost(); }
 
  private:
   ObjectStore& client_;
@@ -267,8 +292,8 @@ class ObjectWriter final : public StoreWriter {
 
 class ObjectCheckpointStore final : public CheckpointStore {
  public:
-  ObjectCheckpointStore(std::string root, ObjectStore& client, std::unique_ptr<ObjectStore> owned, std::string run)
-      : CheckpointStore(std::move(root)), owned_(std::move(owned)), client_(client), run_(std::move(run)), files_(client, this->root()) {}
+  ObjectCheckpointStore(std::string root, ObjectStore& client, std::unique_ptr<ObjectStore> owned, std::string run, ObjectLeaseOptions lease)
+      : CheckpointStore(std::move(root)), owned_(std::move(owned)), client_(client), run_(std::move(run)), lease_(lease), files_(client, this->root()) {}
   StoreKind kind() const noexcept override { return StoreKind::object_store; }
 
   std::optional<std::uint64_t> latest() override {
@@ -348,21 +373,38 @@ class ObjectCheckpointStore final : public CheckpointStore {
   }
   std::unique_ptr<StoreWriter> writer(const WriterOptions& options) override {
     if (!options.lead) throw Error(Errc::invalid_argument, root(), "a participant writer: an object store has no shared runs");
-    return std::make_unique<ObjectWriter>(client_, run_);
+    return std::make_unique<ObjectWriter>(client_, options.run.empty() ? run_ : options.run, lease_);
   }
+  WriterTenure writer_tenure() const noexcept override { return WriterTenure::per_run; }
+  ObjectStore& client() noexcept { return client_; }
+  std::string run_of(std::uint64_t step) override {
+    if (const auto l = read_object_latest(client_); l && l->step == step && !l->run.empty()) return l->run;
+    return read_object_manifest(client_, step).run;
+  }
+  std::string manifest_text(std::uint64_t step) override { return files_.open_step(step)->manifest_bytes; }
+  void abort_calls() noexcept override { client_.abort_calls(); }
 
  private:
   std::unique_ptr<ObjectStore> owned_;
   ObjectStore& client_;
   std::string run_;
+  ObjectLeaseOptions lease_;
   StepFiles files_;
 };
 
 }  // namespace
 
 namespace detail {
-std::unique_ptr<CheckpointStore> make_object_store(std::string root, ObjectStore& client, std::unique_ptr<ObjectStore> owned, std::string run) {
-  return std::make_unique<ObjectCheckpointStore>(std::move(root), client, std::move(owned), std::move(run));
+std::unique_ptr<CheckpointStore> make_object_store(std::string root, ObjectStore& client, std::unique_ptr<ObjectStore> owned, std::string run,
+                                                   const ObjectLeaseOptions& lease) {
+  return std::make_unique<ObjectCheckpointStore>(std::move(root), client, std::move(owned), std::move(run), lease);
+}
+ObjectStore* object_client(CheckpointStore& store) noexcept {
+  auto* object = dynamic_cast<ObjectCheckpointStore*>(&store);
+  return object ? &object->client() : nullptr;
+}
+std::unique_ptr<ObjectCommitTarget> make_object_target(ObjectStore& client, std::uint64_t step, ObjectCommitOptions options) {
+  return std::make_unique<ObjectTarget>(client, step, std::move(options));
 }
 }  // namespace detail
 }  // namespace ckpt

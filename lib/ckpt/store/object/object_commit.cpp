@@ -19,8 +19,10 @@
 #include "ckpt/fs/layout.hpp"
 #include "ckpt/read/reader.hpp"
 #include "ckpt/store/root_lock.hpp"
+#include "ckpt/store/copy.hpp"
+#include "ckpt/store/detail/kinds.hpp"
+#include "ckpt/store/store.hpp"
 #include "ckpt/store/run_identity.hpp"
-#include "ckpt/shard/shard_writer.hpp"
 
 #include <mutex>
 #include <thread>
@@ -36,13 +38,6 @@ void check_run_id(const std::string& id) {
 }
 
 std::string tier_manifest_key(std::uint64_t step) { return checkpoint_dir_name(step) + "/" + std::string(kObjectManifestName); }
-
-std::vector<std::byte> read_whole(FileSystem& fs, const std::string& path) {
-  const auto f = fs.open_read(path);
-  std::vector<std::byte> out(f->size());
-  if (!out.empty()) f->read_at(0, out);
-  return out;
-}
 
 std::string encode(const ObjectManifest& m) {
   json::object o{{"schema_version", 1},
@@ -176,51 +171,21 @@ std::vector<std::uint64_t> list_object_checkpoints(ObjectStore& store) {
 
 ObjectCommitReport commit_to_object_store(FileSystem& local_fs, const std::string& local_root, std::uint64_t step,
                                           ObjectStore& store, const ObjectCommitOptions& options) {
-  ObjectCommitReport report;
-  report.step = step;
-  report.run_id = options.run_id.empty() ? random_id() : options.run_id;
-  check_run_id(report.run_id);
+  if (!options.run_id.empty()) check_run_id(options.run_id);
   if (!options.run.empty() && !is_valid_id(options.run))
     throw Error(Errc::invalid_argument, {}, "ObjectCommitOptions::run", "1..64 of [A-Za-z0-9_-]", options.run);
-  auto fence = [&] {
-    if (options.fence) options.fence();
-  };
-  fence();
-  report.data_prefix = checkpoint_dir_name(step) + "/" + report.run_id + "/";
-
-  const CheckpointReader reader = open_step(local_fs, local_root, step);
-  const Manifest& m = reader.manifest();
-  if (m.nodes)
-    throw Error(Errc::invalid_argument, reader.dir(), "a checkpoint across node roots cannot be committed to an object store yet");
-  if (m.chunk_size == 0) throw Error(Errc::malformed_manifest, reader.dir(), "chunk_size 0");
-
-  // 1. The shards, each chunk checked against the local manifest as it is read.
-  UploadOptions upload = options.upload;
-  upload.part_size = (upload.part_size + m.chunk_size - 1) / m.chunk_size * m.chunk_size;
-  std::atomic<std::uint64_t> chunks{0};
-  for (const ShardRecord& shard : m.shards) {
-    const std::string path = reader.shard_path(shard.rank);
-    UploadCheck check;
-    if (options.verify_chunks)
-      check = [&](std::uint64_t offset, std::span<const std::byte> bytes) {
-        for (std::uint64_t done = 0; done < bytes.size();) {
-          const std::uint64_t k = (offset + done) / m.chunk_size;
-          const std::uint64_t len = std::min<std::uint64_t>(m.chunk_size, bytes.size() - done);
-          if (k >= shard.chunk_xxh3.size())
-            throw Error(Errc::size_mismatch, path, "chunks", std::to_string(shard.chunk_xxh3.size()), "more");
-          detail::check_chunk_xxh3(path, shard.chunk_xxh3, k, m.chunk_size, bytes.subspan(done, len));
-          done += len;
-          chunks.fetch_add(1);
-        }
-      };
-    const UploadReport r = upload_file(store, local_fs, path, report.data_prefix + shard.path, upload, check);
-    check_size(shard.size, r.bytes, "shard size", path);
-    report.bytes += r.bytes;
-  }
-  report.chunks_verified = chunks.load();
-
-  // 2-4. The local manifest, byte for byte; the tier manifest; `latest`.
-  report.latest_moved = commit_object_step(store, step, report.run_id, read_whole(local_fs, reader.manifest_path()), report.bytes, options);
+  if (options.fence) options.fence();
+  // The one copy between stores (store/copy.hpp), into a commit attempt of this protocol.
+  const auto source = open_store(local_root, {.fs = &local_fs});
+  const auto target = detail::make_object_target(store, step, options);
+  const CopyReport copied = copy_into(*source, step, *target, {.verify = options.verify_chunks ? Verify::fast : Verify::none});
+  ObjectCommitReport report;
+  report.step = step;
+  report.run_id = target->run_id();
+  report.data_prefix = target->data_prefix();
+  report.bytes = copied.bytes;
+  report.chunks_verified = copied.chunks_verified;
+  report.latest_moved = target->latest_moved();
   return report;
 }
 
@@ -560,49 +525,27 @@ RestoreReport restore_from_object_store(ObjectStore& store, std::uint64_t step, 
                                         const std::string& local_root, const RestoreOptions& options) {
   if (options.parallel_shards < 1 || options.parallel_shards > 64)
     throw Error(Errc::invalid_argument, local_root, "RestoreOptions::parallel_shards", "1..64", std::to_string(options.parallel_shards));
-  const ObjectCheckpoint ck = open_object_checkpoint(store, step);
-  const Manifest& m = ck.manifest;
-  if (m.nodes)
-    throw Error(Errc::invalid_argument, store.name_of(ck.tier.data_prefix + std::string(kManifestName)),
-                "a checkpoint across node roots cannot be restored from an object store yet");
-
+  // The one copy between stores (store/copy.hpp): the object store's step into the local
+  // root's writer (its lock and crash cleanup), every chunk checked before it is written.
+  std::string name = store.name_of("");
+  while (name.size() > 1 && name.back() == '/') name.pop_back();
+  const auto source = detail::make_object_store(name, store, nullptr, {});
+  const ObjectManifest tier = read_object_manifest(store, step);
+  const auto local = open_store(local_root, {.fs = &local_fs});
+  const auto writer = local->writer();
+  CopyOptions copy;
+  copy.verify = options.verify == Verify::none ? Verify::fast : options.verify;
+  copy.begin = options.begin;
+  copy.parallel_shards = options.parallel_shards;
+  copy.piece_bytes = options.read_size;
+  copy.copy_record = false;
+  const CopyReport copied = copy_checkpoint(*source, step, *writer, copy);
   RestoreReport report;
   report.step = step;
-  report.run_id = ck.tier.run_id;
-  const RootLock lock(local_fs, local_root);
-  prepare_root(local_fs, lock);
-  const std::string temp = begin_checkpoint(local_fs, local_root, step, options.begin);
-  try {
-    // One writer per shard, each used by the one thread reading that shard.
-    std::vector<std::optional<ShardWriter>> out(m.shards.size());
-    std::atomic<std::uint64_t> chunks{0};
-    read_object_shards(
-        store, ck, options.verify, options.read_size, options.parallel_shards,
-        [&](std::size_t i) {
-          const ShardRecord& s = m.shards[i];
-          out[i].emplace(ShardWriter::copy(local_fs, temp, s.path, s.size,
-                                           {.chunk_size = m.chunk_size, .sha256 = options.verify == Verify::full}));
-        },
-        [&](std::size_t i, std::span<const std::byte> bytes) { out[i]->write(bytes); },
-        [&](std::size_t i) {
-          const ShardRecord& s = m.shards[i];
-          const std::string name = store.name_of(ck.tier.data_prefix + s.path);
-          const ShardReport written = out[i]->finish(s.rank);
-          out[i].reset();
-          if (written.shard.xxh3 != s.xxh3)
-            throw Error(Errc::checksum_mismatch, name, "xxh3 of the whole object", xxh3_hex(s.xxh3), xxh3_hex(written.shard.xxh3));
-          if (options.verify == Verify::full && written.shard.sha256 != s.sha256)
-            throw Error(Errc::checksum_mismatch, name, "sha256 of the whole object", s.sha256, written.shard.sha256);
-        },
-        chunks);
-    for (const auto& s : m.shards) report.bytes += s.size;
-    report.chunks_verified = chunks.load();
-    out.clear();
-    report.dir = commit_checkpoint(local_fs, local_root, temp, m);
-  } catch (...) {
-    abort_checkpoint(local_fs, local_root, temp);
-    throw;
-  }
+  report.run_id = tier.run_id;
+  report.bytes = copied.bytes;
+  report.chunks_verified = copied.chunks_verified;
+  report.dir = copied.committed;
   return report;
 }
 
