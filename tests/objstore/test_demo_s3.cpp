@@ -7,6 +7,10 @@
 // where the demo is not built (CKPT_BUILD_APPS=OFF).
 #include <doctest/doctest.h>
 
+#include <boost/json.hpp>
+#include <fstream>
+#include <map>
+
 #include <cstdio>
 #include <chrono>
 #include <csignal>
@@ -189,4 +193,51 @@ TEST_CASE("a SIGTERM while ckpt-demo waits for an object store that stopped answ
   CHECK(took < kSlowdown * 15);  // the abort (about a second), the checks that need no store
   CHECK(ckpt::test::last_line(out).starts_with("durable tier: no, gave up after "));
   CHECK(has(ckpt::test::last_line(out), " s (SIGTERM): step 20 did not reach " + s3));
+}
+
+TEST_CASE("an object store written before the copy between stores verifies, restores and resumes bit for bit") {
+  // tests/data/6a37a75-demo-s3: every object of `ckpt-demo --world-size 2 --steps 10
+  // --save-every 10 --durable-dir s3://BUCKET/PREFIX`, built from commit 6a37a75 (the last
+  // with three copies between tiers), one file per key under PREFIX; the .txt beside it holds
+  // the losses of steps 11..20 of that build's uninterrupted 20-step run with the same flags.
+  namespace fs = std::filesystem;
+  const std::string kDemo = ckpt::test::demo_program();
+  const std::string kTool = std::string(CKPT_TEST_BINARY_DIR) + "/bin/ckpt";
+  const fs::path data = fs::path(CKPT_SOURCE_DIR) / "tests/data/6a37a75-demo-s3";
+  const ckpt::S3Options options = ckpt::test::rgw_options(ckpt::test::unique_prefix("fixture"));
+  const auto client = ckpt::open_s3(options);
+  std::size_t objects = 0;
+  for (const auto& e : fs::recursive_directory_iterator(data)) {
+    if (!e.is_regular_file()) continue;
+    const auto bytes = ckpt::test::read_all(e.path());
+    client->put(fs::relative(e.path(), data).generic_string(), std::as_bytes(std::span(bytes)));
+    ++objects;
+  }
+  REQUIRE(objects >= 5);  // latest, the lease, the tier manifest, the checkpoint's manifest, 2 shards
+  const auto [vrc, verified] = ckpt::test::run_with_rgw_env(kTool + " verify --verify full " + options.root);
+  INFO(verified);
+  CHECK(vrc == 0);
+  CHECK(has(verified, "step-0000000010"));
+  ckpt::test::TempDir dir;
+  const auto [rc, resumed] = ckpt::test::run_with_rgw_env(kDemo + " --world-size 2 --steps 20 --save-every 10 --resume --adopt-run --dir " +
+                                                          (dir / "local").string() + " --durable-dir " + options.root + " --metrics " +
+                                                          (dir / "resumed.jsonl").string());
+  INFO(resumed);
+  REQUIRE(rc == 0);
+  CHECK(has(resumed, "resume: restored step-0000000010 from " + options.root + "/step-0000000010 into " + (dir / "local").string()));
+  CHECK(has(resumed, "resumed from step 10"));
+  // Bit for bit: each step's loss as its hex float, against the old build's.
+  std::map<std::int64_t, std::string> expect, got;
+  {
+    std::ifstream in(data.string() + ".losses-11-20.txt");
+    std::int64_t step = 0;
+    for (std::string hex; in >> step >> hex;) expect[step] = hex;
+  }
+  std::ifstream metrics(dir / "resumed.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const auto v = boost::json::parse(line).as_object();
+    got[v.at("step").as_int64()] = std::string(v.at("loss_hex").as_string());
+  }
+  REQUIRE(expect.size() == 10);
+  CHECK(got == expect);
 }
