@@ -9,6 +9,7 @@
 #include "ckpt/read/reader.hpp"
 #include "ckpt/objstore/s3.hpp"
 #include "ckpt/store/detail/kinds.hpp"
+#include "ckpt/shard/shard_writer.hpp"
 
 namespace ckpt {
 
@@ -218,20 +219,21 @@ void write_file_copy(FileSystem& fs, const std::string& dir, const std::string& 
                      PieceSize pieces) {
   const std::string path = join_path(dir, name);
   try {
-    auto out = fs.create(path, WriteOptions{.direct = false});
     const std::uint64_t size = source.size();
-    // Pieces of pieces.bytes, rounded up to whole multiples.
+    // Pieces of pieces.bytes, rounded up to whole multiples, through the one shard writer (its
+    // space reserved up front, fsynced at the end); its own hashes, per chunk of the
+    // multiple, are not what is checked: `check` is.
     const std::uint64_t m = std::max<std::uint64_t>(pieces.multiple, 1);
     const std::uint64_t per_piece = (std::max<std::uint64_t>(pieces.bytes, 1) + m - 1) / m * m;
+    ShardWriter out = ShardWriter::copy(fs, dir, name, size, {.chunk_size = m > 1 ? m : kDefaultChunkSize, .sha256 = false});
     std::vector<std::byte> piece(static_cast<std::size_t>(std::min<std::uint64_t>(size, per_piece)));
     for (std::uint64_t at = 0; at < size; at += piece.size()) {
       const std::span<std::byte> part = std::span(piece).first(static_cast<std::size_t>(std::min<std::uint64_t>(piece.size(), size - at)));
       source.read_at(at, part);
       if (check) check(at, part);
-      out->write_at(at, part);
+      out.write(part);
     }
-    out->sync();
-    out->close();
+    (void)out.finish(0);
   } catch (...) {
     try {
       fs.remove_all(path);
