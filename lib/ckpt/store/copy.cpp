@@ -116,11 +116,11 @@ std::shared_ptr<const Manifest> source_manifest(CheckpointStore& source, std::ui
   return m;
 }
 
-}  // namespace
-
-CopyReport copy_into(CheckpointStore& source, std::uint64_t step, StepTarget& destination, const CopyOptions& opt) {
+// copy_into with the source's manifest `m` read already (once per copy: on an object store
+// each read is a few requests).
+CopyReport copy_with(CheckpointStore& source, std::uint64_t step, const std::shared_ptr<const Manifest>& m, StepTarget& destination,
+                     const CopyOptions& opt) {
   try {
-    const std::shared_ptr<const Manifest> m = source_manifest(source, step, opt);
     CopyReport report;
     report.step = step;
     report.sha256_verified = opt.verify == Verify::full;
@@ -218,10 +218,23 @@ CopyReport copy_into(CheckpointStore& source, std::uint64_t step, StepTarget& de
   }
 }
 
+}  // namespace
+
+CopyReport copy_into(CheckpointStore& source, std::uint64_t step, StepTarget& destination, const CopyOptions& options) {
+  std::shared_ptr<const Manifest> m;
+  try {
+    m = source_manifest(source, step, options);
+  } catch (...) {
+    destination.abort();
+    throw;
+  }
+  return copy_with(source, step, m, destination, options);
+}
+
 CopyReport copy_checkpoint(CheckpointStore& source, std::uint64_t step, StoreWriter& destination, const CopyOptions& options) {
-  (void)source_manifest(source, step, options);
+  const auto m = source_manifest(source, step, options);  // before anything is written
   const std::unique_ptr<StepTarget> target = destination.begin(step, {.begin = options.begin});
-  return copy_into(source, step, *target, options);
+  return copy_with(source, step, m, *target, options);
 }
 
 CopyRecord read_copy_record(FileSystem& fs, const std::string& dir) {
