@@ -26,6 +26,7 @@
 #include "ckpt/ops/save.hpp"
 #include "ckpt/testing/fault_injection.hpp"
 #include "io/io_fixture.hpp"
+#include "support/node_checkpoint.hpp"
 #include "support/test_support.hpp"
 
 using namespace ckpt;
@@ -247,7 +248,7 @@ void check_whole(const Saved& s, const fsys::path& dir) {
   CHECK(h.recoverable());
   CHECK(h.min_margin() == tolerated_node_losses(s.l.scheme));
   RepairReport again;
-  const CheckpointReader reader = repair_and_open_latest_nodes(posix_file_system(), roots, s.l.world_size(), Verify::full, &again);
+  const CheckpointReader reader = test::repair_then_open_latest(posix_file_system(), roots, s.l.world_size(), Verify::full, &again);
   CHECK(again.nothing_to_do());
   reader.verify(Verify::full);
   for (int r = 0; r < s.l.world_size(); ++r) {
@@ -409,7 +410,7 @@ TEST_CASE("replicate:3/2 over 5 nodes of 2 ranks each rebuilds any two lost node
   every_tolerated_loss(layout_of(5, 2, "replicate:3/2"));
 }
 
-TEST_CASE("repair_and_open_latest_nodes rebuilds a lost node before it loads and says what it rebuilt") {
+TEST_CASE("the resume through the store (repair, then open) rebuilds a lost node before it loads and says what it rebuilt") {
   LogCapture quiet;
   for (const auto& l : {layout_of(4, 1, "rs:3+1"), layout_of(3, 1, "replicate:2")}) {
     INFO(redundancy_name(l.scheme));
@@ -420,7 +421,7 @@ TEST_CASE("repair_and_open_latest_nodes rebuilds a lost node before it loads and
     fsys::remove_all(dir / "node-1");
     const auto roots = s.roots_in(dir);
     RepairReport rep;
-    const CheckpointReader reader = repair_and_open_latest_nodes(posix_file_system(), roots, l.world_size(), Verify::full, &rep);
+    const CheckpointReader reader = test::repair_then_open_latest(posix_file_system(), roots, l.world_size(), Verify::full, &rep);
     CHECK(rep.rebuilt_ranks == std::vector<int>{1});
     CHECK_FALSE(rep.nothing_to_do());
     for (int r = 0; r < l.world_size(); ++r) {
@@ -428,11 +429,15 @@ TEST_CASE("repair_and_open_latest_nodes rebuilds a lost node before it loads and
       CHECK(shard.file_bytes().size() == s.shard_bytes[static_cast<std::size_t>(r)].size());
     }
     check_whole(s, dir);
-    // A world size the checkpoint was not written at is refused before anything is repaired.
+    // Opening at a world size the checkpoint was not written at is refused, lost node or
+    // not, and the open writes nothing.
     fsys::remove_all(dir / "node-2");
     const Tree before = snapshot(dir);
-    const Error e = expect_error([&] { repair_and_open_latest_nodes(posix_file_system(), roots, l.world_size() + 1); });
+    const auto store = open_store(dir.string());
+    const Error e = expect_error([&] { (void)store->open(s.m.step, l.world_size() + 1); });
     CHECK(e.code() == Errc::world_size_mismatch);
+    CHECK(e.expected() == std::to_string(l.world_size() + 1));
+    CHECK(e.actual() == std::to_string(l.world_size()));
     CHECK(snapshot(dir) == before);
   }
 }
@@ -517,9 +522,12 @@ TEST_CASE("one lost node more than rs:K+M tolerates is refused naming the lost r
         ++refused;
         CHECK(e.expected() == "at most " + std::to_string(l.scheme.m) + " lost node(s) per stripe");
         CHECK(snapshot(dir) == before);
-        const Error f = expect_error([&] { repair_and_open_latest_nodes(posix_file_system(), roots); });
+        // The resume through the store takes the node roots' locks (their records change)
+        // and writes nothing else.
+        const Tree unlocked = snapshot(dir, false);
+        const Error f = expect_error([&] { test::repair_then_open_latest(posix_file_system(), roots); });
         CHECK(f.code() == Errc::missing_shard);
-        CHECK(snapshot(dir) == before);
+        CHECK_MESSAGE(snapshot(dir, false) == unlocked, tree_diff(unlocked, snapshot(dir, false)));
       }
   }
   CHECK(refused > 0);
@@ -629,7 +637,7 @@ TEST_CASE("a crash or power loss at any step of a save across nodes leaves a che
         // The previous checkpoint is still whole too.
         CHECK(check_node_checkpoint(posix_file_system(), roots, checkpoint_dir_name(10), Verify::full).healthy());
       }
-      const CheckpointReader reader = repair_and_open_latest_nodes(posix_file_system(), roots, l.world_size(), Verify::full);
+      const CheckpointReader reader = test::repair_then_open_latest(posix_file_system(), roots, l.world_size(), Verify::full);
       CHECK(reader.manifest().step == want);
       reader.verify(Verify::full);
       fsys::remove_all(dir);
@@ -821,7 +829,7 @@ TEST_CASE("an I/O error at any step of a save across nodes leaves either nothing
       }
       const std::string want = checkpoint_dir_name(named > 0 ? 20 : 10);
       CHECK(check_node_checkpoint(posix_file_system(), roots, want, Verify::full).healthy());
-      CHECK(repair_and_open_latest_nodes(posix_file_system(), roots, l.world_size(), Verify::full).manifest().step == (named > 0 ? 20u : 10u));
+      CHECK(test::repair_then_open_latest(posix_file_system(), roots, l.world_size(), Verify::full).manifest().step == (named > 0 ? 20u : 10u));
     }
   CHECK(failed_clean > 0);
   CHECK(failed_committed > 0);

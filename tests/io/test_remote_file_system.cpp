@@ -541,7 +541,7 @@ TEST_CASE("a checkpoint across node roots served by separate processes is commit
   CHECK(rep.rebuilt_ranks == std::vector<int>{2});
   CHECK(snapshot(node2, roots[2]) == before);
   CHECK(check_node_checkpoint(*fs, roots, name, Verify::full).healthy());
-  const CheckpointReader reader = repair_and_open_latest_nodes(*fs, roots, kNodes, Verify::full);
+  const CheckpointReader reader = test::repair_then_open_latest(*fs, roots, kNodes, Verify::full);
   for (int r = 0; r < kNodes; ++r) {
     const auto shard = reader.load_shard(r, Verify::full);
     const auto bytes = shard.file_bytes();

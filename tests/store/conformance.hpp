@@ -10,6 +10,9 @@
 //   std::unique_ptr<CheckpointStore> open(); the store at its root (open_store), each call anew
 //   void damage_manifest(std::uint64_t);     make that step's manifest undecodable everywhere
 //   void leave_crashed_save(std::uint64_t);  (file_backed) what a writer killed mid-save leaves
+//   void leave_crashed_removal(std::uint64_t); (file_backed) what a removal of a step killed
+//                                            after its first rename leaves
+//   bool holds_step_dir(std::uint64_t);      (file_backed) a directory of the step on any root
 //   bool has_leftovers();                    (file_backed) anything of a save in progress left
 #pragma once
 
@@ -320,6 +323,28 @@ TEST_CASE_TEMPLATE_DEFINE("store conformance: a committed checkpoint reads back 
       store->verify(10, Verify::full);
       put_checkpoint(*w, SourceCheckpoint(Kind::world, 11));
       CHECK(store->latest() == std::optional<std::uint64_t>(11));
+    }
+    SUBCASE("a removal killed midway is never listed as damage and the next writer finishes it, on every root of the store") {
+      {
+        auto w = store->writer();
+        put_checkpoint(*w, src);
+        put_checkpoint(*w, SourceCheckpoint(Kind::world, 12));
+      }
+      kind.leave_crashed_removal(10);
+      CHECK(kind.has_leftovers());
+      // The removal's temporary may be listed as work in progress (a temporary), never as a
+      // checkpoint, damaged or not.
+      for (const auto& info : store->list(Verify::fast)) {
+        INFO(info.name << ": " << checkpoint_state_name(info.state) << " " << info.error);
+        if (info.state == CheckpointState::in_progress) CHECK_FALSE(info.step.has_value());
+        else CHECK((info.step == std::optional<std::uint64_t>(12) && info.state == CheckpointState::complete));
+      }
+      auto w = store->writer();
+      CHECK_FALSE(w->cleaned_up().empty());
+      CHECK_FALSE(kind.has_leftovers());
+      CHECK_FALSE(kind.holds_step_dir(10));
+      CHECK(store->steps() == std::vector<std::uint64_t>{12});
+      store->verify(12, Verify::full);
     }
   }
 }

@@ -20,6 +20,13 @@ void leave_temporary(const fs::path& root, std::uint64_t step) {
   test::write_all(t / shard_file_name(0, 1), {1, 2, 3});
 }
 
+// A removal's temporary: the step's directory renamed as retire_dir and remove_node_step do.
+void renamed_away(const fs::path& root, std::uint64_t step) {
+  const std::string name = checkpoint_dir_name(step);
+  REQUIRE(fs::exists(root / name));
+  fs::rename(root / name, root / temporary_name(name));
+}
+
 bool has_temporary(const fs::path& root) {
   if (!fs::exists(root)) return false;
   for (const auto& e : fs::directory_iterator(root))
@@ -40,6 +47,9 @@ struct Directory {
   }
   void damage_manifest(std::uint64_t step) { write_junk(root() / checkpoint_dir_name(step) / "manifest.json"); }
   void leave_crashed_save(std::uint64_t step) { leave_temporary(root(), step); }
+  // A removal renames the step to a temporary, then deletes that (retire_dir): cut between.
+  void leave_crashed_removal(std::uint64_t step) { renamed_away(root(), step); }
+  bool holds_step_dir(std::uint64_t step) { return fs::exists(root() / checkpoint_dir_name(step)); }
   bool has_leftovers() { return has_temporary(root()); }
 };
 
@@ -67,6 +77,14 @@ struct NodeSet {
   }
   void leave_crashed_save(std::uint64_t step) {
     for (int n = 0; n < 3; ++n) leave_temporary(root() / ("node-" + std::to_string(n)), step);
+  }
+  // A removal across node roots renames the step on every node before it deletes any
+  // (remove_node_step): cut after node 0's rename, the step is whole on nodes 1 and 2.
+  void leave_crashed_removal(std::uint64_t step) { renamed_away(root() / "node-0", step); }
+  bool holds_step_dir(std::uint64_t step) {
+    for (int n = 0; n < 3; ++n)
+      if (fs::exists(root() / ("node-" + std::to_string(n)) / checkpoint_dir_name(step))) return true;
+    return false;
   }
   bool has_leftovers() {
     for (int n = 0; n < 3; ++n)

@@ -15,6 +15,7 @@
 #include "ckpt/store/nodes/node_commit.hpp"
 #include "ckpt/store/nodes/redundancy_io.hpp"
 #include "ckpt/store/root_lock.hpp"
+#include "ckpt/store/store.hpp"
 #include "ckpt/ops/save.hpp"
 #include "io/io_fixture.hpp"
 #include "support/test_support.hpp"
@@ -93,5 +94,24 @@ struct SavedNodeCheckpoint {
   }
   std::filesystem::path block(std::size_t i) const { return ckpt_dir(m.redundancy[i].node) / m.redundancy[i].path; }
 };
+
+/// The resume of a node set, as the Checkpointer's start-up does it through the store: the
+/// node roots' parent opened with open_store (through `fs`), the checkpoint `latest` names
+/// repaired by the store's writer (StoreWriter::repair with `verify`; `report`, if given,
+/// says what was rebuilt), then opened, read-only, at `expected_world_size`. Throws what the
+/// store throws.
+inline CheckpointReader repair_then_open_latest(FileSystem& fs, std::span<const std::string> roots, std::optional<int> expected_world_size = {},
+                                                Verify verify = Verify::fast, RepairReport* report = nullptr) {
+  REQUIRE(!roots.empty());
+  const auto store = open_store(std::filesystem::path(roots.front()).parent_path().string(), {.fs = &fs});
+  const auto step = store->latest();
+  if (!step) throw Error(Errc::not_found, store->root(), "no latest pointer on any node root: nothing committed yet");
+  {
+    const auto writer = store->writer();
+    auto reports = writer->repair(*step, verify);
+    if (report) *report = reports.empty() ? RepairReport{} : std::move(reports.front());
+  }
+  return store->open(*step, expected_world_size);
+}
 
 }  // namespace ckpt::test

@@ -235,18 +235,7 @@ int run(const std::string& self, const std::string& root, int kills, std::uint64
       if (!wrong.empty()) throw Error(Errc::checksum_mismatch, opened.reader.dir(), wrong);
       // The newest complete checkpoint is the one `latest` names, or one step newer (killed
       // between the rename and the `latest` update); anything else means `latest` lags.
-      // Across node roots, the checkpoints as the first node root there is holds them: rotation
-      // removes a step node root by node root from node 0 up, so a kill in the middle of it
-      // leaves a step gone from node 0 and whole elsewhere, which is no checkpoint any more
-      // (the node set's own listing still shows it until the next rotation removes it).
-      std::string listed = root;
-      if (g_redundancy)
-        for (const auto& r : roots_of(root))
-          if (fs::exists(r)) {
-            listed = r.string();
-            break;
-          }
-      for (const auto& info : list_checkpoints(posix_file_system(), listed, Verify::none)) {
+      for (const auto& info : open_store(root)->list(Verify::none)) {
         if (info.state != CheckpointState::corrupt) continue;
         // Across node roots, a checkpoint that had shards on the node lost after the last kill
         // is damaged until the next writer's start-up rebuilds it; it must be rebuildable.

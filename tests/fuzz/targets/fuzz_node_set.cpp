@@ -33,6 +33,7 @@
 #include "ckpt/store/nodes/node_commit.hpp"
 #include "ckpt/read/reader.hpp"
 #include "ckpt/store/nodes/redundancy_io.hpp"
+#include "ckpt/store/store.hpp"
 #include "ckpt/testing/memory_file_system.hpp"
 #include "fuzz/support/bundle.hpp"
 #include "fuzz/support/reseal.hpp"
@@ -189,7 +190,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   if (flags & 8) {
     refusable([&] {
-      const CheckpointReader reader = repair_and_open_latest_nodes(fs, roots, std::nullopt, verify);
+      // The resume through the store: the writer repairs the live checkpoint, then it opens.
+      const auto store = open_store(kSet, {.fs = &fs});
+      const auto step = store->latest();
+      if (!step) return;
+      (void)store->writer()->repair(*step, verify);
+      const CheckpointReader reader = store->open(*step);
       const Manifest& m = reader.manifest();
       for (int r = 0; r < m.world_size && r < 8; ++r)
         refusable([&] {

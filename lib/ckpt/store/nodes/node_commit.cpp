@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <exception>
+#include <functional>
+#include <utility>
 #include <set>
 #include <string_view>
 
@@ -65,6 +67,26 @@ std::vector<std::string> prepare_node_roots(FileSystem& fs, std::span<const Root
     }
   }
   std::vector<std::string> removed;
+  // A removal cut between its renames (remove_node_step): a removal temporary of a step older
+  // than the live one on any node root is the order to remove that step from every node root.
+  if (const auto live_name = read_latest_nodes(fs, roots))
+    if (const auto live = parse_checkpoint_dir_name(*live_name)) {
+      std::set<std::string> unfinished;
+      for (const auto& r : roots) {
+        if (!fs.stat(r)) continue;
+        for (const auto& e : fs.list_dir(r))
+          if (const auto t = parse_temporary_name(e.name))
+            if (const auto step = parse_checkpoint_dir_name(t->final_name); step && *step < *live) unfinished.insert(t->final_name);
+      }
+      for (const auto& name : unfinished) {
+        bool any = false;
+        for (const auto& r : roots) any |= fs.stat(join_path(r, name)).has_value();
+        if (!any) continue;
+        log_line(join_path(roots[0], name) + ": finishing its removal from every node root (a rotation or removal across nodes was cut)");
+        remove_node_step(fs, roots, name);
+        for (std::size_t n = 0; n < roots.size(); ++n) removed.push_back("node-" + std::to_string(n) + "/" + name);
+      }
+    }
   for (std::size_t n = 0; n < locks.size(); ++n)
     for (auto& name : prepare_root(fs, locks[n])) removed.push_back("node-" + std::to_string(n) + "/" + name);
   return removed;
@@ -141,21 +163,67 @@ void abort_node_checkpoint(FileSystem& fs, std::span<const std::string> roots, s
     if (!temps[n].empty()) abort_checkpoint(fs, roots[n], temps[n]);
 }
 
-std::vector<std::string> rotate_node_checkpoints(FileSystem& fs, std::span<const std::string> roots, int keep_last,
-                                                 const std::string& committed, const std::function<bool(const std::string&)>& keep) {
-  std::vector<std::string> first;
+void remove_node_step(FileSystem& fs, std::span<const std::string> roots, const std::string& name) {
+  // Every node's directory renamed (and made durable) before any is deleted: a kill between
+  // two renames leaves removal temporaries behind, which the next prepare_node_roots takes as
+  // the order to finish, never a step gone from some node roots and whole on others.
+  std::vector<std::pair<std::string, std::string>> doomed;  // root, temporary
   std::exception_ptr error;
   for (const auto& r : roots) {
     try {
-      if (!fs.stat(r)) continue;
-      auto removed = rotate_checkpoints(fs, r, keep_last, committed, keep);
-      if (first.empty()) first = std::move(removed);
+      const auto st = fs.stat(join_path(r, name));
+      if (!st || st->type != EntryType::directory) continue;
+      const std::string temp = temporary_name(name);
+      fs.rename(join_path(r, name), join_path(r, temp));
+      fs.sync_dir(r);
+      doomed.emplace_back(r, temp);
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  for (const auto& [r, temp] : doomed) {
+    try {
+      fs.remove_all(join_path(r, temp));
     } catch (...) {
       if (!error) error = std::current_exception();
     }
   }
   if (error) std::rethrow_exception(error);
-  return first;
+}
+
+std::vector<std::string> rotate_node_checkpoints(FileSystem& fs, std::span<const std::string> roots, int keep_last,
+                                                 const std::string& committed, const std::function<bool(const std::string&)>& keep) {
+  std::vector<std::string> removed;
+  if (keep_last <= 0) return removed;
+  // The steps of every node root but the committed one and any a node's `latest` names,
+  // newest first; the same names are removed from every node root.
+  std::set<std::string, std::greater<>> others;
+  std::set<std::string> live;
+  std::exception_ptr error;
+  for (const auto& r : roots) {
+    try {
+      if (!fs.stat(r)) continue;  // a lost node
+      if (const auto latest = read_latest(fs, r)) live.insert(*latest);
+      for (const auto& e : fs.list_dir(r))
+        if (e.type == EntryType::directory && parse_checkpoint_dir_name(e.name) && e.name != committed) others.insert(e.name);
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  std::size_t kept = 0;
+  for (const auto& name : others) {
+    if (live.count(name)) continue;
+    if (++kept < static_cast<std::size_t>(keep_last)) continue;
+    if (keep && keep(name)) continue;
+    try {
+      remove_node_step(fs, roots, name);
+      removed.push_back(name);
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+  return removed;
 }
 
 }  // namespace ckpt

@@ -48,8 +48,10 @@ std::optional<std::string> newest_node_checkpoint(FileSystem& fs, std::span<cons
 /// node's) whose lost files the scheme can rebuild: all of its files were durable before
 /// its first rename, and the nodes whose `latest` had moved to it may be the lost ones.
 /// Each node root holding that step's directory gets its `latest` moved forward to it;
-/// then prepare_root on each (which removes what is newer than its `latest`). Returns the
-/// names removed, "node-n/NAME". Throws what prepare_root throws.
+/// then a removal cut between its renames is finished (a removal temporary of a step older
+/// than the newest on any node root: remove_node_step of that step); then prepare_root on
+/// each (which removes what is newer than its `latest`). Returns the names removed,
+/// "node-n/NAME". Throws what prepare_root throws.
 std::vector<std::string> prepare_node_roots(FileSystem& fs, std::span<const RootLock> locks);
 
 /// Step 1 on every node root: the temporary directories, in node order. On a failure the
@@ -72,9 +74,17 @@ std::string commit_node_checkpoint(FileSystem& fs, std::span<const std::string> 
 /// names are skipped). Never throws.
 void abort_node_checkpoint(FileSystem& fs, std::span<const std::string> roots, std::span<const std::string> temps) noexcept;
 
-/// Rotation on every node root (rotate_checkpoints on each, the same names everywhere); a
-/// missing node root is skipped. Returns the names removed on node 0 (or the first node
-/// that removed any); throws the first failure after trying every node.
+/// Removes checkpoint `name` from every node root that holds it: first every node's directory
+/// is renamed to a removal temporary (each node root fsynced), then the temporaries are
+/// deleted, so a kill mid-way leaves no node root with the step and another without it
+/// under its name; prepare_node_roots finishes such a removal. Tries every node; throws the
+/// first failure.
+void remove_node_step(FileSystem& fs, std::span<const std::string> roots, const std::string& name);
+
+/// Rotation across node roots, rotate_checkpoints's rule over the steps of all of them: keeps
+/// `committed`, every step a node's `latest` names, and the newest keep_last - 1 others (and
+/// what `keep` keeps); each other step is removed from every node root (remove_node_step). A
+/// missing node root is skipped. Returns the names removed; throws the first failure.
 std::vector<std::string> rotate_node_checkpoints(FileSystem& fs, std::span<const std::string> roots, int keep_last,
                                                  const std::string& committed,
                                                  const std::function<bool(const std::string&)>& keep = {});

@@ -158,12 +158,9 @@ class NodeSetWriter final : public StoreWriter {
     if (read_latest_nodes(fs_, roots_) == name)
       throw Error(Errc::invalid_argument, join_path(dir_, "node-*/" + name), "the checkpoint `latest` names is never removed");
     bool any = false;
-    for (const auto& r : roots_)
-      if (fs_.stat(join_path(r, name))) {
-        remove_checkpoint(fs_, r, name);
-        any = true;
-      }
+    for (const auto& r : roots_) any |= fs_.stat(join_path(r, name)).has_value();
     if (!any) detail::throw_not_committed(join_path(dir_, "node-*/" + name), step);
+    remove_node_step(fs_, roots_, name);
   }
 
  private:
@@ -356,11 +353,12 @@ class NodeSetStore final : public CheckpointStore {
   }
 
   // A check of `step` failed or found files missing: is a rotation removing it (which is no
-  // damage)? Rotation removes a step node root by node root (rotate_node_checkpoints), each
-  // through a temporary, and only steps older than `latest`. So: `latest` names a newer step,
-  // and the step is gone from every node root, or a removal's temporary of it is on one, or a
-  // node root that held it when the check began no longer does. Between two node roots there
-  // is an instant with none of these: looked at again for up to 100 ms before calling it damage.
+  // damage)? Rotation removes only steps older than `latest`, and renames a step to a removal
+  // temporary on every node root before it deletes any (remove_node_step); a removal a kill
+  // cut leaves its temporaries until the next writer finishes it. So: `latest` names a newer
+  // step, and the step is gone from every node root, or a removal's temporary of it is on
+  // one, or a node root that held it when the check began no longer does. A rename can fall
+  // between two of these looks: looked at again for up to 100 ms before calling it damage.
   bool being_rotated(std::uint64_t step, const std::vector<bool>& before) {
     const std::string name = checkpoint_dir_name(step);
     try {

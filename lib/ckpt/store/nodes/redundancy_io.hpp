@@ -162,13 +162,4 @@ RepairReport repair_node_checkpoint(FileSystem& fs, std::span<const std::string>
 /// reports of the checkpoints repaired. The caller holds the node roots' locks.
 std::vector<RepairReport> repair_node_roots(FileSystem& fs, std::span<const std::string> roots);
 
-/// The resume of a node set's writer: repairs the checkpoint the newest `latest` of `roots`
-/// names if a shard, block or manifest copy is bad (repair_node_checkpoint with `verify`;
-/// `report`, if given, says what was rebuilt), then opens it. A write: the caller holds the
-/// node roots' locks (open_latest only reads). Throws Errc::not_found without a `latest`, the
-/// repair's error when it cannot be rebuilt. The ranks of one process calling it at once
-/// check the checkpoint once.
-CheckpointReader repair_and_open_latest_nodes(FileSystem& fs, std::span<const std::string> roots, std::optional<int> expected_world_size = {},
-                                              Verify verify = Verify::fast, RepairReport* report = nullptr);
-
 }  // namespace ckpt
