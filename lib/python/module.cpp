@@ -10,19 +10,15 @@
 #include <algorithm>
 #include <chrono>
 #include <boost/json.hpp>
-#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <string>
 #include <tuple>
-#include <unistd.h>
 #include <vector>
 
 #include "ckpt/store/store.hpp"
@@ -38,8 +34,6 @@
 #include "ckpt/read/reader.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
 #include "ckpt/runtime/coordinator.hpp"
-#include "ckpt/runtime/local_outcomes.hpp"
-#include "ckpt/runtime/wire.hpp"
 #include "ckpt/version.hpp"
 
 namespace py = pybind11;
@@ -119,229 +113,63 @@ std::vector<ckpt::TensorView> views_of(const std::vector<TensorTuple>& tensors, 
 
 // ---- the multi-process coordinator ---------------------------------------------------------
 
-// A CommitCoordinator whose channel is a Python thread (ckpt/distributed.py): report() and
-// start_run() queue an item and return (start_run waits for its answer); the thread takes
-// items with next_item(), runs the collectives over torch.distributed (a gloo group of its
-// own), and hands the results back with commit() (rank 0), deliver(), answer_start() or
-// fail(). One rank per process, as with MPI. No call here holds the GIL while it waits or
-// runs ckpt code.
-class QueueCoordinator final : public ckpt::CommitCoordinator {
+// The transport of a torch.distributed job (ckpt/distributed.py): the protocol is
+// ckpt::ChannelCoordinator's; the Python object supplies gather(bytes) -> list of bytes (on
+// rank 0) or None, and broadcast(bytes) -> bytes, over a gloo group of its own. They are
+// called from the Python thread that runs serve() (GIL released there, taken back here).
+class PyTransport final : public ckpt::CoordinationTransport {
  public:
-  QueueCoordinator(int rank, int world) : rank_(rank), world_(world) {
-    ckpt::check_rank(rank, world, "QueueCoordinator rank");
+  explicit PyTransport(py::object impl) : impl_(std::move(impl)) {}
+  ~PyTransport() override {
+    py::gil_scoped_acquire gil;
+    impl_ = py::object();
   }
-
-  int world_size() const noexcept override { return world_; }
-  std::vector<int> local_ranks() const override { return {rank_}; }
-
-  std::string start_run(const std::function<void()>& prepare) override {
-    std::string msg;
-    if (rank_ == 0) {
-      try {
-        prepare();
-        std::random_device rd;
-        char buf[32];
-        std::snprintf(buf, sizeof buf, "py%x%08x", static_cast<unsigned>(::getpid()), rd());
-        msg = std::string("+") + buf;
-      } catch (...) {
-        msg = "-" + ckpt::error_to_json(ckpt::to_error(std::current_exception()));
-      }
-    }
-    std::unique_lock lk(mu_);
-    start_answer_.reset();
-    queue_.push_back(Item{"start", 0, msg});
-    cv_.notify_all();
-    cv_.wait(lk, [&] { return start_answer_.has_value() || closed_; });
-    if (!start_answer_)
-      throw ckpt::Error(ckpt::Errc::aborted, {}, "the checkpoint coordinator was closed before the run started");
-    const std::string a = *start_answer_;
-    start_answer_.reset();
-    if (a.empty() || a[0] == '-') throw ckpt::error_from_json(a.empty() ? "" : a.substr(1));
-    return a.substr(1);
-  }
-
-  void report(std::uint64_t step, ckpt::RankReport report, CommitFn commit, OutcomeFn on_outcome) override {
-    if (report.rank != rank_)
-      throw ckpt::Error(ckpt::Errc::invalid_argument, {}, "report rank: this process hosts only its own rank",
-                        std::to_string(rank_), std::to_string(report.rank));
-    std::unique_lock lk(mu_);
-    if (closed_) {
-      // Closed before the Checkpointer (a misuse): no thread will carry the report.
-      lk.unlock();
-      on_outcome(closed_outcome(step));
-      return;
-    }
-    if (auto abandoned = outcomes_.add(step, rank_, on_outcome)) {
-      lk.unlock();
-      on_outcome(*abandoned);
-      return;
-    }
-    if (rank_ == 0) commits_[step] = std::move(commit);
-    queue_.push_back(Item{"report", step, ckpt::detail::encode_rank_report(step, report)});
-    cv_.notify_all();
-  }
-
-  void abandon(std::uint64_t step, const ckpt::CommitOutcome& outcome) override {
-    std::unique_lock lk(mu_);
-    OutcomeFn fn = outcomes_.abandon(step, outcome);
-    commits_.erase(step);
-    lk.unlock();
-    if (fn) fn(outcome);
-  }
-
-  std::vector<int> reported(std::uint64_t step) const override {
-    std::lock_guard lk(mu_);
-    if (outcomes_.pending.contains(step)) return {rank_};
-    return {};
-  }
-
-  // ---- the Python thread's side ----
-
-  // Blocks (GIL released by the binding) until an item is queued or close(): (kind, step,
-  // text), kind "start" (text: rank 0's "+run id" or "-error json", empty elsewhere) or
-  // "report" (text: this rank's encoded report). nullopt once closed.
-  std::optional<std::tuple<std::string, std::uint64_t, std::string>> next_item() {
-    std::unique_lock lk(mu_);
-    cv_.wait(lk, [&] { return !queue_.empty() || closed_; });
-    if (queue_.empty()) return std::nullopt;
-    Item it = std::move(queue_.front());
-    queue_.pop_front();
-    return std::make_tuple(it.kind, it.step, it.text);
-  }
-
-  void answer_start(const std::string& text) {
-    std::lock_guard lk(mu_);
-    start_answer_ = text;
-    cv_.notify_all();
-  }
-
-  // Rank 0: every rank's encoded report of `step`, in rank order; runs the commit and returns
-  // the encoded outcome for every rank.
-  std::string commit(std::uint64_t step, const std::vector<std::string>& texts) {
-    CommitFn fn;
-    {
-      std::lock_guard lk(mu_);
-      auto it = commits_.find(step);
-      if (it != commits_.end()) {
-        fn = std::move(it->second);
-        commits_.erase(it);
-      }
-    }
-    ckpt::CommitOutcome outcome;
-    if (!fn) {
-      outcome.error = ckpt::Error(ckpt::Errc::comm_error, {}, "step " + std::to_string(step) + ": rank 0 has no commit for it");
-    } else if (static_cast<int>(texts.size()) != world_) {
-      outcome.error = ckpt::Error(ckpt::Errc::comm_error, {}, "step " + std::to_string(step) + ": reports",
-                                  std::to_string(world_), std::to_string(texts.size()));
-    } else {
-      std::vector<ckpt::RankReport> reports;
-      for (int r = 0; r < world_; ++r) {
-        ckpt::RankReport rep;
-        try {
-          rep = ckpt::detail::decode_rank_report(texts[static_cast<std::size_t>(r)]);
-        } catch (const ckpt::Error& e) {
-          rep.error = e;
-        }
-        rep.rank = r;  // the sender is the rank, whatever the message says
-        reports.push_back(std::move(rep));
-      }
-      try {
-        outcome = fn(reports);
-      } catch (...) {
-        outcome.error = ckpt::to_error(std::current_exception());
-      }
-    }
-    return ckpt::detail::encode_outcome(outcome);
-  }
-
-  // Rank 0, when the reports disagree on the step or could not be gathered: drops the
-  // commit and returns a failed outcome naming `why`.
-  std::string failed_outcome(std::uint64_t step, const std::string& why) {
-    {
-      std::lock_guard lk(mu_);
-      commits_.erase(step);
-    }
-    ckpt::CommitOutcome outcome;
-    outcome.error = ckpt::Error(ckpt::Errc::comm_error, {}, why);
-    return ckpt::detail::encode_outcome(outcome);
-  }
-
-  // Hands this rank the outcome of `step`.
-  void deliver(std::uint64_t step, const std::string& text) {
-    ckpt::CommitOutcome outcome;
+  std::vector<std::string> gather(const std::string& mine) override {
+    py::gil_scoped_acquire gil;
     try {
-      outcome = ckpt::detail::decode_outcome(text);
-    } catch (const ckpt::Error& e) {
-      outcome.error = e;
+      const py::object got = impl_.attr("gather")(py::bytes(mine));
+      std::vector<std::string> out;
+      if (!got.is_none())
+        for (const auto& item : got) out.push_back(item.cast<std::string>());
+      return out;
+    } catch (py::error_already_set& e) {
+      throw ckpt::Error(ckpt::Errc::comm_error, {}, e.what());
+    } catch (const py::cast_error& e) {
+      throw ckpt::Error(ckpt::Errc::comm_error, {}, std::string("the transport's gather returned what is not a list of bytes: ") + e.what());
     }
-    deliver_outcome(step, outcome);
   }
-
-  // The channel failed while handling an item: a start fails with `why`, a report's step
-  // fails on this rank with Errc::comm_error naming `why`.
-  void fail(const std::string& kind, std::uint64_t step, const std::string& why) {
-    const ckpt::Error e(ckpt::Errc::comm_error, {}, why);
-    if (kind == "start") {
-      answer_start("-" + ckpt::error_to_json(e));
-      return;
+  std::string broadcast(const std::string& text) override {
+    py::gil_scoped_acquire gil;
+    try {
+      return impl_.attr("broadcast")(py::bytes(text)).cast<std::string>();
+    } catch (py::error_already_set& e) {
+      throw ckpt::Error(ckpt::Errc::comm_error, {}, e.what());
+    } catch (const py::cast_error& e) {
+      throw ckpt::Error(ckpt::Errc::comm_error, {}, std::string("the transport's broadcast returned what is not bytes: ") + e.what());
     }
-    {
-      std::lock_guard lk(mu_);
-      commits_.erase(step);
-    }
-    ckpt::CommitOutcome outcome;
-    outcome.error = e;
-    deliver_outcome(step, outcome);
-  }
-
-  // Stops the channel: next_item() returns nullopt, and every step reported and not answered
-  // yet, or reported from now on, fails on this rank with Errc::comm_error (the Checkpointer
-  // is meant to be closed first; if it is not, its saves end instead of waiting forever).
-  void close() {
-    std::map<std::uint64_t, OutcomeFn> unanswered;
-    {
-      std::lock_guard lk(mu_);
-      closed_ = true;
-      queue_.clear();
-      commits_.clear();
-      unanswered.swap(outcomes_.pending);
-      cv_.notify_all();
-    }
-    for (auto& [step, fn] : unanswered) fn(closed_outcome(step));
   }
 
  private:
-  struct Item {
-    std::string kind;
-    std::uint64_t step = 0;
-    std::string text;
-  };
+  py::object impl_;
+};
 
-  static ckpt::CommitOutcome closed_outcome(std::uint64_t step) {
-    ckpt::CommitOutcome o;
-    o.error = ckpt::Error(ckpt::Errc::comm_error, {},
-                          "step " + std::to_string(step) +
-                              ": the checkpoint coordinator was closed before the Checkpointer (close the Checkpointer first)");
-    return o;
+// The coordinator of one process of a torch.distributed job: the protocol over its transport.
+class ProcessCoordinator {
+ public:
+  ProcessCoordinator(int rank, int world, py::object transport)
+      : transport_(std::make_unique<PyTransport>(std::move(transport))),
+        protocol_(std::make_unique<ckpt::ChannelCoordinator>(world, rank, *transport_)) {}
+  ~ProcessCoordinator() {
+    py::gil_scoped_release nogil;  // the protocol's close may wake a serve() that takes the GIL
+    protocol_.reset();
+    transport_.reset();
   }
+  ckpt::ChannelCoordinator& protocol() { return *protocol_; }
+  int world_size() const { return protocol_->world_size(); }
 
-  void deliver_outcome(std::uint64_t step, const ckpt::CommitOutcome& outcome) {
-    OutcomeFn fn;
-    {
-      std::lock_guard lk(mu_);
-      fn = outcomes_.take(step);
-    }
-    if (fn) fn(outcome);
-  }
-
-  const int rank_, world_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Item> queue_;
-  std::optional<std::string> start_answer_;
-  bool closed_ = false;
-  ckpt::detail::LocalOutcomes outcomes_;
-  std::map<std::uint64_t, CommitFn> commits_;  // rank 0: the commit of each reported step
+ private:
+  std::unique_ptr<PyTransport> transport_;
+  std::unique_ptr<ckpt::ChannelCoordinator> protocol_;
 };
 
 // ---- saving -------------------------------------------------------------------------------
@@ -473,14 +301,14 @@ class PyCheckpointer {
  public:
   PyCheckpointer(const std::string& root, int world_size, int keep_last, const std::string& writer, const std::string& when_busy,
                  const std::optional<std::string>& durable_root, int durable_keep_last, bool allow_older_than_latest, bool allow_empty,
-                 std::shared_ptr<QueueCoordinator> coordinator)
+                 std::shared_ptr<ProcessCoordinator> coordinator)
       : coordinator_(std::move(coordinator)) {
     ckpt::CheckpointerOptions o{.root = root,
                                 .world_size = world_size,
                                 .keep_last = keep_last,
                                 .backend = writer_of(writer),
                                 .when_busy = busy_of(when_busy),
-                                .coordinator = coordinator_.get(),
+                                .coordinator = coordinator_ ? &coordinator_->protocol() : nullptr,
                                 .allow_older_than_latest = allow_older_than_latest,
                                 .allow_empty = allow_empty};
     if (durable_root) o.durable = ckpt::DurableTierOptions{.root = *durable_root, .keep_last = durable_keep_last};
@@ -542,7 +370,7 @@ class PyCheckpointer {
   }
 
  private:
-  std::shared_ptr<QueueCoordinator> coordinator_;  // outlives cp_ (declared first)
+  std::shared_ptr<ProcessCoordinator> coordinator_;  // outlives cp_ (declared first)
   std::unique_ptr<ckpt::Checkpointer> cp_;
 };
 
@@ -713,20 +541,15 @@ PYBIND11_MODULE(_core, m) {
       .def("wait_staged_for", &Handle::wait_staged_for, py::arg("timeout"))
       .def("staged_result", &Handle::staged_result);
 
-  py::class_<QueueCoordinator, std::shared_ptr<QueueCoordinator>>(m, "QueueCoordinator")
-      .def(py::init<int, int>(), py::arg("rank"), py::arg("world_size"))
-      .def("next_item", &QueueCoordinator::next_item, py::call_guard<py::gil_scoped_release>())
-      .def("answer_start", &QueueCoordinator::answer_start)
-      .def("commit", &QueueCoordinator::commit, py::call_guard<py::gil_scoped_release>())
-      .def("failed_outcome", &QueueCoordinator::failed_outcome)
-      .def("deliver", &QueueCoordinator::deliver, py::call_guard<py::gil_scoped_release>())
-      .def("fail", &QueueCoordinator::fail, py::call_guard<py::gil_scoped_release>())
-      .def("close", &QueueCoordinator::close)
-      .def_property_readonly("world_size", &QueueCoordinator::world_size);
+  py::class_<ProcessCoordinator, std::shared_ptr<ProcessCoordinator>>(m, "ProcessCoordinator")
+      .def(py::init<int, int, py::object>(), py::arg("rank"), py::arg("world_size"), py::arg("transport"))
+      .def("serve", [](ProcessCoordinator& c) { c.protocol().serve(); }, py::call_guard<py::gil_scoped_release>())
+      .def("close", [](ProcessCoordinator& c) { c.protocol().close(); }, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("world_size", &ProcessCoordinator::world_size);
 
   py::class_<PyCheckpointer>(m, "Checkpointer")
       .def(py::init<const std::string&, int, int, const std::string&, const std::string&, const std::optional<std::string>&, int,
-                    bool, bool, std::shared_ptr<QueueCoordinator>>(),
+                    bool, bool, std::shared_ptr<ProcessCoordinator>>(),
            py::arg("root"), py::arg("world_size"), py::arg("keep_last"), py::arg("writer"), py::arg("when_busy"),
            py::arg("durable_root"), py::arg("durable_keep_last"), py::arg("allow_older_than_latest"), py::arg("allow_empty"),
            py::arg("coordinator"))

@@ -3,11 +3,16 @@
 // Every rank, once its shard is durable (or has failed), hands the coordinator a typed report
 // (RankReport: the shard's manifest part, or the rank's error). When all world_size reports of
 // a step are in, the coordinator runs the commit exactly once, on one rank, with the reports in
-// rank order, and delivers the commit's outcome (CommitOutcome) to every rank. The in-process
-// coordinator below does this with a mutex; a multi-process backend encodes the same structs
-// for its wire (runtime/wire.hpp, the one place they become text) and sends them over a
-// channel of its own to one committing rank and back, so they can never interleave with the
-// training loop's collectives.
+// rank order, and delivers the commit's outcome (CommitOutcome) to every rank.
+//
+// The protocol is written once (ChannelCoordinator): the start-run handshake (the process
+// hosting rank 0 cleans the root up and names the run; the others wait for its word) and the
+// commit vote (each process's reports gathered on process 0, which commits once all are in,
+// and the outcome broadcast back). Ranks that are threads of one process need no transport:
+// the last reporter runs the round on its own thread. Ranks in several processes (MPI, a
+// torch.distributed job) supply only a CoordinationTransport, two collectives over a channel
+// of their own, so the checkpoint's messages never interleave with the training's; the
+// messages are runtime/wire.hpp's (the one place the typed structs become text).
 #pragma once
 
 #include <chrono>
@@ -100,7 +105,65 @@ class CommitCoordinator {
   virtual FileTransport* file_transport();
 };
 
-/// The coordinator for ranks that are threads of one process.
+/// The bytes a multi-process coordinator moves between its processes, process p hosting rank
+/// p: two collectives on a channel of the backend's own. Every process calls them in the same
+/// order (ChannelCoordinator::serve does). A failure throws (any exception); the channel is
+/// then taken as broken.
+class CoordinationTransport {
+ public:
+  virtual ~CoordinationTransport() = default;
+  /// Every process's `mine`, in process order, on process 0; empty elsewhere.
+  virtual std::vector<std::string> gather(const std::string& mine) = 0;
+  /// Process 0's `text` on every process (the others' `text` is ignored).
+  virtual std::string broadcast(const std::string& text) = 0;
+};
+
+/// The commit coordination protocol (the top of this file), over a transport or none.
+///
+/// Without a transport, one process hosts every rank: start_run runs `prepare` and returns ""
+/// (one process writes everything); the last report of a step runs the commit on the calling
+/// thread and calls every rank's on_outcome there, before report() returns.
+///
+/// With a transport of `world_size` processes, this process hosts rank `transport_rank`:
+/// report() queues the rank's report and returns; the backend's channel thread runs serve(),
+/// which takes the queued rounds in order: the start-run handshake (process 0 runs `prepare`
+/// and names the run; a failure there is every process's) and each step's vote (gather on
+/// process 0, where the reports must all be of the step, each taken as its sender's rank;
+/// the commit; the outcome broadcast and delivered). A transport failure breaks the channel:
+/// that step and every later one fails on this process with Errc::comm_error saying why, and
+/// nothing more is sent. close() ends serve() and fails every step still unanswered.
+class ChannelCoordinator : public CommitCoordinator {
+ public:
+  /// One process, every rank: no transport.
+  explicit ChannelCoordinator(int world_size);
+  /// Ranks in `world_size` processes; this one hosts `rank`. `transport` outlives this.
+  ChannelCoordinator(int world_size, int rank, CoordinationTransport& transport);
+  ~ChannelCoordinator() override;
+  ChannelCoordinator(const ChannelCoordinator&) = delete;
+  ChannelCoordinator& operator=(const ChannelCoordinator&) = delete;
+
+  int world_size() const noexcept override;
+  std::vector<int> local_ranks() const override;
+  std::string start_run(const std::function<void()>& prepare) override;
+  void report(std::uint64_t step, RankReport report, CommitFn commit, OutcomeFn on_outcome) override;
+  void abandon(std::uint64_t step, const CommitOutcome& outcome) override;
+  std::vector<int> reported(std::uint64_t step) const override;
+
+  /// The channel thread's loop (with a transport): runs the queued rounds until close().
+  void serve();
+  /// Ends serve() and fails every step reported and not answered, or reported from now on,
+  /// with Errc::comm_error (the Checkpointer is meant to be closed first; if it is not, its
+  /// saves end instead of waiting forever). A start_run waiting for its answer fails with
+  /// Errc::aborted. Idempotent.
+  void close();
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+/// The coordinator for ranks that are threads of one process (a ChannelCoordinator without
+/// a transport).
 std::unique_ptr<CommitCoordinator> make_in_process_coordinator(int world_size);
 
 }  // namespace ckpt

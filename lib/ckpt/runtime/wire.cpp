@@ -154,6 +154,34 @@ CommitOutcome decode_outcome(std::string_view text) {
   }
 }
 
+std::string encode_vote(std::uint64_t step, std::span<const std::string> reports) {
+  json::array a;
+  for (const auto& r : reports) a.emplace_back(json::string(r));
+  return json::serialize(json::object{{"step", step}, {"reports", std::move(a)}});
+}
+
+Vote decode_vote(std::string_view text) {
+  try {
+    const json::object o = parse_message(text).as_object();
+    Vote v;
+    v.step = o.at("step").to_number<std::uint64_t>();
+    for (const auto& r : o.at("reports").as_array()) v.reports.emplace_back(r.as_string());
+    return v;
+  } catch (const std::exception& e) {
+    bad_message("vote", e);
+  }
+}
+
+std::string encode_run_start(const std::string& run_id) { return "+" + run_id; }
+std::string encode_run_start_failure(const Error& error) { return "-" + error_to_json(error); }
+
+std::string decode_run_start(std::string_view text) {
+  if (text.starts_with('+')) return std::string(text.substr(1));
+  if (text.starts_with('-')) throw error_from_json(text.substr(1));
+  throw Error(Errc::comm_error, {}, "undecodable checkpoint coordination message: run start", "'+' and a run id, or '-' and an error",
+              std::string(text.substr(0, 64)));
+}
+
 std::string encode_shard_sizes(std::span<const std::pair<int, std::uint64_t>> sizes) {
   std::string out;
   for (const auto& [rank, size] : sizes) {

@@ -1,7 +1,9 @@
 // Private: the one place the commit coordination's typed messages become text, for
-// coordinators whose ranks live in other processes (dist/mpi). A report travels as a
-// one-shard manifest (decoded by decode_manifest, with every check the loader makes) plus
-// its rank and error; an outcome as its directory, commit time and error; a process's shard
+// coordinators whose ranks live in other processes (runtime/coordinator.hpp's protocol over
+// a transport; dist/mpi's shard-size exchange). A report travels as a one-shard manifest
+// (decoded by decode_manifest, with every check the loader makes) plus its rank and error; a
+// vote as its step and its ranks' reports; the start of a run as "+" and the run id, or "-"
+// and process 0's error (error_to_json); an outcome as its directory, commit time and error; a process's shard
 // sizes (the exchange before redundancy across processes) as "+rank:size" per rank it hosts,
 // or "-" and why it has none. Text that does not decode is Errc::comm_error naming what was
 // wrong (a report's manifest part: the manifest's own error).
@@ -23,6 +25,20 @@ std::string encode_rank_report(std::uint64_t step, const RankReport& report);
 RankReport decode_rank_report(std::string_view text);
 std::string encode_outcome(const CommitOutcome& outcome);
 CommitOutcome decode_outcome(std::string_view text);
+
+/// A process's message in a step's vote: the step and its ranks' encoded reports.
+std::string encode_vote(std::uint64_t step, std::span<const std::string> reports);
+struct Vote {
+  std::uint64_t step = 0;
+  std::vector<std::string> reports;  ///< encode_rank_report's texts
+};
+Vote decode_vote(std::string_view text);
+
+/// Process 0's word at the start of a run: the run id, or the error its preparation threw.
+std::string encode_run_start(const std::string& run_id);
+std::string encode_run_start_failure(const Error& error);
+/// The run id; throws the error process 0 sent (or Errc::comm_error for text that is neither).
+std::string decode_run_start(std::string_view text);
 
 /// One process's message in the shard-size exchange: the sizes of the shards of the ranks it
 /// hosts, (rank, size) pairs; or why it has none.

@@ -1,7 +1,7 @@
 // The messages processes of one job exchange (what another process, broken or hostile, may
 // send): the commit coordination's reports, outcomes and shard sizes (runtime/wire.hpp),
 // an error as JSON (core/error.hpp), and the file calls of a routed file system, both ends
-// (fs/remote_file_system.hpp). The first input byte chooses the message kind (mod 7), the rest
+// (fs/remote_file_system.hpp). The first input byte chooses the message kind (mod 8), the rest
 // is the message:
 //
 //   0 rank report     decode_rank_report
@@ -15,6 +15,7 @@
 //                     (support/file_calls.hpp), each [u16 length][bytes]
 //   6 file calls      a sequence of calls (bytes chosen below) through a routed file system
 //                     to a FileService, and the same calls on a MemoryFileSystem directly
+//   7 vote, run start decode_vote (and each report in it), decode_run_start
 //
 // Properties: a refusal is a ckpt::Error of the kind's code (comm_error; a report's manifest part
 // may be refused with the manifest's own code); what decodes encodes back to a message that
@@ -105,6 +106,27 @@ void outcome(std::string_view text) {
     require(detail::encode_outcome(detail::decode_outcome(again)) == again, "an outcome reads back differently: " + again);
   } catch (const Error& e) {
     fuzz::finding(std::string("an accepted outcome does not read back: ") + e.what());
+  }
+}
+
+// A process's vote (and the reports in it), and the same text as process 0's word at the
+// start of a run.
+void vote_and_start(std::string_view text) {
+  try {
+    const detail::Vote v = detail::decode_vote(text);
+    const std::string again = detail::encode_vote(v.step, v.reports);
+    const detail::Vote back = detail::decode_vote(again);
+    require(back.step == v.step && back.reports == v.reports, "a vote reads back differently: " + again);
+    for (const auto& r : v.reports) rank_report(r);
+  } catch (const Error& e) {
+    check_comm_error(e);
+  }
+  try {
+    const std::string id = detail::decode_run_start(text);
+    require(detail::encode_run_start(id) == text, "a run start reads back differently");
+  } catch (const Error& e) {
+    // Process 0's error, as it sent it (any code), or comm_error for text that is neither.
+    if (!text.starts_with('-')) check_comm_error(e);
   }
 }
 
@@ -330,13 +352,14 @@ void file_calls(Bytes in) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   const std::string_view msg(reinterpret_cast<const char*>(data) + 1, size - 1);
-  switch (data[0] % 7) {
+  switch (data[0] % 8) {
     case 0: rank_report(msg); break;
     case 1: outcome(msg); break;
     case 2: error_json(msg); break;
     case 3: shard_sizes(Bytes{msg}); break;
     case 4: file_requests(Bytes{msg}); break;
     case 5: file_replies(Bytes{msg}); break;
+    case 7: vote_and_start(msg); break;
     default: file_calls(Bytes{msg}); break;
   }
   return 0;

@@ -125,6 +125,11 @@ void wire_seeds(const fs::path& out, const Manifest& good) {
   write(out / "wire/outcome", mode(1, detail::encode_outcome(o)));
   o.error = Error(Errc::aborted, {}, "rank 1 failed: no space");
   write(out / "wire/outcome_failed", mode(1, detail::encode_outcome(o)));
+  r.error.reset();
+  const std::string report = detail::encode_rank_report(20, r);
+  write(out / "wire/vote", mode(7, detail::encode_vote(20, std::span(&report, 1))));
+  write(out / "wire/run_start", mode(7, detail::encode_run_start("run1a2b3c4d")));
+  write(out / "wire/run_start_failed", mode(7, detail::encode_run_start_failure(Error(Errc::busy, "/ckpt", "held by pid 7"))));
   write(out / "wire/error_conflict",
         mode(2, error_to_json(Error(Errc::conflict, "s3://b/p/latest", "PUT", "no object under the key", "HTTP 412 PreconditionFailed"))));
   write(out / "wire/error_io", mode(2, error_to_json(Error(Errc::io_error, "/ckpt/x", "fsync failed: Input/output error", {}, {}, 5))));
