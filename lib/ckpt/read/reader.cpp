@@ -348,21 +348,17 @@ void CheckpointReader::read_verified(int rank, Verify mode, std::span<std::byte>
   std::optional<Sha256> sha;
   Xxh3 all;
   if (mode == Verify::full) sha.emplace();
-  for (std::uint64_t k = 0; k < n; ++k) {
-    const std::uint64_t begin = k * cs, len = std::min(cs, rec.size - begin);
-    std::span<std::byte> piece = whole ? out.subspan(begin, len) : out.first(len);
-    f->read_at(begin, piece);
-    if (mode != Verify::none) {
-      const std::uint64_t h = xxh3_64(piece.data(), piece.size());
-      if (h != rec.chunk_xxh3[k]) detail::throw_chunk_mismatch(path, k, n, begin, len, rec.chunk_xxh3[k], h);
-    }
-    if (sha) {
-      sha->update(piece);
-      all.update(piece);
-    }
-    if (sink) sink(begin, piece);
-    if (progress) progress(done_before + begin + len, total);
-  }
+  detail::read_verified_chunks(
+      [&](std::uint64_t off, std::span<std::byte> b) { f->read_at(off, b); }, path, rec.chunk_xxh3, cs, rec.size, 0, n, mode != Verify::none,
+      [&](std::uint64_t k, std::uint64_t len) { return whole ? out.subspan(k * cs, len) : out.first(len); },
+      [&](std::uint64_t, std::uint64_t begin, std::span<const std::byte> piece) {
+        if (sha) {
+          sha->update(piece);
+          all.update(piece);
+        }
+        if (sink) sink(begin, piece);
+        if (progress) progress(done_before + begin + piece.size(), total);
+      });
   if (sha) {
     const std::string actual = to_hex(sha->finish());
     if (actual != rec.sha256) throw Error(Errc::checksum_mismatch, path, "sha256 of the whole file", rec.sha256, actual);
@@ -468,18 +464,16 @@ std::vector<std::byte> CheckpointReader::read_tensor(std::string_view name, int 
     f->read_at(t->begin, out);
     return out;
   }
-  const std::uint64_t cs = manifest_.chunk_size, n = chunk_count(rec.size, cs);
+  const std::uint64_t cs = manifest_.chunk_size;
   const std::uint64_t k0 = t->begin / cs, k1 = (t->end + cs - 1) / cs;
   std::vector<std::byte> chunk(static_cast<std::size_t>(std::min(cs, rec.size)));
-  for (std::uint64_t k = k0; k < k1; ++k) {
-    const std::uint64_t begin = k * cs, len = std::min(cs, rec.size - begin);
-    std::span<std::byte> piece(chunk.data(), static_cast<std::size_t>(len));
-    f->read_at(begin, piece);
-    const std::uint64_t h = xxh3_64(piece.data(), piece.size());
-    if (h != rec.chunk_xxh3[k]) detail::throw_chunk_mismatch(path, k, n, begin, len, rec.chunk_xxh3[k], h);
-    const std::uint64_t from = std::max(begin, t->begin), to = std::min(begin + len, t->end);
-    std::memcpy(out.data() + (from - t->begin), piece.data() + (from - begin), static_cast<std::size_t>(to - from));
-  }
+  detail::read_verified_chunks(
+      [&](std::uint64_t off, std::span<std::byte> b) { f->read_at(off, b); }, path, rec.chunk_xxh3, cs, rec.size, k0, k1, true,
+      [&](std::uint64_t, std::uint64_t len) { return std::span<std::byte>(chunk.data(), static_cast<std::size_t>(len)); },
+      [&](std::uint64_t, std::uint64_t begin, std::span<const std::byte> piece) {
+        const std::uint64_t from = std::max(begin, t->begin), to = std::min(begin + piece.size(), t->end);
+        std::memcpy(out.data() + (from - t->begin), piece.data() + (from - begin), static_cast<std::size_t>(to - from));
+      });
   return out;
 }
 

@@ -25,11 +25,13 @@ void check_head_chunks(const Manifest& m, const ShardRecord& rec, const ReadAt& 
   }
   const std::uint64_t chunks = std::min<std::uint64_t>(chunk_count(extent, m.chunk_size), rec.chunk_xxh3.size());
   std::vector<std::byte> chunk;
-  for (std::uint64_t k = 0; k < chunks; ++k) {
-    chunk.resize(static_cast<std::size_t>(std::min(m.chunk_size, rec.size - k * m.chunk_size)));
-    read_at(k * m.chunk_size, chunk);
-    check_chunk_xxh3(file, rec.chunk_xxh3, k, m.chunk_size, chunk);
-  }
+  read_verified_chunks(
+      read_at, file, rec.chunk_xxh3, m.chunk_size, rec.size, 0, chunks, true,
+      [&](std::uint64_t, std::uint64_t len) {
+        chunk.resize(static_cast<std::size_t>(len));
+        return std::span<std::byte>(chunk);
+      },
+      [](std::uint64_t, std::uint64_t, std::span<const std::byte>) {});
 }
 
 }  // namespace

@@ -225,13 +225,12 @@ std::optional<Error> file_problem(FileSystem& fs, const std::string& path, std::
     auto f = fs.open_read(path);
     FileHasher h(chunk_size, verify == Verify::full);
     if (scratch.capacity() < chunk_size) scratch = AlignedBuffer(static_cast<std::size_t>(chunk_size));
-    for (std::uint64_t off = 0, i = 0; off < size; off += chunk_size, ++i) {
-      const auto n = static_cast<std::size_t>(std::min(chunk_size, size - off));
-      f->read_at(off, scratch.span(n));
-      const std::uint64_t got = xxh3_64(scratch.data(), n);
-      if (got != chunks[i]) detail::throw_chunk_mismatch(path, i, chunks.size(), off, n, chunks[i], got);
-      if (verify == Verify::full) h.update(scratch.span(n));
-    }
+    detail::read_verified_chunks(
+        [&](std::uint64_t off, std::span<std::byte> b) { f->read_at(off, b); }, path, chunks, chunk_size, size, 0, (size + chunk_size - 1) / chunk_size, true,
+        [&](std::uint64_t, std::uint64_t n) { return scratch.span(static_cast<std::size_t>(n)); },
+        [&](std::uint64_t, std::uint64_t, std::span<const std::byte> piece) {
+          if (verify == Verify::full) h.update(piece);
+        });
     if (verify == Verify::full) {
       const FileDigest d = h.finish();
       if (d.sha256 != sha256) throw Error(Errc::checksum_mismatch, path, "SHA-256 of the file", sha256, d.sha256);
