@@ -1,12 +1,14 @@
 // Every program given a root it cannot use (a regular file, a path under one, a directory the
 // user cannot read) prints the typed error and exits 1: never an uncaught exception (abort,
-// exit 134) or any status >= 128.
+// exit 134) or any status >= 128. A root the user can read but not write is read as any other
+// (opening never writes).
 #include <doctest/doctest.h>
 
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -89,6 +91,58 @@ TEST_CASE("every program given a root its user cannot read prints the typed perm
       {"ckpt verify " + root + "/step-0000000010", "ckpt verify: I/O error: " + root + "/step-0000000010: lstat failed: Permission denied"},
   };
   for (const auto& u : uses) check_refused(u, as_nobody);
+}
+
+// Every file and directory under `root` with its bytes (directories as "DIR/"), for "nothing
+// changed".
+std::map<std::string, std::string> tree_of(const std::string& root) {
+  std::map<std::string, std::string> t;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(root)) {
+    const std::string rel = std::filesystem::relative(e.path(), root).string();
+    if (e.is_directory()) t[rel + "/"] = {};
+    else {
+      const auto bytes = ckpt::test::read_all(e.path());
+      t[rel] = std::string(bytes.begin(), bytes.end());
+    }
+  }
+  return t;
+}
+
+TEST_CASE("a root another user can read but not write is listed, inspected and verified by that user, a directory and a node set, and nothing in it changes") {
+  if (!setpriv_available()) {
+    MESSAGE("needs root and setpriv to run the programs as another user; skipped");
+    return;
+  }
+  const std::string as_nobody = "/usr/bin/setpriv --reuid=65534 --regid=65534 --clear-groups ";
+  if (run(as_nobody + kBin + "ckpt --version").status != 0) {
+    MESSAGE("the build tree is not accessible to uid 65534; skipped");
+    return;
+  }
+  ckpt::test::TempDir dir;
+  ::chmod(dir.path().c_str(), 0755);
+  const std::string run_root = (dir / "run").string(), set_root = (dir / "set").string();
+  REQUIRE(run(kBin + "ckpt-demo --steps 10 --save-every 5 --world-size 2 --dir " + run_root).status == 0);
+  REQUIRE(run(kBin + "ckpt-demo --steps 10 --save-every 5 --world-size 4 --nodes 4 --redundancy rs:3+1 --dir " + set_root).status == 0);
+  for (const std::string& root : {run_root, set_root}) {
+    CAPTURE(root);
+    // Owned by root and not writable by uid 65534 (checked: the user's own write is refused).
+    REQUIRE(run(as_nobody + "touch " + root + "/x").status != 0);
+    const auto before = tree_of(root);
+    const Outcome ls = run(as_nobody + kBin + "ckpt ls " + root);
+    CAPTURE(ls.out);
+    CHECK(ls.status == 0);
+    CHECK(ls.out.find("step-0000000010") != std::string::npos);
+    CHECK(ls.out.find("(latest)") != std::string::npos);
+    const Outcome inspect = run(as_nobody + kBin + "ckpt inspect " + root);
+    CAPTURE(inspect.out);
+    CHECK(inspect.status == 0);
+    CHECK(inspect.out.find("step        10") != std::string::npos);
+    const Outcome verify = run(as_nobody + kBin + "ckpt verify --verify full " + root);
+    CAPTURE(verify.out);
+    CHECK(verify.status == 0);
+    CHECK(verify.out.rfind("OK ", 0) == 0);
+    CHECK(tree_of(root) == before);
+  }
 }
 
 TEST_CASE("a step directory that latest names as a symlink to a checkpoint outside the root is refused by verify, ls and --resume") {
