@@ -36,7 +36,7 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm);
 void check_mpi(int rc, const char* what);
 
 /// RAII for one process's MPI: MPI_Init_thread with MPI_THREAD_MULTIPLE (the checkpoint
-/// coordinator's progress thread talks MPI while the training thread runs collectives), a
+/// coordinator's threads talk MPI while the training thread runs collectives), a
 /// world communicator, and MPI_Finalize at destruction. One per process.
 class MpiSession {
  public:
@@ -59,14 +59,15 @@ class MpiSession {
   std::unique_ptr<Communicator> world_;
 };
 
-/// The checkpoint commit across processes: a CommitCoordinator for the process that hosts
-/// rank comm's rank (one rank per process), over its own duplicate of `comm`, used only for
-/// checkpoint coordination, so it never interleaves with the training collectives. report()
-/// never blocks: a non-zero rank sends its report to rank 0 (point to point); a progress
-/// thread on rank 0 collects them and, when all of a step are in, runs the commit there once
-/// and sends the outcome to every rank, whose progress thread delivers it. start_run() runs
-/// the root's crash cleanup on rank 0 only and agrees on one run id (collective over comm,
-/// at Checkpointer construction). abandon() answers only this process's ranks.
+/// The checkpoint commit across processes: ckpt's commit protocol (ChannelCoordinator,
+/// runtime/coordinator.hpp) for the process that hosts rank comm's rank (one rank per
+/// process), over its own duplicate of `comm`, used only for checkpoint coordination, so it
+/// never interleaves with the training collectives. This supplies the protocol's transport:
+/// a channel thread runs its rounds (each step's votes gathered on rank 0, which commits, and
+/// the outcome broadcast) over non-blocking MPI collectives, so report() never blocks.
+/// start_run() runs the root's crash cleanup on rank 0 only and agrees on one run id
+/// (collective over comm, at Checkpointer construction). abandon() answers only this
+/// process's ranks.
 /// For checkpoints across node-local roots it also moves bytes between processes:
 /// exchange(), send_bytes() and receive_bytes() on a second duplicate of `comm`, and
 /// file_transport(): a call to another process's file service (that process's posix file
