@@ -312,8 +312,8 @@ TEST_CASE("a report of a rank another process hosts, or a second report of a ste
   CHECK(e.code() == Errc::invalid_argument);
   CHECK(e.expected() == "0");
   CHECK(e.actual() == "1");
+  Waiter w;  // outlives the coordinator
   auto one = make_in_process_coordinator(2);
-  Waiter w;
   one->report(10, good_report(0), [](std::vector<RankReport>&) { return CommitOutcome{}; }, w.fn());
   const Error twice = test::expect_error([&] { one->report(10, good_report(0), {}, {}); });
   CHECK(twice.code() == Errc::invalid_argument);

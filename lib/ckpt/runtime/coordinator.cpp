@@ -154,7 +154,16 @@ ChannelCoordinator::ChannelCoordinator(int world_size, int rank, CoordinationTra
   s_->transport = &transport;
 }
 
-ChannelCoordinator::~ChannelCoordinator() { close(); }
+// Nobody is answered here: the callbacks of steps still waiting belong to a Checkpointer that
+// is gone or going (close() is the explicit way to fail them).
+ChannelCoordinator::~ChannelCoordinator() { stop_serving(); }
+
+void ChannelCoordinator::stop_serving() noexcept {
+  std::lock_guard lk(s_->mu);
+  s_->closed = true;
+  s_->rounds.clear();
+  s_->cv.notify_all();
+}
 
 int ChannelCoordinator::world_size() const noexcept { return s_->world; }
 
@@ -305,7 +314,6 @@ void ChannelCoordinator::close() {
   std::map<std::uint64_t, std::map<int, OutcomeFn>> unanswered;
   {
     std::lock_guard lk(s.mu);
-    if (s.closed) return;
     s.closed = true;
     s.rounds.clear();
     s.steps.clear();

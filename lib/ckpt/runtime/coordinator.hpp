@@ -154,8 +154,13 @@ class ChannelCoordinator : public CommitCoordinator {
   /// Ends serve() and fails every step reported and not answered, or reported from now on,
   /// with Errc::comm_error (the Checkpointer is meant to be closed first; if it is not, its
   /// saves end instead of waiting forever). A start_run waiting for its answer fails with
-  /// Errc::aborted. Idempotent.
+  /// Errc::aborted. Idempotent. The destructor ends serve() without calling anyone back.
   void close();
+
+ protected:
+  /// Ends serve() (after the round it is in) without calling any step's callback back: for a
+  /// backend's destructor, which must join its channel thread.
+  void stop_serving() noexcept;
 
  private:
   struct State;

@@ -80,8 +80,8 @@ class MpiCoordinator final : private CoordinationTransport, public ChannelCoordi
         if (MPI_Test(&all_here, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
         if (!done) std::this_thread::sleep_for(std::chrono::microseconds(200));
       }
-    close();  // the protocol: serve() returns, unanswered steps fail
-    stop_ = true;  // a round a peer never joined ends
+    stop_serving();  // the protocol's serve() returns
+    stop_ = true;    // a round a peer never joined ends
     channel_.join();
     progress_.join();
     MPI_Comm_free(&bytes_comm_);
