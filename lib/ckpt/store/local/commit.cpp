@@ -238,13 +238,21 @@ std::vector<std::string> rotate_checkpoints(FileSystem& fs, const std::string& r
   for (const auto& e : fs.list_dir(root))
     if (e.type == EntryType::directory && parse_checkpoint_dir_name(e.name) && e.name != committed && (!latest || e.name != *latest))
       others.push_back(e.name);
-  std::sort(others.rbegin(), others.rend());
-  for (std::size_t i = static_cast<std::size_t>(keep_last - 1); i < others.size(); ++i) {
-    if (keep && keep(others[i])) continue;
-    remove_checkpoint(fs, root, others[i]);
-    removed.push_back(others[i]);
+  for (const auto& name : rotation_victims(std::move(others), keep_last, keep)) {
+    remove_checkpoint(fs, root, name);
+    removed.push_back(name);
   }
   return removed;
+}
+
+std::vector<std::string> rotation_victims(std::vector<std::string> others, int keep_last, const std::function<bool(const std::string&)>& keep) {
+  std::vector<std::string> out;
+  if (keep_last <= 0) return out;
+  std::sort(others.rbegin(), others.rend());
+  others.erase(std::unique(others.begin(), others.end()), others.end());
+  for (std::size_t i = static_cast<std::size_t>(keep_last - 1); i < others.size(); ++i)
+    if (!keep || !keep(others[i])) out.push_back(others[i]);
+  return out;
 }
 
 std::vector<std::string> make_room(FileSystem& fs, const std::string& root, std::uint64_t needed,

@@ -122,6 +122,12 @@ std::vector<std::string> rotate_checkpoints(FileSystem& fs, const std::string& r
                                             const std::string& committed,
                                             const std::function<bool(const std::string&)>& keep = {});
 
+/// Rotation's choice, for a directory root and a node set alike: of `others` (checkpoint
+/// directory names in any order, the committed step and those a `latest` names left out),
+/// all but the newest keep_last - 1, less those `keep` keeps; newest first. Empty for
+/// keep_last <= 0.
+std::vector<std::string> rotation_victims(std::vector<std::string> others, int keep_last, const std::function<bool(const std::string&)>& keep);
+
 /// Pre-save rotation, for a full disk: while fs.free_space(root) is known and below `needed`
 /// (the expected size of the next checkpoint), removes the oldest committed checkpoint older
 /// than the one `latest` names, never that one nor any name for which `keep` returns true

@@ -195,9 +195,9 @@ std::vector<std::string> rotate_node_checkpoints(FileSystem& fs, std::span<const
                                                  const std::string& committed, const std::function<bool(const std::string&)>& keep) {
   std::vector<std::string> removed;
   if (keep_last <= 0) return removed;
-  // The steps of every node root but the committed one and any a node's `latest` names,
-  // newest first; the same names are removed from every node root.
-  std::set<std::string, std::greater<>> others;
+  // The steps of every node root but the committed one and any a node's `latest` names; the
+  // same names are removed from every node root.
+  std::vector<std::string> others;
   std::set<std::string> live;
   std::exception_ptr error;
   for (const auto& r : roots) {
@@ -205,16 +205,13 @@ std::vector<std::string> rotate_node_checkpoints(FileSystem& fs, std::span<const
       if (!fs.stat(r)) continue;  // a lost node
       if (const auto latest = read_latest(fs, r)) live.insert(*latest);
       for (const auto& e : fs.list_dir(r))
-        if (e.type == EntryType::directory && parse_checkpoint_dir_name(e.name) && e.name != committed) others.insert(e.name);
+        if (e.type == EntryType::directory && parse_checkpoint_dir_name(e.name) && e.name != committed) others.push_back(e.name);
     } catch (...) {
       if (!error) error = std::current_exception();
     }
   }
-  std::size_t kept = 0;
-  for (const auto& name : others) {
-    if (live.count(name)) continue;
-    if (++kept < static_cast<std::size_t>(keep_last)) continue;
-    if (keep && keep(name)) continue;
+  std::erase_if(others, [&](const std::string& name) { return live.count(name) > 0; });
+  for (const auto& name : rotation_victims(std::move(others), keep_last, keep)) {
     try {
       remove_node_step(fs, roots, name);
       removed.push_back(name);
