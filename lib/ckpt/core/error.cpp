@@ -77,8 +77,9 @@ std::string compose(Errc code, const std::string& file, const std::string& detai
 
 Error::Error(Errc code, std::string file, std::string detail, std::string expected,
              std::string actual, int sys_errno)
-    : std::runtime_error(compose(code, file, detail, expected, actual)),
+    : std::runtime_error(std::string()),
       code_(code),
+      message_(compose(code, file, detail, expected, actual)),
       file_(std::move(file)),
       detail_(std::move(detail)),
       expected_(std::move(expected)),

@@ -45,6 +45,11 @@ std::string_view errc_name(Errc code) noexcept;
 std::string_view errc_id(Errc code) noexcept;
 
 /// The one error type of ckpt. what() is the full human-readable message.
+///
+/// The message is held in a std::string of the Error itself, not in std::runtime_error's
+/// reference-counted string: copies of an error are handed between threads (a commit's
+/// outcome, a rank's failure), and a buffer shared by copies on two threads is freed by
+/// whichever drops it last, through reference counts ThreadSanitizer cannot see.
 class Error : public std::runtime_error {
  public:
   /// `detail` is free text (e.g. "chunk 3"); `expected`/`actual` are printed when non-empty.
@@ -57,10 +62,11 @@ class Error : public std::runtime_error {
   const std::string& expected() const noexcept { return expected_; }
   const std::string& actual() const noexcept { return actual_; }
   int sys_errno() const noexcept { return errno_; }
+  const char* what() const noexcept override { return message_.c_str(); }
 
  private:
   Errc code_;
-  std::string file_, detail_, expected_, actual_;
+  std::string message_, file_, detail_, expected_, actual_;
   int errno_;
 };
 

@@ -111,10 +111,6 @@ struct SaveState {
   SaveResult result;
   std::vector<Handler> waiters;
 
-  // A copy with its own message buffer (std::runtime_error shares its message between copies
-  // through the same uninstrumented reference count).
-  static Error fresh(const Error& e) { return Error(e.code(), e.file(), e.detail(), e.expected(), e.actual(), e.sys_errno()); }
-
   void mark_staged(std::optional<Error> e) {
     {
       std::lock_guard lk(mu);
@@ -141,7 +137,7 @@ struct SaveState {
   // handler is wrapped (and dispatched to its executor) by runtime/async_wait.hpp, compiled
   // in the caller's translation unit.
   static void run_callback(const Handler& h, const std::optional<Error>& e, SaveResult r) {
-    h(e ? std::make_exception_ptr(fresh(*e)) : std::exception_ptr(), std::move(r));
+    h(e ? std::make_exception_ptr(*e) : std::exception_ptr(), std::move(r));
   }
 };
 }  // namespace detail
@@ -163,7 +159,7 @@ const SaveResult& SaveHandle::wait() const {
   state_->owner.refuse_if_forked("SaveHandle::wait()");
   std::unique_lock lk(state_->mu);
   state_->cv.wait(lk, [&] { return state_->done; });
-  if (state_->error) throw detail::SaveState::fresh(*state_->error);
+  if (state_->error) throw *state_->error;
   return state_->result;
 }
 
@@ -179,7 +175,7 @@ void SaveHandle::wait_staged() const {
   state_->owner.refuse_if_forked("SaveHandle::wait_staged()");
   std::unique_lock lk(state_->mu);
   state_->cv.wait(lk, [&] { return state_->staged; });
-  if (state_->stage_error) throw detail::SaveState::fresh(*state_->stage_error);
+  if (state_->stage_error) throw *state_->stage_error;
 }
 
 bool SaveHandle::wait_staged_for(std::chrono::nanoseconds timeout) const {
@@ -647,7 +643,7 @@ struct Checkpointer::Impl {
           bad = to_error(std::current_exception());
         }
         // Released before the report: a rank waiting in wait_staged() learns first.
-        job->handle->mark_staged(bad ? std::optional<Error>(detail::SaveState::fresh(*bad)) : std::nullopt);
+        job->handle->mark_staged(bad ? std::optional<Error>(*bad) : std::nullopt);
         if (bad) send(st, RankReport{job->rank, *bad, {}, {}});
         else send(st, job);
       });
@@ -1092,7 +1088,7 @@ struct Checkpointer::Impl {
                     lk.unlock();
                     // Every rank of a step gets the same outcome; one copy with its own strings
                     // goes back to the coroutine's thread.
-                    CommitOutcome mine{o.error ? std::optional<Error>(detail::SaveState::fresh(*o.error)) : std::nullopt, o.dir, o.commit};
+                    CommitOutcome mine = o;
                     asio::dispatch(asio::append(std::move(waiting->h), std::move(mine)));
                   });
           });
@@ -1109,7 +1105,7 @@ struct Checkpointer::Impl {
       std::vector<ShardReport> shards;
       std::vector<RedundancyBlock> blocks;
       for (auto& r : reports) {
-        if (r.error) throw detail::SaveState::fresh(*r.error);
+        if (r.error) throw *r.error;
         shards.push_back(std::move(r.shard));
         for (auto& b : r.blocks) blocks.push_back(std::move(b));
       }
@@ -1215,7 +1211,7 @@ struct Checkpointer::Impl {
     }
     cv.notify_all();
     for (auto& [job, res] : done)
-      job->handle->complete(outcome.error ? std::optional<Error>(detail::SaveState::fresh(*outcome.error)) : std::nullopt, std::move(res));
+      job->handle->complete(outcome.error, std::move(res));
   }
 };
 
