@@ -55,6 +55,7 @@
 #include "ckpt/store/nodes/redundancy_io.hpp"
 #include "ckpt/store/object/object_commit.hpp"
 #include "ckpt/store/object/object_lease.hpp"
+#include "ckpt/store/memory/memory.hpp"
 #include "ckpt/ops/reshard.hpp"
 #include "ckpt/ops/save.hpp"
 #include "ckpt/runtime/checkpointer.hpp"

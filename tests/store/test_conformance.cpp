@@ -1,10 +1,15 @@
-// The conformance suite (store/conformance.hpp) over the file-backed kinds: a directory, and
-// node sets of 3 nodes without redundancy, with replicas, and with Reed-Solomon parity.
+// The conformance suite (store/conformance.hpp) over the file-backed kinds: a directory, node
+// sets of 3 nodes without redundancy, with replicas, and with Reed-Solomon parity, and memory
+// roots (mem://NAME in /dev/shm) of one root and of 3 nodes with Reed-Solomon parity.
 #include "store/conformance.hpp"
 
+#include <unistd.h>
+
+#include <atomic>
 #include <filesystem>
 
 #include "ckpt/format/redundancy.hpp"
+#include "ckpt/store/memory/memory.hpp"
 
 namespace {
 
@@ -93,10 +98,77 @@ struct NodeSet {
   }
 };
 
+// A fresh memory root of this process, its directory removed with the Kind.
+struct MemoryRoot {
+  std::string root;
+  fs::path dir;
+  MemoryRoot() {
+    static std::atomic<int> count{0};
+    root = "mem://conformance-" + std::to_string(::getpid()) + "-" + std::to_string(count++);
+    dir = memory_root_dir(root);
+    fs::remove_all(dir);
+  }
+  ~MemoryRoot() {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+};
+
+struct Memory {
+  static constexpr const char* name = "memory";
+  static constexpr int world = 2;
+  static constexpr bool file_backed = true;
+  MemoryRoot mem;
+  std::unique_ptr<CheckpointStore> open() {
+    auto s = open_store(mem.root);
+    REQUIRE(s->kind() == StoreKind::memory);
+    return s;
+  }
+  void damage_manifest(std::uint64_t step) { write_junk(mem.dir / checkpoint_dir_name(step) / "manifest.json"); }
+  void leave_crashed_save(std::uint64_t step) { leave_temporary(mem.dir, step); }
+  void leave_crashed_removal(std::uint64_t step) { renamed_away(mem.dir, step); }
+  bool holds_step_dir(std::uint64_t step) { return fs::exists(mem.dir / checkpoint_dir_name(step)); }
+  bool has_leftovers() { return has_temporary(mem.dir); }
+};
+
+// A memory root of 3 nodes with Reed-Solomon 2+1 parity (mem://NAME/node-n).
+struct MemoryNodesRs {
+  static constexpr const char* name = "memory, node set, rs";
+  static constexpr int world = 3;
+  static constexpr bool file_backed = true;
+  MemoryRoot mem;
+  fs::path node(int n) const { return mem.dir / ("node-" + std::to_string(n)); }
+  std::unique_ptr<CheckpointStore> open() {
+    RedundancyScheme s{};
+    s.kind = RedundancyScheme::Kind::reed_solomon;
+    s.k = 2, s.m = 1;
+    auto st = open_store(mem.root, {.nodes = NodeLayout{3, 1, s}});
+    REQUIRE(st->kind() == StoreKind::memory);
+    return st;
+  }
+  void damage_manifest(std::uint64_t step) {
+    for (int n = 0; n < 3; ++n) write_junk(node(n) / checkpoint_dir_name(step) / "manifest.json");
+  }
+  void leave_crashed_save(std::uint64_t step) {
+    for (int n = 0; n < 3; ++n) leave_temporary(node(n), step);
+  }
+  void leave_crashed_removal(std::uint64_t step) { renamed_away(node(0), step); }
+  bool holds_step_dir(std::uint64_t step) {
+    for (int n = 0; n < 3; ++n)
+      if (fs::exists(node(n) / checkpoint_dir_name(step))) return true;
+    return false;
+  }
+  bool has_leftovers() {
+    for (int n = 0; n < 3; ++n)
+      if (has_temporary(node(n))) return true;
+    return false;
+  }
+};
+
 using Nodes = NodeSet<RedundancyScheme::Kind::none, 0, 0>;
 using NodesReplicated = NodeSet<RedundancyScheme::Kind::replicate, 2, 0>;
 using NodesRs = NodeSet<RedundancyScheme::Kind::reed_solomon, 2, 1>;
 
 }  // namespace
 
-TEST_CASE_TEMPLATE_INVOKE(store_conformance, Directory, Nodes, NodesReplicated, NodesRs);
+TEST_CASE_TEMPLATE_INVOKE(store_conformance, Directory, Nodes, NodesReplicated, NodesRs, Memory, MemoryNodesRs);

@@ -166,4 +166,10 @@ class FileSystemWrapper : public FileSystem {
 /// The real file system (POSIX calls). Thread-safe; the same object serves every caller.
 FileSystem& posix_file_system();
 
+/// The POSIX file system as the memory store uses it (store/memory/memory.hpp): files are
+/// created 0600 (locks too) and directories 0700, so that only the job's user reaches what
+/// it holds; and nothing is synced (WritableFile::sync and sync_dir return at once), since
+/// shared memory has no device to make anything durable on. Thread-safe.
+FileSystem& private_memory_file_system();
+
 }  // namespace ckpt

@@ -18,9 +18,16 @@ namespace ckpt {
 
 namespace {
 
+// How a PosixFileSystem creates what it creates, and whether it syncs.
+struct PosixModes {
+  mode_t file = 0644;
+  mode_t dir = 0755;
+  bool sync = true;
+};
+
 class PosixWritableFile final : public WritableFile {
  public:
-  PosixWritableFile(int fd, std::string path, bool direct) : fd_(fd), path_(std::move(path)), direct_(direct) {}
+  PosixWritableFile(int fd, std::string path, bool direct, bool sync) : fd_(fd), path_(std::move(path)), direct_(direct), sync_(sync) {}
   ~PosixWritableFile() override {
     if (fd_ >= 0) ::close(fd_);
   }
@@ -46,7 +53,7 @@ class PosixWritableFile final : public WritableFile {
     if (::ftruncate(fd_, static_cast<off_t>(size)) != 0) throw_errno(errno, "ftruncate", path_);
   }
   void sync() override {
-    if (::fsync(fd_) != 0) throw_errno(errno, "fsync", path_);
+    if (sync_ && ::fsync(fd_) != 0) throw_errno(errno, "fsync", path_);
   }
   void close() override {
     if (fd_ < 0) return;
@@ -74,6 +81,7 @@ class PosixWritableFile final : public WritableFile {
   int fd_;
   std::string path_;
   bool direct_;
+  bool sync_;
 };
 
 }  // namespace
@@ -147,32 +155,50 @@ EntryType type_of(mode_t m) {
 
 class PosixFileSystem final : public FileSystem {
  public:
+  explicit PosixFileSystem(PosixModes modes = {}) : modes_(modes) {}
   std::unique_ptr<WritableFile> create(const std::string& path, const WriteOptions& opts) override {
     const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW;
     int fd = -1;
     bool direct = false;
     if (opts.direct) {
-      fd = ::open(path.c_str(), flags | O_DIRECT, 0644);
+      fd = ::open(path.c_str(), flags | O_DIRECT, modes_.file);
       if (fd >= 0) direct = true;
       else if (errno != EINVAL) throw_errno(errno, "open", path);  // EINVAL: no O_DIRECT here (tmpfs)
     }
-    if (fd < 0) fd = ::open(path.c_str(), flags, 0644);
+    if (fd < 0) fd = ::open(path.c_str(), flags, modes_.file);
     if (fd < 0) throw_errno(errno, "open", path);
-    return std::make_unique<PosixWritableFile>(fd, path, direct);
+    return std::make_unique<PosixWritableFile>(fd, path, direct, modes_.sync);
   }
   std::unique_ptr<ReadableFile> open_read(const std::string& path) override {
     const detail::OpenedFd f = detail::open_regular_file(path);
     return std::make_unique<PosixReadableFile>(f.fd, path, f.size);
   }
   void create_dir(const std::string& path) override {
-    if (::mkdir(path.c_str(), 0755) != 0) throw_errno(errno, "mkdir", path);
+    if (::mkdir(path.c_str(), modes_.dir) != 0) throw_errno(errno, "mkdir", path);
   }
   void create_dirs(const std::string& path) override {
+    if (modes_.dir != 0755) {
+      // Each missing directory made with this file system's mode (create_directories would
+      // make them 0777 less the umask).
+      std::string at;
+      for (std::size_t from = 0; from <= path.size();) {
+        const std::size_t slash = std::min(path.find('/', from), path.size());
+        at = path.substr(0, slash);
+        from = slash + 1;
+        if (at.empty()) continue;
+        if (::mkdir(at.c_str(), modes_.dir) != 0 && errno != EEXIST) throw_errno(errno, "mkdir -p", at);
+      }
+      struct stat st {};
+      if (::stat(path.c_str(), &st) != 0) throw_errno(errno, "mkdir -p", path);
+      if (!S_ISDIR(st.st_mode)) throw_errno(ENOTDIR, "mkdir -p", path);
+      return;
+    }
     std::error_code ec;
     std::filesystem::create_directories(path, ec);
     if (ec) throw_errno(ec.value(), "mkdir -p", path);
   }
   void sync_dir(const std::string& path) override {
+    if (!modes_.sync) return;
     const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) throw_errno(errno, "open directory", path);
     const int rc = ::fsync(fd);
@@ -220,7 +246,7 @@ class PosixFileSystem final : public FileSystem {
   }
   std::unique_ptr<FileLock> try_lock(const std::string& path, std::string_view record) override {
     // O_NONBLOCK: a FIFO planted under the lock's name must not hang the open.
-    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, modes_.file);
     if (fd < 0) {
       const int err = errno;
       if (err == ELOOP) throw Error(Errc::unsafe_path, path, "lock file is a symlink", "regular file", "symlink");
@@ -262,12 +288,20 @@ class PosixFileSystem final : public FileSystem {
     if (::statvfs(path.c_str(), &sv) != 0) return std::nullopt;
     return static_cast<std::uint64_t>(sv.f_bavail) * static_cast<std::uint64_t>(sv.f_frsize);
   }
+
+ private:
+  PosixModes modes_;
 };
 
 }  // namespace
 
 FileSystem& posix_file_system() {
   static PosixFileSystem fs;
+  return fs;
+}
+
+FileSystem& private_memory_file_system() {
+  static PosixFileSystem fs(PosixModes{.file = 0600, .dir = 0700, .sync = false});
   return fs;
 }
 

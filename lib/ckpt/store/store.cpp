@@ -9,6 +9,7 @@
 #include "ckpt/read/reader.hpp"
 #include "ckpt/objstore/s3.hpp"
 #include "ckpt/store/detail/kinds.hpp"
+#include "ckpt/store/memory/memory.hpp"
 #include "ckpt/shard/shard_writer.hpp"
 
 namespace ckpt {
@@ -18,6 +19,7 @@ std::string_view store_kind_name(StoreKind kind) noexcept {
     case StoreKind::directory: return "directory";
     case StoreKind::node_set: return "node set";
     case StoreKind::object_store: return "object store";
+    case StoreKind::memory: return "memory";
   }
   return "?";
 }
@@ -98,18 +100,27 @@ OpenedCheckpoint open_latest(FileSystem& fs, const std::string& root, const Open
   return open_store(root, {.fs = &fs})->open_latest(options);
 }
 
+namespace {
+// "DIR/" -> "DIR", "mem://NAME/" -> "mem://NAME"; "/" and a bare scheme ("mem://") stay.
+void strip_trailing_slashes(std::string& root) {
+  while (root.size() > 1 && root.back() == '/' && !root.ends_with("://")) root.pop_back();
+}
+}  // namespace
+
 StoreKind root_kind(const std::string& root, const StoreOptions& options) {
   // The one place a root's kind is decided (docs/architecture.md, "Stores").
   if (is_s3_root(root)) return StoreKind::object_store;
+  if (is_memory_root(root)) return StoreKind::memory;
   if (options.nodes) return StoreKind::node_set;
   return is_node_set(options.fs ? *options.fs : posix_file_system(), root) ? StoreKind::node_set : StoreKind::directory;
 }
 
 std::unique_ptr<CheckpointStore> open_store(const std::string& given, const StoreOptions& options) {
   std::string root = given;
-  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  strip_trailing_slashes(root);
   if (root.empty()) throw Error(Errc::invalid_argument, "checkpoint root", "empty", "a directory or s3://bucket/prefix", "\"\"");
   const StoreKind kind = root_kind(root, options);
+  if (kind == StoreKind::memory) return detail::make_memory_store(root, options);  // its own file system, whatever options.fs
   if (kind == StoreKind::object_store) {
     if (options.nodes) throw Error(Errc::invalid_argument, root, "StoreOptions.nodes (a node layout) for an object store");
     if (options.object_store) return detail::make_object_store(root, *options.object_store, nullptr, options.run, options.lease);
@@ -148,12 +159,13 @@ bool across_nodes(FileSystem& fs, const std::string& dir) {
 
 LocatedCheckpoint locate_checkpoint(const std::string& given, const StoreOptions& options) {
   std::string p = given;
-  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  strip_trailing_slashes(p);
   LocatedCheckpoint out;
   const StoreKind kind = root_kind(p, options);
-  if (kind == StoreKind::object_store) {
-    // s3://bucket/prefix/step-N: that step of the root above it.
-    if (const auto slash = p.rfind('/'); slash != std::string::npos && slash > std::string_view("s3://").size())
+  if (kind == StoreKind::object_store || kind == StoreKind::memory) {
+    // s3://bucket/prefix/step-N, mem://NAME/step-N: that step of the root above it.
+    const std::size_t scheme = p.find("://") + 3;
+    if (const auto slash = p.rfind('/'); slash != std::string::npos && slash > scheme)
       if ((out.step = parse_checkpoint_dir_name(std::string_view(p).substr(slash + 1)))) p.resize(slash);
     out.store = open_store(p, options);
     return out;

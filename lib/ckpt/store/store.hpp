@@ -57,8 +57,9 @@ enum class StoreKind {
   directory,     ///< ROOT/latest, ROOT/step-N/ (store/local/commit.hpp)
   node_set,      ///< DIR/node-n/, one root per node, committed as one (store/nodes/node_commit.hpp)
   object_store,  ///< s3://bucket/prefix (store/object/object_commit.hpp)
+  memory,        ///< mem://NAME: a directory or node set in shared memory (store/memory/memory.hpp)
 };
-/// "directory", "node set", "object store".
+/// "directory", "node set", "object store", "memory".
 std::string_view store_kind_name(StoreKind kind) noexcept;
 
 /// How open_store opens a root.
@@ -78,6 +79,10 @@ struct StoreOptions {
   std::string run{};
   /// An object store's writer: its lease's period and renewal (store/object/object_lease.hpp).
   ObjectLeaseOptions lease{};
+  /// A memory store's bound in bytes (store/memory/memory.hpp): a generation is committed only
+  /// if two of its size fit (memory_needed); beyond, its commit fails with Errc::no_space and
+  /// the previous generation stays. 0: no bound but the shared memory's own size.
+  std::uint64_t memory_limit = 0;
 };
 
 inline constexpr std::string_view kCopyRecordName = "tier.json";
@@ -383,6 +388,10 @@ class CheckpointStore {
   /// after sorting): every step the store holds under a checkpoint's name, committed or
   /// not (a step renamed into place whose `latest` was never written is one). Default: steps().
   virtual std::vector<std::uint64_t> fallback_steps() { return steps(); }
+  /// `store`'s no_latest_error() and fallback_steps(), for a store that serves through another
+  /// (the memory store over a directory or node set in shared memory).
+  static Error no_latest_error_of(CheckpointStore& store) { return store.no_latest_error(); }
+  static std::vector<std::uint64_t> fallback_steps_of(CheckpointStore& store) { return store.fallback_steps(); }
 
  private:
   std::string root_;

@@ -18,6 +18,9 @@ std::unique_ptr<CheckpointStore> make_node_set_store(std::string dir, FileSystem
 std::unique_ptr<CheckpointStore> make_object_store(std::string root, ObjectStore& client, std::unique_ptr<ObjectStore> owned, std::string run,
                                                    const ObjectLeaseOptions& lease = {});
 
+/// store/memory/memory.cpp: mem://NAME, a directory or node set (options.nodes) in shared memory.
+std::unique_ptr<CheckpointStore> make_memory_store(std::string root, const StoreOptions& options);
+
 /// One commit attempt on an object store without a writer lease (commit_to_object_store's:
 /// the options' run, holder and fence stand for it): what it uploaded and whether it moved
 /// `latest`.
