@@ -21,38 +21,17 @@
 #include <thread>
 
 #include "ckpt/fs/layout.hpp"
+#include "support/demo_metrics.hpp"
 #include "support/test_support.hpp"
-
-extern char** environ;
 
 namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 const std::string kBin = std::string(CKPT_TEST_BINARY_DIR) + "/bin/";
 
-std::string read_text(const fs::path& p) {
-  const auto b = ckpt::test::read_all(p);
-  return std::string(b.begin(), b.end());
-}
-
-// step -> loss_hex of a --metrics file.
-std::map<std::int64_t, std::string> losses(const fs::path& path) {
-  std::map<std::int64_t, std::string> out;
-  std::istringstream in(read_text(path));
-  for (std::string line; std::getline(in, line);) {
-    const auto v = boost::json::parse(line).as_object();
-    out[v.at("step").as_int64()] = std::string(v.at("loss_hex").as_string());
-  }
-  return out;
-}
-
-// What a root's `latest` names ("" without one).
-std::string latest_of(const fs::path& root) {
-  if (!fs::exists(root / "latest")) return {};
-  std::string s = read_text(root / "latest");
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-  return s;
-}
+using ckpt::test::latest_of;
+using ckpt::test::read_text;
+const auto losses = [](const fs::path& p) { return ckpt::test::metrics_losses(p); };
 
 bool has_temporary(const fs::path& dir) {
   std::error_code ec;
@@ -75,16 +54,7 @@ struct Preempted {
 // SIGTERMs, and waits for the exit.
 Preempted preempt(const std::vector<std::string>& args, const fs::path& root, const fs::path& log, When when, std::mt19937_64& rng,
                   int signals = 1, const fs::path& durable = {}) {
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid = 0;
-  REQUIRE(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ) == 0);
-  posix_spawn_file_actions_destroy(&fa);
+  const pid_t pid = ckpt::test::spawn_logged(args, log);
   const auto t0 = Clock::now();
   auto until = [&](auto&& ready, std::chrono::milliseconds limit) {
     while (!ready() && Clock::now() - t0 < limit) std::this_thread::sleep_for(std::chrono::microseconds(200));

@@ -14,8 +14,12 @@
 #include <filesystem>
 #include <future>
 #include <optional>
+#include <fstream>
+#include <sys/stat.h>
 #include <thread>
+#include <unistd.h>
 
+#include "ckpt/store/memory/memory.hpp"
 #include "ckpt/store/store.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
@@ -444,4 +448,46 @@ TEST_CASE("cadence: every N steps and every T seconds") {
   CHECK_FALSE(secs.due(3, t0 + 100s));
   CHECK(secs.due(4, t0 + 122s));
   CHECK_THROWS_AS(SaveCadence::every_steps(0), Error);
+}
+
+TEST_CASE("200 saves to a memory root keep two generations: the shared memory it holds and the process's RSS stay flat") {
+  const std::string root = "mem://checkpointer-200-" + std::to_string(::getpid());
+  const fs::path dir = memory_root_dir(root);
+  fs::remove_all(dir);
+  // Bytes the root holds in shared memory (allocated blocks of every file under it).
+  auto held = [&] {
+    std::uint64_t bytes = 0;
+    std::error_code ec;
+    for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      struct stat st {};
+      if (::lstat(it->path().c_str(), &st) == 0 && S_ISREG(st.st_mode)) bytes += static_cast<std::uint64_t>(st.st_blocks) * 512;
+    }
+    return bytes;
+  };
+  auto rss = [] {
+    std::ifstream in("/proc/self/statm");
+    std::uint64_t size = 0, resident = 0;
+    in >> size >> resident;
+    return resident * static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  };
+  const int world = 2;
+  std::vector<test::RankState> states{test::RankState(0, kN), test::RankState(1, kN)};
+  std::uint64_t held_at_20 = 0, rss_at_20 = 0, held_max = 0, rss_max = 0;
+  {
+    Checkpointer ckpt({.root = root, .world_size = world, .keep_last = 2});
+    for (std::uint64_t step = 1; step <= 200; ++step) {
+      test::run_ranks(world, [&](int r) { ckpt.save(r, step, states[static_cast<std::size_t>(r)].views(), test::info_for(r, world, kN, step)).wait(); });
+      ckpt.wait_all();  // its rotation too
+      if (step == 20) held_at_20 = held(), rss_at_20 = rss();
+      if (step > 20) held_max = std::max(held_max, held()), rss_max = std::max(rss_max, rss());
+    }
+    CHECK(ckpt.stats().staging_allocations == static_cast<std::uint64_t>(world));
+    CHECK(ckpt.stats().commits == 200);
+  }
+  CHECK(step_dirs(dir) == std::vector<std::string>{"step-0000000199", "step-0000000200"});
+  CHECK(held_at_20 > 2 * world * kN * 4);  // two generations of both ranks' state
+  CHECK(held_max <= held_at_20);
+  CHECK(rss_max <= rss_at_20 + (4u << 20));
+  open_store(root)->verify(200, Verify::full);
+  fs::remove_all(dir);
 }

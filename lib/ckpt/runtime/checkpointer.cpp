@@ -410,6 +410,7 @@ struct Checkpointer::Impl {
     StoreOptions where;
     where.fs = &fs;
     where.nodes = layout;
+    where.memory_limit = opt.memory_limit;
     store = open_store(opt.root, where);
     if (store->kind() == StoreKind::object_store)
       throw Error(Errc::invalid_argument, opt.root, "CheckpointerOptions.root: the checkpointer saves to a directory or node roots",

@@ -104,7 +104,12 @@ struct NodeOptions {
 };
 
 struct CheckpointerOptions {
-  std::string root;                 ///< checkpoint root directory (created if missing)
+  /// Checkpoint root: a directory (created if missing), or mem://NAME, a root in shared
+  /// memory that outlives the process (store/memory/memory.hpp; keep_last 2 keeps it at two
+  /// generations).
+  std::string root;
+  /// A mem:// root's bound in bytes (StoreOptions::memory_limit; 0: the shared memory's size).
+  std::uint64_t memory_limit = 0;
   int world_size = 1;               ///< ranks that save each checkpoint
   int keep_last = 3;                ///< rotation: keep this many checkpoints (0: keep all)
   WriterBackend backend = WriterBackend::automatic;  ///< overridden by env CKPT_WRITER=posix|io_uring

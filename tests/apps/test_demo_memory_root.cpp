@@ -1,0 +1,145 @@
+// ckpt-demo on a memory root (mem://NAME, store/memory/memory.hpp): the whole process is
+// SIGKILLed at a seeded random instant and started again with --resume auto. It continues
+// from the newest generation in shared memory, bit for bit like a run never interrupted;
+// with one node's memory gone it rebuilds that node from the other nodes' memory first; with
+// all of it gone (a reboot) it resumes from the durable tier on disk and says so.
+#include <doctest/doctest.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/json.hpp>
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "ckpt/fs/layout.hpp"
+#include "ckpt/store/memory/memory.hpp"
+#include "support/demo_metrics.hpp"
+#include "support/test_support.hpp"
+
+namespace {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+
+const std::string kDemo = ckpt::test::demo_program();
+
+using ckpt::test::read_text;
+const auto losses = [](const fs::path& p) { return ckpt::test::metrics_losses(p); };
+
+// The step a root's `latest` names (0 without one).
+std::uint64_t latest_step(const fs::path& root) {
+  const auto step = ckpt::parse_checkpoint_dir_name(ckpt::test::latest_of(root));
+  return step ? *step : 0;
+}
+
+std::string joined(const std::vector<std::string>& args) {
+  std::string out;
+  for (const auto& a : args) out += (out.empty() ? "" : " ") + a;
+  return out;
+}
+
+// Runs `args` (output into `log`) until `committed` holds a `latest`, then for a seeded
+// random 0..600 ms more, and SIGKILLs it. Returns its wait status.
+int run_and_kill(const std::vector<std::string>& args, const fs::path& committed, const fs::path& log, std::mt19937_64& rng) {
+  const pid_t pid = ckpt::test::spawn_logged(args, log);
+  const auto t0 = Clock::now();
+  while (latest_step(committed) == 0 && Clock::now() - t0 < std::chrono::seconds(30)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 600)(rng)));
+  ::kill(pid, SIGKILL);
+  int raw = 0;
+  ::waitpid(pid, &raw, 0);
+  return raw;
+}
+
+// A memory root of this test process, removed at the end.
+struct MemRoot {
+  std::string root;
+  fs::path dir;
+  explicit MemRoot(const std::string& tag) : root("mem://demo-" + tag + "-" + std::to_string(::getpid())), dir(ckpt::memory_root_dir(root)) {
+    fs::remove_all(dir);
+  }
+  ~MemRoot() {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+};
+
+enum class Loss { none, one_node, all_memory };
+
+// Kills a run on a memory root (with `nodes` and parity, and a durable tier on disk), takes
+// away what `loss` says, resumes with --resume auto, and checks the resumed steps' losses
+// against an uninterrupted run's, bit for bit. Returns the resumed run's output.
+std::string kill_and_resume(Loss loss, std::uint64_t seed) {
+  ckpt::test::TempDir tmp;
+  MemRoot mem(std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const std::vector<std::string> common = {"--save-every", "1", "--keep", "2", "--nodes", "4", "--redundancy", "rs:3+1",
+                                           "--durable-dir", (tmp / "durable").string(), "--keep-durable", "2"};
+  std::vector<std::string> first = {kDemo, "--dir", mem.root, "--steps", "100000"};
+  first.insert(first.end(), common.begin(), common.end());
+  const int raw = run_and_kill(first, mem.dir / "node-0", tmp / "killed.log", rng);
+  CAPTURE(read_text(tmp / "killed.log"));
+  REQUIRE(WIFSIGNALED(raw));
+  const std::uint64_t in_memory = latest_step(mem.dir / "node-0");
+  REQUIRE(in_memory > 0);
+  std::uint64_t expected = in_memory;
+  if (loss == Loss::one_node) fs::remove_all(mem.dir / "node-2");
+  if (loss == Loss::all_memory) {
+    fs::remove_all(mem.dir);
+    expected = latest_step(tmp / "durable");
+    REQUIRE(expected > 0);
+  }
+  const std::uint64_t end = expected + 6;
+  std::vector<std::string> again = {kDemo, "--dir", mem.root, "--resume", "auto", "--steps", std::to_string(end), "--metrics", (tmp / "resumed.jsonl").string()};
+  again.insert(again.end(), common.begin(), common.end());
+  int status = -1;
+  const std::string out = ckpt::test::run_command(joined(again) + " 2>&1", &status);
+  CAPTURE(out);
+  CHECK(status == 0);
+  CHECK(out.find("resumed from step " + std::to_string(expected)) != std::string::npos);
+  // The uninterrupted run, on disk.
+  const std::string ref = ckpt::test::run_command(kDemo + " --dir " + (tmp / "ref").string() + " --save-every 1 --steps " + std::to_string(end) +
+                                                      " --metrics " + (tmp / "ref.jsonl").string() + " 2>&1",
+                                                  &status);
+  CAPTURE(ref);
+  CHECK(status == 0);
+  const auto resumed = losses(tmp / "resumed.jsonl");
+  const auto reference = losses(tmp / "ref.jsonl");
+  CHECK(resumed.size() == end - expected);
+  for (const auto& [step, hex] : resumed) {
+    INFO("step " << step);
+    REQUIRE(reference.count(step) == 1);
+    CHECK(hex == reference.at(step));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("ckpt-demo on a memory root, SIGKILLed at random and started again with --resume auto, continues from the newest memory generation bit for bit") {
+  for (std::uint64_t seed : {11u, 12u}) {
+    const std::string out = kill_and_resume(Loss::none, seed);
+    CHECK(out.find("rebuilt") == std::string::npos);
+    CHECK(out.find("from the durable tier") == std::string::npos);
+  }
+}
+
+TEST_CASE("ckpt-demo on a memory root whose node lost its memory rebuilds that node from the other nodes' memory, then resumes bit for bit") {
+  const std::string out = kill_and_resume(Loss::one_node, 21);
+  CHECK(out.find("node-2/step-") != std::string::npos);
+  CHECK(out.find("rebuilt from parity") != std::string::npos);
+  CHECK(out.find("from the durable tier") == std::string::npos);
+}
+
+TEST_CASE("ckpt-demo on a memory root all of whose memory is gone (a reboot) resumes from the durable tier on disk, says so, and goes on bit for bit") {
+  const std::string out = kill_and_resume(Loss::all_memory, 31);
+  CHECK(out.find("from the durable tier (local tier passed over: not found") != std::string::npos);
+}
