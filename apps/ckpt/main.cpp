@@ -61,6 +61,7 @@
 #include "ckpt/store/root_lock.hpp"
 #include "ckpt/read/slice_load.hpp"
 #include "ckpt/read/range_reader.hpp"
+#include "ckpt/store/recovery.hpp"
 #include "ckpt/store/store.hpp"
 #include "cli.hpp"
 #include "npy.hpp"
@@ -79,12 +80,14 @@ const char* kDescription = "ckpt: inspect, check, reshard, export and compare ck
 const char* kFooter = R"(DIR, SRC, A and B are a checkpoint directory (step-N) or a root (then the checkpoint its
 `latest` names), or a node set: a directory holding node roots node-0, node-1, ... (a
 checkpoint across node-local roots; then the checkpoint the newest of their `latest` files
-names). Every command takes --json: one JSON object on stdout, for scripts.
+names), a memory root mem://NAME (docs/memory.md) or an object store s3://bucket/prefix. Every
+command takes --json: one JSON object on stdout, for scripts.
 `ckpt COMMAND --help` and `ckpt help COMMAND` show a command's options and an example.
 
 exit codes:
   0  success (verify: every shard verified, and every redundancy block of a node set;
-     diff: every tensor equal; repair: everything rebuilt, or nothing to rebuild)
+     diff: every tensor equal; repair: everything rebuilt, or nothing to rebuild;
+     recover --plan: a checkpoint to recover from was found)
   1  failure: a bad or unreadable checkpoint, or an I/O error; the typed error is printed
      (code, file, expected and actual value), and with --json it is the output:
      {"ok": false, "error": {"code", "file", "detail", "expected", "actual", "message"}}
@@ -1660,6 +1663,88 @@ example:
   return bind(c, a, cmd_get);
 }
 
+// ---- recover --------------------------------------------------------------------------
+
+struct RecoverArgs : Common {
+  std::vector<std::string> roots;
+  bool plan = false;
+  std::string verify = "none";
+  std::optional<int> world_size;
+};
+
+json::object candidate_json(const RecoveryCandidate& c) {
+  json::object o{{"level", c.level},
+                 {"root", c.root},
+                 {"kind", std::string(recovery_level_name(c.kind))},
+                 {"step", c.step},
+                 {"name", checkpoint_dir_name(c.step)},
+                 {"fetch", std::string(recovery_fetch_name(c.fetch))},
+                 {"bytes", c.bytes},
+                 {"usable", c.usable()}};
+  if (!c.usable()) o["passed_over"] = c.passed_over;
+  return o;
+}
+
+// recover --plan: survey every level, print the plan, load nothing.
+int cmd_recover(const RecoverArgs& a) {
+  if (!a.plan)
+    throw Error(Errc::invalid_argument, {}, "ckpt recover without --plan", "--plan (the recovery itself is a resume: ckpt-demo --resume auto, "
+                "Trainer::resume_or_start, ckpt.Checkpointer.resume)", "no --plan");
+  const RecoveryPlan plan = plan_recovery(a.roots, {.expected_world_size = a.world_size, .verify = verify_of(a.verify)});
+  if (a.json) {
+    json::array candidates, levels, roots;
+    for (const auto& c : plan.candidates) candidates.push_back(candidate_json(c));
+    for (const auto& e : plan.level_errors)
+      levels.push_back(json::object{{"level", e.level}, {"root", e.root}, {"code", std::string(errc_id(e.code))}, {"error", e.error}});
+    for (const auto& r : plan.roots) roots.emplace_back(r);
+    json::object out{{"ok", plan.chosen.has_value()},
+                     {"levels", roots},
+                     {"candidates", candidates},
+                     {"level_errors", levels},
+                     {"discover_seconds", std::chrono::duration<double>(plan.discover).count()},
+                     {"summary", plan.summary()}};
+    out["chosen"] = plan.chosen ? json::value(candidate_json(*plan.chosen)) : json::value(nullptr);
+    print_json(out);
+  } else {
+    std::printf("%-5s %-12s %-40s %-16s %-8s %s\n", "LEVEL", "KIND", "ROOT", "STEP", "FETCH", "STATE");
+    for (const auto& c : plan.candidates)
+      std::printf("%-5zu %-12s %-40s %-16s %-8s %s\n", c.level, std::string(recovery_level_name(c.kind)).c_str(), c.root.c_str(),
+                  checkpoint_dir_name(c.step).c_str(), std::string(recovery_fetch_name(c.fetch)).c_str(),
+                  c.usable() ? "chosen" : ("passed over: " + c.passed_over).c_str());
+    for (const auto& e : plan.level_errors)
+      std::printf("%-5zu %-12s %-40s %-16s %-8s %s\n", e.level, "-", e.root.c_str(), "-", "-", e.error.c_str());
+    std::printf("plan: %s (surveyed in %.3f s)\n", plan.summary().c_str(), std::chrono::duration<double>(plan.discover).count());
+  }
+  return plan.chosen ? kExitOk : kExitBad;
+}
+
+Command declare_recover(CLI::App& app) {
+  auto a = std::make_shared<RecoverArgs>();
+  CLI::App* c = add_command(app, "recover", "plan a resume across the levels that hold a run's checkpoints\n(--plan: memory, disk, durable tier; loads nothing)", R"(
+Survey every ROOT given, cheapest level first (a memory root mem://NAME, a local directory or
+node set, a durable directory or s3://bucket/prefix), and print the plan a resume follows:
+the newest step that is complete on some level (or that a node set's redundancy rebuilds),
+fetched from the first level that holds it usable, and every newer candidate passed over
+with the reason. The survey reads manifests, directory entries and sizes (--verify fast or
+full: also the shards' checksums); it writes nothing and loads nothing.
+
+Exit status 0 when a checkpoint to recover from was found, 1 when none was (the levels'
+errors say why). --json prints the plan as one object: chosen, candidates, level_errors,
+discover_seconds, summary.
+
+example:
+  ckpt recover --plan mem://run /nvme/run s3://bucket/run
+)",
+                            *a);
+  c->add_option("ROOT", a->roots, "the levels, cheapest first")->required()->type_name("");
+  c->add_flag("--plan", a->plan, "print the plan without loading anything");
+  add_verify_option(*c, a->verify, "none (default): manifests and sizes; fast: also every chunk's XXH3;\nfull: also every file's SHA-256");
+  c->add_option_function<int>("--world-size", [a](int w) { a->world_size = w; }, "pass over a checkpoint saved at another world size")
+      ->check(CLI::Range(1, 1 << 20).description(""))
+      ->option_text("N");
+  return bind(c, a, cmd_recover);
+}
+
 // ---- the command line -----------------------------------------------------------------
 
 // A usage error, as text on stderr, and with --json anywhere on the command line also as the
@@ -1697,7 +1782,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::vector<Command> commands = {declare_ls(app),      declare_inspect(app),     declare_verify(app), declare_repair(app),
                                    declare_reshard(app), declare_consolidate(app), declare_prune(app),  declare_diff(app),
-                                   declare_get(app)};
+                                   declare_get(app),     declare_recover(app)};
   commands.push_back(declare_help(app, commands));
   const auto report = usage_reporter(argc, argv);
   if (const auto rc = cli::parse(app, argc, argv, report)) return *rc;

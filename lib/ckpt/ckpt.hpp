@@ -56,6 +56,7 @@
 #include "ckpt/store/object/object_commit.hpp"
 #include "ckpt/store/object/object_lease.hpp"
 #include "ckpt/store/memory/memory.hpp"
+#include "ckpt/store/recovery.hpp"
 #include "ckpt/ops/reshard.hpp"
 #include "ckpt/ops/save.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
