@@ -39,6 +39,7 @@
 #include "ckpt/objstore/s3.hpp"
 #include "ckpt/store/tiers.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
+#include "ckpt/store/recovery.hpp"
 #include "ckpt/store/store.hpp"
 #include "ckpt/runtime/preemption.hpp"
 #include "ckpt/runtime/tiering.hpp"
@@ -398,6 +399,10 @@ RankRecord train_rank(const Options& o, dist::Communicator& comm, const std::str
     start = trainer.resume_latest(*ckpt, Verify::full, o.reshard ? Reshard::allow : Reshard::no);
   } else if (resume) {
     start = trainer.resume_latest(root, Verify::full, o.reshard ? Reshard::allow : Reshard::no);
+  }
+  if (resume) {
+    rec.resume_verify_s = std::chrono::duration<double>(trainer.last_resume_timing().verify).count();
+    rec.resume_load_s = std::chrono::duration<double>(trainer.last_resume_timing().load).count();
   }
   if (resume && o.reshard)
     for (const auto& t : trainer.checkpoint_tensors())
@@ -823,9 +828,23 @@ int program_main(int argc, char** argv) {
     std::optional<std::uint64_t> source_step;
     int source_world = o.world;
     const bool object_tier = o.durable_dir && root_kind(*o.durable_dir) == StoreKind::object_store;
+    // Time to recover (docs/memory.md): the plan over the levels (this root, then the durable
+    // tier), then what the resume spends fetching, rebuilding, verifying and loading.
+    double ttr_discover = 0, ttr_fetch = 0, ttr_rebuild = 0;
+    using Clock = std::chrono::steady_clock;
+    const auto seconds_since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+    if (o.resume && printer()) {
+      std::vector<std::string> levels{root};
+      if (o.durable_dir) levels.push_back(*o.durable_dir);
+      const RecoveryPlan plan = plan_recovery(levels);
+      ttr_discover = std::chrono::duration<double>(plan.discover).count();
+      std::printf("recovery plan: %s\n", plan.summary().c_str());
+    }
     if (o.resume && o.nodes > 0 && !is_mpi()) {
+      const auto t_rebuild = Clock::now();
       try {
         if (const auto line = repair_before_resume(o, root)) checks['i'] = {line->find("STILL DAMAGED") == std::string::npos, *line};
+        ttr_rebuild = seconds_since(t_rebuild);
       } catch (const Error& e) {
         if (!o.durable_dir) throw;
         std::printf("%s\nthe resume falls back to the durable tier %s\n", e.what(), o.durable_dir->c_str());
@@ -839,7 +858,9 @@ int program_main(int argc, char** argv) {
       if (printer()) {
         OpenLatestOptions full;
         full.verify = Verify::full;
+        const auto t_fetch = Clock::now();
         const TieredCheckpoint t = open_latest_tiered(posix_file_system(), root, posix_file_system(), *o.durable_dir, full, o.adopt_run);
+        if (t.restored) ttr_fetch = seconds_since(t_fetch);
         if (t.restored) {
           std::printf("resume: %s (the local tier: %s)\n", t.opened.note.c_str(), t.local_error.c_str());
           rehydrated_from = *o.durable_dir;
@@ -894,6 +915,11 @@ int program_main(int argc, char** argv) {
                 o.train.accumulate > 1 ? (", " + std::to_string(o.train.accumulate) + " micro-batches per step").c_str() : "",
                 o.train.precision == Precision::f16 ? "fp16" : "bf16", rec.backend.c_str(), root.c_str());
     if (o.durable_dir) std::printf("durable tier %s: checkpoints are copied there in the background\n", o.durable_dir->c_str());
+    const double ttr_total = ttr_discover + ttr_fetch + ttr_rebuild + r0.resume_verify_s + r0.resume_load_s;
+    if (o.resume)
+      std::printf("time to recover: %.3f s (discover %.3f, fetch %.3f, rebuild %.3f, verify %.3f, load %.3f)%s\n", ttr_total, ttr_discover,
+                  ttr_fetch, ttr_rebuild, r0.resume_verify_s, r0.resume_load_s,
+                  is_mpi() && o.nodes > 0 ? " (under MPI a rebuild runs in the checkpointer's start-up, not timed here)" : "");
     if (o.resume)
       std::printf("resumed from step %llu%s%s\n", static_cast<unsigned long long>(r0.resumed_from),
                   source_world != o.world
@@ -924,6 +950,10 @@ int program_main(int argc, char** argv) {
                       s.param_norm, s.step_ms, row.stall_ms, s.skipped ? "true" : "false");
         metrics << line << "\"memory\":" << json::serialize(memory_json(rec, static_cast<std::size_t>(&row - r0.rows.data())));
         metrics << ",\"consecutive_save_failures\":" << row.consecutive_save_failures;
+        if (o.resume && &row == &r0.rows.front())
+          metrics << ",\"time_to_recover\":"
+                  << json::serialize(json::object{{"seconds", ttr_total}, {"discover", ttr_discover}, {"fetch", ttr_fetch}, {"rebuild", ttr_rebuild},
+                                                  {"verify", r0.resume_verify_s}, {"load", r0.resume_load_s}});
         if (!row.event.empty()) metrics << ",\"event\":" << json::serialize(json::value(row.event));
         metrics << "}\n";
       }

@@ -112,6 +112,8 @@ std::vector<std::byte> encode(const RankRecord& r) {
   w.pod<std::uint64_t>(r.num_params);
   w.bytes(std::as_bytes(std::span(r.skipped_batches)));
   w.str(r.resume_tier);
+  w.pod(r.resume_verify_s);
+  w.pod(r.resume_load_s);
   return w.take();
 }
 
@@ -159,6 +161,8 @@ RankRecord decode(std::span<const std::byte> blob) {
   r.num_params = static_cast<std::size_t>(rd.pod<std::uint64_t>());
   r.skipped_batches = rd.vec<std::uint64_t>();
   r.resume_tier = rd.str();
+  r.resume_verify_s = rd.pod<double>();
+  r.resume_load_s = rd.pod<double>();
   if (!rd.done()) throw Error(Errc::comm_error, {}, "demo rank record has trailing bytes");
   return r;
 }

@@ -47,6 +47,7 @@ struct RankRecord {
   std::size_t num_params = 0;
   std::vector<std::uint64_t> skipped_batches;  ///< steps whose batch a rollback skipped
   std::string resume_tier;                    ///< where a resume found its checkpoint ("" if not resumed)
+  double resume_verify_s = 0, resume_load_s = 0;  ///< Trainer::last_resume_timing of a resume
 };
 
 /// The byte form exchanged between ranks (same build on every rank; not a file format).

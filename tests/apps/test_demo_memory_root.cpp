@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <map>
 #include <random>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -105,6 +106,16 @@ std::string kill_and_resume(Loss loss, std::uint64_t seed) {
   CAPTURE(out);
   CHECK(status == 0);
   CHECK(out.find("resumed from step " + std::to_string(expected)) != std::string::npos);
+  // The plan said where it would resume from, and the resume how long each phase took.
+  const std::string level = loss == Loss::all_memory ? "disk " + (tmp / "durable").string() : "memory " + mem.root;
+  CHECK(out.find("recovery plan: step " + std::to_string(expected) + " from " + level) != std::string::npos);
+  CHECK(std::regex_search(out, std::regex(R"(time to recover: [0-9.]+ s \(discover [0-9.]+, fetch [0-9.]+, rebuild [0-9.]+, verify [0-9.]+, load [0-9.]+\))")));
+  const auto first_row = boost::json::parse(read_text(tmp / "resumed.jsonl").substr(0, read_text(tmp / "resumed.jsonl").find('\n'))).as_object();
+  REQUIRE(first_row.contains("time_to_recover"));
+  const auto& ttr = first_row.at("time_to_recover").as_object();
+  CHECK(ttr.at("seconds").as_double() > 0);
+  CHECK(ttr.at("load").as_double() > 0);
+  if (loss == Loss::one_node) CHECK(ttr.at("rebuild").as_double() > 0);
   // The uninterrupted run, on disk.
   const std::string ref = ckpt::test::run_command(kDemo + " --dir " + (tmp / "ref").string() + " --save-every 1 --steps " + std::to_string(end) +
                                                       " --metrics " + (tmp / "ref.jsonl").string() + " 2>&1",
@@ -136,10 +147,13 @@ TEST_CASE("ckpt-demo on a memory root whose node lost its memory rebuilds that n
   const std::string out = kill_and_resume(Loss::one_node, 21);
   CHECK(out.find("node-2/step-") != std::string::npos);
   CHECK(out.find("rebuilt from parity") != std::string::npos);
+  CHECK(out.find("(its lost files rebuilt from the other nodes' redundancy first)") != std::string::npos);
   CHECK(out.find("from the durable tier") == std::string::npos);
 }
 
 TEST_CASE("ckpt-demo on a memory root all of whose memory is gone (a reboot) resumes from the durable tier on disk, says so, and goes on bit for bit") {
   const std::string out = kill_and_resume(Loss::all_memory, 31);
   CHECK(out.find("from the durable tier (local tier passed over: not found") != std::string::npos);
+  CHECK(out.find("; not used: mem://demo-31-") != std::string::npos);  // the cheaper level, and why
+  CHECK(out.find("holds no committed checkpoint") != std::string::npos);
 }

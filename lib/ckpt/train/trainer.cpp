@@ -603,9 +603,14 @@ std::uint64_t Trainer::resume_from(const std::function<OpenedCheckpoint(std::opt
   std::optional<LoadedState> state;
   std::optional<Error> error;
   std::string mine;
+  resume_timing_ = {};
+  const auto t_open = std::chrono::steady_clock::now();
+  auto t_load = t_open;
   try {
     const std::optional<int> expect = reshard == Reshard::allow ? std::nullopt : std::optional<int>(comm_.size());
     opened.emplace(open(expect));
+    t_load = std::chrono::steady_clock::now();
+    resume_timing_.verify = t_load - t_open;
     const Manifest& m = opened->reader.manifest();
     if (m.world_size == comm_.size())
       state.emplace(load_state_into(opened->reader, verify));
@@ -625,6 +630,7 @@ std::uint64_t Trainer::resume_from(const std::function<OpenedCheckpoint(std::opt
   }
   if (error) throw *error;
   apply_state(*state);
+  resume_timing_.load = std::chrono::steady_clock::now() - t_load;
   return opened->reader.manifest().step;
 }
 

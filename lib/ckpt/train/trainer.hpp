@@ -3,6 +3,7 @@
 // never sees a collective, a shard range or a file name.
 #pragma once
 
+#include <chrono>
 #include <boost/json/object.hpp>
 #include <array>
 #include <cstdint>
@@ -308,7 +309,20 @@ class Trainer {
   TieredResume resume_latest_tiered(const std::string& local_root, const std::string& durable_root, Verify verify = Verify::fast,
                                     Reshard reshard = Reshard::no, bool adopt_run = false);
 
+  /// Where the last resume of this rank spent its time (wall clock), the parts of time to
+  /// recover a resume itself measures (store/recovery.hpp names the others).
+  struct ResumeTiming {
+    /// Finding and opening the checkpoint: its manifest decoded and checked, every shard's
+    /// size checked against it (and, for a tiered resume, the tier chosen).
+    std::chrono::nanoseconds verify{};
+    /// Reading every tensor into the model's and optimizer's memory, each checksum chunk
+    /// verified as it lands, and the collective restore.
+    std::chrono::nanoseconds load{};
+  };
+  const ResumeTiming& last_resume_timing() const noexcept { return resume_timing_; }
+
  private:
+  ResumeTiming resume_timing_;
   TrainConfig cfg_;
   dist::Communicator& comm_;
   std::vector<std::int32_t> corpus_;
