@@ -100,11 +100,11 @@ struct WriteOptions {
 class FileSystem {
  public:
   virtual ~FileSystem() = default;
-  /// Creates a new file (fails if it exists: O_EXCL), mode 0644.
+  /// Creates a new file (fails if it exists: O_EXCL), mode 0644 (0600 in_memory_dir).
   virtual std::unique_ptr<WritableFile> create(const std::string& path, const WriteOptions& opts) = 0;
   /// Opens an existing regular file; a symlink is Errc::unsafe_path, absence Errc::not_found.
   virtual std::unique_ptr<ReadableFile> open_read(const std::string& path) = 0;
-  /// Creates one directory (mode 0755); fails if it exists.
+  /// Creates one directory (mode 0755; 0700 in_memory_dir); fails if it exists.
   virtual void create_dir(const std::string& path) = 0;
   /// Creates a directory and missing parents; no error if it exists.
   virtual void create_dirs(const std::string& path) = 0;
@@ -166,10 +166,14 @@ class FileSystemWrapper : public FileSystem {
 /// The real file system (POSIX calls). Thread-safe; the same object serves every caller.
 FileSystem& posix_file_system();
 
-/// The POSIX file system as the memory store uses it (store/memory/memory.hpp): files are
-/// created 0600 (locks too) and directories 0700, so that only the job's user reaches what
-/// it holds; and nothing is synced (WritableFile::sync and sync_dir return at once), since
-/// shared memory has no device to make anything durable on. Thread-safe.
-FileSystem& private_memory_file_system();
+/// The directory under which the memory roots of this user live (store/memory/memory.hpp):
+/// $CKPT_MEMORY_DIR (or /dev/shm) + "/ckpt-UID", UID the effective user's id.
+std::string memory_user_dir();
+/// Whether `path` is memory_user_dir() or under it. There, posix_file_system() creates files
+/// 0600 (locks too) and directories 0700, so that only the job's user reaches what a memory
+/// root holds, and syncs nothing (WritableFile::sync and sync_dir return at once): shared
+/// memory has no device to make a write durable on. Whoever writes there gets this, a
+/// process serving another's file calls (fs/remote_file_system.hpp) included.
+bool in_memory_dir(std::string_view path);
 
 }  // namespace ckpt

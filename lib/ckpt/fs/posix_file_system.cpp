@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cerrno>
 #include <filesystem>
 #include <utility>
@@ -18,12 +19,18 @@ namespace ckpt {
 
 namespace {
 
-// How a PosixFileSystem creates what it creates, and whether it syncs.
+// How the POSIX file system creates what it creates at a path, and whether it syncs there:
+// under the memory directory (memory_user_dir) private and unsynced, elsewhere 0644 / 0755
+// and synced.
 struct PosixModes {
   mode_t file = 0644;
   mode_t dir = 0755;
   bool sync = true;
 };
+PosixModes modes_at(std::string_view path) {
+  if (in_memory_dir(path)) return {.file = 0600, .dir = 0700, .sync = false};
+  return {};
+}
 
 class PosixWritableFile final : public WritableFile {
  public:
@@ -155,29 +162,29 @@ EntryType type_of(mode_t m) {
 
 class PosixFileSystem final : public FileSystem {
  public:
-  explicit PosixFileSystem(PosixModes modes = {}) : modes_(modes) {}
   std::unique_ptr<WritableFile> create(const std::string& path, const WriteOptions& opts) override {
+    const PosixModes modes = modes_at(path);
     const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW;
     int fd = -1;
     bool direct = false;
     if (opts.direct) {
-      fd = ::open(path.c_str(), flags | O_DIRECT, modes_.file);
+      fd = ::open(path.c_str(), flags | O_DIRECT, modes.file);
       if (fd >= 0) direct = true;
       else if (errno != EINVAL) throw_errno(errno, "open", path);  // EINVAL: no O_DIRECT here (tmpfs)
     }
-    if (fd < 0) fd = ::open(path.c_str(), flags, modes_.file);
+    if (fd < 0) fd = ::open(path.c_str(), flags, modes.file);
     if (fd < 0) throw_errno(errno, "open", path);
-    return std::make_unique<PosixWritableFile>(fd, path, direct, modes_.sync);
+    return std::make_unique<PosixWritableFile>(fd, path, direct, modes.sync);
   }
   std::unique_ptr<ReadableFile> open_read(const std::string& path) override {
     const detail::OpenedFd f = detail::open_regular_file(path);
     return std::make_unique<PosixReadableFile>(f.fd, path, f.size);
   }
   void create_dir(const std::string& path) override {
-    if (::mkdir(path.c_str(), modes_.dir) != 0) throw_errno(errno, "mkdir", path);
+    if (::mkdir(path.c_str(), modes_at(path).dir) != 0) throw_errno(errno, "mkdir", path);
   }
   void create_dirs(const std::string& path) override {
-    if (modes_.dir != 0755) {
+    if (const PosixModes modes = modes_at(path); modes.dir != 0755) {
       // Each missing directory made with this file system's mode (create_directories would
       // make them 0777 less the umask).
       std::string at;
@@ -186,7 +193,7 @@ class PosixFileSystem final : public FileSystem {
         at = path.substr(0, slash);
         from = slash + 1;
         if (at.empty()) continue;
-        if (::mkdir(at.c_str(), modes_.dir) != 0 && errno != EEXIST) throw_errno(errno, "mkdir -p", at);
+        if (::mkdir(at.c_str(), modes.dir) != 0 && errno != EEXIST) throw_errno(errno, "mkdir -p", at);
       }
       struct stat st {};
       if (::stat(path.c_str(), &st) != 0) throw_errno(errno, "mkdir -p", path);
@@ -198,7 +205,7 @@ class PosixFileSystem final : public FileSystem {
     if (ec) throw_errno(ec.value(), "mkdir -p", path);
   }
   void sync_dir(const std::string& path) override {
-    if (!modes_.sync) return;
+    if (!modes_at(path).sync) return;
     const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) throw_errno(errno, "open directory", path);
     const int rc = ::fsync(fd);
@@ -246,7 +253,7 @@ class PosixFileSystem final : public FileSystem {
   }
   std::unique_ptr<FileLock> try_lock(const std::string& path, std::string_view record) override {
     // O_NONBLOCK: a FIFO planted under the lock's name must not hang the open.
-    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, modes_.file);
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, modes_at(path).file);
     if (fd < 0) {
       const int err = errno;
       if (err == ELOOP) throw Error(Errc::unsafe_path, path, "lock file is a symlink", "regular file", "symlink");
@@ -288,9 +295,6 @@ class PosixFileSystem final : public FileSystem {
     if (::statvfs(path.c_str(), &sv) != 0) return std::nullopt;
     return static_cast<std::uint64_t>(sv.f_bavail) * static_cast<std::uint64_t>(sv.f_frsize);
   }
-
- private:
-  PosixModes modes_;
 };
 
 }  // namespace
@@ -300,9 +304,16 @@ FileSystem& posix_file_system() {
   return fs;
 }
 
-FileSystem& private_memory_file_system() {
-  static PosixFileSystem fs(PosixModes{.file = 0600, .dir = 0700, .sync = false});
-  return fs;
+std::string memory_user_dir() {
+  const char* base = std::getenv("CKPT_MEMORY_DIR");
+  std::string dir = base && *base ? base : "/dev/shm";
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return dir + "/ckpt-" + std::to_string(::geteuid());
+}
+
+bool in_memory_dir(std::string_view path) {
+  const std::string dir = memory_user_dir();
+  return path.starts_with(dir) && (path.size() == dir.size() || path[dir.size()] == '/');
 }
 
 }  // namespace ckpt

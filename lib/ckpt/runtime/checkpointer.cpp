@@ -71,6 +71,7 @@
 #include "ckpt/runtime/detail/offload.hpp"
 #include "ckpt/runtime/wire.hpp"
 #include "ckpt/runtime/write_backend.hpp"
+#include "ckpt/store/memory/memory.hpp"
 #include "ckpt/store/store.hpp"
 
 namespace ckpt {
@@ -357,7 +358,7 @@ struct Checkpointer::Impl {
     FileTransport* transport = o.coordinator->file_transport();
     if (mine.empty() || static_cast<int>(mine.size()) >= o.world_size || !transport) return nullptr;
     const int rpn = o.nodes->ranks_per_node, nodes = o.world_size / rpn;
-    const auto roots = node_root_paths(o.root, nodes);
+    const auto roots = node_root_paths(root_directory(o.root), nodes);  // a memory root's: in shared memory
     std::vector<FileRoute> routes;
     for (int n = 0; n < nodes; ++n)
       if (n != mine.front() / rpn) routes.push_back({roots[static_cast<std::size_t>(n)], n * rpn});

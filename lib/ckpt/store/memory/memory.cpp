@@ -1,6 +1,8 @@
 // The memory store (store/memory/memory.hpp): a directory or node set in shared memory, served
-// through the store of that kind over private_memory_file_system(), with the memory root's
-// private directories checked first and its bound checked at commit.
+// through the store of that kind (over the file system given: the POSIX one, or under MPI the
+// one that routes other nodes' roots to their processes; either creates what is in the memory
+// directory private and syncs nothing there, fs/file_system.hpp's in_memory_dir), with the
+// memory root's private directories checked first and its bound checked at commit.
 #include "ckpt/store/memory/memory.hpp"
 
 #include <sys/stat.h>
@@ -101,7 +103,7 @@ class MemoryWriter final : public StoreWriter {
 class MemoryStore final : public CheckpointStore {
  public:
   MemoryStore(std::string root, std::string dir, StoreOptions options)
-      : CheckpointStore(std::move(root)), dir_(std::move(dir)), options_(std::move(options)) {
+      : CheckpointStore(std::move(root)), dir_(std::move(dir)), options_(std::move(options)), fs_(options_.fs ? *options_.fs : posix_file_system()) {
     check_private_dir(memory_user_dir());
     check_private_dir(dir_);
     inner_ = inner_store();
@@ -112,7 +114,7 @@ class MemoryStore final : public CheckpointStore {
   std::vector<std::uint64_t> steps() override { return inner_->steps(); }
   std::optional<std::string> committed_evidence() override { return inner_->committed_evidence(); }
   std::vector<StoredCheckpoint> list(Verify verify) override {
-    if (!fs().stat(dir_)) throw Error(Errc::not_found, root(), "no such memory root", "its directory " + dir_, "missing");
+    if (!fs_.stat(dir_)) throw Error(Errc::not_found, root(), "no such memory root", "its directory " + dir_, "missing");
     return inner_->list(verify);
   }
   std::shared_ptr<const Manifest> manifest(std::uint64_t step) override { return inner_->manifest(step); }
@@ -138,16 +140,16 @@ class MemoryStore final : public CheckpointStore {
   std::vector<std::uint64_t> fallback_steps() override { return fallback_steps_of(*inner_); }
 
  private:
-  static FileSystem& fs() { return private_memory_file_system(); }
   std::unique_ptr<CheckpointStore> inner_store() {
     StoreOptions o;
-    o.fs = &fs();
+    o.fs = &fs_;
     o.nodes = options_.nodes;
     return open_store(dir_, o);
   }
 
   std::string dir_;
   StoreOptions options_;
+  FileSystem& fs_;
   std::unique_ptr<CheckpointStore> inner_;
 };
 
@@ -168,14 +170,9 @@ std::string memory_root_name(std::string_view root) {
   return std::string(name);
 }
 
-std::string memory_user_dir() {
-  const char* base = std::getenv("CKPT_MEMORY_DIR");
-  std::string dir = base && *base ? base : "/dev/shm";
-  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  return dir + "/ckpt-" + std::to_string(::geteuid());
-}
-
 std::string memory_root_dir(std::string_view root) { return memory_user_dir() + "/" + memory_root_name(root); }
+
+std::string root_directory(std::string_view root) { return is_memory_root(root) ? memory_root_dir(root) : std::string(root); }
 
 void check_private_dir(const std::string& dir) {
   struct stat st {};

@@ -9,8 +9,8 @@
 // publishes it and `latest` moves to it; the previous generation stays until then, so a kill
 // at any point leaves the previous generation or the new one, whole. What differs from a
 // disk root:
-//   - nothing is fsynced (private_memory_file_system, fs/file_system.hpp): shared memory has
-//     nothing to be made durable on, and a generation survives the process, not the machine;
+//   - nothing is fsynced (fs/file_system.hpp's in_memory_dir): shared memory has nothing to
+//     be made durable on, and a generation survives the process, not the machine;
 //   - only the job's user reaches it: MEMDIR/ckpt-UID and NAME are directories of mode 0700
 //     owned by that user, files are 0600; a directory owned by another user, open to others,
 //     or a symlink is refused (Errc::unsafe_path) before anything in it is read or written;
@@ -23,6 +23,8 @@
 #include <string>
 #include <string_view>
 
+#include "ckpt/fs/file_system.hpp"  // memory_user_dir, in_memory_dir
+
 namespace ckpt {
 
 /// Whether `root` is a memory root ("mem://...").
@@ -32,11 +34,12 @@ bool is_memory_root(std::string_view root) noexcept;
 /// is 1..64 of [A-Za-z0-9._-] not starting with '.'.
 std::string memory_root_name(std::string_view root);
 
-/// The directory of the memory roots of this user: $CKPT_MEMORY_DIR (or /dev/shm) + "/ckpt-UID".
-std::string memory_user_dir();
-
 /// The directory memory root `root` resolves to (memory_user_dir() + "/" + its name).
 std::string memory_root_dir(std::string_view root);
+
+/// The directory a file-backed root's files are in: a memory root's memory_root_dir, any
+/// other root as it is.
+std::string root_directory(std::string_view root);
 
 /// Checks that `dir` (the user's memory directory or a root's) is a directory owned by this
 /// user and reachable by nobody else: Errc::unsafe_path naming it, with the owner and mode
