@@ -39,6 +39,7 @@
 #include "ckpt/objstore/s3.hpp"
 #include "ckpt/store/tiers.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
+#include "ckpt/store/memory/memory.hpp"
 #include "ckpt/store/recovery.hpp"
 #include "ckpt/store/store.hpp"
 #include "ckpt/runtime/preemption.hpp"
@@ -538,6 +539,10 @@ struct RunRecord {
   std::optional<DurableStats> durable;  // with --durable-dir, after the copies drained
   std::optional<DurableDrain> drain;    // how that drain ended
   std::vector<RepairReport> repairs;     // what the Checkpointer's construction rebuilt (rank 0's)
+  // A resume of node roots under MPI: the Checkpointer's start-up (its crash cleanup and the
+  // rebuild of what a lost node held), and the survey of the plan after it (rank 0's).
+  double startup_s = 0, discover_s = 0;
+  bool repairs_whole = false;  // every checkpoint repaired verifies in full right after (check (i))
   const RankRecord& first() const { return ranks.at(0); }
   /// Rank 0's rows by step; a step trained twice (replayed after a rollback) keeps its last row.
   std::map<std::uint64_t, StepStats> final_trajectory() const {
@@ -597,8 +602,26 @@ RunRecord run(const Options& o, const std::string& root, bool resume, bool saves
     // A tiered resume may continue from the durable tier, older than what the local `latest`
     // names when that one is corrupt: its saves may then move `latest` back (logged).
     opt.allow_older_than_latest = resume && o.durable_dir;
+    const auto t_startup = std::chrono::steady_clock::now();
     ckpt = std::make_unique<Checkpointer>(std::move(opt));
+    rec.startup_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_startup).count();
     rec.repairs = ckpt->repairs();
+    if (is_mpi() && o.nodes > 0 && printer() && !rec.repairs.empty()) {
+      // Check (i) now, through the Checkpointer's file system (each process sees only its
+      // node's root), before this run's saves rotate the rebuilt checkpoints away.
+      const auto roots = node_root_paths(root_directory(root), o.nodes);
+      rec.repairs_whole = true;
+      for (const auto& rep : rec.repairs) rec.repairs_whole &= check_node_checkpoint(ckpt->file_system(), roots, rep.name, Verify::full).healthy();
+    }
+    if (resume && is_mpi() && o.nodes > 0 && printer()) {
+      // Each process sees only its node's root: the plan surveys them all through the
+      // Checkpointer's file system, after its start-up rebuilt what a lost node held.
+      RecoveryOptions survey;
+      survey.fs = &ckpt->file_system();
+      const RecoveryPlan plan = plan_recovery({root}, survey);
+      rec.discover_s = std::chrono::duration<double>(plan.discover).count();
+      std::printf("recovery plan (after the checkpointer's start-up): %s\n", plan.summary().c_str());
+    }
   }
   rec.backend = ckpt ? std::string(ckpt->backend_name()) : "none";
   std::mutex mu;
@@ -804,6 +827,22 @@ int program_main(int argc, char** argv) {
     std::fprintf(stderr, "ckpt-demo: %s\n", e.what());
     return cli::kExitError;
   }
+#ifdef CKPT_DEMO_MPI
+  if (mpi) {
+    // Each process sees its own node's root (a process on its own machine): the run resumes
+    // if any of them holds a committed checkpoint, and every process decides alike (a
+    // replaced node's empty root must not start fresh while the others resume).
+    const char mine[2] = {static_cast<char>(o.resume), static_cast<char>(local_committed.has_value())};
+    bool any_resume = false, any_committed = false;
+    for (const auto& b : mpi->world().all_gather_bytes(std::as_bytes(std::span(mine, 2)))) {
+      any_resume |= static_cast<char>(b.at(0)) != 0;
+      any_committed |= static_cast<char>(b.at(1)) != 0;
+    }
+    if (o.resume_auto && any_resume && !o.resume) auto_line = "resume auto: resuming: another process's node root holds a committed checkpoint";
+    if (o.resume_auto) o.resume = any_resume;
+    if (any_committed && !local_committed) local_committed = "another process's node root";
+  }
+#endif
   if (!o.resume && local_committed)
     usage(root + " already holds committed checkpoints: pass --resume (or --resume auto) to continue them, or another --dir");
   const fs::path scratch = fs::temp_directory_path() / ("ckpt-demo-scratch-" + std::to_string(run_id));
@@ -833,7 +872,7 @@ int program_main(int argc, char** argv) {
     double ttr_discover = 0, ttr_fetch = 0, ttr_rebuild = 0;
     using Clock = std::chrono::steady_clock;
     const auto seconds_since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
-    if (o.resume && printer()) {
+    if (o.resume && printer() && !(is_mpi() && o.nodes > 0)) {  // (under MPI with node roots: in run)
       std::vector<std::string> levels{root};
       if (o.durable_dir) levels.push_back(*o.durable_dir);
       const RecoveryPlan plan = plan_recovery(levels);
@@ -900,9 +939,7 @@ int program_main(int argc, char** argv) {
         shards += rep.rebuilt_ranks.size();
       }
       if (files > 0) {
-        const auto roots = node_root_paths(root, o.nodes);
-        bool whole = true;
-        for (const auto& rep : rec.repairs) whole &= check_node_checkpoint(posix_file_system(), roots, rep.name, Verify::full).healthy();
+        const bool whole = rec.repairs_whole;
         checks['i'] = {whole, std::to_string(files) + " file(s) of " + std::to_string(rec.repairs.size()) + " checkpoint(s) rebuilt (" +
                                   std::to_string(shards) + " shard(s)) over the MPI coordinator, each equal to the manifest's SHA-256; afterwards " +
                                   (whole ? "every shard and block verifies" : "STILL DAMAGED")};
@@ -915,11 +952,11 @@ int program_main(int argc, char** argv) {
                 o.train.accumulate > 1 ? (", " + std::to_string(o.train.accumulate) + " micro-batches per step").c_str() : "",
                 o.train.precision == Precision::f16 ? "fp16" : "bf16", rec.backend.c_str(), root.c_str());
     if (o.durable_dir) std::printf("durable tier %s: checkpoints are copied there in the background\n", o.durable_dir->c_str());
+    if (is_mpi() && o.nodes > 0) ttr_discover = rec.discover_s, ttr_rebuild = rec.startup_s;  // the start-up rebuilt, then the plan
     const double ttr_total = ttr_discover + ttr_fetch + ttr_rebuild + r0.resume_verify_s + r0.resume_load_s;
     if (o.resume)
-      std::printf("time to recover: %.3f s (discover %.3f, fetch %.3f, rebuild %.3f, verify %.3f, load %.3f)%s\n", ttr_total, ttr_discover,
-                  ttr_fetch, ttr_rebuild, r0.resume_verify_s, r0.resume_load_s,
-                  is_mpi() && o.nodes > 0 ? " (under MPI a rebuild runs in the checkpointer's start-up, not timed here)" : "");
+      std::printf("time to recover: %.3f s (discover %.3f, fetch %.3f, rebuild %.3f, verify %.3f, load %.3f)\n", ttr_total, ttr_discover,
+                  ttr_fetch, ttr_rebuild, r0.resume_verify_s, r0.resume_load_s);
     if (o.resume)
       std::printf("resumed from step %llu%s%s\n", static_cast<unsigned long long>(r0.resumed_from),
                   source_world != o.world
@@ -1152,8 +1189,8 @@ int program_main(int argc, char** argv) {
       for (const auto& e : save_errors) ranks_failed += e.step == at && e.code == errc_name(Errc::io_error);
       bool ok = ranks_failed == static_cast<std::size_t>(o.world) && !unexpected_failures && r0.rows.back().stats.step == r0.last_step;
       bool temporaries = false;
-      for (const auto& e : fs::directory_iterator(root)) temporaries |= is_temporary_name(e.path().filename().string());
-      ok &= !temporaries && !fs::exists(join_path(root, checkpoint_dir_name(at)));
+      for (const auto& e : fs::directory_iterator(root_directory(root))) temporaries |= is_temporary_name(e.path().filename().string());
+      ok &= !temporaries && !fs::exists(join_path(root_directory(root), checkpoint_dir_name(at)));
       std::size_t verified = 0;
       std::vector<StoredCheckpoint> listed;
       try {

@@ -19,7 +19,7 @@ exec unshare --mount sh -c '
   mount --make-rprivate /
   hold=$(mktemp -d /tmp/ckpt-confine-XXXXXX)
   mount --bind "$mine" "$hold"
-  mount -t tmpfs -o size=1m ckpt-confined "$root"
+  mount -t tmpfs -o size=1m,mode=0700 ckpt-confined "$root"
   mkdir "$mine"
   mount --move "$hold" "$mine"
   rmdir "$hold"

@@ -40,15 +40,20 @@ std::string how(RecoveryFetch f) {
   return "?";
 }
 
-// Why a node set's checkpoint cannot be rebuilt, from its health: the ranks lost, the bad
-// files, and the first one's error.
+// Why a node set's checkpoint cannot be rebuilt, from its health: the ranks lost, each bad
+// file with its error's kind, and the full error of the first file that is damaged rather
+// than missing (a survivor's bad block is what made the loss unrecoverable), else the first.
 std::string beyond_redundancy(const NodeCheckpointHealth& h) {
   std::string ranks, files;
   for (const int r : h.lost_ranks) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
   const auto bad = h.bad_files();
-  for (const MemberHealth* f : bad) files += (files.empty() ? "" : ", ") + f->what + " on node " + std::to_string(f->node);
+  const MemberHealth* shown = bad.empty() ? nullptr : bad.front();
+  for (const MemberHealth* f : bad) {
+    files += (files.empty() ? "" : ", ") + f->what + " on node " + std::to_string(f->node) + " (" + std::string(errc_name(f->code)) + ")";
+    if (shown->code == Errc::missing_shard && f->code != Errc::missing_shard) shown = f;
+  }
   std::string out = "beyond its redundancy: rank" + std::string(h.lost_ranks.size() == 1 ? " " : "s ") + ranks + " cannot be rebuilt (bad: " + files + ")";
-  if (!bad.empty()) out += "; first: " + bad.front()->error;
+  if (shown) out += "; " + std::string(shown->code == Errc::missing_shard ? "first" : "damaged") + ": " + shown->error;
   return out;
 }
 
@@ -97,7 +102,7 @@ RecoveryPlan plan_recovery(const std::vector<std::string>& roots, const Recovery
   std::map<std::uint64_t, std::vector<std::size_t>, std::greater<>> holders;  // step -> levels, newest step first
   for (std::size_t i = 0; i < roots.size(); ++i) {
     try {
-      stores[i] = open_store(roots[i]);
+      stores[i] = open_store(roots[i], {.fs = options.fs});
       const std::vector<std::uint64_t> steps = stores[i]->steps();
       if (steps.empty()) plan.level_errors.push_back({i, roots[i], "holds no committed checkpoint", Errc::not_found});
       for (const auto s : steps) holders[s].push_back(i);

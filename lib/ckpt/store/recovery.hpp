@@ -63,6 +63,10 @@ struct RecoveryOptions {
   /// entries and sizes; fast also every chunk's XXH3 (reading the shards once); full the
   /// files' SHA-256 too.
   Verify verify = Verify::none;
+  /// The file system directories, node sets and memory roots are read through (default:
+  /// POSIX). Under MPI, the Checkpointer's (Checkpointer::file_system()), which reaches the
+  /// other nodes' roots through their processes.
+  FileSystem* fs = nullptr;
 };
 
 struct RecoveryPlan {
