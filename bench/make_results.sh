@@ -43,6 +43,21 @@ if [ "$run" = 1 ]; then
   if [ "$peers" = 1 ]; then
     bench/peers.sh --bench "$bench" --out "$res/peers"
   fi
+  # Time to recover per level; the object store's with the RGW of scripts/rgw when it starts.
+  recovery=${CKPT_RECOVERY_BENCH:-$(dirname "$bench")/ckpt-recovery-bench}
+  s3=()
+  rgw=$(mktemp -d /var/tmp/ckpt-bench-rgw-XXXXXX)
+  if scripts/rgw start "$rgw" >/dev/null 2>&1 && [ -f "$rgw/env" ]; then
+    set -a; . "$rgw/env"; set +a
+    s3=(--s3 "s3://$CKPT_S3_BUCKET/recovery-bench")
+  fi
+  {
+    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "commit: $commit"
+  } > "$res/recovery-meta.txt"
+  "$recovery" --json "$res/recovery.json" --markdown "$res/recovery.md" "${s3[@]}" | tee "$res/recovery.txt"
+  scripts/rgw stop "$rgw" >/dev/null 2>&1 || true
+  rm -rf "$rgw"
 fi
 
 [ -f "$res/ckpt-bench.md" ] || { echo "make_results.sh: no $res/ckpt-bench.md; run without --no-run first" >&2; exit 1; }
@@ -74,6 +89,16 @@ meta() { awk -F': ' -v k="$1" '$1 == k {sub(/^[^:]*: /, ""); print; exit}' "$res
     cat "$res/peers/peers.md"
   else
     echo "Not run (bench/peers.sh)."
+  fi
+  echo
+  echo "## Time to recover, per level"
+  echo
+  if [ -f "$res/recovery.md" ]; then
+    echo "\`ckpt-recovery-bench\` (bench/recovery_bench.cpp; commit $(awk -F': ' '$1 == "commit" {print $2}' "$res/recovery-meta.txt"), $(awk -F': ' '$1 == "date" {print $2}' "$res/recovery-meta.txt")):"
+    echo
+    cat "$res/recovery.md"
+  else
+    echo "Not run (ckpt-recovery-bench)."
   fi
   if [ -f bench/analysis.md ]; then
     echo

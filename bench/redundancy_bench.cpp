@@ -47,17 +47,6 @@ namespace {
 
 constexpr int kRanks = 4;
 
-void drop_cache(const fs::path& dir) {
-  for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    if (!e.is_regular_file()) continue;
-    const int fd = ::open(e.path().c_str(), O_RDONLY);
-    if (fd < 0) continue;
-    ::fdatasync(fd);
-    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    ::close(fd);
-  }
-}
-
 std::uint64_t stored_bytes(const fs::path& set, const std::string& name) {
   std::uint64_t sum = 0;
   for (const auto& n : fs::directory_iterator(set)) {
