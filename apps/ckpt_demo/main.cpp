@@ -111,6 +111,8 @@ struct Options {
   std::optional<std::string> dir, durable_dir;
   int keep_durable = 10;
   double drain_deadline = 300;  // --durable-drain-deadline: seconds
+  std::uint64_t durable_every = 1;  // --durable-every: the durable tier's cadence in steps
+  std::uint64_t memory_every = 0;   // --memory-every: a memory level in front of --dir (0: none)
   std::optional<double> lease_seconds;  // --lease-seconds: an s3 tier's writer lease period
   bool adopt_run = false;  // --adopt-run: a resume may continue another run's checkpoint from the store
   int nodes = 0;  // --nodes: node n's local root is DIR/node-n (0: DIR is the one root)
@@ -178,6 +180,17 @@ Options parse(int argc, char** argv) {
                  "root from it when --dir's checkpoint is missing or bad")
       ->option_text("DIR");
   add_int_option(app, "--keep-durable", o.keep_durable, 0, 1 << 20, "K", "keep the last K checkpoints in the durable tier (default 10)");
+  add_int_option(app, "--durable-every", o.durable_every, std::uint64_t{1}, kMaxStep, "L",
+                 "with --durable-dir: copy only the checkpoints of steps that are multiples of L\n"
+                 "(the durable level's own cadence; the last one, and an emergency save's, are\n"
+                 "copied whatever their step; default 1: every checkpoint)");
+  add_int_option(app, "--memory-every", o.memory_every, std::uint64_t{1}, kMaxStep, "N",
+                 "a memory level in front of --dir: save every N steps to shared memory\n"
+                 "(mem://NAME, NAME drawn from --dir's path; two generations kept, private to\n"
+                 "the user), which outlives the process: --resume auto after a crash or a\n"
+                 "SIGKILL continues from it. --dir becomes the disk level, copied from memory\n"
+                 "in the background every --save-every steps (docs/memory.md). Not with\n"
+                 "--durable-dir (one level behind memory)");
   app.add_option("--durable-drain-deadline", o.drain_deadline,
                  "with --durable-dir: after training, wait at most S seconds for the durable\n"
                  "tier to catch up (printing what it waits for every 10 s), then give up\n"
@@ -322,8 +335,29 @@ Options parse(int argc, char** argv) {
 #ifndef CKPT_DEMO_MPI
   if (o.mpi) usage("this ckpt-demo was built without MPI (install libopenmpi-dev and reconfigure)");
 #endif
+  if (o.memory_every) {
+    // Two levels: memory every N steps, then --dir (the disk) as the tier behind it, copied
+    // every --save-every steps. The memory root's name comes from --dir's path, so that a
+    // restart with the same --dir finds it.
+    if (o.durable_dir) usage("--memory-every takes --dir as the level behind memory: not with --durable-dir");
+    if (!o.dir) usage("--memory-every needs --dir (the disk level behind memory)");
+    if (is_memory_root(*o.dir)) usage("--memory-every with a mem:// --dir: --dir is the disk level behind memory");
+    if (o.save_every_seconds) usage("--memory-every saves on steps: not with --save-every-seconds");
+    std::uint64_t h = 14695981039346656037ull;  // FNV-1a of the absolute path
+    for (const char c : fs::weakly_canonical(*o.dir).string()) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+    char name[32];
+    std::snprintf(name, sizeof name, "demo-%016llx", static_cast<unsigned long long>(h));
+    o.durable_dir = *o.dir;
+    o.durable_every = o.save_every;
+    o.keep_durable = o.keep;
+    o.save_every = o.memory_every;
+    o.keep = 2;
+    o.dir = std::string("mem://") + name;
+  } else if (o.durable_every > 1 && !o.durable_dir) {
+    usage("--durable-every needs --durable-dir");
+  }
   const bool object_tier = o.durable_dir && root_kind(*o.durable_dir) == StoreKind::object_store;
-  if (o.durable_dir && o.dir && !object_tier && fs::weakly_canonical(*o.durable_dir) == fs::weakly_canonical(*o.dir))
+  if (o.durable_dir && o.dir && !object_tier && !is_memory_root(*o.dir) && fs::weakly_canonical(*o.durable_dir) == fs::weakly_canonical(*o.dir))
     usage("--durable-dir must differ from --dir");
   if ((o.lease_seconds || o.adopt_run) && !object_tier)
     usage(std::string(o.adopt_run ? "--adopt-run" : "--lease-seconds") + " needs an s3:// --durable-dir");
@@ -591,7 +625,7 @@ RunRecord run(const Options& o, const std::string& root, bool resume, bool saves
     opt.max_consecutive_failures = o.max_consecutive_failures;
     opt.staging = o.deferred_staging ? Staging::deferred : Staging::copy;
     if (o.durable_dir) {
-      opt.durable = DurableTierOptions{.root = *o.durable_dir, .keep_last = o.keep_durable};
+      opt.durable = DurableTierOptions{.root = *o.durable_dir, .keep_last = o.keep_durable, .every = o.durable_every};
       opt.durable->drain_deadline = std::chrono::milliseconds(static_cast<std::int64_t>(o.drain_deadline * 1000));
       if (o.lease_seconds) {
         const auto period = std::chrono::milliseconds(static_cast<std::int64_t>(*o.lease_seconds * 1000));
@@ -646,6 +680,9 @@ RunRecord run(const Options& o, const std::string& root, bool resume, bool saves
   }
   if (ckpt && o.durable_dir && !g_preempted) {
     ckpt->wait_all();
+    // The last checkpoint reaches the durable tier whatever its cadence (--durable-every).
+    if (o.durable_every > 1 && printer())
+      if (const auto last = open_store(root)->latest(); last && *last % o.durable_every != 0) ckpt->copy_to_durable(*last);
     rec.drain = ckpt->drain_durable(drain_options(o));
     rec.durable = ckpt->stats().durable;
   }
@@ -862,6 +899,10 @@ int program_main(int argc, char** argv) {
     std::printf("ckpt-demo: mini GPT, %zu parameters (%d layers, dim %d, %d heads, vocab %d, seq %d, batch %d per rank)\n",
                 num_params(m), m.layers, m.dim, m.heads, m.vocab, m.seq, m.batch);
     if (!auto_line.empty()) std::printf("%s\n", auto_line.c_str());
+    if (o.memory_every)
+      std::printf("levels: memory %s every %llu steps, then the disk %s every %llu\n", root.c_str(), static_cast<unsigned long long>(o.save_every),
+                  o.durable_dir->c_str(), static_cast<unsigned long long>(o.durable_every));
+    std::fflush(stdout);  // what a run killed later said about where it keeps its checkpoints
     // The checkpoint a resume starts from, read before this run's saves can rotate it away.
     std::unique_ptr<CheckpointStore> source;  // and its step
     std::optional<std::uint64_t> source_step;

@@ -73,6 +73,25 @@ struct MemRoot {
   }
 };
 
+// The losses of steps from+1..end in `resumed` (a --metrics file) equal, bit for bit, those of
+// a run never interrupted (on disk under `tmp`, to step `end`).
+void same_as_uninterrupted(const ckpt::test::TempDir& tmp, const fs::path& resumed_metrics, std::uint64_t from, std::uint64_t end) {
+  int status = -1;
+  const std::string ref = ckpt::test::run_command(kDemo + " --dir " + (tmp / "ref").string() + " --save-every 1 --steps " + std::to_string(end) +
+                                                      " --metrics " + (tmp / "ref.jsonl").string() + " 2>&1",
+                                                  &status);
+  CAPTURE(ref);
+  CHECK(status == 0);
+  const auto resumed = losses(resumed_metrics);
+  const auto reference = losses(tmp / "ref.jsonl");
+  CHECK(resumed.size() == end - from);
+  for (const auto& [step, hex] : resumed) {
+    INFO("step " << step);
+    REQUIRE(reference.count(step) == 1);
+    CHECK(hex == reference.at(step));
+  }
+}
+
 enum class Loss { none, one_node, all_memory };
 
 // Kills a run on a memory root (with `nodes` and parity, and a durable tier on disk), takes
@@ -116,20 +135,7 @@ std::string kill_and_resume(Loss loss, std::uint64_t seed) {
   CHECK(ttr.at("seconds").as_double() > 0);
   CHECK(ttr.at("load").as_double() > 0);
   if (loss == Loss::one_node) CHECK(ttr.at("rebuild").as_double() > 0);
-  // The uninterrupted run, on disk.
-  const std::string ref = ckpt::test::run_command(kDemo + " --dir " + (tmp / "ref").string() + " --save-every 1 --steps " + std::to_string(end) +
-                                                      " --metrics " + (tmp / "ref.jsonl").string() + " 2>&1",
-                                                  &status);
-  CAPTURE(ref);
-  CHECK(status == 0);
-  const auto resumed = losses(tmp / "resumed.jsonl");
-  const auto reference = losses(tmp / "ref.jsonl");
-  CHECK(resumed.size() == end - expected);
-  for (const auto& [step, hex] : resumed) {
-    INFO("step " << step);
-    REQUIRE(reference.count(step) == 1);
-    CHECK(hex == reference.at(step));
-  }
+  same_as_uninterrupted(tmp, tmp / "resumed.jsonl", expected, end);
   return out;
 }
 
@@ -156,4 +162,73 @@ TEST_CASE("ckpt-demo on a memory root all of whose memory is gone (a reboot) res
   CHECK(out.find("from the durable tier (local tier passed over: not found") != std::string::npos);
   CHECK(out.find("; not used: mem://demo-31-") != std::string::npos);  // the cheaper level, and why
   CHECK(out.find("holds no committed checkpoint") != std::string::npos);
+}
+
+TEST_CASE("ckpt-demo --memory-every 1 --save-every 5: memory every step, the disk every 5th; killed with its memory gone, it resumes from the disk's newest and goes on bit for bit") {
+  ckpt::test::TempDir tmp;
+  const fs::path disk = tmp / "run";
+  std::mt19937_64 rng(41);
+  const std::vector<std::string> levels = {"--memory-every", "1", "--save-every", "5", "--nodes", "4", "--redundancy", "rs:3+1"};
+  std::vector<std::string> first = {kDemo, "--dir", disk.string(), "--steps", "100000", "--resume", "auto"};
+  first.insert(first.end(), levels.begin(), levels.end());
+  // Killed once the disk level holds a checkpoint.
+  const int raw = run_and_kill(first, disk, tmp / "killed.log", rng);
+  CAPTURE(read_text(tmp / "killed.log"));
+  REQUIRE(WIFSIGNALED(raw));
+  const std::uint64_t on_disk = latest_step(disk);
+  REQUIRE(on_disk > 0);
+  CHECK(on_disk % 5 == 0);
+  for (const auto& e : fs::directory_iterator(disk))
+    if (const auto s = ckpt::parse_checkpoint_dir_name(e.path().filename().string())) CHECK(*s % 5 == 0);
+  // The memory level is named after --dir: the killed run's line says which.
+  const std::string log = read_text(tmp / "killed.log");
+  const auto at = log.find("levels: memory mem://");
+  REQUIRE(at != std::string::npos);
+  const std::string mem = log.substr(at + 15, log.find(' ', at + 15) - at - 15);
+  CHECK(log.find(" every 1 steps, then the disk " + disk.string() + " every 5") != std::string::npos);
+  const fs::path mem_dir = ckpt::memory_root_dir(mem);
+  REQUIRE(fs::exists(mem_dir));
+  const std::uint64_t in_memory = latest_step(mem_dir / "node-0");
+  CHECK(in_memory >= on_disk);
+  fs::remove_all(mem_dir);  // a reboot
+  const std::uint64_t end = on_disk + 7;
+  std::vector<std::string> again = {kDemo, "--dir", disk.string(), "--resume", "auto", "--steps", std::to_string(end), "--metrics", (tmp / "resumed.jsonl").string()};
+  again.insert(again.end(), levels.begin(), levels.end());
+  int status = -1;
+  const std::string out = ckpt::test::run_command(joined(again) + " 2>&1", &status);
+  CAPTURE(out);
+  CHECK(status == 0);
+  CHECK(out.find("recovery plan: step " + std::to_string(on_disk) + " from disk " + disk.string()) != std::string::npos);
+  CHECK(out.find("resumed from step " + std::to_string(on_disk) + ", from the durable tier") != std::string::npos);
+  // The last step reached the disk although it is no multiple of 5.
+  CHECK(latest_step(disk) == end);
+  same_as_uninterrupted(tmp, tmp / "resumed.jsonl", on_disk, end);
+  fs::remove_all(mem_dir);
+}
+
+TEST_CASE("ckpt-demo --memory-every on SIGTERM saves the step to memory first, then copies it to the disk level within the grace period, and its last line says both") {
+  ckpt::test::TempDir tmp;
+  const fs::path disk = tmp / "run";
+  std::mt19937_64 rng(51);
+  const std::vector<std::string> args = {kDemo, "--dir", disk.string(), "--memory-every", "1", "--save-every", "10", "--steps", "100000"};
+  const pid_t pid = ckpt::test::spawn_logged(args, tmp / "out.log");
+  const auto t0 = Clock::now();
+  while (latest_step(disk) == 0 && Clock::now() - t0 < std::chrono::seconds(30)) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 300)(rng)));
+  ::kill(pid, SIGTERM);
+  int raw = 0;
+  ::waitpid(pid, &raw, 0);
+  const std::string out = read_text(tmp / "out.log");
+  CAPTURE(out);
+  REQUIRE(WIFEXITED(raw));
+  CHECK(WEXITSTATUS(raw) == 0);
+  const std::regex last(R"(preempted by SIGTERM at step (\d+): latest is (step-\d+) in memory \(durable tier ([^:]+): yes\)\n$)");
+  std::smatch m;
+  REQUIRE(std::regex_search(out, m, last));
+  CHECK(m[2].str() == ckpt::checkpoint_dir_name(std::stoull(m[1].str())));
+  CHECK(m[3].str() == disk.string());
+  CHECK(latest_step(disk) == std::stoull(m[1].str()));  // the emergency step, off the disk's cadence
+  const auto at = out.find("levels: memory mem://");
+  REQUIRE(at != std::string::npos);
+  fs::remove_all(ckpt::memory_root_dir(out.substr(at + 15, out.find(' ', at + 15) - at - 15)));
 }

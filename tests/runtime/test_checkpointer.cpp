@@ -487,7 +487,10 @@ TEST_CASE("200 saves to a memory root keep two generations: the shared memory it
   CHECK(step_dirs(dir) == std::vector<std::string>{"step-0000000199", "step-0000000200"});
   CHECK(held_at_20 > 2 * world * kN * 4);  // two generations of both ranks' state
   CHECK(held_max <= held_at_20);
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  // (A sanitizer's allocator keeps freed memory in quarantine: its RSS grows by design.)
   CHECK(rss_max <= rss_at_20 + (4u << 20));
+#endif
   open_store(root)->verify(200, Verify::full);
   fs::remove_all(dir);
 }

@@ -214,3 +214,21 @@ TEST_CASE("a durable tier on the local root itself is refused") {
   }
   CHECK_THROWS_AS(Checkpointer(run.options(2, {.max_attempts = 0})), Error);
 }
+
+TEST_CASE("a tier's own cadence: only steps that are multiples of `every` are copied, and copy_to_durable hands over one off it") {
+  Run run;
+  Checkpointer ck(run.options(2, {.keep_last = 10, .every = 3}));
+  for (std::uint64_t s = 1; s <= 7; ++s) run.save(ck, s);
+  ck.wait_durable();
+  CHECK(test::step_dirs(run.durable) == std::vector<std::string>{"step-0000000003", "step-0000000006"});
+  CHECK(ck.stats().durable.submitted == 2);
+  CHECK(ck.durable_latest() == std::optional<std::uint64_t>(6));
+  // Local rotation kept 2; the last one reaches the durable tier on demand.
+  ck.copy_to_durable(7);
+  ck.wait_durable();
+  CHECK(ck.durable_latest() == std::optional<std::uint64_t>(7));
+  check_same(run.local, run.durable, checkpoint_dir_name(7));
+  const Error zero = test::expect_error([&] { Checkpointer bad(run.options(2, {.root = (run.dir / "other").string(), .every = 0})); });
+  CHECK(zero.code() == Errc::invalid_argument);
+  CHECK(std::string(zero.what()).find("DurableTierOptions::every") != std::string::npos);
+}

@@ -423,6 +423,7 @@ struct Checkpointer::Impl {
     // fails here, before the root is touched or staging allocated. Node roots: the durable
     // copy reads each checkpoint from the node set (its shards; redundancy blocks are not copied).
     if (opt.durable) {
+      if (opt.durable->every < 1) throw Error(Errc::invalid_argument, opt.durable->root, "DurableTierOptions::every", "at least 1", "0");
       opt.durable->allow_older_than_latest |= opt.allow_older_than_latest;
       replicator = std::make_unique<DurableReplicator>(fs, opt.root, *opt.durable);
     }
@@ -1116,7 +1117,7 @@ struct Checkpointer::Impl {
       std::string dir = st.target->commit(assemble_manifest(st.step, opt.chunk_size, std::move(shards)), std::move(blocks));
       // Handed over before rotation, so that an older step whose copy it supersedes is no
       // longer pinned and rotates away now.
-      if (replicator) replicator->submit(st.step);
+      if (replicator && st.step % opt.durable->every == 0) replicator->submit(st.step);
       st.committed_here = true;
       return {std::nullopt, dir, since(t0)};
     } catch (...) {
@@ -1292,6 +1293,11 @@ std::optional<StagedSnapshot> Checkpointer::staged(int rank) const {
   for (const auto& t : rec->header.tensors)
     snap.tensors.push_back({t.name, t.dtype, t.shape, std::span(data + t.begin, static_cast<std::size_t>(t.end - t.begin)), std::nullopt});
   return snap;
+}
+
+void Checkpointer::copy_to_durable(std::uint64_t step) {
+  impl_->refuse_if_forked("copy_to_durable()");
+  if (impl_->replicator) impl_->replicator->submit(step);
 }
 
 void Checkpointer::wait_durable() {

@@ -376,6 +376,11 @@ class Checkpointer {
   /// Other ranks may call it and save() concurrently. Errc::invalid_argument for a bad rank.
   std::optional<StagedSnapshot> staged(int rank) const;
 
+  /// Hands the committed checkpoint `step` to the durable tier whatever its cadence
+  /// (DurableTierOptions::every): an emergency save's step, copied while the grace period
+  /// lasts. Like a commit's hand-over, it replaces a pending older step; a step not
+  /// committed in the root fails that copy (logged and counted). No-op without a tier.
+  void copy_to_durable(std::uint64_t step);
   /// Blocks until the durable tier has caught up: no copy pending or running (a failing
   /// copy is retried up to DurableTierOptions::max_attempts first). Never throws; the
   /// outcome is in stats().durable. Returns at once without a durable tier. Does not wait

@@ -62,6 +62,11 @@ struct DurableTierOptions {
   /// which never moves `latest` backwards, whatever allow_older_than_latest says).
   std::string root{};
   int keep_last = 10;          ///< rotation of the durable root (0: keep all)
+  /// The tier's own cadence: a Checkpointer hands it the committed steps that are multiples
+  /// of `every` (1: every commit). A memory root saved every step with a disk tier every 10
+  /// is `every = 10` (docs/memory.md, "Levels"); Checkpointer::copy_to_durable hands over a
+  /// step off the cadence (an emergency save's). At least 1.
+  std::uint64_t every = 1;
   Verify verify = Verify::fast;  ///< per-chunk XXH3 while copying; full: also SHA-256 per file
   FileSystem* fs = nullptr;    ///< file system of the durable root (default: posix)
   int max_attempts = 3;        ///< copies of one step before it is given up (at least 1)

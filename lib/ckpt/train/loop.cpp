@@ -10,6 +10,7 @@
 #include "ckpt/fs/file_system.hpp"
 #include "ckpt/fs/layout.hpp"
 #include "ckpt/read/reader.hpp"
+#include "ckpt/store/memory/memory.hpp"
 #include "ckpt/store/store.hpp"
 
 namespace ckpt::train {
@@ -72,6 +73,8 @@ PreemptionSave save_on_preemption(Checkpointer& checkpointer, Trainer& trainer, 
   }
   const auto& durable = checkpointer.options().durable;
   out.has_durable_tier = durable.has_value();
+  out.in_memory = is_memory_root(checkpointer.options().root);
+  if (durable && out.in_memory) out.durable_root = durable->root;
   // Rank 0 reads both tiers (under MPI its process commits and copies) and tells the others.
   std::uint64_t shared[3] = {0, 0, 0};  // latest + 1 (0: none), durable, durable_skipped
   if (comm.rank() == 0) {
@@ -81,6 +84,9 @@ PreemptionSave save_on_preemption(Checkpointer& checkpointer, Trainer& trainer, 
       // What the replicator knows the durable tier holds (an object store is not asked on
       // the way out: DurableReplicator::durable_latest).
       auto durable_latest = [&] { return checkpointer.durable_latest(); };
+      // The emergency step is off the tier's cadence (DurableTierOptions::every) as a rule:
+      // handed over now, it is copied while the grace period lasts.
+      if (out.committed && *latest % durable->every != 0) checkpointer.copy_to_durable(*latest);
       if (out.committed && durable_latest() != latest) {
         // Wait through the replicator's drain: when it gives up (the deadline, a second
         // signal) it also stops the copy running, so what the line says below is what the
@@ -111,9 +117,10 @@ std::string preemption_line(const PreemptionSave& s, int signal) {
     line += "the save of step " + std::to_string(s.step) + " did not finish within the " + budget + " s grace budget and was abandoned; ";
   else if (!s.committed)
     line += "the save of step " + std::to_string(s.step) + " failed (" + s.error + "); ";
-  line += s.latest ? "latest is " + checkpoint_dir_name(*s.latest) : std::string("no checkpoint is committed");
+  line += s.latest ? "latest is " + checkpoint_dir_name(*s.latest) + (s.in_memory ? " in memory" : "") : std::string("no checkpoint is committed");
   if (s.has_durable_tier)
-    line += std::string(" (durable tier: ") + (s.durable ? "yes" : s.durable_skipped ? "no, its copy was cut short" : "no") + ")";
+    line += std::string(" (durable tier") + (s.durable_root.empty() ? "" : " " + s.durable_root) + ": " +
+            (s.durable ? "yes" : s.durable_skipped ? "no, its copy was cut short" : "no") + ")";
   return line;
 }
 

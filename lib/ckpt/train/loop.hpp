@@ -42,7 +42,9 @@ struct PreemptionSave {
   bool cleaned = false;        ///< abandoned and stopped in time: its temporary is removed
   std::string error;           ///< why it failed (its ckpt::Error's message), if it did
   std::optional<std::uint64_t> latest;  ///< the step the root's `latest` names (rank 0 reads it)
+  bool in_memory = false;      ///< the root is a memory level (mem://): `latest` is in shared memory
   bool has_durable_tier = false;
+  std::string durable_root;    ///< the durable tier's root, with a memory level (the level behind it)
   bool durable = false;        ///< the durable tier's `latest` names `latest` too
   bool durable_skipped = false;  ///< committed, but the wait for the durable copy was cut short
   double grace_seconds = 0;    ///< the budget it had
@@ -73,6 +75,7 @@ PreemptionSave save_on_preemption(Checkpointer& checkpointer, Trainer& trainer, 
 
 /// The one line a preempted program ends with, e.g.
 ///   preempted by SIGTERM at step 137: latest is step-0000000137 (durable tier: yes)
+///   preempted by SIGTERM at step 185: latest is step-0000000185 in memory (durable tier /data/run: yes)
 ///   preempted by SIGTERM at step 137: the save of step 137 did not finish within the 30 s
 ///     grace budget and was abandoned; latest is step-0000000100 (durable tier: no)
 std::string preemption_line(const PreemptionSave& save, int signal);
