@@ -164,7 +164,7 @@ TEST_CASE("ckpt-demo on a memory root all of whose memory is gone (a reboot) res
   CHECK(out.find("holds no committed checkpoint") != std::string::npos);
 }
 
-TEST_CASE("ckpt-demo --memory-every 1 --save-every 5: memory every step, the disk every 5th; killed with its memory gone, it resumes from the disk's newest and goes on bit for bit") {
+TEST_CASE("ckpt-demo --memory-every 1 --save-every 5: memory every step, the disk every 5th, and killed with its memory gone it resumes from the disk's newest and goes on bit for bit") {
   ckpt::test::TempDir tmp;
   const fs::path disk = tmp / "run";
   std::mt19937_64 rng(41);
