@@ -121,7 +121,7 @@ def run(rank, args):
     world = args.world_size
     dist.init_process_group("gloo", init_method=f"file://{os.path.abspath(args.dir)}/.rendezvous-{args.run_id}",
                             rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
-    root = os.path.join(args.dir, "ckpt")
+    root = args.root or os.path.join(args.dir, "ckpt")
     torch.manual_seed(0)
     model = GPT()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.1)
@@ -207,7 +207,9 @@ def main(argv=None):
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--save-every", type=int, required=True)
     p.add_argument("--world-size", type=int, default=4)
-    p.add_argument("--resume", action="store_true", help="continue from DIR/ckpt's latest")
+    p.add_argument("--root", help="the checkpoint root instead of DIR/ckpt: a directory, or mem://NAME, shared memory that "
+                   "outlives the processes (docs/memory.md)")
+    p.add_argument("--resume", action="store_true", help="continue from the root's latest")
     p.add_argument("--metrics", help="JSON lines, one per step (rank 0)")
     args = p.parse_args(argv)
     os.makedirs(args.dir, exist_ok=True)

@@ -32,6 +32,18 @@ def lines(path):
         return [json.loads(x) for x in f if x.strip()]
 
 
+def kill_when_logged(p, metrics, step):
+    """SIGKILLs the job `p` (its whole session) once its metrics file has logged `step`."""
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and p.poll() is None:
+        if metrics.exists() and any(x.get("step") == step for x in lines(metrics) if "loss_hex" in x):
+            break
+        time.sleep(0.01)
+    assert p.poll() is None, "the run ended before it could be killed"
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+
+
 def test_a_run_killed_at_a_random_step_and_resumed_equals_an_uninterrupted_run_bit_for_bit(tmp_path):
     full = subprocess.run(cmd(tmp_path / "a", tmp_path / "a.jsonl"), capture_output=True, text=True, timeout=300)
     assert full.returncode == 0, full.stderr
@@ -42,14 +54,7 @@ def test_a_run_killed_at_a_random_step_and_resumed_equals_an_uninterrupted_run_b
     print("killing at step", kill_at)
     b = tmp_path / "b.jsonl"
     p = subprocess.Popen(cmd(tmp_path / "b", b), start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and p.poll() is None:
-        if b.exists() and any(x.get("step") == kill_at for x in lines(b) if "loss_hex" in x):
-            break
-        time.sleep(0.01)
-    assert p.poll() is None, "the run ended before it could be killed"
-    os.killpg(p.pid, signal.SIGKILL)
-    p.wait()
+    kill_when_logged(p, b, kill_at)
     latest = ckpt.open_latest(tmp_path / "b" / "ckpt", world_size=WORLD).step
     assert latest % EVERY == 0 and kill_at - EVERY <= latest <= kill_at
 
@@ -108,3 +113,27 @@ def check_model_export(root, out):
     r2 = ckpt.open_latest(str(out) + "-at2", world_size=2)
     for n in saved:
         assert np.array_equal(r2.read(0, "model." + n), saved[n]), n
+
+
+def test_a_run_saving_to_memory_killed_at_a_random_step_resumes_from_memory_bit_for_bit(tmp_path):
+    """The root mem://NAME: generations in shared memory outlive the SIGKILLed processes."""
+    mem = f"mem://pytest-train-{os.getpid()}"
+    full = subprocess.run(cmd(tmp_path / "a", tmp_path / "a.jsonl"), capture_output=True, text=True, timeout=300)
+    assert full.returncode == 0, full.stderr
+    want = lines(tmp_path / "a.jsonl")
+    kill_at = random.Random(os.environ.get("CKPT_TEST_SEED")).randint(7, STEPS - 1)
+    b = tmp_path / "b.jsonl"
+    p = subprocess.Popen(cmd(tmp_path / "b", b, "--root", mem), start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    kill_when_logged(p, b, kill_at)
+    try:
+        latest = ckpt.open_latest(mem, world_size=WORLD).step
+        assert latest % EVERY == 0 and kill_at - EVERY <= latest <= kill_at
+        res = subprocess.run(cmd(tmp_path / "b", tmp_path / "c.jsonl", "--root", mem, "--resume"), capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr
+        got = [x for x in lines(b) if x["step"] <= latest] + lines(tmp_path / "c.jsonl")
+        assert [x["loss_hex"] for x in got[:-1]] == [x["loss_hex"] for x in want[:-1]]
+        assert got[-1]["params_sha256"] == want[-1]["params_sha256"]
+    finally:
+        import shutil
+        shutil.rmtree(os.path.join(os.environ.get("CKPT_MEMORY_DIR") or "/dev/shm", f"ckpt-{os.geteuid()}", mem[len("mem://"):]),
+                      ignore_errors=True)
