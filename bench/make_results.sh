@@ -94,7 +94,7 @@ meta() { awk -F': ' -v k="$1" '$1 == k {sub(/^[^:]*: /, ""); print; exit}' "$res
   echo "## Time to recover, per level"
   echo
   if [ -f "$res/recovery.md" ]; then
-    echo "\`ckpt-recovery-bench\` (bench/recovery_bench.cpp; commit $(awk -F': ' '$1 == "commit" {print $2}' "$res/recovery-meta.txt"), $(awk -F': ' '$1 == "date" {print $2}' "$res/recovery-meta.txt")):"
+    echo "\`ckpt-recovery-bench\` (bench/recovery_bench.cpp) on the machine above; commit $(awk -F': ' '$1 == "commit" {sub(/^[^:]*: /, ""); print}' "$res/recovery-meta.txt"), $(awk -F': ' '$1 == "date" {print $2}' "$res/recovery-meta.txt"):"
     echo
     cat "$res/recovery.md"
   else

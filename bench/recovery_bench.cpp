@@ -199,8 +199,9 @@ struct Overhead {
 };
 
 // `steps` steps of `step_ms` each on every rank (cpu: spinning, else sleeping), saving the
-// state to `root` every `every` steps (0: never); returns the wall time, and for each save
-// whether it was complete when the next was due, and the blocked times.
+// state to `root` every `every` steps (0: never); returns the time until every rank finished
+// its steps (the last save may still run), whether each save was complete when the next was
+// due, and the blocked times.
 struct LoopResult {
   double wall = 0;
   bool sustainable = true;
@@ -243,10 +244,14 @@ LoopResult train_loop(const std::string& root, const std::vector<std::vector<std
           out.blocked.push_back(b);
         }
       }
+      // The steps are done: the last save finishing after them is not the steps' time.
+      {
+        std::lock_guard lk(mu);
+        out.wall = std::max(out.wall, seconds_since(t0));
+      }
       if (pending.valid()) pending.wait();
     });
   for (auto& t : ranks) t.join();
-  out.wall = seconds_since(t0);
   return out;
 }
 
