@@ -110,24 +110,13 @@ Phases recover(const std::vector<std::string>& levels, const std::string& restor
   const RecoveryPlan plan = plan_recovery(levels, {.expected_world_size = kRanks});
   p.discover = std::chrono::duration<double>(plan.discover).count();
   p.how = plan.summary();
-  if (!plan.chosen) throw Error(Errc::not_found, levels.front(), "nothing to recover: " + plan.summary());
-  const RecoveryCandidate& c = *plan.chosen;
-  auto store = open_store(c.root);
-  if (c.fetch == RecoveryFetch::rebuild) {
-    const auto t0 = Clock::now();
-    store->writer()->repair(c.step, Verify::fast);
-    p.rebuild = seconds_since(t0);
-  } else if (c.fetch == RecoveryFetch::restore) {
-    const auto t0 = Clock::now();
-    auto local = open_store(restore_into);
-    copy_checkpoint(*store, c.step, *local->writer(), {.verify = Verify::fast, .parallel_shards = 4, .copy_record = false});
-    store = std::move(local);
-    p.fetch = seconds_since(t0);
-  }
-  auto t0 = Clock::now();
-  const CheckpointReader reader = store->open(c.step, kRanks);
-  p.verify = seconds_since(t0);
-  t0 = Clock::now();
+  const Recovered got = recover_planned(plan, {.expected_world_size = kRanks}, restore_into);
+  const RecoveryCandidate& c = got.from;
+  const CheckpointReader& reader = got.reader;
+  p.fetch = std::chrono::duration<double>(got.fetch).count();
+  p.rebuild = std::chrono::duration<double>(got.rebuild).count();
+  p.verify = std::chrono::duration<double>(got.verify).count();
+  const auto t0 = Clock::now();
   std::vector<std::vector<LoadTarget>> targets(kRanks);
   std::vector<RankLoad> loads;
   for (int r = 0; r < kRanks; ++r) {

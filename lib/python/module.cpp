@@ -21,6 +21,7 @@
 #include <tuple>
 #include <vector>
 
+#include "ckpt/store/recovery.hpp"
 #include "ckpt/store/store.hpp"
 #include "ckpt/core/dtype.hpp"
 #include "ckpt/core/error.hpp"
@@ -404,7 +405,7 @@ class PyReader {
     py::gil_scoped_release nogil;
     if (step) {
       opened_ = std::make_unique<ckpt::OpenedCheckpoint>(ckpt::OpenedCheckpoint{
-          .reader = ckpt::open_step(ckpt::posix_file_system(), root, *step, world_size), .name = {}});
+          .reader = ckpt::open_store(root)->open(*step, world_size), .name = {}});  // any kind of root
     } else {
       opened_ = std::make_unique<ckpt::OpenedCheckpoint>(ckpt::open_latest(
           ckpt::posix_file_system(), root,
@@ -522,6 +523,75 @@ PYBIND11_MODULE(_core, m) {
       },
       "Every ckpt::Errc as (identifier, name in messages), from the C++ library's one table: the identifier is "
       "the `code` of the ckpt.errors class raised for it");
+
+  // The recovery planner (store/recovery.hpp): the plan as a dict, and the plan carried out.
+  const auto candidate_dict = [](const ckpt::RecoveryCandidate& c) {
+    py::dict d;
+    d["level"] = c.level;
+    d["root"] = c.root;
+    d["kind"] = std::string(ckpt::recovery_level_name(c.kind));
+    d["step"] = c.step;
+    d["fetch"] = std::string(ckpt::recovery_fetch_name(c.fetch));
+    d["bytes"] = c.bytes;
+    d["passed_over"] = c.passed_over.empty() ? py::object(py::none()) : py::object(py::str(c.passed_over));
+    return d;
+  };
+  const auto plan_dict = [candidate_dict](const ckpt::RecoveryPlan& plan) {
+    py::dict d;
+    d["chosen"] = plan.chosen ? py::object(candidate_dict(*plan.chosen)) : py::object(py::none());
+    py::list candidates, errors;
+    for (const auto& c : plan.candidates) candidates.append(candidate_dict(c));
+    for (const auto& e : plan.level_errors) {
+      py::dict x;
+      x["level"] = e.level;
+      x["root"] = e.root;
+      x["code"] = std::string(ckpt::errc_id(e.code));
+      x["error"] = e.error;
+      errors.append(x);
+    }
+    d["candidates"] = candidates;
+    d["level_errors"] = errors;
+    d["discover_seconds"] = std::chrono::duration<double>(plan.discover).count();
+    d["summary"] = plan.summary();
+    return d;
+  };
+  m.def(
+      "plan_recovery",
+      [plan_dict](const std::vector<std::string>& roots, std::optional<int> world_size, const std::string& verify) {
+        ckpt::RecoveryPlan plan;
+        {
+          py::gil_scoped_release release;
+          plan = ckpt::plan_recovery(roots, {.expected_world_size = world_size, .verify = verify_of(verify)});
+        }
+        return plan_dict(plan);
+      },
+      py::arg("roots"), py::arg("world_size"), py::arg("verify"), "ckpt::plan_recovery: the plan as a dict");
+  m.def(
+      "recover",
+      [plan_dict](const std::vector<std::string>& roots, std::optional<int> world_size, const std::string& restore_into) {
+        ckpt::RecoveryPlan plan;
+        std::string root;
+        std::uint64_t step = 0;
+        double fetch = 0, rebuild = 0;
+        {
+          py::gil_scoped_release release;
+          const ckpt::RecoveryOptions options{.expected_world_size = world_size};
+          plan = ckpt::plan_recovery(roots, options);
+          const ckpt::Recovered got = ckpt::recover_planned(plan, options, restore_into);
+          root = got.from.kind == ckpt::StoreKind::object_store ? restore_into : got.from.root;
+          step = got.from.step;
+          fetch = std::chrono::duration<double>(got.fetch).count();
+          rebuild = std::chrono::duration<double>(got.rebuild).count();
+        }
+        py::dict d = plan_dict(plan);
+        d["root"] = root;
+        d["step"] = step;
+        d["fetch_seconds"] = fetch;
+        d["rebuild_seconds"] = rebuild;
+        return d;
+      },
+      py::arg("roots"), py::arg("world_size"), py::arg("restore_into"),
+      "ckpt::plan_recovery then ckpt::recover_planned: the plan, and the root and step to open");
 
   m.def(
       "split_range",

@@ -5,6 +5,7 @@
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/fs/layout.hpp"
+#include "ckpt/store/copy.hpp"
 
 namespace ckpt {
 
@@ -123,6 +124,32 @@ RecoveryPlan plan_recovery(const std::vector<std::string>& roots, const Recovery
   }
   plan.discover = std::chrono::steady_clock::now() - t0;
   return plan;
+}
+
+Recovered recover_planned(const RecoveryPlan& plan, const RecoveryOptions& options, const std::string& restore_into) {
+  using Clock = std::chrono::steady_clock;
+  if (!plan.chosen)
+    throw Error(Errc::not_found, plan.roots.empty() ? std::string() : plan.roots.front(), "no level holds a checkpoint to recover from", "a plan's chosen candidate",
+                plan.summary());
+  const RecoveryCandidate& c = *plan.chosen;
+  std::unique_ptr<CheckpointStore> store = open_store(c.root, {.fs = options.fs});
+  std::chrono::nanoseconds fetch{}, rebuild{};
+  if (c.fetch == RecoveryFetch::rebuild) {
+    const auto t0 = Clock::now();
+    store->writer()->repair(c.step, Verify::fast);
+    rebuild = Clock::now() - t0;
+  } else if (c.fetch == RecoveryFetch::restore) {
+    if (restore_into.empty())
+      throw Error(Errc::invalid_argument, c.root, "a restore from an object store needs a directory root to restore into", "restore_into", "none");
+    const auto t0 = Clock::now();
+    auto local = open_store(restore_into, {.fs = options.fs});
+    copy_checkpoint(*store, c.step, *local->writer(), {.verify = Verify::fast, .begin = {.allow_older_than_latest = true}, .parallel_shards = 4});
+    store = std::move(local);
+    fetch = Clock::now() - t0;
+  }
+  const auto t0 = Clock::now();
+  CheckpointReader reader = store->open(c.step, options.expected_world_size);
+  return {std::move(reader), c, fetch, rebuild, Clock::now() - t0};
 }
 
 std::string RecoveryPlan::summary() const {

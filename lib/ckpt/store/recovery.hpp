@@ -83,6 +83,24 @@ struct RecoveryPlan {
   std::string summary() const;
 };
 
+/// What recover_planned did, and the checkpoint it opened.
+struct Recovered {
+  CheckpointReader reader;
+  RecoveryCandidate from;           ///< the plan's chosen candidate
+  std::chrono::nanoseconds fetch{};    ///< an object store's checkpoint restored into `restore_into`
+  std::chrono::nanoseconds rebuild{};  ///< the level's lost files rebuilt (StoreWriter::repair of the step)
+  std::chrono::nanoseconds verify{};   ///< the open: the manifest decoded and checked, every shard's size
+};
+
+/// Carries out `plan` (plan_recovery's, over the same file system `options.fs`): a rebuild
+/// through the chosen level's writer (its lock, as any writer; StoreWriter::repair of that
+/// step), or a restore of an object store's checkpoint into the directory root
+/// `restore_into` (copy_checkpoint, each chunk checked), then opens the step, expecting
+/// `options.expected_world_size`. Errc::not_found naming the plan's summary when it chose
+/// nothing; Errc::invalid_argument for a restore without `restore_into`; the typed errors of
+/// the rebuild, the copy and the open.
+Recovered recover_planned(const RecoveryPlan& plan, const RecoveryOptions& options = {}, const std::string& restore_into = {});
+
 /// The words for a level of kind `kind`: "memory", "disk", "node roots", "object store".
 std::string_view recovery_level_name(StoreKind kind) noexcept;
 

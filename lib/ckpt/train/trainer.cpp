@@ -1,3 +1,4 @@
+#include "ckpt/store/recovery.hpp"
 #include "ckpt/store/store.hpp"
 #include "ckpt/train/trainer.hpp"
 
@@ -632,6 +633,71 @@ std::uint64_t Trainer::resume_from(const std::function<OpenedCheckpoint(std::opt
   apply_state(*state);
   resume_timing_.load = std::chrono::steady_clock::now() - t_load;
   return opened->reader.manifest().step;
+}
+
+// ---- levels ----
+
+std::optional<Trainer::PlannedResume> Trainer::resume_planned(const std::vector<std::string>& levels, Verify verify, Reshard reshard,
+                                                              const std::string& restore_into) {
+  // Rank 0 plans and fetches; the answer every rank gets: "" (nothing committed anywhere),
+  // "ok\n<step>\n<root>\n<plan>\n<discover ns> <fetch ns> <rebuild ns>", or "error\n<message>".
+  std::optional<PlannedResume> out;
+  std::optional<Error> error;
+  std::string answer;
+  if (comm_.rank() == 0) {
+    try {
+      bool committed = false;
+      for (const auto& l : levels) {
+        try {
+          committed = committed || open_store(l)->committed_evidence().has_value();
+        } catch (const Error&) {
+          committed = true;  // an unreadable level may hold one: the plan says what is wrong
+        }
+      }
+      if (committed) {
+        const RecoveryOptions options{.expected_world_size = reshard == Reshard::allow ? std::nullopt : std::optional<int>(comm_.size())};
+        const RecoveryPlan plan = plan_recovery(levels, options);
+        const Recovered got = recover_planned(plan, options, restore_into);
+        const std::string root = got.from.kind == StoreKind::object_store ? restore_into : got.from.root;
+        answer = "ok\n" + std::to_string(got.from.step) + "\n" + root + "\n" + plan.summary() + "\n" + std::to_string(plan.discover.count()) + " " +
+                 std::to_string(got.fetch.count()) + " " + std::to_string(got.rebuild.count());
+      }
+    } catch (const Error& e) {
+      error = e;
+      answer = std::string("error\n") + e.what();
+    }
+  }
+  std::vector<std::byte> buf(answer.size());
+  std::memcpy(buf.data(), answer.data(), answer.size());
+  const auto all = comm_.all_gather_bytes(buf);
+  const std::string zero(reinterpret_cast<const char*>(all.at(0).data()), all.at(0).size());
+  if (zero.empty()) return std::nullopt;
+  if (zero.starts_with("error\n")) {
+    if (error) throw *error;
+    throw Error(Errc::aborted, levels.empty() ? std::string() : levels.front(), "rank 0 could not plan the recovery: " + zero.substr(6));
+  }
+  PlannedResume r;
+  std::size_t at = 3;
+  const auto field = [&] {
+    const std::size_t end = zero.find('\n', at);
+    std::string f = zero.substr(at, end == std::string::npos ? std::string::npos : end - at);
+    at = end == std::string::npos ? zero.size() : end + 1;
+    return f;
+  };
+  const std::uint64_t step = std::stoull(field());
+  r.root = field();
+  r.plan = field();
+  long long d = 0, f = 0, b = 0;
+  std::sscanf(field().c_str(), "%lld %lld %lld", &d, &f, &b);
+  r.discover = std::chrono::nanoseconds(d), r.fetch = std::chrono::nanoseconds(f), r.rebuild = std::chrono::nanoseconds(b);
+  r.step = resume_from(
+      [&](std::optional<int> expect) {
+        auto store = open_store(r.root);
+        return OpenedCheckpoint{store->open(step, expect), checkpoint_dir_name(step), false, {}};
+      },
+      r.root, verify, reshard);
+  out = std::move(r);
+  return out;
 }
 
 // ---- two tiers ----

@@ -309,6 +309,28 @@ class Trainer {
   TieredResume resume_latest_tiered(const std::string& local_root, const std::string& durable_root, Verify verify = Verify::fast,
                                     Reshard reshard = Reshard::no, bool adopt_run = false);
 
+  // ---- levels (store/recovery.hpp) ----
+  /// What resume_planned did.
+  struct PlannedResume {
+    std::uint64_t step = 0;    ///< the step resumed from
+    std::string root;          ///< the level it came from
+    std::string plan;          ///< the plan's one line (RecoveryPlan::summary)
+    std::chrono::nanoseconds discover{}, fetch{}, rebuild{};  ///< rank 0's, the same on every rank
+  };
+  /// Resumes from the newest checkpoint over `levels` (cheapest first: mem://NAME, a disk
+  /// root or node set, a durable directory or s3:// prefix), as the recovery planner picks it
+  /// (plan_recovery, expecting this world size unless `reshard`): rank 0 surveys, carries out
+  /// the plan (a rebuild from the level's redundancy, or a restore into `restore_into`, a
+  /// directory root, for an object store; recover_planned) and tells the other ranks which
+  /// checkpoint to read; every rank then loads it as resume_latest does. Returns nullopt, on
+  /// every rank, when no level holds a committed checkpoint (store::committed_evidence): the
+  /// trainer stays at step 0. A level that holds one but nothing usable is the planner's
+  /// Errc::not_found, naming why each candidate was passed over (never a fresh start); on the
+  /// other ranks Errc::aborted carrying rank 0's message. last_resume_timing() has the
+  /// verify and load. Collective.
+  std::optional<PlannedResume> resume_planned(const std::vector<std::string>& levels, Verify verify = Verify::fast, Reshard reshard = Reshard::no,
+                                              const std::string& restore_into = {});
+
   /// Where the last resume of this rank spent its time (wall clock), the parts of time to
   /// recover a resume itself measures (store/recovery.hpp names the others).
   struct ResumeTiming {

@@ -228,7 +228,9 @@ class Checkpointer:
 
 
 class Reader:
-    """An opened checkpoint (from open_latest or open_step)."""
+    """An opened checkpoint (from open_latest, open_step or recover)."""
+
+    plan = None  # recover(): the recovery plan it followed
 
     def __init__(self, core):
         self._r = core
@@ -304,6 +306,30 @@ def open_step(root, step, world_size=None, verify="fast"):
     """Opens ROOT/step-N."""
     return Reader(_core.Reader(_args.path(root, "root"), _optional_world(world_size), _args.text(verify, "verify"), False,
                                _args.integer(step, "step", 0, _MAX_STEP)))
+
+
+def plan_recovery(levels, world_size=None, verify="none"):
+    """Surveys a run's levels, cheapest first (mem://NAME, a directory or node set, a durable
+    directory or s3://bucket/prefix), and returns the plan a resume follows, loading nothing:
+    a dict with "chosen" (level, root, kind, step, fetch: "read", "rebuild" or "restore"; None
+    when no level holds a usable checkpoint), "candidates" (every newer one passed over, with
+    "passed_over": why), "level_errors", "discover_seconds" and "summary" (one line).
+    verify: "none" reads manifests and sizes, "fast" also every chunk's XXH3."""
+    return _core.plan_recovery([_args.path(x, "levels") for x in levels], _optional_world(world_size), _args.text(verify, "verify"))
+
+
+def recover(levels, world_size=None, verify="fast", restore_into=None):
+    """Plans the recovery over `levels` (plan_recovery), carries it out (a node set's lost
+    files rebuilt from the others' redundancy; an object store's checkpoint restored into the
+    directory root `restore_into`), and opens the chosen checkpoint: a Reader whose .plan is
+    the plan (with "fetch_seconds" and "rebuild_seconds"). ckpt.NotFound when no level holds
+    a usable checkpoint, naming why each was passed over."""
+    plan = _core.recover([_args.path(x, "levels") for x in levels], _optional_world(world_size),
+                         "" if restore_into is None else _args.path(restore_into, "restore_into"))
+    reader = Reader(_core.Reader(plan["root"], _optional_world(world_size), _args.text(verify, "verify"), False,
+                                 _args.integer(plan["step"], "step", 0, _MAX_STEP)))
+    reader.plan = plan
+    return reader
 
 
 def _verify(verify):
