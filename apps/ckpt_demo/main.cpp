@@ -113,6 +113,10 @@ struct Options {
   double drain_deadline = 300;  // --durable-drain-deadline: seconds
   std::uint64_t durable_every = 1;  // --durable-every: the durable tier's cadence in steps
   std::uint64_t memory_every = 0;   // --memory-every: a memory level in front of --dir (0: none)
+  // With --memory-every and --durable-dir: --dir as the level between them (three levels).
+  std::optional<std::string> local_dir;
+  std::uint64_t local_every = 1;
+  int local_keep = 3;
   std::optional<double> lease_seconds;  // --lease-seconds: an s3 tier's writer lease period
   bool adopt_run = false;  // --adopt-run: a resume may continue another run's checkpoint from the store
   int nodes = 0;  // --nodes: node n's local root is DIR/node-n (0: DIR is the one root)
@@ -189,8 +193,8 @@ Options parse(int argc, char** argv) {
                  "(mem://NAME, NAME drawn from --dir's path; two generations kept, private to\n"
                  "the user), which outlives the process: --resume auto after a crash or a\n"
                  "SIGKILL continues from it. --dir becomes the disk level, copied from memory\n"
-                 "in the background every --save-every steps (docs/memory.md). Not with\n"
-                 "--durable-dir (one level behind memory)");
+                 "in the background every --save-every steps (docs/memory.md); with\n"
+                 "--durable-dir, a third level copied every --durable-every steps");
   app.add_option("--durable-drain-deadline", o.drain_deadline,
                  "with --durable-dir: after training, wait at most S seconds for the durable\n"
                  "tier to catch up (printing what it waits for every 10 s), then give up\n"
@@ -336,10 +340,9 @@ Options parse(int argc, char** argv) {
   if (o.mpi) usage("this ckpt-demo was built without MPI (install libopenmpi-dev and reconfigure)");
 #endif
   if (o.memory_every) {
-    // Two levels: memory every N steps, then --dir (the disk) as the tier behind it, copied
-    // every --save-every steps. The memory root's name comes from --dir's path, so that a
-    // restart with the same --dir finds it.
-    if (o.durable_dir) usage("--memory-every takes --dir as the level behind memory: not with --durable-dir");
+    // Memory every N steps, then --dir (the disk) as a tier behind it, copied every
+    // --save-every steps, and --durable-dir (if given) every --durable-every. The memory
+    // root's name comes from --dir's path, so that a restart with the same --dir finds it.
     if (!o.dir) usage("--memory-every needs --dir (the disk level behind memory)");
     if (is_memory_root(*o.dir)) usage("--memory-every with a mem:// --dir: --dir is the disk level behind memory");
     if (o.save_every_seconds) usage("--memory-every saves on steps: not with --save-every-seconds");
@@ -347,9 +350,16 @@ Options parse(int argc, char** argv) {
     for (const char c : fs::weakly_canonical(*o.dir).string()) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
     char name[32];
     std::snprintf(name, sizeof name, "demo-%016llx", static_cast<unsigned long long>(h));
-    o.durable_dir = *o.dir;
-    o.durable_every = o.save_every;
-    o.keep_durable = o.keep;
+    if (o.durable_dir) {
+      if (fs::weakly_canonical(*o.durable_dir) == fs::weakly_canonical(*o.dir)) usage("--durable-dir must differ from --dir");
+      o.local_dir = *o.dir;
+      o.local_every = o.save_every;
+      o.local_keep = o.keep;
+    } else {
+      o.durable_dir = *o.dir;
+      o.durable_every = o.save_every;
+      o.keep_durable = o.keep;
+    }
     o.save_every = o.memory_every;
     o.keep = 2;
     o.dir = std::string("mem://") + name;
@@ -424,7 +434,14 @@ RankRecord train_rank(const Options& o, dist::Communicator& comm, const std::str
   Trainer trainer(o.train, comm);
   if (o.inflate_optimizer) trainer.optimizer().hold_extra_for_testing(static_cast<std::size_t>(o.inflate_optimizer));
   std::uint64_t start = 0;
-  if (resume && o.durable_dir) {
+  if (resume && o.local_dir) {
+    // Three levels: the plan picks the newest step and the cheapest level holding it
+    // (an object store's is restored into the disk level).
+    const auto r = trainer.resume_planned({root, *o.local_dir, *o.durable_dir}, Verify::full, o.reshard ? Reshard::allow : Reshard::no, *o.local_dir);
+    if (!r) throw Error(Errc::not_found, root, "no level holds a committed checkpoint to resume from");
+    start = r->step;
+    rec.resume_tier = r->root == root ? std::string("memory level") : r->root == *o.local_dir ? "disk level " + *o.local_dir : "durable tier";
+  } else if (resume && o.durable_dir) {
     const auto r = trainer.resume_latest_tiered(root, *o.durable_dir, Verify::full, o.reshard ? Reshard::allow : Reshard::no, o.adopt_run);
     start = r.step;
     rec.resume_tier = r.tier + " tier" + (r.local_error.empty() ? "" : " (local tier passed over: " + r.local_error + ")");
@@ -626,6 +643,7 @@ RunRecord run(const Options& o, const std::string& root, bool resume, bool saves
     opt.staging = o.deferred_staging ? Staging::deferred : Staging::copy;
     if (o.durable_dir) {
       opt.durable = DurableTierOptions{.root = *o.durable_dir, .keep_last = o.keep_durable, .every = o.durable_every};
+      if (o.local_dir) opt.local_tier = DurableTierOptions{.root = *o.local_dir, .keep_last = o.local_keep, .every = o.local_every};
       opt.durable->drain_deadline = std::chrono::milliseconds(static_cast<std::int64_t>(o.drain_deadline * 1000));
       if (o.lease_seconds) {
         const auto period = std::chrono::milliseconds(static_cast<std::int64_t>(*o.lease_seconds * 1000));
@@ -681,8 +699,8 @@ RunRecord run(const Options& o, const std::string& root, bool resume, bool saves
   if (ckpt && o.durable_dir && !g_preempted) {
     ckpt->wait_all();
     // The last checkpoint reaches the durable tier whatever its cadence (--durable-every).
-    if (o.durable_every > 1 && printer())
-      if (const auto last = open_store(root)->latest(); last && *last % o.durable_every != 0) ckpt->copy_to_durable(*last);
+    if (printer())
+      if (const auto last = open_store(root)->latest()) ckpt->copy_to_durable(*last);  // each tier that its cadence passed over
     rec.drain = ckpt->drain_durable(drain_options(o));
     rec.durable = ckpt->stats().durable;
   }
@@ -853,7 +871,9 @@ int program_main(int argc, char** argv) {
   try {
     local_committed = committed_in(root);
     if (o.resume_auto) {
-      const std::optional<std::string> from = local_committed ? local_committed : o.durable_dir ? committed_in(*o.durable_dir) : std::nullopt;
+      std::optional<std::string> from = local_committed;
+      if (!from && o.local_dir) from = committed_in(*o.local_dir);
+      if (!from && o.durable_dir) from = committed_in(*o.durable_dir);
       o.resume = from.has_value();
       auto_line = !from                         ? "resume auto: no committed checkpoint in " + root + (o.durable_dir ? " or " + *o.durable_dir : "") +
                                                       ": starting fresh"
@@ -899,7 +919,11 @@ int program_main(int argc, char** argv) {
     std::printf("ckpt-demo: mini GPT, %zu parameters (%d layers, dim %d, %d heads, vocab %d, seq %d, batch %d per rank)\n",
                 num_params(m), m.layers, m.dim, m.heads, m.vocab, m.seq, m.batch);
     if (!auto_line.empty()) std::printf("%s\n", auto_line.c_str());
-    if (o.memory_every)
+    if (o.memory_every && o.local_dir)
+      std::printf("levels: memory %s every %llu steps, then the disk %s every %llu, then %s every %llu\n", root.c_str(),
+                  static_cast<unsigned long long>(o.save_every), o.local_dir->c_str(), static_cast<unsigned long long>(o.local_every),
+                  o.durable_dir->c_str(), static_cast<unsigned long long>(o.durable_every));
+    else if (o.memory_every)
       std::printf("levels: memory %s every %llu steps, then the disk %s every %llu\n", root.c_str(), static_cast<unsigned long long>(o.save_every),
                   o.durable_dir->c_str(), static_cast<unsigned long long>(o.durable_every));
     std::fflush(stdout);  // what a run killed later said about where it keeps its checkpoints
@@ -915,6 +939,7 @@ int program_main(int argc, char** argv) {
     const auto seconds_since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
     if (o.resume && printer() && !(is_mpi() && o.nodes > 0)) {  // (under MPI with node roots: in run)
       std::vector<std::string> levels{root};
+      if (o.local_dir) levels.push_back(*o.local_dir);
       if (o.durable_dir) levels.push_back(*o.durable_dir);
       const RecoveryPlan plan = plan_recovery(levels);
       ttr_discover = std::chrono::duration<double>(plan.discover).count();
@@ -931,7 +956,7 @@ int program_main(int argc, char** argv) {
       }
     }
     std::string rehydrated_from;  // the object store a resume restored the local root from
-    if (o.resume && object_tier) {
+    if (o.resume && object_tier && !o.local_dir) {  // (three levels: the planned resume restores into the disk level)
       // An object-store tier is not read in place: a local root whose checkpoint is missing or
       // bad is rehydrated from it (verified, committed locally) now, before this run's
       // checkpointer takes the local root's lock; the resume then finds it locally.
@@ -953,6 +978,10 @@ int program_main(int argc, char** argv) {
         // The local tier's, else a durable tier read in place (an object store's was restored above).
         source = open_store(root);
         source_step = source->latest();
+        if (!source_step && o.local_dir) {
+          source = open_store(*o.local_dir);
+          source_step = source->latest();
+        }
         if (!source_step && o.durable_dir && !object_tier) {
           source = open_store(*o.durable_dir);
           source_step = source->latest();

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/json.hpp>
 #include <chrono>
 #include <filesystem>
@@ -231,4 +232,50 @@ TEST_CASE("ckpt-demo --memory-every on SIGTERM saves the step to memory first, t
   const auto at = out.find("levels: memory mem://");
   REQUIRE(at != std::string::npos);
   fs::remove_all(ckpt::memory_root_dir(out.substr(at + 15, out.find(' ', at + 15) - at - 15)));
+}
+
+TEST_CASE("ckpt-demo with three levels (memory every step, --dir every 5, --durable-dir every 10) resumes from the cheapest level holding the newest step, bit for bit") {
+  ckpt::test::TempDir tmp;
+  const fs::path disk = tmp / "run", durable = tmp / "durable";
+  const std::vector<std::string> levels = {"--memory-every", "1", "--save-every", "5", "--durable-dir", durable.string(), "--durable-every", "10",
+                                           "--nodes", "4", "--redundancy", "rs:3+1", "--resume", "auto"};
+  const auto run_to = [&](std::uint64_t end, const std::string& metrics) {
+    std::vector<std::string> a = {kDemo, "--dir", disk.string(), "--steps", std::to_string(end), "--metrics", (tmp / metrics).string()};
+    a.insert(a.end(), levels.begin(), levels.end());
+    int status = -1;
+    const std::string out = ckpt::test::run_command(joined(a) + " 2>&1", &status);
+    CAPTURE(out);
+    CHECK(status == 0);
+    return out;
+  };
+  const std::string first = run_to(23, "a.jsonl");
+  const auto at = first.find("levels: memory mem://");
+  REQUIRE(at != std::string::npos);
+  const fs::path mem_dir = ckpt::memory_root_dir(first.substr(at + 15, first.find(' ', at + 15) - at - 15));
+  CHECK(first.find("then the disk " + disk.string() + " every 5, then " + durable.string() + " every 10") != std::string::npos);
+  // Each level's own cadence, the run's last step on every one.
+  const auto steps_in = [](const fs::path& root) {
+    std::vector<std::uint64_t> out;
+    for (const auto& e : fs::directory_iterator(root))
+      if (const auto s = ckpt::parse_checkpoint_dir_name(e.path().filename().string())) out.push_back(*s);
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  CHECK(steps_in(disk) == std::vector<std::uint64_t>{15, 20, 23});
+  CHECK(steps_in(durable) == std::vector<std::uint64_t>{10, 20, 23});
+  // Memory gone: the disk level holds step 23, as the durable tier does; the cheaper is read.
+  fs::remove_all(mem_dir);
+  const std::string second = run_to(27, "b.jsonl");
+  CHECK(second.find("recovery plan: step 23 from disk " + disk.string() + " (read in place)") != std::string::npos);
+  CHECK(second.find("resumed from step 23, from the disk level " + disk.string()) != std::string::npos);
+  same_as_uninterrupted(tmp, tmp / "b.jsonl", 23, 27);
+  // Memory and the disk level gone: the durable tier's newest.
+  fs::remove_all(mem_dir);
+  fs::remove_all(disk);
+  const std::string third = run_to(31, "c.jsonl");
+  CHECK(third.find("recovery plan: step 27 from disk " + durable.string() + " (read in place)") != std::string::npos);
+  CHECK(third.find("resumed from step 27, from the durable tier") != std::string::npos);
+  fs::remove_all(tmp / "ref");
+  same_as_uninterrupted(tmp, tmp / "c.jsonl", 27, 31);
+  fs::remove_all(mem_dir);
 }

@@ -232,3 +232,35 @@ TEST_CASE("a tier's own cadence: only steps that are multiples of `every` are co
   CHECK(zero.code() == Errc::invalid_argument);
   CHECK(std::string(zero.what()).find("DurableTierOptions::every") != std::string::npos);
 }
+
+TEST_CASE("three levels: the root, a local tier and the durable tier each keep their own cadence and rotation, and copy_to_durable fills what each passed over") {
+  Run run;
+  const std::string local_tier = (run.dir / "disk").string();
+  CheckpointerOptions o = run.options(2, {.keep_last = 10, .every = 3});
+  o.local_tier = DurableTierOptions{.root = local_tier, .keep_last = 2, .every = 2};
+  Checkpointer ck(o);
+  for (std::uint64_t s = 1; s <= 7; ++s) run.save(ck, s);
+  ck.wait_durable();
+  CHECK(test::step_dirs(local_tier) == std::vector<std::string>{"step-0000000004", "step-0000000006"});
+  CHECK(test::step_dirs(run.durable) == std::vector<std::string>{"step-0000000003", "step-0000000006"});
+  CHECK(ck.stats().local_tier.copies == 3);
+  CHECK(ck.stats().durable.copies == 2);
+  ck.copy_to_durable(7);  // off both cadences: both copy it
+  ck.wait_durable();
+  check_same(run.local, local_tier, checkpoint_dir_name(7));
+  check_same(run.local, run.durable, checkpoint_dir_name(7));
+  ck.copy_to_durable(6);  // both took 6 already: nothing is copied again
+  ck.wait_durable();
+  CHECK(ck.stats().local_tier.failures == 0);
+  CHECK(ck.stats().durable.failures == 0);
+  CHECK(ck.stats().local_tier.copies == 4);
+  // A local tier on the durable tier's root, or of another kind than a directory, is refused.
+  CheckpointerOptions same = run.options(2, {.root = (run.dir / "d2").string()});
+  same.root = (run.dir / "l2").string();
+  same.local_tier = DurableTierOptions{.root = (run.dir / "d2").string()};
+  CHECK(test::expect_error([&] { Checkpointer bad(same); }).code() == Errc::invalid_argument);
+  same.local_tier = DurableTierOptions{.root = "s3://bucket/prefix"};
+  const Error kind = test::expect_error([&] { Checkpointer bad(same); });
+  CHECK(kind.code() == Errc::invalid_argument);
+  CHECK(std::string(kind.what()).find("local_tier: a directory") != std::string::npos);
+}

@@ -341,6 +341,7 @@ struct Checkpointer::Impl {
   // Declared last: destroyed first, after ~Impl has drained the local saves (whose commits
   // submit to it); its own destructor then drains the copies.
   std::unique_ptr<DurableReplicator> replicator;
+  std::unique_ptr<DurableReplicator> local_replicator;  // CheckpointerOptions::local_tier
 
   static int pool_size(const CheckpointerOptions& o) {
     if (o.hash_threads > 0) return o.hash_threads;
@@ -426,6 +427,16 @@ struct Checkpointer::Impl {
       if (opt.durable->every < 1) throw Error(Errc::invalid_argument, opt.durable->root, "DurableTierOptions::every", "at least 1", "0");
       opt.durable->allow_older_than_latest |= opt.allow_older_than_latest;
       replicator = std::make_unique<DurableReplicator>(fs, opt.root, *opt.durable);
+    }
+    if (opt.local_tier) {
+      if (opt.local_tier->every < 1) throw Error(Errc::invalid_argument, opt.local_tier->root, "DurableTierOptions::every", "at least 1", "0");
+      if (root_kind(opt.local_tier->root) != StoreKind::directory)
+        throw Error(Errc::invalid_argument, opt.local_tier->root, "CheckpointerOptions::local_tier: a directory", "a directory root",
+                    std::string(store_kind_name(root_kind(opt.local_tier->root))));
+      if (opt.durable && opt.durable->root == opt.local_tier->root)
+        throw Error(Errc::invalid_argument, opt.local_tier->root, "CheckpointerOptions::local_tier and durable: one root", "two roots", "the same");
+      opt.local_tier->allow_older_than_latest |= opt.allow_older_than_latest;
+      local_replicator = std::make_unique<DurableReplicator>(fs, opt.root, *opt.local_tier);
     }
     choose_backend();
     // In several processes, one of them cleans the root up before any can start writing.
@@ -540,6 +551,7 @@ struct Checkpointer::Impl {
     root_pool.join();
     // After the local saves, whose commits hand it their steps; before the lock: the copies
     // read the local root.
+    if (local_replicator) local_replicator->close();
     if (replicator) replicator->close();
     {
       std::lock_guard lk(mu);
@@ -1118,6 +1130,7 @@ struct Checkpointer::Impl {
       // Handed over before rotation, so that an older step whose copy it supersedes is no
       // longer pinned and rotates away now.
       if (replicator && st.step % opt.durable->every == 0) replicator->submit(st.step);
+      if (local_replicator && st.step % opt.local_tier->every == 0) local_replicator->submit(st.step);
       st.committed_here = true;
       return {std::nullopt, dir, since(t0)};
     } catch (...) {
@@ -1158,8 +1171,11 @@ struct Checkpointer::Impl {
   // checkpoint is committed.
   // The steps the durable tier still has to copy (none without one).
   KeepStep pinned() const {
-    if (!replicator) return {};
-    return [this](std::uint64_t step) { return replicator->pinned(checkpoint_dir_name(step)); };
+    if (!replicator && !local_replicator) return {};
+    return [this](std::uint64_t step) {
+      const std::string name = checkpoint_dir_name(step);
+      return (replicator && replicator->pinned(name)) || (local_replicator && local_replicator->pinned(name));
+    };
   }
 
   void rotate(std::uint64_t committed) {
@@ -1297,11 +1313,14 @@ std::optional<StagedSnapshot> Checkpointer::staged(int rank) const {
 
 void Checkpointer::copy_to_durable(std::uint64_t step) {
   impl_->refuse_if_forked("copy_to_durable()");
-  if (impl_->replicator) impl_->replicator->submit(step);
+  // Only where the tier's cadence passed the step over: a step it took is copied already.
+  if (impl_->local_replicator && step % impl_->opt.local_tier->every != 0) impl_->local_replicator->submit(step);
+  if (impl_->replicator && step % impl_->opt.durable->every != 0) impl_->replicator->submit(step);
 }
 
 void Checkpointer::wait_durable() {
   impl_->refuse_if_forked("wait_durable()");
+  if (impl_->local_replicator) impl_->local_replicator->wait_idle();
   if (impl_->replicator) impl_->replicator->wait_idle();
 }
 
@@ -1311,12 +1330,30 @@ std::optional<std::uint64_t> Checkpointer::durable_latest() {
 
 DurableDrain Checkpointer::drain_durable(const DurableDrainOptions& options) {
   impl_->refuse_if_forked("drain_durable()");
+  // The local tier first (a disk: it drains within the deadline as a rule), then the durable
+  // tier with what is left of the deadline.
+  if (impl_->local_replicator) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const DurableDrain local = impl_->local_replicator->drain(options);
+    if (!local.complete) log_line("local tier " + impl_->opt.local_tier->root + ": its drain gave up");
+    if (impl_->replicator) {
+      DurableDrainOptions rest = options;
+      if (rest.deadline) {
+        const auto used = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+        rest.deadline = std::max(std::chrono::milliseconds(0), *rest.deadline - used);
+      }
+      return impl_->replicator->drain(rest);
+    }
+    return local;
+  }
   return impl_->replicator ? impl_->replicator->drain(options) : DurableDrain{};
 }
 
 bool Checkpointer::wait_durable_for(std::chrono::nanoseconds timeout) {
   impl_->refuse_if_forked("wait_durable_for()");
-  return !impl_->replicator || impl_->replicator->wait_idle_for(timeout);
+  const auto t0 = std::chrono::steady_clock::now();
+  if (impl_->local_replicator && !impl_->local_replicator->wait_idle_for(timeout)) return false;
+  return !impl_->replicator || impl_->replicator->wait_idle_for(std::max(std::chrono::nanoseconds(0), timeout - (std::chrono::steady_clock::now() - t0)));
 }
 
 FileSystem& Checkpointer::file_system() const noexcept { return impl_->fs; }
@@ -1332,6 +1369,7 @@ CheckpointerStats Checkpointer::stats() const {
     out = impl_->stats;
   }
   if (impl_->replicator) out.durable = impl_->replicator->stats();
+  if (impl_->local_replicator) out.local_tier = impl_->local_replicator->stats();
   return out;
 }
 

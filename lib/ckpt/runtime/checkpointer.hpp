@@ -138,6 +138,14 @@ struct CheckpointerOptions {
   /// first; the constructor waits for the client's retries then (a store that accepts
   /// connections and never answers: up to its attempts times its stall timeout).
   std::optional<DurableTierOptions> durable{};
+  /// Three levels: a second tier between the root and `durable`, with its own root, cadence
+  /// (DurableTierOptions::every) and rotation, copied from the root in the background as the
+  /// durable tier is: a memory root (mem://NAME) every step, a local disk every M steps
+  /// (this), the durable tier every L (docs/memory.md, "Levels"). A directory (it is read in
+  /// place by a resume). Its steps pending or being copied are kept by the root's rotation
+  /// too; Checkpointer::copy_to_durable hands a step to both tiers; wait_durable,
+  /// drain_durable and the destructor wait for both. Unset: one tier at most.
+  std::optional<DurableTierOptions> local_tier{};
   /// Saving a step at or before the one the root's `latest` names is refused (the save fails
   /// with Errc::invalid_argument naming both steps): it would move `latest` back. A run
   /// resumed from an older checkpoint sets this: deliberately, or because the resume may
@@ -289,6 +297,7 @@ struct CheckpointerStats {
   std::uint64_t staging_allocations = 0;  ///< times a staging buffer was (re)allocated
   std::chrono::nanoseconds total_stall{};
   DurableStats durable;  ///< the copies to the durable tier (all zero without one)
+  DurableStats local_tier;  ///< the copies to CheckpointerOptions::local_tier (all zero without one)
 };
 
 class Checkpointer {
@@ -376,10 +385,11 @@ class Checkpointer {
   /// Other ranks may call it and save() concurrently. Errc::invalid_argument for a bad rank.
   std::optional<StagedSnapshot> staged(int rank) const;
 
-  /// Hands the committed checkpoint `step` to the durable tier whatever its cadence
-  /// (DurableTierOptions::every): an emergency save's step, copied while the grace period
-  /// lasts. Like a commit's hand-over, it replaces a pending older step; a step not
-  /// committed in the root fails that copy (logged and counted). No-op without a tier.
+  /// Hands the committed checkpoint `step` to each tier whose cadence (DurableTierOptions::
+  /// every) passed it over (the durable tier, and local_tier): an emergency save's step, or a
+  /// run's last, copied while the grace period lasts. Like a commit's hand-over, it replaces
+  /// a pending older step; a step not committed in the root fails that copy (logged and
+  /// counted). No-op without a tier, or for a step every tier's cadence took.
   void copy_to_durable(std::uint64_t step);
   /// Blocks until the durable tier has caught up: no copy pending or running (a failing
   /// copy is retried up to DurableTierOptions::max_attempts first). Never throws; the

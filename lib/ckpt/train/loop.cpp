@@ -84,9 +84,9 @@ PreemptionSave save_on_preemption(Checkpointer& checkpointer, Trainer& trainer, 
       // What the replicator knows the durable tier holds (an object store is not asked on
       // the way out: DurableReplicator::durable_latest).
       auto durable_latest = [&] { return checkpointer.durable_latest(); };
-      // The emergency step is off the tier's cadence (DurableTierOptions::every) as a rule:
+      // The emergency step is off the tiers' cadence (DurableTierOptions::every) as a rule:
       // handed over now, it is copied while the grace period lasts.
-      if (out.committed && *latest % durable->every != 0) checkpointer.copy_to_durable(*latest);
+      if (out.committed) checkpointer.copy_to_durable(*latest);
       if (out.committed && durable_latest() != latest) {
         // Wait through the replicator's drain: when it gives up (the deadline, a second
         // signal) it also stops the copy running, so what the line says below is what the
