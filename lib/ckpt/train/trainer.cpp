@@ -639,11 +639,11 @@ std::uint64_t Trainer::resume_from(const std::function<OpenedCheckpoint(std::opt
 
 std::optional<Trainer::PlannedResume> Trainer::resume_planned(const std::vector<std::string>& levels, Verify verify, Reshard reshard,
                                                               const std::string& restore_into) {
-  // Rank 0 plans and fetches; the answer every rank gets: "" (nothing committed anywhere),
+  // Rank 0 plans and fetches; the answer every rank gets: "-" (nothing committed anywhere),
   // "ok\n<step>\n<root>\n<plan>\n<discover ns> <fetch ns> <rebuild ns>", or "error\n<message>".
   std::optional<PlannedResume> out;
   std::optional<Error> error;
-  std::string answer;
+  std::string answer = "-";  // never empty: every rank sends at least one byte
   if (comm_.rank() == 0) {
     try {
       bool committed = false;
@@ -667,11 +667,9 @@ std::optional<Trainer::PlannedResume> Trainer::resume_planned(const std::vector<
       answer = std::string("error\n") + e.what();
     }
   }
-  std::vector<std::byte> buf(answer.size());
-  std::memcpy(buf.data(), answer.data(), answer.size());
-  const auto all = comm_.all_gather_bytes(buf);
+  const auto all = comm_.all_gather_bytes(std::as_bytes(std::span(answer.data(), answer.size())));
   const std::string zero(reinterpret_cast<const char*>(all.at(0).data()), all.at(0).size());
-  if (zero.empty()) return std::nullopt;
+  if (zero == "-") return std::nullopt;
   if (zero.starts_with("error\n")) {
     if (error) throw *error;
     throw Error(Errc::aborted, levels.empty() ? std::string() : levels.front(), "rank 0 could not plan the recovery: " + zero.substr(6));
