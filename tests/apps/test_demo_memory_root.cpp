@@ -253,7 +253,8 @@ TEST_CASE("ckpt-demo with three levels (memory every step, --dir every 5, --dura
   REQUIRE(at != std::string::npos);
   const fs::path mem_dir = ckpt::memory_root_dir(first.substr(at + 15, first.find(' ', at + 15) - at - 15));
   CHECK(first.find("then the disk " + disk.string() + " every 5, then " + durable.string() + " every 10") != std::string::npos);
-  // Each level's own cadence, the run's last step on every one.
+  // Each level's own cadence (a copy still pending when the next due step commits is
+  // replaced by it, so which multiples remain depends on speed), the run's last step on every one.
   const auto steps_in = [](const fs::path& root) {
     std::vector<std::uint64_t> out;
     for (const auto& e : fs::directory_iterator(root))
@@ -261,8 +262,13 @@ TEST_CASE("ckpt-demo with three levels (memory every step, --dir every 5, --dura
     std::sort(out.begin(), out.end());
     return out;
   };
-  CHECK(steps_in(disk) == std::vector<std::uint64_t>{15, 20, 23});
-  CHECK(steps_in(durable) == std::vector<std::uint64_t>{10, 20, 23});
+  for (const auto& [level, every] : {std::pair{disk, 5u}, std::pair{durable, 10u}}) {
+    const auto steps = steps_in(level);
+    CAPTURE(level);
+    REQUIRE_FALSE(steps.empty());
+    CHECK(steps.back() == 23);
+    for (const auto s : steps) CHECK((s % every == 0 || s == 23));
+  }
   // Memory gone: the disk level holds step 23, as the durable tier does; the cheaper is read.
   fs::remove_all(mem_dir);
   const std::string second = run_to(27, "b.jsonl");
