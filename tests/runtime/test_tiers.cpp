@@ -218,8 +218,10 @@ TEST_CASE("a durable tier on the local root itself is refused") {
 TEST_CASE("a tier's own cadence: only steps that are multiples of `every` are copied, and copy_to_durable hands over one off it") {
   Run run;
   Checkpointer ck(run.options(2, {.keep_last = 10, .every = 3}));
-  for (std::uint64_t s = 1; s <= 7; ++s) run.save(ck, s);
-  ck.wait_durable();
+  for (std::uint64_t s = 1; s <= 7; ++s) {
+    run.save(ck, s);
+    ck.wait_durable();  // one copy at a time: none superseded, whatever the build's speed
+  }
   CHECK(test::step_dirs(run.durable) == std::vector<std::string>{"step-0000000003", "step-0000000006"});
   CHECK(ck.stats().durable.submitted == 2);
   CHECK(ck.durable_latest() == std::optional<std::uint64_t>(6));
@@ -239,8 +241,10 @@ TEST_CASE("three levels: the root, a local tier and the durable tier each keep t
   CheckpointerOptions o = run.options(2, {.keep_last = 10, .every = 3});
   o.local_tier = DurableTierOptions{.root = local_tier, .keep_last = 2, .every = 2};
   Checkpointer ck(o);
-  for (std::uint64_t s = 1; s <= 7; ++s) run.save(ck, s);
-  ck.wait_durable();
+  for (std::uint64_t s = 1; s <= 7; ++s) {
+    run.save(ck, s);
+    ck.wait_durable();  // one copy at a time: none superseded, whatever the build's speed
+  }
   CHECK(test::step_dirs(local_tier) == std::vector<std::string>{"step-0000000004", "step-0000000006"});
   CHECK(test::step_dirs(run.durable) == std::vector<std::string>{"step-0000000003", "step-0000000006"});
   CHECK(ck.stats().local_tier.copies == 3);
