@@ -131,7 +131,6 @@ class MemoryStore final : public CheckpointStore {
     // lead's process, or makes them itself: mkdir is atomic).
     make_private_dir(memory_user_dir());
     make_private_dir(dir_);
-    if (inner_->kind() == StoreKind::directory && !options_.nodes) inner_ = inner_store();  // a node set made meanwhile
     return std::make_unique<MemoryWriter>(inner_->writer(options), *this, options_.memory_limit);
   }
 
