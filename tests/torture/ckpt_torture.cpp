@@ -5,7 +5,11 @@
 //
 //   ckpt-torture run --dir D [--kills N] [--seed S] [--writer posix|io_uring] [--max-ms M]
 //                    [--redundancy rs:K+M|replicate:F]
+//                    [--memory 1]
 //   ckpt-torture victim --dir D [--writer W] [--redundancy R]   (started by `run`)
+//
+// With --memory 1 the checkpoints go to the memory root mem://torture, its shared memory kept
+// in D/shm (CKPT_MEMORY_DIR): the same kills, checks and node losses, on the memory level.
 //
 // With --redundancy the victim saves 4 ranks on 4 node roots (D/node-n) with that scheme;
 // after every kill the live checkpoint must also be whole (every shard and redundancy block
@@ -30,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include "ckpt/store/memory/memory.hpp"
 #include "ckpt/store/store.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/random.hpp"
@@ -45,6 +50,11 @@ namespace {
 
 int kWorld = 2;  // 4 with --redundancy (one rank per node)
 std::optional<RedundancyScheme> g_redundancy;
+bool g_memory = false;
+constexpr const char* kMemoryRoot = "mem://torture";
+
+// The root as the library names it: the directory `dir` itself, or the memory root it holds.
+std::string store_root(const std::string& dir) { return g_memory ? kMemoryRoot : dir; }
 constexpr int kKeep = 3;
 constexpr std::size_t kWords = (6u << 20) / 4;  // 6 MiB of state per rank
 
@@ -86,7 +96,7 @@ std::vector<fs::path> roots_of(const fs::path& root) {
 int victim(const std::string& root, WriterBackend writer) {
   // The writer first: its start-up takes the root, cleans up after the killed one and (node
   // roots) rebuilds what a lost node held; opening a checkpoint never writes.
-  CheckpointerOptions options{.root = root, .world_size = kWorld, .keep_last = kKeep, .backend = writer};
+  CheckpointerOptions options{.root = store_root(root), .world_size = kWorld, .keep_last = kKeep, .backend = writer};
   if (g_redundancy) options.nodes = NodeOptions{.ranks_per_node = 1, .redundancy = *g_redundancy};
   Checkpointer ckpt(std::move(options));
   for (const auto& r : roots_of(root))
@@ -96,9 +106,9 @@ int victim(const std::string& root, WriterBackend writer) {
         return 3;
       }
   std::uint64_t start = 0;
-  if (open_store(root)->latest()) {
+  if (open_store(store_root(root))->latest()) {
     try {
-      auto opened = open_latest(posix_file_system(), root, {.expected_world_size = kWorld});
+      auto opened = open_latest(posix_file_system(), store_root(root), {.expected_world_size = kWorld});
       const std::string bad = check_contents(opened.reader);
       if (!bad.empty()) {
         std::printf("BAD %s\n", bad.c_str());
@@ -176,8 +186,9 @@ Child spawn_victim(const std::string& self, const std::string& root, const std::
     dup2(p[1], STDOUT_FILENO);
     close(p[0]);
     close(p[1]);
-    if (redundancy.empty()) execl(self.c_str(), self.c_str(), "victim", "--dir", root.c_str(), "--writer", writer.c_str(), nullptr);
-    else execl(self.c_str(), self.c_str(), "victim", "--dir", root.c_str(), "--writer", writer.c_str(), "--redundancy", redundancy.c_str(), nullptr);
+    const char* mem = g_memory ? "1" : "0";
+    if (redundancy.empty()) execl(self.c_str(), self.c_str(), "victim", "--dir", root.c_str(), "--writer", writer.c_str(), "--memory", mem, nullptr);
+    else execl(self.c_str(), self.c_str(), "victim", "--dir", root.c_str(), "--writer", writer.c_str(), "--redundancy", redundancy.c_str(), "--memory", mem, nullptr);
     _exit(127);
   }
   close(p[1]);
@@ -195,7 +206,7 @@ std::string first_line(int fd) {
 
 int run(const std::string& self, const std::string& root, int kills, std::uint64_t seed, const std::string& writer, int max_ms,
         const std::string& redundancy) {
-  fs::create_directories(root);
+  if (!g_memory) fs::create_directories(root);  // a memory root is made private by its store
   std::map<std::string, int> phases;
   int bad = 0;
   std::optional<std::uint64_t> expected_resume;  // what the next victim must resume from
@@ -228,14 +239,14 @@ int run(const std::string& self, const std::string& root, int kills, std::uint64
       next_may_be_committed |= g_redundancy && fs::exists(r / checkpoint_dir_name(expected_resume.value_or(0) + 1));
     // Open the root as a user would after the crash.
     try {
-      auto opened = open_latest(posix_file_system(), root, {.expected_world_size = kWorld});
+      auto opened = open_latest(posix_file_system(), store_root(root), {.expected_world_size = kWorld});
       if (!parse_checkpoint_dir_name(opened.name)) throw Error(Errc::malformed_manifest, root, "latest names a temporary", "step-N", opened.name);
       opened.reader.verify(Verify::full);
       const std::string wrong = check_contents(opened.reader);
       if (!wrong.empty()) throw Error(Errc::checksum_mismatch, opened.reader.dir(), wrong);
       // The newest complete checkpoint is the one `latest` names, or one step newer (killed
       // between the rename and the `latest` update); anything else means `latest` lags.
-      for (const auto& info : open_store(root)->list(Verify::none)) {
+      for (const auto& info : open_store(store_root(root))->list(Verify::none)) {
         if (info.state != CheckpointState::corrupt) continue;
         // Across node roots, a checkpoint that had shards on the node lost after the last kill
         // is damaged until the next writer's start-up rebuilds it; it must be rebuildable.
@@ -272,8 +283,8 @@ int run(const std::string& self, const std::string& root, int kills, std::uint64
       }
     }
   }
-  std::printf("ckpt-torture (%s writer%s, seed %llu): %d kills, %d bad outcomes; latest resumed step %llu\n", writer.c_str(),
-              redundancy.empty() ? "" : (", " + std::to_string(kWorld) + " nodes, " + redundancy).c_str(),
+  std::printf("ckpt-torture (%s writer%s%s, seed %llu): %d kills, %d bad outcomes; latest resumed step %llu\n", writer.c_str(),
+              redundancy.empty() ? "" : (", " + std::to_string(kWorld) + " nodes, " + redundancy).c_str(), g_memory ? ", memory root" : "",
               static_cast<unsigned long long>(seed), kills, bad, static_cast<unsigned long long>(expected_resume.value_or(0)));
   std::printf("phases hit (inferred from what each kill left on disk):\n");
   for (const auto& [p, n] : phases) std::printf("  %5d  %s\n", n, p.c_str());
@@ -284,7 +295,7 @@ int run(const std::string& self, const std::string& root, int kills, std::uint64
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: ckpt-torture run|victim --dir D [--kills N] [--seed S] [--writer posix|io_uring] [--max-ms M]\n");
+    std::fprintf(stderr, "usage: ckpt-torture run|victim --dir D [--kills N] [--seed S] [--writer posix|io_uring] [--max-ms M] [--redundancy R] [--memory 1]\n");
     return 2;
   }
   const std::string mode = argv[1];
@@ -299,6 +310,7 @@ int main(int argc, char** argv) {
     else if (a == "--seed") seed = std::stoull(v);
     else if (a == "--max-ms") max_ms = std::stoi(v);
     else if (a == "--redundancy") redundancy = v;
+    else if (a == "--memory") g_memory = v == "1";
     else {
       std::fprintf(stderr, "ckpt-torture: unknown option %s\n", a.c_str());
       return 2;
@@ -316,6 +328,14 @@ int main(int argc, char** argv) {
       return 2;
     }
     kWorld = 4;
+  }
+  if (g_memory && mode == "run") {
+    // The memory directory must be private (0700) or the store refuses it.
+    const fs::path shm = fs::path(dir) / "shm";
+    fs::create_directories(shm);
+    fs::permissions(shm, fs::perms::owner_all, fs::perm_options::replace);
+    ::setenv("CKPT_MEMORY_DIR", shm.c_str(), 1);
+    dir = root_directory(kMemoryRoot);
   }
   if (mode == "victim") return victim(dir, parse_writer(writer));
   if (mode == "run") return run(fs::read_symlink("/proc/self/exe").string(), dir, kills, seed, writer, max_ms, redundancy);
