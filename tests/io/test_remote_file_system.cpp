@@ -371,6 +371,65 @@ TEST_CASE("a 40 MiB write_at and read_at round trip byte-equal in requests of at
   CHECK(pieces == 6);  // 3 pieces each way
 }
 
+// A transport that flips one bit of the next request's (or reply's) last payload byte larger
+// than `over` bytes: a write's data or a read's bytes damaged on the way between nodes.
+class FlippingTransport : public FileTransport {
+ public:
+  explicit FlippingTransport(FileTransport& next) : next_(next) {}
+  bool flip_request = false, flip_reply = false;
+  std::string call(int peer, std::string request) override {
+    if (flip_request && request.size() > 4096) {
+      request[request.size() - 100] ^= 0x10;  // inside the payload (the XXH3 is the last 8 bytes)
+      flip_request = false;
+    }
+    std::string reply = next_.call(peer, std::move(request));
+    if (flip_reply && reply.size() > 4096) {
+      reply[reply.size() - 100] ^= 0x10;
+      flip_reply = false;
+    }
+    return reply;
+  }
+
+ private:
+  FileTransport& next_;
+};
+
+TEST_CASE("a bit flipped on the way in a write's payload or a read's bytes is refused with checksum_mismatch naming the file, before it is written or used") {
+  const auto payload = random_bytes(64 << 10, 7);
+  MemoryFileSystem served = with_r();
+  FileService service(served);
+  LoopbackFileTransport loop({nullptr, &service});
+  FlippingTransport flip(loop);
+  MemoryFileSystem elsewhere;
+  const auto fs = make_routed_file_system(elsewhere, flip, {{"/r", 1}});
+  auto w = fs->create("/r/f", {});
+  w->write_at(0, std::as_bytes(std::span(payload)));
+  // The same bytes again, damaged on the way: refused, and the file keeps what it had.
+  flip.flip_request = true;
+  std::vector<std::uint8_t> other(payload.size(), 0xab);
+  const Error e = expect_error([&] { w->write_at(0, std::as_bytes(std::span(other))); });
+  CHECK(e.code() == Errc::checksum_mismatch);
+  CHECK(e.file() == "/r/f");
+  CHECK(e.detail().find("bytes received from process 0 to write at offset 0 do not match the XXH3-64 sent with them") != std::string::npos);
+  CHECK(e.expected() != e.actual());
+  w->close();
+  const auto kept = served.file_bytes("/r/f");
+  REQUIRE(kept.has_value());
+  CHECK(std::equal(kept->begin(), kept->end(), std::as_bytes(std::span(payload)).begin(), std::as_bytes(std::span(payload)).end()));
+  // A read whose bytes are damaged on the way back: refused, the caller's buffer untouched.
+  auto r = fs->open_read("/r/f");
+  std::vector<std::uint8_t> back(payload.size(), 0x5a);
+  flip.flip_reply = true;
+  const Error f = expect_error([&] { r->read_at(0, std::as_writable_bytes(std::span(back))); });
+  CHECK(f.code() == Errc::checksum_mismatch);
+  CHECK(f.file() == "/r/f");
+  CHECK(f.detail().find("bytes received from the process serving it, read at offset 0") != std::string::npos);
+  CHECK(std::all_of(back.begin(), back.end(), [](std::uint8_t b) { return b == 0x5a; }));
+  // Undamaged, the same read succeeds.
+  r->read_at(0, std::as_writable_bytes(std::span(back)));
+  CHECK(back == payload);
+}
+
 TEST_CASE("truncated requests and replies, and requests with bytes left over, are comm_errors") {
   MemoryFileSystem served = with_r();
   OnePeer peer(served, "/r");
@@ -444,7 +503,7 @@ TEST_CASE("random garbage requests are answered with comm_error, never a crash, 
     std::string req(static_cast<std::size_t>(rng() % 300), '\0');
     for (auto& c : req) c = static_cast<char>(rng());
     // Half of them get past the version byte and name a real operation, to reach the decoders.
-    if (i % 2 && req.size() >= 2) req[0] = 1, req[1] = static_cast<char>(1 + rng() % 19);
+    if (i % 2 && req.size() >= 2) req[0] = 2, req[1] = static_cast<char>(1 + rng() % 19);
     const std::string reply = service.handle(static_cast<int>(rng() % 3), req);
     const auto e = reply_error(reply);
     if (e && e->code() == Errc::comm_error) ++garbage;

@@ -8,6 +8,8 @@
 // requests and releases when its object is destroyed.
 #include "ckpt/fs/remote_file_system.hpp"
 
+#include "ckpt/hash/xxh3.hpp"
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -20,7 +22,7 @@ namespace ckpt {
 
 namespace {
 
-constexpr std::uint8_t kVersion = 1;
+constexpr std::uint8_t kVersion = 2;  // 2: write and read payloads carry their XXH3-64
 constexpr std::uint8_t kOk = 0;
 constexpr std::uint8_t kFailed = 1;
 
@@ -86,6 +88,13 @@ class Encoder {
   }
   std::string out_;
 };
+
+// A write's or a read's payload arrived as it was sent: its XXH3-64 is the one the sender
+// computed, or Errc::checksum_mismatch naming the file, before the bytes are kept or used.
+void check_payload(const std::string& file, const std::string& what, std::string_view data, std::uint64_t sent) {
+  const std::uint64_t got = xxh3_64(data.data(), data.size());
+  if (got != sent) throw Error(Errc::checksum_mismatch, file, what + " do not match the XXH3-64 sent with them", xxh3_hex(sent), xxh3_hex(got));
+}
 
 // Reads a message front to back; anything that does not fit throws Errc::comm_error naming
 // `what` ("file request", "file reply"), never reading past the end.
@@ -267,8 +276,11 @@ std::string FileService::State::execute(int client, std::string_view request) {
     case Op::write_at: {
       const std::uint64_t id = in.u64(), offset = in.u64();
       const std::string_view data = in.str();
+      const std::uint64_t sent = in.u64();
       in.done();
-      writer(client, id)->write_at(offset, as_bytes_of(data));
+      const auto file = writer(client, id);
+      check_payload(file->path(), "bytes received from process " + std::to_string(client) + " to write at offset " + std::to_string(offset), data, sent);
+      file->write_at(offset, as_bytes_of(data));
       break;
     }
     case Op::allocate:
@@ -298,7 +310,9 @@ std::string FileService::State::execute(int client, std::string_view request) {
       in.done();
       if (length > kMaxRemotePiece) in.fail("a read of at most " + std::to_string(kMaxRemotePiece) + " bytes", std::to_string(length) + " bytes");
       const auto file = reader(client, id);
-      file->read_at(offset, out.str_space(static_cast<std::uint32_t>(length)));
+      const auto got = out.str_space(static_cast<std::uint32_t>(length));
+      file->read_at(offset, got);
+      out.u64(xxh3_64(got));
       break;
     }
     case Op::release: {
@@ -451,7 +465,7 @@ class RemoteWritableFile final : public WritableFile {
     do {
       const auto piece = data.first(std::min(data.size(), kMaxRemotePiece));
       Encoder r;
-      r.op(Op::write_at).u64(id_).u64(offset).bytes(piece);
+      r.op(Op::write_at).u64(id_).u64(offset).bytes(piece).u64(xxh3_64(piece));
       link_.run(r);
       data = data.subspan(piece.size());
       offset += piece.size();
@@ -506,8 +520,10 @@ class RemoteReadableFile final : public ReadableFile {
       r.op(Op::read_at).u64(id_).u64(offset).u64(piece.size());
       Reply reply = link_.call(r);
       const std::string_view got = reply.in.str();
+      const std::uint64_t sent = reply.in.u64();
       reply.in.done();
       if (got.size() != piece.size()) reply.in.fail(std::to_string(piece.size()) + " bytes read", std::to_string(got.size()) + " bytes");
+      check_payload(path_, "bytes received from the process serving it, read at offset " + std::to_string(offset), got, sent);
       std::memcpy(piece.data(), got.data(), got.size());
       data = data.subspan(piece.size());
       offset += piece.size();

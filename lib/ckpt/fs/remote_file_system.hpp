@@ -14,8 +14,12 @@
 // strings; this file owns the wire format and both ends of it.
 //
 // Wire format (binary, every integer little-endian; a string is a u32 length then its bytes):
-//   request: u8 version (1), u8 op, then the op's fields: paths as strings, offsets, sizes and
-//            handle ids as u64, a write's payload as a string;
+//   request: u8 version (2), u8 op, then the op's fields: paths as strings, offsets, sizes and
+//            handle ids as u64, a write's payload as a string followed by its XXH3-64 (u64);
+//            a read's reply carries the bytes read the same way, string then XXH3-64.
+// Every payload is checked against its XXH3-64 where it arrives, before it is written or
+// used: a mismatch is Errc::checksum_mismatch naming the file (a bit flipped on the way
+// between nodes never reaches a file or a caller's buffer).
 //   reply:   u8 status: 0 ok, then the op's results; 1 error, then i32 code, strings file,
 //            detail, expected, actual, i32 errno (a ckpt::Error field by field).
 // Both ends decode defensively: every length is checked against what is left of the message,
