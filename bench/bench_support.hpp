@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the benches in bench/ share: timing, medians, deterministic state, their common
 // options (--size --rounds --dir --quick --json) and a scratch directory removed at the end.
 #pragma once

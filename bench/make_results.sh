@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Runs the full benchmark and the peers comparison and writes bench/RESULTS.md (the README's
 # results section) from their JSON, with the date, the machine and the commit.
 #

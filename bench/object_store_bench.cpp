@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckpt-object-store-bench: the durable tier on an object store against the directory tier on
 // the local disk, measured side by side in one run (the machine is shared and varies):
 //

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """What a user would run instead of ckpt, on the same tensors and the same disk.
 
   peers.py run --layout LAYOUT.json --dir DIR --json OUT.json [--threads N]

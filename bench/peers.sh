@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # ckpt against what users run today, on the same tensors and the same disk, interleaved:
 # each round runs ckpt-bench (sync and async io_uring saves, loads) and then bench/peers.py
 # (torch.save + fsync, torch.load, dcp.save, dcp.async_save, dcp.load, safetensors load_file and

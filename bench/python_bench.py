@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """ckpt's Python module against torch's own ways, on the same tensors, in one run.
 
     PYTHONPATH=build/release/python python3 bench/python_bench.py --dir /var/tmp/pybench --mb 1024

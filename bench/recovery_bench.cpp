@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckpt-recovery-bench: what a failure costs, per level, measured side by side in one run
 // (the machine is shared and its disk varies between runs):
 //

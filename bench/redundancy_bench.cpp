@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckpt-redundancy-bench: what redundancy across node roots costs and what it buys, measured
 // side by side in one run (the machine is shared and its disk varies between runs):
 //

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The design card's dependencies, all from Debian 12 packages (scripts/setup installs them).
 # Shared by the build tree and by ckptConfig.cmake, so a consumer finds exactly what ckpt used.
 find_package(Threads REQUIRED)

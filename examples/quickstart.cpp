@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A synchronous save and verified load of a 4-rank sharded checkpoint, then the three
 // failure modes the loader defends against, each on a damaged copy.
 //   ckpt-quickstart [--dir] DIR     (default: a fresh directory under /tmp, removed at the end)

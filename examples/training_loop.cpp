@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The minimal training loop of the README: 4 rank threads save every N steps without
 // stopping, keep the last 3 checkpoints, then resume from the latest one.
 //   ckpt-training-loop [--dir DIR] [--steps STEPS] [--every EVERY]   (defaults: a fresh /tmp dir, 100, 1)

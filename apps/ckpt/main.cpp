@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckpt: inspect, check, reshard, export and compare checkpoints on disk.
 //
 //   ckpt ls ROOT                         list checkpoints with step, size and state

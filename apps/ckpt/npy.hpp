@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The NumPy .npy format, version 1.0, as `ckpt get` writes it
 // (numpy.lib.format: https://numpy.org/doc/stable/reference/generated/numpy.lib.format.html):
 //   "\x93NUMPY" 0x01 0x00, a little-endian uint16 header length, then the header: a Python

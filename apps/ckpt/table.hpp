@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The ckpt tool's text tables: every column as wide as its widest cell, so a long name
 // (model.layers.23.self_attn.q_proj.weight, a shard file name) never shifts the columns after it.
 #pragma once

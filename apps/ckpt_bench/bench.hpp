@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckpt-bench: pieces shared by the benchmark's translation units.
 //
 //   main.cpp      options; runs, or re-renders a saved --json

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckpt-bench: a simulated training job (rank threads, real compute per step, a checkpoint every
 // k steps) run in every save mode, interleaved over repeats, beside reference figures measured
 // in the same run (raw O_DIRECT disk bandwidth, memcpy, single-core XXH3 and SHA-256), so that

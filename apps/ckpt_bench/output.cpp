@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The human table (stdout) and the markdown tables, both rendered from the results JSON.
 #include <boost/json.hpp>
 #include <cmath>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The SVG: one timeline panel per save mode (sync above async, same time scale), each with a
 // lane of training steps per rank (red where the rank's thread is inside save()) and one lane
 // per save phase, then one bar per target: the measured ratio against its threshold.

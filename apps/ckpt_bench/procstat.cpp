@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Process probes: resident memory from /proc/self/status, CPU time from the POSIX clocks,
 // page faults from getrusage, the machine's busy and idle CPU from /proc/stat, storage reads
 // from /proc/self/io.

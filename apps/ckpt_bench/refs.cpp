@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reference figures measured in the same run as ckpt's: what the disk does with nothing in
 // between (an own io_uring loop, O_DIRECT, like fio's sequential job) and what one core hashes.
 #include <fcntl.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Statistics and JSON formatting.
 #include <algorithm>
 #include <boost/json.hpp>

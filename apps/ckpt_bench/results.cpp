@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The results document: every figure of the run, the ratios to the references and the targets.
 #include <sys/statfs.h>
 #include <sys/utsname.h>

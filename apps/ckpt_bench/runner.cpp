@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The benchmark run. Every mode runs in segments of (saves + 1) * every steps on rank threads
 // that meet at a barrier after each step (the gradient exchange); a save is due after the
 // compute of every k-th step. Modes are interleaved, each round starting with another one.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The benchmark run: states, references, the interleaved segments of every mode, loads, the
 // memory soak (runner.cpp), and the results JSON they add up to (results.cpp).
 #pragma once

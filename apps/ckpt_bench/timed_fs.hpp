@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A FileSystem wrapper that timestamps every call the checkpointer makes (create, allocate,
 // fsync, close, rename, directory fsync, removal), so the timeline shows when each shard's
 // fsync and each commit step really ran, not only how long they took. The io_uring writer

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The simulated training job's state and its per-step compute.
 #include <algorithm>
 #include <boost/json.hpp>

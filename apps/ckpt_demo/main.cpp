@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckpt-demo: the end-to-end run. Ranks (threads over in-process collectives, or MPI processes
 // with --backend mpi) exchange gradients (DDP + ZeRO-1, fp16 parameters, fp32 optimizer
 // shards) while training a mini GPT; the async checkpointer saves mid-run without stopping

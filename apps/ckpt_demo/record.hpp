@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What one rank of a ckpt-demo run saw, and its wire form: every rank serialises its record
 // and the ranks exchange them with Communicator::all_gather_bytes, so the demo assembles the
 // whole run the same way whether its ranks are threads or processes.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The command-line conventions every ckpt program shares (ckpt, ckpt-demo, ckpt-bench and the
 // examples), on top of CLI11: help is generated from the same declarations that parse, so the
 // two cannot drift.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """A small GPT trained with DDP over gloo on the CPU, checkpointed through ckpt.
 
     python3 examples/pytorch/train.py --dir DIR --steps N --save-every K --world-size W \

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckpt: an asynchronous, sharded checkpointing runtime. This header is the public API a
 // checkpointing user needs, in one include:
 //

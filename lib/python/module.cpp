@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckpt._core: the C++ side of the Python package (lib/python/ckpt/ is the rest; docs/python.md
 // the API). It sees tensors only as (name, dtype name, shape, address, byte count) tuples that
 // ckpt/_tensors.py makes from torch tensors and numpy arrays, so it links no libtorch and no

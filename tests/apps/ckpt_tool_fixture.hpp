@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Shared by the tests of the ckpt tool: running it as a user would, and a small checkpoint.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckpt reshard and consolidate on checkpoints the trainer did not write: the README's
 // synchronous-core snippet, the training-loop example, and tensor-parallel style layouts
 // described with slice / replicated / rank_local.

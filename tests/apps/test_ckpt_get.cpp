@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `ckpt get`: one tensor as a NumPy .npy file, read through the mapped shard.
 #include <doctest/doctest.h>
 

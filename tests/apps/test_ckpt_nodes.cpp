@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The ckpt tool on a node set: a checkpoint across node roots DIR/node-0, DIR/node-1, ...
 // with redundancy (ls, inspect, verify, repair, prune, and the commands that read tensors).
 #include <doctest/doctest.h>

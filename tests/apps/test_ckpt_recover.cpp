@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckpt recover --plan: the recovery planner (store/recovery.hpp) as a user runs it, over a
 // memory root and a disk directory.
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The ckpt tool on a root that a job saves to and rotates (keep 2) while the tool reads it.
 // A checkpoint rotated away under a read is not damage: verify, inspect, get and diff read
 // the one `latest` names then, or end with exit 4 ("rotated away"), never with exit 1 or

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The ckpt command-line tool, run as a user would run it.
 #include <doctest/doctest.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The command-line conventions every program shares (apps/common/cli.hpp).
 #include <doctest/doctest.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckpt-demo, run as a user would.
 #include <doctest/doctest.h>
 #include <fcntl.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckpt-demo's memory profile is measured: every category in the table and in each --metrics
 // line, and check (c) fails for an optimizer that holds more than 12 P / N.
 #include <doctest/doctest.h>

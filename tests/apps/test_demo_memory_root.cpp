@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckpt-demo on a memory root (mem://NAME, store/memory/memory.hpp): the whole process is
 // SIGKILLed at a seeded random instant and started again with --resume auto. It continues
 // from the newest generation in shared memory, bit for bit like a run never interrupted;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckpt-demo across node roots (--nodes, --redundancy), run as a user would: a node's root is
 // lost (deleted, or a shard damaged) between the run and its resume.
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckpt-demo as a restart loop and a cron job run it: `--resume auto`, a root a crash left
 // without a committed checkpoint, and runs whose saves all fail.
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The example programs, run as a user would: their command lines follow the same conventions
 // as the tools (help, --version, exit 2 on a usage error) and write nowhere they were not told;
 // what they save says what every tensor is, so ckpt reshard and consolidate work on it.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Every program given a root it cannot use (a regular file, a path under one, a directory the
 // user cannot read) prints the typed error and exits 1: never an uncaught exception (abort,
 // exit 134) or any status >= 128. A root the user can read but not write is read as any other

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckpt-demo preempted: a real process gets SIGTERM at seeded instants (before the first save,
 // while a save is in flight, at random, while a durable-tier copy runs), exits 0 within the
 // grace budget with one line naming `latest`, and a --resume continues bit-exactly.

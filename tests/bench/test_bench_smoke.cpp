@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckpt-bench --quick, run as a user would: it must produce every figure (not particular
 // values: this machine is shared and noisy) in its JSON, its table, its SVG and its markdown.
 #include <doctest/doctest.h>

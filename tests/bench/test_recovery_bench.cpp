@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckpt-recovery-bench, run as a user would: every level recovers the saved state (the bench
 // checks the bytes), each through the level its plan names, the memory held per byte is what
 // each scheme promises, and the kills leave no bad resume.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckpt-redundancy-bench, run as a user would: the figures it reports are measured, and the
 // bytes it stores per byte of state are what each scheme promises (1 + M/K, F).
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // check_rank / check_size, to_error / with_typed_errors (what escapes std::filesystem and the
 // allocator becomes a ckpt::Error naming the path), and the JSON an error crosses processes as.
 #include <doctest/doctest.h>

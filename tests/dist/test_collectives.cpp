@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Communicator contract, checked on the thread backend: every collective against a serial
 // reference that folds ranks in order 0..N-1, for world sizes 1..16 and element counts that
 // include 0 and sizes not divisible by the world size; bitwise repeatability under varied thread

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Communicator::split on the thread backend: membership and order, concurrent collectives in
 // sibling groups, and how failures cross between a group and the groups split from it.
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The in-process backend beyond the Communicator contract: group creation, abort, run_ranks'
 // error propagation, and the guards against the hangs users of other runtimes report.
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The README's examples cannot rot: every code block introduced by "<!-- from FILE -->" must
 // appear line for line (ignoring indentation and blank lines) in FILE, which CMake builds.
 #include <doctest/doctest.h>

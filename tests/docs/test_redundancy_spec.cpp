@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // docs/format.md "Nodes and redundancy" is enough for an independent decoder: the decoder in
 // tests/tools/rebuild_shard.py, written from that section alone (its own GF(2^8), code
 // matrix, stripe geometry and matrix inversion, no code of ckpt), rebuilds a lost node's

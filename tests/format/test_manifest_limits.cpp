@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The limits of format/manifest_limits.hpp, on manifest text: what is refused (with which
 // error) before the memory is spent, what legitimate manifests cost, measured through the
 // budgeted memory resource the parse draws from.

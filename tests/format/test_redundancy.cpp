@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The redundancy schemes, the node layout and its stripes (format/redundancy.hpp), and the
 // manifest's "nodes" and "redundancy_blocks" (format/manifest.hpp).
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // check_shard_head and read_shard_head (format/shard_check.hpp): a shard's own header against
 // the manifest index, the one check every read path makes, and the error naming the first
 // disagreement's tensor and field with the manifest's value as expected, the header's as actual.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The hostile-checkpoint corpus: from one good checkpoint root, every kind of damage a disk,
 // a crash, a bad copy or an attacker can do to it, each with the typed error the loader must
 // refuse it with. tests/hostile/test_hostile.cpp runs every case through the reader; the fuzz

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The resume path of a real training program against hostile shard headers: ckpt-demo
 // --resume (which loads each rank's optimizer state with load_into, verify full) on a root
 // whose latest shard's safetensors header was rewritten and resealed (the manifest's size and

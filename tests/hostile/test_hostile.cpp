@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Every case of the hostile corpus (corpus.hpp) against the reader: refused by
 // CheckpointReader::open, or by every read path (load_shard and verify with Verify::fast and
 // ::full; the resume path, load_into of every tensor, with none, fast and full, leaving every

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // list_checkpoints (what `ckpt ls` shows) and open_latest while a save commits and rotates in
 // the same root: a checkpoint that is renamed or removed at any instant of the listing is left
 // out, never called corrupt, and the checkpoints that stay are listed as they are; one rotated

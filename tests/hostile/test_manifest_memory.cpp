@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A manifest under the size limit whose JSON would need more memory than the process has:
 // refused as malformed by the scan that counts its content before any of it is parsed
 // (format/manifest_limits.hpp), naming the manifest, within a small address-space budget

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The FileSystem contract (file_system.hpp), checked on both implementations the hostile
 // tests and the fuzzers rely on: posix_file_system() in a scratch directory and
 // MemoryFileSystem. Every case runs on each backend, so the in-memory one cannot drift

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Shared by the io tests: a checkpoint with every dtype, empty and odd-sized tensors.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ReedSolomon (store/nodes/erasure.hpp) against an independent GF(2^8) implementation of the code
 // matrix the header documents: a decoder written from docs/format.md alone must agree.
 #include <doctest/doctest.h>

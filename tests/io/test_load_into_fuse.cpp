@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // load_into on file systems that treat O_DIRECT their own way: FUSE mounts that take an
 // O_DIRECT open and refuse the reads (EINVAL), or cut them short off a block boundary, or
 // refuse the open; bindfs, a real passthrough; tmpfs. Every load gives the checkpoint's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Opening a checkpoint within the manifest limits (format/manifest_limits.hpp): hostile
 // manifests refused by CheckpointReader::open before they cost memory, what a legitimate one
 // costs (measured), the same refusals at commit, and the process-wide parse-once cache.

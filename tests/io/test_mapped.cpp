@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // MappedShard: zero-copy views of a mapped shard, each chunk checked the first time a view
 // covers it.
 #include <doctest/doctest.h>

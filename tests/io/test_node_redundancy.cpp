@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Checkpoints across node roots with redundancy, on real directories: every pattern of
 // losses a scheme tolerates is rebuilt bit-exactly, one more is refused with nothing written,
 // crashes anywhere in the commit across nodes leave a checkpoint that loads, rotation runs on

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Power loss: everything not made durable is taken away (FaultInjectionFileSystem::
 // simulate_power_loss), then the root is reopened as after a reboot. Only checkpoints whose
 // commit completed may be visible, and `latest` must name one that loads completely.

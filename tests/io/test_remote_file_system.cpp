@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The routed file system (fs/remote_file_system.hpp) through LoopbackFileTransport: errors
 // cross the wire unchanged, a rename between processes is refused, locks are held by the
 // server for the client, long reads and writes travel in pieces, the server answers every

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Resharding and consolidation (lib/ckpt/ops/reshard.hpp) and the streaming shard I/O under
 // them (lib/ckpt/read/range_reader.hpp, lib/ckpt/shard/shard_writer.hpp), on checkpoints shaped like the trainer's: flat fp32
 // tensors sliced across ranks with zero padding, replicated tensors on rank 0, per-rank

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // An independent safetensors reader for the tests of consolidate: written from the format's
 // specification (https://huggingface.co/docs/safetensors, "Format"), sharing no code with
 // lib/ckpt/format, so a bug in ckpt's own parser cannot hide the same bug in its writer.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The writer lock of a root (store/root_lock.hpp): one writer at a time, in this process and
 // across processes; the crash cleanup only under it; temporaries that say who made them.
 #include <doctest/doctest.h>

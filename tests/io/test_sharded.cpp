@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Sharded-tensor metadata end to end: save() records slice, replicated and rank-local
 // descriptions (replicated tensors written once), and load_slices reads any box of a global
 // tensor at any world size and split, N -> M -> N byte-identical.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Two tiers, the I/O part: one checkpoint copied to a durable root with its own commit and
 // copy record, and the resume-time choice between the tiers.
 #include <doctest/doctest.h>

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # confine.sh ROOT RANKS_PER_NODE PROGRAM ARGS...
 # Runs PROGRAM (one MPI rank, started by mpirun) so that of ROOT it sees only its own node's
 # root, ROOT/node-n (n = rank / RANKS_PER_NODE), as a process on a machine of its own would:

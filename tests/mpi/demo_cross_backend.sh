@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # A checkpoint written by one backend resumes under the other, bit for bit:
 #   demo_cross_backend.sh MPIRUN CKPT_DEMO NP
 # runs the thread demo for 20 steps (the reference), then

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # The memory level under mpirun, processes as nodes, each confined to its own node's memory:
 #   demo_memory.sh MPIRUN CKPT_DEMO NP SCHEME
 # A run saves every step to mem://run (NP nodes of one rank, SCHEME's parity in the other

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # The Done-when sequence of node loss, under mpirun (one rank per process):
 #   demo_nodes.sh MPIRUN CKPT_DEMO NP NODES SCHEME
 # runs the demo for 20 steps across NODES node roots (the reference), then 10 steps into

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # ckpt-demo under mpirun, preempted: one rank's process gets SIGTERM (as a node's scheduler
 # would send it) at a seeded instant; every rank agrees on the step, mpirun exits 0 with the
 # line naming `latest`, `ckpt verify --full` accepts it, and a --resume under mpirun matches

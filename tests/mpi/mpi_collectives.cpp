@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The collectives conformance checks of tests/dist/test_collectives.cpp, on the MPI backend:
 // run under mpirun (ctest does, with -np 1, 2, 3 and 4). Every rank builds every rank's input
 // (they are deterministic), runs the collective and compares its result with the serial

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Checkpoints across node-local roots with redundancy, one rank per MPI process (run under
 // mpirun by tests/mpi/nodes_lost.sh).
 //   mpi-nodes train ROOT NODES SCHEME STEPS OUT [resume] [durable=DIR]

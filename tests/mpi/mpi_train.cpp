@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Training and the checkpoint commit across MPI processes (run under mpirun by ctest).
 //   mpi-train train DIR    the mini GPT on the MPI backend (one Checkpointer per process, the
 //                          MPI coordinator) against the thread backend at the same world size

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # nodes_lost.sh MPIRUN MPI_NODES CKPT NP NODES SCHEME LOST [confine|durable]
 # Checkpoints across node roots under mpirun, one rank per process: an uninterrupted run to
 # step 20 (the reference); a run to step 10 into DIR; node root LOST deleted (its disk is

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The mini GPT the MPI programs train: small enough for 8 processes on 2 cores.
 #pragma once
 

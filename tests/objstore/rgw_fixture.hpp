@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Shared by the object-store tests: the real S3 server (a Ceph RADOS Gateway) that ctest's
 // fixture objstore/rgw_start started with scripts/rgw in $CKPT_RGW_DIR, and a client for it
 // under a prefix of the test's own (so tests running at once never see each other's keys).

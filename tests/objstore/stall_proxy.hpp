@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A TCP proxy between the S3 client and the test RGW that can stop answering the way a
 // SIGSTOPped radosgw does, without stopping the RGW the other object-store tests share: once
 // stalled, no byte moves in either direction on any connection and no new connection is

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The ckpt tool on an s3:// root of the real RGW: ls lists the committed steps, verify
 // checks the latest one in ranged GETs, and a rewritten object makes both exit 1 naming it;
 // inspect reads the manifests, get one tensor's chunks, prune collects leftovers.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Two ckpt-demo jobs on one s3:// prefix, against the real RGW, with a writer lease of 2 s
 // (--lease-seconds): the second is refused naming the first's run while the first lives and
 // commits on unharmed; with the first SIGKILLed, the second takes the prefix over once the

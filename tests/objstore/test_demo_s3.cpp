@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckpt-demo with an s3:// durable tier on the real RGW: the local root deleted after the
 // first half of a run, `--resume --adopt-run` rehydrates it from the object store and
 // continues exactly as the uninterrupted run (without --adopt-run the new root refuses the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The background durable tier with an s3:// root: committed local checkpoints replicated to
 // the real RGW with the object-store commit and rotated there; a failing store counted and
 // retried, never thrown.

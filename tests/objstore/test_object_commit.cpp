@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The commit of a local checkpoint on the real RGW: shards under a never-reused prefix, the
 // tier manifest created last with If-None-Match, `latest` moved forward by compare-and-swap.
 #include <doctest/doctest.h>

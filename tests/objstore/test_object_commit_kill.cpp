@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A process committing checkpoints to the real RGW is SIGKILLed at seeded instants, and then
 // in each phase of a commit in turn (stopped there by a wrapper of the store); after each kill
 // the store must show only whole checkpoints (every committed step restores and verifies in

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The writer lease of an object-store root and the run identity its commits record, against
 // the real RGW: a lease taken, renewed and released; a second writer refused naming both; a
 // lease left unrenewed taken over after it expired and one more period, and its old holder

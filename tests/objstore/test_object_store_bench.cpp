@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckpt-object-store-bench --quick against the real RGW, run as a user would: it measures the
 // upload and the resume on both tiers, writes its JSON, and leaves nothing on the store.
 // Skipped where the program is not built (CKPT_BUILD_APPS=OFF).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // upload_file against the real RGW: one put or a multipart upload with parts in flight, the
 // caller's check of every byte read, and the abort that leaves nothing behind on a failure.
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The S3 client against a real server: a Ceph RADOS Gateway started once for this suite by
 // ctest's fixture (scripts/rgw). Each test works under a prefix of its own.
 #include <doctest/doctest.h>

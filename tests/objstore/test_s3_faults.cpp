@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Failures of the object store, injected between the retrying store and the real client
 // (RetryingObjectStore -> FaultInjectionObjectStore -> S3 client -> the RGW), and what the
 // caller sees: retried and then success, or a typed error once the attempts run out.

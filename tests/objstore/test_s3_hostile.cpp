@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the S3 client does with answers a well-behaved server does not give: keys with '..'
 // segments stored behind its back (the RGW keeps them as written), listings larger than its
 // bound, a server that never answers, one that hangs up.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The S3 client's bounded XML reader and response parsers, on hostile and malformed input no
 // real server would send (no server needed), and the root and key checks.
 #include <doctest/doctest.h>

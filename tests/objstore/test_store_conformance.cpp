@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The conformance suite (store/conformance.hpp) over the object store, on the real RGW: the
 // same cases as a directory and the node sets pass (tests/store/test_conformance.cpp).
 #include "store/conformance.hpp"

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Installs the built ckpt into a scratch prefix and checks the package other projects consume,
 # as they would consume it:
 #   1. every installed header compiles on its own against the installed tree (so the headers
@@ -22,6 +23,8 @@ fail() { echo "check_install: $*" >&2; exit 1; }
 cmake --install "$build" --prefix "$prefix" >/dev/null
 libdir=$(dirname "$(find "$prefix" -name 'libckpt.*' \( -name '*.a' -o -name '*.so' \) | head -1)")
 [ -d "$libdir" ] || fail "no libckpt installed"
+[ -f "$prefix/share/doc/ckpt/LICENSE" ] && grep -q "Apache License" "$prefix/share/doc/ckpt/LICENSE" ||
+  fail "the licence is not installed as share/doc/ckpt/LICENSE"
 if [ -e "$libdir/libckpt.so" ]; then kind=shared; else kind=static; fi
 
 # 1. Headers, each alone (async_wait.hpp with the definition ckpt::asio gives; the MPI header
@@ -63,7 +66,7 @@ fi
 # 3. pkg-config alone. A static libckpt.a needs its private dependencies: --static.
 export PKG_CONFIG_PATH="$libdir/pkgconfig"
 pcstatic=""; [ $kind = static ] && pcstatic=--static
-pkg-config --cflags ckpt | grep -qE -- '-D' && fail "pkg-config --cflags ckpt defines something: $(pkg-config --cflags ckpt)"
+pkg-config --cflags ckpt | grep -qE -- '(^| )-D' && fail "pkg-config --cflags ckpt defines something: $(pkg-config --cflags ckpt)"
 # shellcheck disable=SC2046
 g++ -std=c++20 -O1 "$src/tests/package/consumer/main.cpp" $(pkg-config $pcstatic --cflags --libs ckpt) -o "$scratch/consumer-pc" ||
   fail "the consumer does not build with pkg-config $pcstatic --cflags --libs ckpt"

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Memory whose first read blocks until the test releases it: anonymous pages registered with
 Linux's userfaultfd for missing-page faults, user-mode faults only (UFFD_USER_MODE_ONLY, so no
 privilege is needed), with nobody serving the faults. A deferred save's copy from such an array

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Shared by the Python tests (run by ctest through pytest, with PYTHONPATH=<build>/python).
 import os
 import sys

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # What save() and the readers refuse, as ckpt.InvalidArgument naming the argument (never
 # pybind's list of signatures, never a silent truncation), and what metadata may hold.
 import json

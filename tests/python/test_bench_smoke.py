@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # bench/python_bench.py runs end to end on a tiny state (the figures themselves are not judged).
 import json
 import os

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # ckpt.Checkpointer, ckpt.open_latest and the Reader, with numpy arrays and torch tensors.
 import os
 import threading

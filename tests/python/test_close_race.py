@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # close() on one thread while rank threads save (copying and deferred): never a crash, never
 # a handle left pending. Each race runs in processes of its own (a crash is an exit status).
 # CKPT_TEST_SEED fixes the timing; CKPT_CLOSE_RACE_PROCS and CKPT_CLOSE_RACE_RACES size it

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # ckpt across the processes of a torch.distributed job (ckpt.distributed.TorchCoordinator):
 # one shard per process, rank 0 commits; a process killed mid-save leaves the previous latest.
 import datetime

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # A process forked from one with an open Checkpointer (a data-loader worker, a subprocess
 # started by fork) has a copy without its threads: it must end at once and leave the
 # parent's checkpoint alone. Runs in a process of its own: the fork happens there.

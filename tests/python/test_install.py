@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # `cmake --install` puts the package where the prefix's interpreter looks, and it imports from there.
 import os
 import subprocess

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The README's "From PyTorch" snippet runs as written (taken from README.md, so it cannot drift).
 import os
 import re

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # ckpt.plan_recovery and ckpt.recover: the recovery planner over a run's levels (a memory root,
 # then a durable directory), from Python.
 import os

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # save(..., sharding=...): tensor-parallel slices, replicated and rank-local tensors, as the
 # manifest records them, and what `ckpt consolidate` makes of them.
 import os

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # ckpt.state_dict_to_tensors / tensors_to_state_dict: model, AdamW, LambdaLR and RNG states
 # through a checkpoint and back, bit for bit, so that training resumes exactly.
 import math

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # examples/pytorch/train.py, a 4-process DDP job: an uninterrupted run and a run SIGKILLed at a
 # random step then resumed give the same losses and final parameters bit for bit; a resume at
 # another world size is refused with WorldSizeMismatch.

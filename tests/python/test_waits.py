@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Every wait can be interrupted (Ctrl-C) and bounded (timeout=): each scenario runs in a
 # process of its own, which gets SIGINT from outside while it waits, and must then end
 # normally with every handle ended.

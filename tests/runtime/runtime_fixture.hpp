@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Shared by the runtime tests: rank threads with a small state, and the backends to run
 // every conformance test against.
 #pragma once

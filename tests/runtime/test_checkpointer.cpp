@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Conformance suite of the async checkpointer: every test runs on each writer backend.
 #include <doctest/doctest.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Checkpointer across node roots (CheckpointerOptions::nodes): the redundancy is written
 // with the shards and committed with them; a failure or a power cut at any point leaves the
 // previous checkpoint whole and loadable on every node.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The commit coordination protocol (runtime/coordinator.hpp), once for every backend: over a
 // transport of several "processes" (threads here, each with its own ChannelCoordinator and
 // channel thread, joined by an in-memory transport that behaves as MPI's or gloo's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Staging::deferred: save() returns before the copy, wait_staged() is the fence, and the
 // checkpoint holds the tensors as they were at save() when the caller keeps its promise.
 // Snapshot isolation in both modes; the debug check catches a broken promise.

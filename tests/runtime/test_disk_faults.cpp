@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A failing disk fails the save, not the run: every rank's handle reports the typed error,
 // the temporary is removed, earlier checkpoints still verify, and the next save succeeds.
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A checkpoint the Checkpointer committed, read through mapped shards by several threads while
 // later saves rotate it away: the views stay valid and verified (also run under
 // ThreadSanitizer, with the runtime tests).

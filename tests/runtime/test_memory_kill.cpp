@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A kill at every phase of a commit to a memory root (mem://NAME): chunks in flight, parity
 // in flight, the manifest, the rename into place, `latest`, and the rotation between
 // generations. FaultInjectionFileSystem::crash_after(k) stops every mutation after the k-th,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Preemption: signals become one decision at one step, on every rank.
 #include <doctest/doctest.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Checkpointer holds its root's writer lock for its whole life: a second writer, in this
 // process or another, is refused at once and removes nothing; and a save would never move
 // `latest` back unless the run says it resumed from an older checkpoint.

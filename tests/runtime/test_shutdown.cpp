@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Shutdown and misuse: close() while other threads save and wait, a forked child's copy of a
 // Checkpointer, the timed waits, and the saves refused as the caller's mistake (not counted as
 // failures of the storage).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Checkpointer::staged(): the last committed save of a rank, read back from its staging
 // buffer (what an in-memory rollback restores).
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Two tiers through the checkpointer: background copies to a durable root with their own
 // rotation, "latest wins" while a copy runs, and a failing durable tier that never reaches
 // training or the local tier.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The commit coordination's messages between processes (runtime/wire.hpp) on what
 // another process, broken or hostile, may send: every message that does not decode is
 // Errc::comm_error naming what was being decoded, never another error, a wrapped number or a

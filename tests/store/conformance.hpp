@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CheckpointStore conformance suite (TensorStore's kvstore/test_util, for checkpoints): the
 // same cases over every kind of store. A module instantiates it for its kinds with
 //   TEST_CASE_TEMPLATE_INVOKE(store_conformance, KindA, KindB, ...);

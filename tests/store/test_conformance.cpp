@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The conformance suite (store/conformance.hpp) over the file-backed kinds: a directory, node
 // sets of 3 nodes without redundancy, with replicas, and with Reed-Solomon parity, and memory
 // roots (mem://NAME in /dev/shm) of one root and of 3 nodes with Reed-Solomon parity.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The copy between stores (store/copy.hpp) where it fails or is handed pieces out of order:
 // what the conformance suite's copy case does not reach.
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // locate_checkpoint: every path form the tools take (a root, ROOT/step-N, a node set, one of
 // its node roots, DIR/node-n/step-N, a checkpoint directory of another name) resolves to the
 // store open_store opens and the step the path names, and nothing is written.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The memory store (store/memory/memory.hpp) beyond the conformance suite: its names, its
 // private directories, hostile contents, its bound and a full shared memory. These run with
 // CKPT_MEMORY_DIR set to a scratch directory (or a small tmpfs), so that another user's or a

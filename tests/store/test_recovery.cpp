@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The recovery planner (store/recovery.hpp) over real levels: a memory root (one root, and a
 // node set with parity), a disk directory, a missing and a hostile level.
 #include <unistd.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The serial reference of the collectives contract (communicator.hpp), shared by the thread
 // backend's conformance tests (tests/dist) and the MPI backend's (tests/mpi): inputs whose
 // sums round differently in every fold order, and the rank-order fold each backend must match

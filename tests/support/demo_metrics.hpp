@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the tests of ckpt-demo do with a run: start it in the background with its output in a
 // file, read its text files back, the losses of its --metrics file, and what a root's
 // `latest` names.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Whole small files through a FileSystem, for the tests of file systems themselves (the
 // conformance suite, the routed file system): what a test writes and reads back as text.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A directory mirrored through a real FUSE mount, for the tests of the load and save paths on
 // file systems that treat O_DIRECT their own way.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckpt-test-fuse: a FUSE file system for the tests that mirrors a directory, as many FUSE file
 // systems in production do (s3fs, gcsfuse, JuiceFS, blobfuse, LazyFS), and treats O_DIRECT the
 // way they do:

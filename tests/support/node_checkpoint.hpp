@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A checkpoint across node roots (DIR/node-0, DIR/node-1, ...) with redundancy, written the
 // way a save across nodes writes one (store/nodes/node_commit.hpp): the shards into every node's
 // temporary directory, the redundancy blocks over the shard images (write_redundancy: no

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The dependency rule between ckpt's modules, checked over the include lines.
 
 The rule is the Modules table of docs/architecture.md: one row per module of lib/ckpt, its

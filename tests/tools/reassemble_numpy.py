@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """An independent reader of sharded checkpoints, written from docs/format.md alone.
 
     reassemble_numpy.py CHECKPOINT_DIR MODEL.safetensors

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Rebuilds one rank's shard of a checkpoint across node roots, written only from
 docs/format.md ("Nodes and redundancy"), sharing no code with ckpt: the test that the
 specification is enough for an independent decoder.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckpt-torture: kills a process that saves every step with SIGKILL at random instants and
 // checks, after every kill, what a user would find: `latest` names the newest committed
 // checkpoint, it passes full verification, its contents are exactly the state of its step,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The loop's shared decisions: a wall-clock save cadence decided by rank 0's clock.
 #include <doctest/doctest.h>
 

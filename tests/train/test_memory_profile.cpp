@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The memory profile is measured from the buffers that hold the bytes, so a check of it can
 // fail: an optimizer that keeps more than its state shows more than 12 P / N.
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Restarts that never dead-end: whatever a crash leaves of the first save, the restart loop's
 // resume (Trainer::resume_or_start) continues the run, from the checkpoint if it was
 // committed, else from step 0 on an empty root.

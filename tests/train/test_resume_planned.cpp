@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Trainer::resume_planned: the recovery planner (store/recovery.hpp) drives the resume over a
 // run's levels: memory (with rs:2+1 parity over 3 nodes), then a durable directory on disk.
 // Rank 0 plans (and rebuilds what the plan says, when no Checkpointer's start-up did first),

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tensor-parallel attention heads (gpt's TensorParallel hook) against the single-rank model,
 // over real communicators split from a thread group.
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Resume over two tiers: a run that copied its checkpoints to a durable root continues bit for
 // bit from there when the local root is lost or its newest checkpoint is corrupt.
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // DDP + ZeRO-1 over the thread backend, and exact resume through the async checkpointer.
 #include <doctest/doctest.h>
 

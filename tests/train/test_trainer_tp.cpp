@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Trainer with tensor-parallel attention heads: agreement with the single-rank baseline,
 // exact resume, and the layout recorded in (and enforced from) the checkpoint.
 #include <doctest/doctest.h>

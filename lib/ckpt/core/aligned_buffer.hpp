@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A heap buffer aligned to 4096 bytes (the O_DIRECT unit), optionally pre-faulted: on VMs that
 // return freed memory to the host, the first touch of a fresh page costs far more than a
 // memcpy into a warm one, so buffers that are reused are touched once, up front.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Element types of tensors, with the safetensors spelling ("F16", "BF16", ...) used on disk,
 // and exact conversions between fp32 and the two 16-bit float formats.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckpt reports every failure as a ckpt::Error: a typed code plus the file involved and the
 // expected and actual values, so a message such as
 //   checksum mismatch: /ckpt/step-00000010/rank-00001.safetensors: chunk 3: expected xxh3 0f..., actual 9a...

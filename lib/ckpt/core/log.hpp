@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One-line diagnostics ("ckpt: ..."), to stderr by default. Used sparingly: for decisions a
 // user must know about (a fallback writer, an abandoned save), never per operation.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // splitmix64: the one small, fully specified generator ckpt uses where it needs
 // reproducible pseudo-random numbers (initialisation, synthetic data, seeding xoshiro).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one interface through which anything crosses ranks: the gradient collectives of the
 // training loop and the coordination of a checkpoint commit. It speaks only in byte spans,
 // element counts and owned byte vectors, never in pointers a peer would dereference, so a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The in-process backend: ranks are threads of one process and a collective is a rendezvous on
 // shared state. Each rank publishes pointers to its buffers, waits for the others, then reads
 // its peers' buffers directly to compute its own output, so no rank ever holds a copy of

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The names inside a checkpoint directory that the format fixes (docs/format.md): the step
 // directory and each rank's shard file.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Not installed: strict accessors for untrusted JSON, each throwing a ckpt::Error with the given
 // code that names the file, the field and what was expected.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The manifest: one JSON file per checkpoint (manifest.json, written last) that says which rank
 // owns what. docs/format.md specifies every field. decode_manifest() trusts nothing: every
 // field is type-checked, every number checked for range and overflow, every path checked to be

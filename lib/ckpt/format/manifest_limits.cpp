@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The two passes of a bounded manifest parse (manifest_limits.hpp): the scan, a SAX handler
 // that classifies every value by where the schema puts it and counts it, and the parse into
 // a document whose memory resource keeps to the budget the scan's counts allow.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a manifest may cost: the limits decode_manifest enforces while it parses, before the
 // memory is spent. docs/format.md ("Size and memory limits") explains each one.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Checkpoints across node-local roots, and the redundancy that survives the loss of nodes
 // (docs/format.md "Nodes and redundancy" specifies all of it, well enough for an independent
 // decoder).

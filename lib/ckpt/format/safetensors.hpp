@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Shard files use the safetensors layout, so the ecosystem can read them:
 //
 //   [8 bytes: N, little-endian u64] [N bytes: JSON header, padded with spaces] [tensor data]

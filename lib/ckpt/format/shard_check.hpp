@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one check of a shard file's own safetensors header against the manifest's tensor index,
 // shared by every read path (CheckpointReader, load_into, ShardRangeReader, MappedShard, slice
 // loads, reshard, the object-store reads): whatever ckpt loads from a shard must be what any

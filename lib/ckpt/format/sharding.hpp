@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Sharded-tensor metadata (schema_version 2, docs/format.md "Sharded tensors"): what a saved
 // tensor is with respect to the whole job. A tensor may be
 //   - a slice of a global tensor: the global name and shape, and the offsets and lengths of

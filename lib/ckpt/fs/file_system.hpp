@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The small file-system interface every ckpt write and read goes through, so that a
 // fault-injecting wrapper (testing/fault_injection.hpp) can fail the n-th write, shorten a write, fail
 // an fsync or stop the commit sequence at any step, for both the synchronous and the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Names on disk under a checkpoint root:
 //
 //   ROOT/latest                               one line: the live checkpoint's directory name

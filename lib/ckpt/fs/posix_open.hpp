@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Private: the one way ckpt opens an existing file for reading on POSIX, shared by
 // posix_file_system().open_read and the mapped shard (which needs the descriptor itself).
 #pragma once

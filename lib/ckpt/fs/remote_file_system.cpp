@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The routed file system and its server (contracts and wire format in remote_file_system.hpp).
 //
 // One request, one reply: the client encodes the call (Encoder), the transport moves the

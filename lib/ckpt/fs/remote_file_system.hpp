@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A FileSystem whose paths under some roots live in another process.
 //
 // Checkpoints across node-local roots (DIR/node-n): under MPI, node n's root is reachable only

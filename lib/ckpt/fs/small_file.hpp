@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Not installed: whole small files (manifest.json, latest, tier.json, a consolidated index),
 // read and written the one way the commit protocol needs.
 #pragma once

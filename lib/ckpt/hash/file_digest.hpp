@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The checksums ckpt records for every shard file, computed in one streaming pass while the
 // bytes go to (or come from) the disk: XXH3 of the whole file, XXH3 of every fixed-size chunk
 // (so a corrupt byte is located and a partial read can be verified), and SHA-256 of the file.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Streaming SHA-256 over OpenSSL 3 EVP (uses SHA-NI where the CPU has it).
 #pragma once
 

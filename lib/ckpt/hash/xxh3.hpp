@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // XXH3-64, the fast checksum of ckpt: per chunk and per file. The kernel is picked at run
 // time: an AVX2 build of header-only xxHash where the CPU has AVX2 (several times faster than
 // the SSE2-only system library), the portable SSE2 build elsewhere.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The object-store interface of the durable tier (S3 and compatible stores), the counterpart
 // of file_system.hpp for a store that has no rename and no directory fsync. What it offers
 // instead, and what a commit on it is built from: objects written whole (a put, or a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // upload_file, in steps:
 //   1. open the file, take its size;
 //   2. below the threshold: read it whole, check it, one put; done;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Moving one local file to an object store: a single put below a threshold, else a multipart
 // upload with a bounded number of parts in flight, every part carrying Content-MD5 (the store
 // refuses damaged bytes) and passing the caller's check of the bytes read (the tier re-checks

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The S3 client: one HTTP request per call over a pooled libcurl easy handle, signed by
 // libcurl (CURLOPT_AWS_SIGV4) with the two things libcurl 7.88 leaves to its caller done
 // here: the payload's SHA-256 in x-amz-content-sha256 (libcurl cannot hash a body it streams

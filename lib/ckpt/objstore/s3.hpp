@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The S3 implementation of ObjectStore, over libcurl (kept out of this header) with AWS
 // Signature V4 (CURLOPT_AWS_SIGV4), path-style URLs (`ENDPOINT/bucket/key`), for AWS S3 and
 // compatible servers (tested against a Ceph RADOS Gateway, docs/object-store.md).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "ckpt/ops/reshard.hpp"
 #include "ckpt/read/slice_load.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Changing a checkpoint's world size, and exporting its model: docs/resharding.md has the
 // rules in full.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The synchronous whole-checkpoint save: every rank's state, saved from the calling thread,
 // durable when the call returns. The simplest complete save, and the reference the
 // asynchronous checkpointer (runtime/checkpointer.hpp) is tested against: both write each

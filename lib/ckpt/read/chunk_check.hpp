@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Not installed: the one check of a shard chunk against the XXH3 its manifest records, the one
 // error that names a bad chunk, and the one loop that reads a file's chunks in order and checks
 // each: shared by every reader of chunks (the reader, the range reader, load_into, the mapped

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "ckpt/read/flat_layout.hpp"
 
 #include <algorithm>

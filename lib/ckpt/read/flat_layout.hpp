@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The flat layout of a ZeRO checkpoint (docs/resharding.md): which tensors are partitioned
 // across ranks as one flat space, how many of its elements are real, each rank's slice of it
 // at any world size, and the model tensors' places in it. Read from the manifest's

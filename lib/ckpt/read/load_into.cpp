@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // load_into: the targets are resolved against the manifest's index (all of them, before any
 // read), then each shard file is read by one thread as a sequence of reads of at most
 // io_size bytes, cut at chunk boundaries, queue_depth of them in flight. Reads are processed

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Loading a checkpoint straight into memory the caller already owns: the model's parameters,
 // the optimizer's shards. CheckpointReader::load_shard allocates a fresh buffer per shard
 // and reads through the page cache, so every page of it is touched for the first time during

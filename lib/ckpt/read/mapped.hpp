@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Memory-mapped lazy tensors: one rank's shard opened read-only and mapped, its tensors handed
 // out as zero-copy views, each chunk's XXH3 checked the first time a view covering it is
 // taken (the way safetensors' safe_open works, with the checksums it lacks).

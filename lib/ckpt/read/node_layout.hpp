@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The layout of a node set as a reader sees it (docs/multi-node.md): node roots DIR/node-n,
 // how many a set has, and the newest checkpoint their `latest` files name. Read-only; the
 // node set's commit protocol (store/nodes/node_commit.hpp) and its redundancy build on it.

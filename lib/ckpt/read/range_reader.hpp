@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Byte ranges of one shard of an open checkpoint, verified chunk by chunk, so that a tool can
 // read a checkpoint of any size through a buffer of fixed size (resharding, consolidation,
 // load-time resharding). It keeps at most one chunk (the checkpoint's chunk_size) of its own

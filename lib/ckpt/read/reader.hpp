@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Opening and loading checkpoints, refusing every bad one before a byte of it is used.
 //
 // CheckpointReader::open reads and validates the manifest (schema_version, world_size,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Private: the shard header check of every read path (format/shard_check.hpp) with the
 // error precedence of the verifying reads, shared by CheckpointReader (files) and the
 // object-store reads (ranged GETs).

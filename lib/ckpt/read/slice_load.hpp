@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Load-time planning for any layout: a checkpoint's tensors seen as the job's global tensors
 // (docs/format.md, "Sharded tensors"), and loading any box of any of them, at any world size
 // and split, into memory the caller owns.

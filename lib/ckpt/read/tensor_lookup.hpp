@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Private: the one error for a tensor a rank does not hold, shared by the mapped shard and
 // the object-store tensor read, so a missing tensor reads the same wherever it was looked up.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Opt-in: a SaveHandle as a Boost.Asio asynchronous operation, for code that runs on Asio.
 //
 //   #include <ckpt/runtime/async_wait.hpp>        // and link the CMake target ckpt::asio

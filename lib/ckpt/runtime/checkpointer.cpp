@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The asynchronous checkpointer: the save path as one pipeline of C++20 coroutines on
 // Boost.Asio. Who runs where:
 //

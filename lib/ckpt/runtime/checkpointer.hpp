@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The asynchronous checkpointer: what a training loop links.
 //
 // Each rank thread calls save() with its shard state; save() copies the tensors into the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The commit coordination protocol (coordinator.hpp), once for every backend.
 #include "ckpt/runtime/coordinator.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // How the ranks of one checkpoint agree that it is complete, without sharing memory.
 //
 // Every rank, once its shard is durable (or has failed), hands the coordinator a typed report

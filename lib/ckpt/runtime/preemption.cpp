@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Signal handlers that only count (see preemption.hpp). What a handler may touch is limited to
 // lock-free atomics; everything else happens at the step boundary, in agree().
 #include "ckpt/runtime/preemption.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Preemption: a signal (SIGTERM from a scheduler, SIGINT from a terminal, SIGUSR1 that mpirun
 // forwards) becomes a request the training loop sees at its next step boundary, the same step
 // on every rank.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The replicator's thread: takes the pending step, copies it (store/tiers.hpp), rotates the
 // durable root, and on failure schedules a retry unless a newer step is waiting. All state
 // is under one mutex; errors are kept as values (code and message), never as shared

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Background replication of committed checkpoints from the local tier to the durable tier:
 // each copy is the copy between stores (store/copy.hpp) from the local root's store into the
 // durable root's (open_store: a directory, or `s3://bucket/prefix` with its own commit), and

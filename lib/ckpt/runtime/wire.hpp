@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Private: the one place the commit coordination's typed messages become text, for
 // coordinators whose ranks live in other processes (runtime/coordinator.hpp's protocol over
 // a transport; dist/mpi's shard-size exchange). A report travels as a one-shard manifest

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Private: the two ways the pipeline moves a staged shard image into its file. Both write the
 // whole buffer at offset 0 with up to `queue_depth` writes of `io_size` bytes in flight,
 // requeue short writes, and are awaited from the pipeline's coroutines on the io_context.

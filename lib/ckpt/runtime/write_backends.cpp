@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The io_uring and posix write backends, as coroutines. Each keeps `queue_depth` lanes: a
 // lane takes the next piece of the image, writes it (requeueing short writes, retrying EINTR
 // and EAGAIN as liburing's own examples do) and takes the next, until the image is written or

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one shard writer. Every path that puts a shard file on disk goes through it: the
 // asynchronous checkpointer (runtime/), the synchronous save (ops/save.hpp), resharding and
 // consolidation (ops/reshard.hpp) and the copy between tiers (store/tiers.hpp). It owns the steps

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What save() does with the sharding descriptions of the tensors it is handed (TensorView::
 // sharding): checks each against its rank and tensor, leaves a replicated tensor out of every
 // holder's shard but the lowest's, and records the descriptions in the manifest's tensor

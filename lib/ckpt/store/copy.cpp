@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The copy between stores (copy.hpp): one thread per shard in flight, each streaming its
 // shard from the source into the destination's target with every piece checked on the way.
 #include "ckpt/store/copy.hpp"

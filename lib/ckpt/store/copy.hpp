@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one copy of a checkpoint between stores: every shard of a committed step streamed from
 // the source store (CheckpointStore::shard) into a step target of the destination
 // (StepTarget::write_shard), each piece checked against the source manifest on the way

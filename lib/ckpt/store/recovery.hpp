@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The recovery planner: which checkpoint a restarted job resumes from, across the levels that
 // hold its checkpoints, and how it is fetched.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The writer lock; the contract and what it cannot guarantee are in root_lock.hpp.
 #include "ckpt/store/root_lock.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The writer lock of a checkpoint root: one writer at a time, enforced.
 //
 // Every writer of a root takes ROOT/.lock before it touches the root and holds it while it

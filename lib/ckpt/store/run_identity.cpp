@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The run identity of a root; the format and its rules are in run_identity.hpp.
 #include "ckpt/store/run_identity.hpp"
 

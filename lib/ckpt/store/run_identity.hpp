@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The run identity of a checkpoint root: which training run its checkpoints belong to, so that
 // a durable prefix two jobs share is noticed (docs/object-store.md, "Run identity").
 //

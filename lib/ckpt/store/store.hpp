@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Where checkpoints live, as one type.
 //
 // A CheckpointStore is a place that holds the committed checkpoints of one run: a directory

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The copy between tiers and the tiered open; the protocol is in tiers.hpp and
 // docs/commit-protocol.md ("Two tiers").
 #include "ckpt/store/tiers.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Two storage tiers: a fast local root that the checkpointer commits to, and a durable root
 // (a directory standing for shared storage or an object store) that committed checkpoints are
 // copied to. This file is the I/O of it: one checkpoint copied with the durable tier's own

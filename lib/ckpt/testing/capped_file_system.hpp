@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A FileSystem wrapper whose files refuse to grow past a cap (Errc::no_space naming the file),
 // for tests and fuzzers that hand a file system requests they did not write themselves (a
 // changed or random file request naming a huge offset or size): such a request fails fast

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "ckpt/testing/fault_injection.hpp"
 
 #include <unistd.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A FileSystem wrapper that injects faults into the one it wraps (RocksDB's
 // FaultInjectionFileSystem is the model): fail the n-th operation of a kind with an errno,
 // make the n-th write short (part of the data reaches the file, then the call fails), or

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // An ObjectStore wrapper that injects the failures a real object store shows (the
 // counterpart of fault_injection.hpp for the durable tier): 503 SlowDown storms, 500s,
 // timeouts, connections dropped after the request reached the server (the answer is lost,

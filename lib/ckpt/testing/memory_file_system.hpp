@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A FileSystem held entirely in memory: files, directories and symlinks in one tree, with the
 // same contracts as the POSIX one (file_system.hpp) so that a test or a fuzzer runs the real
 // save and load code without a disk. What it reproduces, because the loader's defences

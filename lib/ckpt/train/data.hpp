@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Training data for the demo: a deterministic synthetic corpus with structure a small model
 // learns within a few steps, and a loader that splits one global sample order across ranks.
 // The loader's whole state is one integer, so an exact resume only has to save position().

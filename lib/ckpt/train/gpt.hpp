@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A mini GPT in the shape of llm.c's train_gpt2.c: every layer is a forward/backward pair of
 // free functions over ONE contiguous fp32 parameter buffer, and the backward pass accumulates
 // (+=) into ONE contiguous fp32 gradient buffer with the same layout. A flat buffer is what the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The training loop's decisions that every rank must take at the same step: when to save on
 // a wall-clock cadence, and what to do when the job is preempted (runtime/preemption.hpp).
 //

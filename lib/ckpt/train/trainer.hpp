@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One rank of a data-parallel (DDP + ZeRO-1) training run of the mini GPT, behind the narrow
 // interface a training loop needs: step(), and the state to checkpoint and restore. The loop
 // never sees a collective, a shard range or a file name.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ZeRO stage 1 with mixed precision, as in DeepSpeed: every rank holds the parameters and the
 // gradients in 16 bits (fp16 or bf16); the optimizer state (fp32 master weights, Adam m and v)
 // is split across ranks, each rank owning 1/N of the flat parameter space, padded to a

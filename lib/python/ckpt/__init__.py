@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ckpt: asynchronous, sharded, verified checkpoints for Python and PyTorch training loops.
 
     with ckpt.Checkpointer("/ckpts/run1") as c:

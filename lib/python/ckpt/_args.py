@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The arguments of the API, checked before ckpt._core sees them: what the binding would refuse
 with a TypeError listing its signatures (a float step, a step past 2**64, a str with a lone
 surrogate) is a ckpt.InvalidArgument naming the argument, with the expected and actual value.

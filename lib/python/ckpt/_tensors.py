@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """How ckpt sees a tensor: (name, dtype, shape, address, nbytes), from a torch tensor, a numpy
 array or any object with the buffer protocol / __array_interface__. Nothing here imports
 torch: a torch tensor is recognised by its methods (data_ptr, is_contiguous, device)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The checkpoint commit across the processes of a torch.distributed job.
 
     dist.init_process_group("gloo", ...)          # or nccl for the training: any backend

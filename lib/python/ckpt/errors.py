@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ckpt's exceptions: one ckpt.Error per failure, a subclass per error code.
 
 Every error the C++ library raises (a ckpt::Error) arrives as an instance of the subclass of

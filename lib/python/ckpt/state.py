@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Flattening nested training state into named tensors plus JSON, and back.
 
     tensors, skeleton = ckpt.state_dict_to_tensors({"model": model.state_dict(),

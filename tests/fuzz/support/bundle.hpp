@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The input of the fuzz targets that build a directory tree (fuzz_checkpoint, fuzz_node_set),
 // and what tests/fuzz/tools/make_seeds.cpp writes: the text of a manifest, then files, each as
 // "\n@@file@@ NAME\n" and its bytes, up to the next separator.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The fixed sequence of file calls fuzz_wire's "file replies" mode makes through a routed file
 // system (each reply it reads comes from the input), shared with the seed tool, which records
 // the replies a real FileService gives to the same calls.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Shared by the fuzz targets that build a checkpoint from their input: rewrites the size and
 // checksums a manifest records for a file (a shard, a redundancy block) to match the file's
 // bytes, so that the fuzzer gets past the checksums to the structural checks behind them.

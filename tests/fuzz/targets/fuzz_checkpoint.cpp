@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A whole checkpoint built from the fuzz input in a MemoryFileSystem, then opened, verified
 // and loaded the way a user would. Input layout (what tests/fuzz/tools/make_seeds.cpp writes):
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Shared by the fuzz targets: a finding is reported by abort() with a message, so libFuzzer
 // saves the input. Anything but a ckpt::Error escaping a target is a finding too (libFuzzer
 // reports the uncaught exception as a crash), as is every sanitizer report and leak.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // decode_manifest on arbitrary text. A refusal must be malformed_manifest, unsupported_schema
 // or unsafe_path naming the file. An accepted manifest must satisfy what docs/format.md
 // promises, and encode_manifest must write it back as text that decodes to the same manifest,

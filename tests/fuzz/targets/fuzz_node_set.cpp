@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A checkpoint across node roots with redundancy (format/redundancy.hpp, store/nodes/redundancy_io.hpp)
 // built from the fuzz input in a MemoryFileSystem, then checked, repaired and opened the way
 // `ckpt verify`, `ckpt repair` and a resume do. What is read from outside: the manifest with

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The S3 client's answers (objstore/detail/s3_xml.hpp) on arbitrary bytes: what a hostile server or a
 // man in the middle can send. Every input goes through parse_xml and the parsers of the
 // answers the client reads (ListObjectsV2, ListMultipartUploads, InitiateMultipartUpload, an

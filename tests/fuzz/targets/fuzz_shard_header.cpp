@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The safetensors shard header parser on arbitrary bytes, two ways: the input as a whole shard
 // file (parse_shard_prefix, then parse_shard_header on the N bytes it announces), and the
 // input as header JSON for a file with a data section of 0..255 bytes (the last input byte).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The messages processes of one job exchange (what another process, broken or hostile, may
 // send): the commit coordination's reports, outcomes and shard sizes (runtime/wire.hpp),
 // an error as JSON (core/error.hpp), and the file calls of a routed file system, both ends

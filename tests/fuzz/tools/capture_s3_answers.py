@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Captures real S3 answers for the fuzz_s3_xml seed corpus (tests/fuzz/corpus/s3_xml/rgw_*).
 
     scripts/rgw start DIR

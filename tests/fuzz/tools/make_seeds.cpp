@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Writes the fuzzers' seed corpus: tests/fuzz/corpus/{manifest,shard_header,checkpoint,wire,
 // node_set}/ (s3_xml's seeds are real S3 answers: tools/capture_s3_answers.py).
 //   fuzz_make_seeds OUT_DIR

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A coroutine on the consumer's own io_context saves and co_awaits the commit.
 //   async_consumer DIR
 #include <ckpt/ckpt.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Saves through the asynchronous Checkpointer (whose writer runs on Asio and io_uring inside
 // the library, compiled without either here), loads the checkpoint back verified, and checks
 // the version and a typed error, all through the umbrella header.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The collectives a backend tells apart when it checks that every rank entered the same one,
 // and their names as the comm_error texts give them (the same text from every backend).
 // Private to the dist module.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Element-wise reduction kernel shared by the backends' all_reduce and reduce_scatter.
 // Private to the dist module.
 #pragma once

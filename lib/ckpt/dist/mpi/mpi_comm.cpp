@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The MPI Communicator and MpiSession (see mpi_comm.hpp). Data moves point to point with
 // MPI_Isend/MPI_Irecv in pieces of at most max_message_ bytes; between two ranks, messages
 // with one tag on one communicator arrive in the order sent, so the pieces need no numbering.

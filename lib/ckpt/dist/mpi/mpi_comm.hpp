@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The MPI backend (target ckpt::mpi, built when CMake finds MPI; see docs/multi-node.md).
 //
 // A Communicator over an MPI communicator, with the contract of communicator.hpp, and the

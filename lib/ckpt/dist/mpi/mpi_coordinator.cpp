@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The checkpoint commit across MPI processes (make_mpi_coordinator in mpi_comm.hpp).
 //
 // The protocol is runtime/coordinator.hpp's (ChannelCoordinator); this file supplies its

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Private: the bounded parse of manifest text (manifest_limits.hpp describes the two passes),
 // and the hooks the tests read to see what a parse cost.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Private: the two builds of the xxHash kernels (SSE2 baseline and AVX2) behind one table.
 #pragma once
 

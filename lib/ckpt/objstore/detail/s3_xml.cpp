@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "ckpt/objstore/detail/s3_xml.hpp"
 
 #include <expat.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Private: the S3 client's XML reader (expat, building a small tree) and the parsers of the
 // four S3 responses it reads (ListObjectsV2, ListMultipartUploads, InitiateMultipartUpload,
 // Error), plus the one check of an object key. An answer is read as any conforming XML reader

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Private: runs blocking work on a thread pool from a coroutine, which resumes on its own
 // executor once the work is done: `auto r = co_await offload(pool, [&] { return fsync(); });`.
 // The work's exception is rethrown in the coroutine.

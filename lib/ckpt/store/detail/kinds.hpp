@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The store kinds open_store() chooses among (store/store.hpp), each in its own file.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Implements the commit protocol described step by step in commit.hpp and
 // docs/commit-protocol.md. The order of the calls below is the protocol; do not reorder.
 #include "ckpt/store/local/commit.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The durable commit protocol (docs/commit-protocol.md is the same text, longer):
 //
 //   0. take the root's writer lock (store/root_lock.hpp: ROOT/.lock, held while writing);

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A directory as a CheckpointStore: store/local/commit.hpp's protocol (ROOT/latest, ROOT/step-N,
 // ROOT/.lock), the reader of read/reader.hpp, nothing else.
 #include <algorithm>

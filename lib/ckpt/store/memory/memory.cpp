@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The memory store (store/memory/memory.hpp): a directory or node set in shared memory, served
 // through the store of that kind (over the file system given: the POSIX one, or under MPI the
 // one that routes other nodes' roots to their processes; either creates what is in the memory

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The memory store: checkpoint generations held in shared memory (tmpfs), so that a process
 // that crashes and is restarted on the same node finds its state without reading a disk.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "ckpt/store/nodes/erasure.hpp"
 
 #include <isa-l/erasure_code.h>

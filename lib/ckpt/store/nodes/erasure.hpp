@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reed-Solomon erasure coding over GF(2^8), on ISA-L (libisal-dev): the code of the rs:K+M
 // redundancy scheme (format/redundancy.hpp). The code matrix is ISA-L's
 // gf_gen_cauchy1_matrix(K + M, K): rows 0..K-1 the identity (the data pieces themselves),

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The order of the calls below is the protocol of node_commit.hpp; do not reorder.
 #include "ckpt/store/nodes/node_commit.hpp"
 

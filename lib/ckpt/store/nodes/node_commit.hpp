@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The commit protocol across node roots (docs/commit-protocol.md, "Across nodes"): one
 // checkpoint, one step, on every node's root, committed as one. Each node root is a root as
 // in store/local/commit.hpp (its own lock, temporaries, `latest`); what changes is the order:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A set of node roots as one CheckpointStore: store/nodes/node_commit.hpp's protocol across DIR/node-n
 // (each a directory root with its own lock, temporaries and `latest`), the redundancy of
 // store/nodes/redundancy_io.hpp written into the step's node temporaries, and CheckpointReader's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "ckpt/store/nodes/redundancy_io.hpp"
 #include "ckpt/store/nodes/erasure.hpp"
 #include "ckpt/read/chunk_check.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Writing redundancy blocks (format/redundancy.hpp) and rebuilding what a lost node held.
 //
 // Every block is written through ShardWriter (copy mode): XXH3 per chunk and SHA-256 while

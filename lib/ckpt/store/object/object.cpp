@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // An object-store prefix as a CheckpointStore: store/object/object_commit.hpp's protocol (shards and the
 // checkpoint's manifest under step-N/<attempt>/, the tier manifest created last as the commit,
 // `latest` moved forward by compare-and-swap), the writer lease of store/object/object_lease.hpp as its

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "ckpt/store/object/object_commit.hpp"
 #include "ckpt/objstore/object_transfer.hpp"
 

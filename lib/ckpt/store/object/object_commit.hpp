@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The commit of a checkpoint on an object store, which has no rename and no directory fsync:
 // what it offers instead is objects that appear whole, a create that fails if the key exists
 // (If-None-Match: *) and a replace that fails unless the object is the one read before

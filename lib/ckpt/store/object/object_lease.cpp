@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The writer lease of an object-store root; the protocol and its guarantees are in
 // object_lease.hpp.
 #include "ckpt/store/object/object_lease.hpp"

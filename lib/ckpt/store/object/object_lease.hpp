@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The writer lease of an object-store root (`s3://bucket/prefix`): one writer of a prefix at a
 // time, enforced, the counterpart of store/root_lock.hpp for a store that has no locks and whose
 // writers may run on different hosts. What the store offers is a create that fails if the key
