@@ -4,9 +4,12 @@
 // memcpy into a warm one, so buffers that are reused are touched once, up front.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstddef>
 #include <span>
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 class AlignedBuffer {
@@ -36,3 +39,4 @@ class AlignedBuffer {
 };
 
 }  // namespace ckpt
+CKPT_API_END

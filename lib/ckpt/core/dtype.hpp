@@ -3,12 +3,15 @@
 // and exact conversions between fp32 and the two 16-bit float formats.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
 #include <string_view>
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 enum class DType : std::uint8_t { F16, BF16, F32, F64, I8, I16, I32, I64, U8, U16, U32, U64, BOOL };
@@ -37,3 +40,4 @@ float bf16_to_f32(std::uint16_t h) noexcept;
 void convert_floats(DType from, std::span<const std::byte> in, DType to, std::span<std::byte> out) noexcept;
 
 }  // namespace ckpt
+CKPT_API_END

@@ -6,12 +6,15 @@
 // stored and rethrown where the caller waits; they are never swallowed.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstdint>
 #include <exception>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// What went wrong, for callers that branch on the kind of failure.
@@ -118,3 +121,4 @@ decltype(auto) with_typed_errors(const std::string& file, F&& body) {
 }
 
 }  // namespace ckpt
+CKPT_API_END

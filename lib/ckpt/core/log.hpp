@@ -3,9 +3,12 @@
 // user must know about (a fallback writer, an abandoned save), never per operation.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <functional>
 #include <string_view>
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// Writes "ckpt: <line>\n" to the current sink. Thread-safe.
@@ -17,3 +20,4 @@ using LogSink = std::function<void(std::string_view)>;
 LogSink set_log_sink(LogSink sink);
 
 }  // namespace ckpt
+CKPT_API_END

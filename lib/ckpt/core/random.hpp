@@ -3,8 +3,11 @@
 // reproducible pseudo-random numbers (initialisation, synthetic data, seeding xoshiro).
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstdint>
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// Advances `state` and returns the next value of the splitmix64 sequence.
@@ -16,3 +19,4 @@ constexpr std::uint64_t splitmix64(std::uint64_t& state) noexcept {
 }
 
 }  // namespace ckpt
+CKPT_API_END

@@ -24,6 +24,8 @@
 //   Errc::aborted whose detail carries the reason.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -35,6 +37,7 @@
 
 #include "ckpt/core/dtype.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt::dist {
 
 /// How all_reduce and reduce_scatter combine the ranks' values.
@@ -188,3 +191,4 @@ void check_reducible(DType t, ReduceOp op);
 std::string_view reduce_op_name(ReduceOp op) noexcept;
 
 }  // namespace ckpt::dist
+CKPT_API_END

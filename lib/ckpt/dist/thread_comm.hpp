@@ -13,12 +13,15 @@
 // only compute, so that wait is short) before it throws.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <functional>
 #include <memory>
 #include <vector>
 
 #include "ckpt/dist/communicator.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt::dist {
 
 /// Creates a group of `world_size` communicators sharing one in-process rendezvous; element r
@@ -46,3 +49,4 @@ std::vector<std::unique_ptr<Communicator>> make_thread_group(int world_size);
 void run_ranks(int world_size, std::function<void(Communicator&)> fn);
 
 }  // namespace ckpt::dist
+CKPT_API_END

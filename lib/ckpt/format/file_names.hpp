@@ -3,11 +3,14 @@
 // directory and each rank's shard file.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 inline constexpr std::uint64_t kMaxStep = 9'999'999'999ull;
@@ -20,3 +23,4 @@ std::optional<std::uint64_t> parse_checkpoint_dir_name(std::string_view name) no
 std::string shard_file_name(int rank, int world_size);
 
 }  // namespace ckpt
+CKPT_API_END

@@ -3,6 +3,8 @@
 // code that names the file, the field and what was expected.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <boost/json.hpp>
 #include <cstdint>
 #include <string>
@@ -13,6 +15,7 @@
 #include "ckpt/core/dtype.hpp"
 #include "ckpt/core/error.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt::detail {
 
 struct JsonContext {
@@ -105,3 +108,4 @@ inline boost::json::value json_parse(const JsonContext& c, std::string_view text
 }
 
 }  // namespace ckpt::detail
+CKPT_API_END

@@ -5,6 +5,8 @@
 // a plain file name, and the shard table checked against world_size, before a caller sees it.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <chrono>
 
 #include <boost/json/object.hpp>
@@ -19,6 +21,7 @@
 #include "ckpt/format/redundancy.hpp"
 #include "ckpt/format/sharding.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// The version every writer writes (2: tensor entries may carry sharding descriptions).
@@ -177,3 +180,4 @@ std::string utc_rfc3339(std::chrono::system_clock::time_point t);
 std::optional<std::chrono::system_clock::time_point> parse_rfc3339(std::string_view t) noexcept;
 
 }  // namespace ckpt
+CKPT_API_END

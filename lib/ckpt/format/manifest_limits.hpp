@@ -16,8 +16,11 @@
 // Errc::malformed_manifest naming the file before it costs more than its budget.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstdint>
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// Absolute cap on manifest.json, whatever its content (checked before any byte is parsed).
@@ -93,3 +96,4 @@ std::uint64_t manifest_allowance(const ManifestCounts& c) noexcept;
 std::uint64_t manifest_memory_budget(const ManifestCounts& c) noexcept;
 
 }  // namespace ckpt
+CKPT_API_END

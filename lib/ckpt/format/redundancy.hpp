@@ -19,6 +19,8 @@
 //                  one stripe, the parity is M/K of the data, and any M lost nodes are survived.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -26,6 +28,7 @@
 #include <string_view>
 #include <vector>
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 struct RedundancyScheme {
@@ -116,3 +119,4 @@ struct RedundancyBlock {
 std::vector<RedundancyBlock> planned_blocks(const NodeLayout& layout, std::span<const std::uint64_t> shard_sizes);
 
 }  // namespace ckpt
+CKPT_API_END

@@ -14,6 +14,8 @@
 // section exactly (no overlap, no hole, nothing past the end).
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -26,6 +28,7 @@
 #include "ckpt/core/dtype.hpp"
 #include "ckpt/format/sharding.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// Alignment of the data section (and of ckpt's staging buffers and O_DIRECT writes).
@@ -99,3 +102,4 @@ std::uint64_t parse_shard_prefix(std::span<const std::byte> first8, std::uint64_
 ShardHeader parse_shard_header(std::string_view json, std::uint64_t file_size, std::string_view file);
 
 }  // namespace ckpt
+CKPT_API_END

@@ -12,6 +12,8 @@
 // header tensor the index lacks and an index entry the header lacks are refused alike.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -21,6 +23,7 @@
 #include "ckpt/format/manifest.hpp"
 #include "ckpt/format/safetensors.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// Reads `out.size()` bytes of the file at `offset` into `out`, or throws.
@@ -53,3 +56,4 @@ struct CheckedShardHeader {
 CheckedShardHeader check_shard_head(const Manifest& manifest, int rank, std::span<const std::byte> head, std::string_view file);
 
 }  // namespace ckpt
+CKPT_API_END

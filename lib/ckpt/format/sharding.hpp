@@ -13,12 +13,15 @@
 // the slices' cut points, capped: see kMaxTilingCells).
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 struct TensorSharding {
@@ -78,3 +81,4 @@ std::optional<std::string> tiling_problem(std::span<const std::uint64_t> global_
 std::string format_index(std::span<const std::uint64_t> index);
 
 }  // namespace ckpt
+CKPT_API_END

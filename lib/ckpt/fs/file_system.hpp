@@ -6,6 +6,8 @@
 // (Errc::io_error or Errc::no_space with errno, naming the file).
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -15,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// A file open for writing. Not thread-safe unless stated; one writer per file.
@@ -178,3 +181,4 @@ std::string memory_user_dir();
 bool in_memory_dir(std::string_view path);
 
 }  // namespace ckpt
+CKPT_API_END

@@ -17,6 +17,8 @@
 // Step numbers are zero-padded to 10 digits so that names sort in step order.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -24,6 +26,7 @@
 
 #include "ckpt/format/file_names.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 inline constexpr std::string_view kLatestName = "latest";
@@ -67,3 +70,4 @@ std::string parent_dir(std::string_view path);
 std::string_view last_component(std::string_view path) noexcept;
 
 }  // namespace ckpt
+CKPT_API_END

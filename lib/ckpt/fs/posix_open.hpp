@@ -3,9 +3,12 @@
 // posix_file_system().open_read and the mapped shard (which needs the descriptor itself).
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstdint>
 #include <string>
 
+CKPT_API_BEGIN
 namespace ckpt::detail {
 
 struct OpenedFd {
@@ -20,3 +23,4 @@ struct OpenedFd {
 OpenedFd open_regular_file(const std::string& path);
 
 }  // namespace ckpt::detail
+CKPT_API_END

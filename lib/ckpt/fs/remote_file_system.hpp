@@ -29,6 +29,8 @@
 // a reply that does not decode is thrown by the client as Errc::comm_error.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -40,6 +42,7 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/fs/file_system.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// The largest payload one request or reply carries: a longer read_at or write_at is cut into
@@ -130,3 +133,4 @@ class LoopbackFileTransport : public FileTransport {
 };
 
 }  // namespace ckpt
+CKPT_API_END

@@ -3,6 +3,8 @@
 // read and written the one way the commit protocol needs.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -12,6 +14,7 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/fs/file_system.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt::detail {
 
 /// Creates `path` (O_EXCL), writes `content`, fsyncs and closes it.
@@ -31,3 +34,4 @@ struct OpenedSmallFile {
 OpenedSmallFile open_small_file(FileSystem& fs, const std::string& path, std::uint64_t limit, Errc too_big);
 
 }  // namespace ckpt::detail
+CKPT_API_END

@@ -4,6 +4,8 @@
 // (so a corrupt byte is located and a partial read can be verified), and SHA-256 of the file.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -13,6 +15,7 @@
 #include "ckpt/hash/sha256.hpp"
 #include "ckpt/hash/xxh3.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 struct FileDigest {
@@ -50,3 +53,4 @@ class FileHasher {
 };
 
 }  // namespace ckpt
+CKPT_API_END

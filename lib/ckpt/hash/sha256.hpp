@@ -2,6 +2,8 @@
 // Streaming SHA-256 over OpenSSL 3 EVP (uses SHA-NI where the CPU has it).
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -9,6 +11,7 @@
 #include <span>
 #include <string>
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 using Sha256Digest = std::array<std::uint8_t, 32>;
@@ -39,3 +42,4 @@ Sha256Digest sha256(const void* data, std::size_t size);
 std::string to_hex(std::span<const std::uint8_t> bytes);
 
 }  // namespace ckpt
+CKPT_API_END

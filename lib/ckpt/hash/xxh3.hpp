@@ -4,12 +4,15 @@
 // the SSE2-only system library), the portable SSE2 build elsewhere.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// One-shot XXH3-64 (seed 0) of a buffer. Thread-safe.
@@ -42,3 +45,4 @@ std::string xxh3_hex(std::uint64_t v);
 bool parse_xxh3_hex(std::string_view hex, std::uint64_t& out) noexcept;
 
 }  // namespace ckpt
+CKPT_API_END

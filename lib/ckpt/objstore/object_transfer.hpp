@@ -8,6 +8,8 @@
 // the library's own transfer (UploadOptions, what a user sets, is in object_store.hpp).
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -17,6 +19,7 @@
 #include "ckpt/fs/file_system.hpp"
 #include "ckpt/objstore/object_store.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 
@@ -46,3 +49,4 @@ UploadReport upload_object(ObjectStore& store, const ReadableFile& source, std::
                            const UploadCheck& check = {});
 
 }  // namespace ckpt
+CKPT_API_END

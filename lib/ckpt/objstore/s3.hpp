@@ -14,6 +14,8 @@
 // refuses bytes damaged on the way (400 BadDigest) instead of storing them.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -23,6 +25,7 @@
 
 #include "ckpt/objstore/object_store.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// Where an `s3://bucket/prefix` root points.
@@ -68,3 +71,4 @@ std::unique_ptr<ObjectStore> make_s3_object_store(const S3Options& options);
 std::unique_ptr<ObjectStore> open_s3(const S3Options& options);
 
 }  // namespace ckpt
+CKPT_API_END

@@ -22,6 +22,8 @@
 // in the destination's parent, fsynced, renamed at the end), removing it on any failure.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <boost/json/object.hpp>
 #include <cstdint>
 #include <optional>
@@ -38,6 +40,7 @@
 #include "ckpt/read/range_reader.hpp"
 #include "ckpt/read/flat_layout.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// Default memory budget of reshard and consolidate (their --buffer-mb).
@@ -231,3 +234,4 @@ ConsolidateResult consolidate_checkpoint(FileSystem& fs, const CheckpointReader&
                                          const ConsolidateOptions& options);
 
 }  // namespace ckpt
+CKPT_API_END

@@ -6,6 +6,8 @@
 // assemble_manifest and commit with the protocol of store/local/commit.hpp.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <boost/json/object.hpp>
 #include <cstdint>
 #include <string>
@@ -15,6 +17,7 @@
 #include "ckpt/format/safetensors.hpp"
 #include "ckpt/fs/file_system.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// One rank's part of a checkpoint.
@@ -46,3 +49,4 @@ struct SaveRequest {
 Manifest save_checkpoint_sync(FileSystem& fs, const std::string& root, const SaveRequest& request);
 
 }  // namespace ckpt
+CKPT_API_END

@@ -8,6 +8,8 @@
 // or throw_chunk_mismatch.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <algorithm>
 #include <cstdint>
 #include <span>
@@ -17,6 +19,7 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/hash/xxh3.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt::detail {
 
 /// Errc::checksum_mismatch naming `path` and "xxh3 of chunk K of N (bytes B-E)", expected and
@@ -54,3 +57,4 @@ void read_verified_chunks(ReadAt&& read_at, const std::string& path, const std::
 }
 
 }  // namespace ckpt::detail
+CKPT_API_END

@@ -5,6 +5,8 @@
 // training fields; no I/O. Used by slice loads, reshard and consolidate, and the trainer.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -13,6 +15,7 @@
 #include "ckpt/dist/communicator.hpp"
 #include "ckpt/format/manifest.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// What part of a checkpoint is partitioned across ranks.
@@ -51,3 +54,4 @@ std::vector<ParamSlice> param_layout(const Manifest& manifest, const FlatLayout&
                                     std::string_view file = kManifestName);
 
 }  // namespace ckpt
+CKPT_API_END

@@ -17,6 +17,8 @@
 // reader of the file sees as that tensor.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -27,6 +29,7 @@
 #include "ckpt/core/dtype.hpp"
 #include "ckpt/read/reader.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// One tensor (or an element range of one) of a rank's shard, and where its bytes go.
@@ -141,3 +144,4 @@ LoadReport load_into(const CheckpointReader& checkpoint, int rank, std::span<con
 LoadReport load_into(const CheckpointReader& checkpoint, std::span<const RankLoad> ranks, Verify mode, const LoadOptions& options = {});
 
 }  // namespace ckpt
+CKPT_API_END

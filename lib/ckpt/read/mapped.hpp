@@ -62,6 +62,8 @@
 // Views stay valid until the MappedShard is destroyed (moving it keeps them valid).
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -73,6 +75,7 @@
 #include "ckpt/format/safetensors.hpp"
 #include "ckpt/read/reader.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// What a MappedShard has verified and read so far, for tools and for the tests that check
@@ -136,3 +139,4 @@ class MappedShard {
 };
 
 }  // namespace ckpt
+CKPT_API_END

@@ -4,6 +4,8 @@
 // node set's commit protocol (store/nodes/node_commit.hpp) and its redundancy build on it.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -13,6 +15,7 @@
 
 #include "ckpt/fs/file_system.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// The n of a node root's name "node-<n>" (1 to 6 digits), or -1 for any other name.
@@ -37,3 +40,4 @@ std::optional<std::uint64_t> node_latest_step(FileSystem& fs, const std::string&
 std::optional<std::string> read_latest_nodes(FileSystem& fs, std::span<const std::string> roots);
 
 }  // namespace ckpt
+CKPT_API_END

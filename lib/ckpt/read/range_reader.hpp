@@ -5,6 +5,8 @@
 // memory: what else it uses is the caller's buffer.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -16,6 +18,7 @@
 #include "ckpt/fs/file_system.hpp"
 #include "ckpt/read/reader.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// Reads byte ranges of rank's shard of an open checkpoint, verified chunk by chunk.
@@ -57,3 +60,4 @@ class ShardRangeReader {
 };
 
 }  // namespace ckpt
+CKPT_API_END

@@ -15,6 +15,8 @@
 // shard is what any safetensors reader sees in that file, or an Errc::malformed_shard.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -32,6 +34,7 @@
 #include "ckpt/format/shard_check.hpp"
 #include "ckpt/fs/file_system.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 enum class Verify {
@@ -276,3 +279,4 @@ struct CheckpointInfo {
 std::vector<CheckpointInfo> list_checkpoints(FileSystem& fs, const std::string& root, Verify verify = Verify::none);
 
 }  // namespace ckpt
+CKPT_API_END

@@ -4,12 +4,15 @@
 // object-store reads (ranged GETs).
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <string>
 
 #include "ckpt/format/manifest.hpp"
 #include "ckpt/format/shard_check.hpp"
 #include "ckpt/read/reader.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt::detail {
 
 /// Reads rank's shard header through `read_at` (read_shard_head, for a file of the manifest's
@@ -22,3 +25,4 @@ CheckedShardHeader read_checked_shard_header(const Manifest& manifest, int rank,
                                              Verify mode);
 
 }  // namespace ckpt::detail
+CKPT_API_END

@@ -10,6 +10,8 @@
 // caller's buffers.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstdint>
 #include <span>
 #include <string>
@@ -21,6 +23,7 @@
 #include "ckpt/read/load_into.hpp"
 #include "ckpt/read/reader.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// One global tensor of a checkpoint and the stored tensors it is made of.
@@ -110,3 +113,4 @@ struct SliceBox64 {
 std::vector<SliceBox64> boxes_of_range(std::span<const std::uint64_t> shape, std::uint64_t first, std::uint64_t count);
 
 }  // namespace ckpt
+CKPT_API_END

@@ -3,6 +3,8 @@
 // the object-store tensor read, so a missing tensor reads the same wherever it was looked up.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstddef>
 #include <span>
 #include <string>
@@ -11,6 +13,7 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/format/manifest.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt::detail {
 
 /// Errc::not_found naming `path` (the shard), whose expected value lists the rank's tensors
@@ -27,3 +30,4 @@ namespace ckpt::detail {
 }
 
 }  // namespace ckpt::detail
+CKPT_API_END

@@ -23,6 +23,8 @@
 // this header refuses to compile rather than corrupt memory at run time.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #if !defined(BOOST_ASIO_HAS_IO_URING)
 #error "ckpt/runtime/async_wait.hpp needs the Asio configuration ckpt is built with: link the CMake target ckpt::asio (or define BOOST_ASIO_HAS_IO_URING and link liburing)"
 #endif
@@ -38,6 +40,7 @@
 
 #include "ckpt/runtime/checkpointer.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// Waits for `handle` as an Asio operation (see the top of this file). Errc::invalid_argument
@@ -65,3 +68,4 @@ auto async_wait(const SaveHandle& handle, CompletionToken&& token) {
 }
 
 }  // namespace ckpt
+CKPT_API_END

@@ -43,6 +43,8 @@
 // without touching the root, its lock or its temporaries, and the other calls throw.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <boost/json/object.hpp>
 #include <chrono>
 #include <cstdint>
@@ -69,6 +71,7 @@
 #error "Asio is compiled here without BOOST_ASIO_HAS_IO_URING, unlike in ckpt: link the CMake target ckpt::asio"
 #endif
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 enum class WriterBackend {
@@ -450,3 +453,4 @@ class SaveCadence {
 };
 
 }  // namespace ckpt
+CKPT_API_END

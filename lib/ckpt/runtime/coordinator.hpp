@@ -16,6 +16,8 @@
 // messages are runtime/wire.hpp's (the one place the typed structs become text).
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -28,6 +30,7 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/format/manifest.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 class FileTransport;  // fs/remote_file_system.hpp
@@ -173,3 +176,4 @@ class ChannelCoordinator : public CommitCoordinator {
 std::unique_ptr<CommitCoordinator> make_in_process_coordinator(int world_size);
 
 }  // namespace ckpt
+CKPT_API_END

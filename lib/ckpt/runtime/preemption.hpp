@@ -18,12 +18,15 @@
 // same step, with the thread and MPI backends alike.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <csignal>
 #include <string>
 #include <vector>
 
 #include "ckpt/dist/communicator.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// What the ranks agreed at a step boundary (Preemption::agree).
@@ -71,3 +74,4 @@ class Preemption {
 std::string signal_name(int sig);
 
 }  // namespace ckpt
+CKPT_API_END

@@ -10,6 +10,8 @@
 // wrong (a report's manifest part: the manifest's own error).
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -20,6 +22,7 @@
 
 #include "ckpt/runtime/coordinator.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt::detail {
 
 std::string encode_rank_report(std::uint64_t step, const RankReport& report);
@@ -57,3 +60,4 @@ struct ShardSizes {
 ShardSizes decode_shard_sizes(std::span<const std::string> messages, int world_size, std::uint64_t step);
 
 }  // namespace ckpt::detail
+CKPT_API_END

@@ -4,6 +4,8 @@
 // requeue short writes, and are awaited from the pipeline's coroutines on the io_context.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/thread_pool.hpp>
@@ -16,6 +18,7 @@
 
 #include "ckpt/fs/file_system.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt::detail {
 
 class WriteBackend {
@@ -44,3 +47,4 @@ std::unique_ptr<WriteBackend> make_uring_backend(boost::asio::io_context& ctx, b
 std::unique_ptr<WriteBackend> make_posix_backend(boost::asio::thread_pool& pool);
 
 }  // namespace ckpt::detail
+CKPT_API_END

@@ -23,6 +23,8 @@
 // except that in image mode hash() and the caller's writes to file() may run concurrently.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -35,6 +37,7 @@
 #include "ckpt/hash/file_digest.hpp"
 #include "ckpt/fs/file_system.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// The metadata every ckpt writer puts in a shard's safetensors header: ckpt.rank,
@@ -113,3 +116,4 @@ class ShardWriter {
 };
 
 }  // namespace ckpt
+CKPT_API_END

@@ -5,6 +5,8 @@
 // index. Used by save_checkpoint_sync and the Checkpointer alike.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <span>
 #include <string>
 #include <utility>
@@ -13,6 +15,7 @@
 #include "ckpt/format/manifest.hpp"
 #include "ckpt/format/safetensors.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// The tensors rank `rank` of `world` writes: `tensors` without the replicated ones whose
@@ -32,3 +35,4 @@ ShardingByName sharding_by_name(std::span<const TensorView> tensors);
 void attach_sharding(std::vector<TensorRecord>& records, const ShardingByName& by_name);
 
 }  // namespace ckpt
+CKPT_API_END

@@ -18,6 +18,8 @@
 // uploaded is a leftover its collection removes) and never writes to the source.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -26,6 +28,7 @@
 #include "ckpt/store/local/commit.hpp"
 #include "ckpt/store/store.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// Reads `dir`/tier.json. Errc::not_found if there is none (a checkpoint written directly,
@@ -71,3 +74,4 @@ CopyReport copy_into(CheckpointStore& source, std::uint64_t step, StepTarget& de
 CopyReport copy_checkpoint(CheckpointStore& source, std::uint64_t step, StoreWriter& destination, const CopyOptions& options = {});
 
 }  // namespace ckpt
+CKPT_API_END

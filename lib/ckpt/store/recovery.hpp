@@ -15,6 +15,8 @@
 // a plan costs milliseconds, and the load that follows verifies every chunk as it lands.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -24,6 +26,7 @@
 #include "ckpt/read/reader.hpp"
 #include "ckpt/store/store.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// How a candidate's checkpoint would be fetched.
@@ -111,3 +114,4 @@ std::string_view recovery_level_name(StoreKind kind) noexcept;
 RecoveryPlan plan_recovery(const std::vector<std::string>& roots, const RecoveryOptions& options = {});
 
 }  // namespace ckpt
+CKPT_API_END

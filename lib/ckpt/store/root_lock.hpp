@@ -30,6 +30,8 @@
 // (exclusive() is then false).
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,6 +39,7 @@
 
 #include "ckpt/fs/file_system.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 inline constexpr std::string_view kLockName = ".lock";
@@ -97,3 +100,4 @@ class RootLock {
 std::optional<LockHolder> read_lock_holder(FileSystem& fs, const std::string& lock_path) noexcept;
 
 }  // namespace ckpt
+CKPT_API_END

@@ -18,6 +18,8 @@
 // ROOT, under the root's writer lock.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <optional>
 #include <string>
 #include <string_view>
@@ -25,6 +27,7 @@
 #include "ckpt/fs/file_system.hpp"
 #include "ckpt/store/root_lock.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 inline constexpr std::string_view kRunIdentityName = ".run";
@@ -45,3 +48,4 @@ void write_run_identity(FileSystem& fs, const RootLock& lock, const std::string&
 std::string establish_run_identity(FileSystem& fs, const RootLock& lock);
 
 }  // namespace ckpt
+CKPT_API_END

@@ -23,6 +23,8 @@
 // the durable checkpoint opens, verifies and resumes exactly as the local one.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -33,6 +35,7 @@
 #include "ckpt/objstore/object_store.hpp"
 #include "ckpt/read/reader.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// Copies the committed checkpoint `src_root`/step-N to `dst_root` (created if missing) with
@@ -111,3 +114,4 @@ TieredCheckpoint open_latest_tiered(FileSystem& local_fs, const std::string& loc
                                     const std::string& durable_root, const OpenLatestOptions& options, bool adopt_run);
 
 }  // namespace ckpt
+CKPT_API_END

@@ -4,9 +4,12 @@
 // Private to the dist module.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstdint>
 #include <string_view>
 
+CKPT_API_BEGIN
 namespace ckpt::dist::detail {
 
 enum class CollectiveKind : std::uint8_t { broadcast, all_reduce, reduce_scatter, all_gather, barrier, all_gather_bytes, split };
@@ -25,3 +28,4 @@ inline std::string_view kind_name(CollectiveKind k) noexcept {
 }
 
 }  // namespace ckpt::dist::detail
+CKPT_API_END

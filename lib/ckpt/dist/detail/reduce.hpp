@@ -3,6 +3,8 @@
 // Private to the dist module.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -10,6 +12,7 @@
 #include "ckpt/core/dtype.hpp"
 #include "ckpt/dist/communicator.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt::dist::detail {
 
 /// dst[i] = fold over k of inputs[k][first + i] for i in [0, n) (indices in elements of `t`),
@@ -25,3 +28,4 @@ void reduce_range(std::span<const std::byte* const> inputs, std::uint64_t first,
                   std::uint64_t n, std::byte* dst, DType t, ReduceOp op) noexcept;
 
 }  // namespace ckpt::dist::detail
+CKPT_API_END

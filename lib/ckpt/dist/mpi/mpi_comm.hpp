@@ -19,6 +19,8 @@
 //   MPI_Error_string's text; the communicators use MPI_ERRORS_RETURN.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <mpi.h>
 
 #include <memory>
@@ -27,6 +29,7 @@
 #include "ckpt/dist/communicator.hpp"
 #include "ckpt/runtime/coordinator.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt::dist {
 
 /// Wraps a duplicate of `comm` (MPI_Comm_dup: collective over `comm`), freed with the
@@ -78,3 +81,4 @@ class MpiSession {
 std::unique_ptr<CommitCoordinator> make_mpi_coordinator(MPI_Comm comm = MPI_COMM_WORLD);
 
 }  // namespace ckpt::dist
+CKPT_API_END

@@ -3,6 +3,8 @@
 // and the hooks the tests read to see what a parse cost.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <boost/json/value.hpp>
 #include <cstdint>
 #include <functional>
@@ -11,6 +13,7 @@
 #include "ckpt/format/manifest.hpp"
 #include "ckpt/format/manifest_limits.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt::detail {
 
 /// What one bounded parse counted and held.
@@ -37,3 +40,4 @@ ManifestParseStats last_manifest_parse() noexcept;
 std::uint64_t manifest_decode_count() noexcept;
 
 }  // namespace ckpt::detail
+CKPT_API_END

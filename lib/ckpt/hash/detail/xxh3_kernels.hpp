@@ -2,9 +2,12 @@
 // Private: the two builds of the xxHash kernels (SSE2 baseline and AVX2) behind one table.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstddef>
 #include <cstdint>
 
+CKPT_API_BEGIN
 namespace ckpt::detail {
 
 struct Xxh3Kernels {
@@ -20,3 +23,4 @@ const Xxh3Kernels& xxh3_kernels_sse2() noexcept;
 const Xxh3Kernels& xxh3_kernels_avx2() noexcept;
 
 }  // namespace ckpt::detail
+CKPT_API_END

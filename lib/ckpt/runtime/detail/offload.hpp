@@ -4,6 +4,8 @@
 // The work's exception is rethrown in the coroutine.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/deferred.hpp>
@@ -15,6 +17,7 @@
 #include <type_traits>
 #include <utility>
 
+CKPT_API_BEGIN
 namespace ckpt::detail {
 
 template <typename Executor, typename F>
@@ -44,3 +47,4 @@ boost::asio::awaitable<std::tuple<A, B>> both(boost::asio::awaitable<A> a, boost
 }
 
 }  // namespace ckpt::detail
+CKPT_API_END

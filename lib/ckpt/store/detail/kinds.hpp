@@ -2,12 +2,15 @@
 // The store kinds open_store() chooses among (store/store.hpp), each in its own file.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <memory>
 #include <string>
 
 #include "ckpt/store/object/object_commit.hpp"
 #include "ckpt/store/store.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt::detail {
 
 /// store/local/directory.cpp: ROOT/latest, ROOT/step-N (store/local/commit.hpp).
@@ -59,3 +62,4 @@ StoredCheckpoint described(std::uint64_t step, std::shared_ptr<const Manifest> m
 [[noreturn]] void throw_not_committed(const std::string& where, std::uint64_t step);
 
 }  // namespace ckpt::detail
+CKPT_API_END

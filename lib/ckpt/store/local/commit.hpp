@@ -32,6 +32,8 @@
 // readers take no lock and may run concurrently.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -41,6 +43,7 @@
 #include "ckpt/fs/file_system.hpp"
 #include "ckpt/store/root_lock.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// Step 0, the crash cleanup: creates `lock.root()` if needed and removes every temporary in
@@ -141,3 +144,4 @@ std::vector<std::string> make_room(FileSystem& fs, const std::string& root, std:
                                    const std::function<bool(const std::string&)>& keep = {});
 
 }  // namespace ckpt
+CKPT_API_END

@@ -20,12 +20,15 @@
 // A root held by another live writer is refused with Errc::busy, as a directory's is.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstdint>
 #include <string>
 #include <string_view>
 
 #include "ckpt/fs/file_system.hpp"  // memory_user_dir, in_memory_dir
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// Whether `root` is a memory root ("mem://...").
@@ -53,3 +56,4 @@ void check_private_dir(const std::string& dir);
 constexpr std::uint64_t memory_needed(std::uint64_t generation) noexcept { return 2 * generation; }
 
 }  // namespace ckpt
+CKPT_API_END

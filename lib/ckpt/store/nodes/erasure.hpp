@@ -8,10 +8,13 @@
 // matrix, so any K surviving members rebuild the others (docs/format.md gives an example).
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstddef>
 #include <span>
 #include <vector>
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 class ReedSolomon {
@@ -45,3 +48,4 @@ class ReedSolomon {
 };
 
 }  // namespace ckpt
+CKPT_API_END

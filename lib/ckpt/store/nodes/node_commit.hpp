@@ -20,6 +20,8 @@
 //   are lost since), and the reader takes the newest step any node's `latest` names.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -34,6 +36,7 @@
 #include "ckpt/store/root_lock.hpp"
 #include "ckpt/read/node_layout.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// The newest checkpoint of the node roots `roots` as prepare_node_roots decides it, without
@@ -91,3 +94,4 @@ std::vector<std::string> rotate_node_checkpoints(FileSystem& fs, std::span<const
                                                  const std::function<bool(const std::string&)>& keep = {});
 
 }  // namespace ckpt
+CKPT_API_END

@@ -7,6 +7,8 @@
 // streams its shards (no read-back), or the surviving files during a repair.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <algorithm>
 #include <cstdint>
 #include <functional>
@@ -19,6 +21,7 @@
 #include "ckpt/fs/file_system.hpp"
 #include "ckpt/read/reader.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 class ReedSolomon;  // store/nodes/erasure.hpp: the codec, internal to the library (not installed)
@@ -164,3 +167,4 @@ RepairReport repair_node_checkpoint(FileSystem& fs, std::span<const std::string>
 std::vector<RepairReport> repair_node_roots(FileSystem& fs, std::span<const std::string> roots);
 
 }  // namespace ckpt
+CKPT_API_END

@@ -33,6 +33,8 @@
 // have neither, and read as before.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -47,6 +49,7 @@
 #include "ckpt/objstore/object_store.hpp"
 #include "ckpt/read/reader.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 inline constexpr std::string_view kObjectManifestName = "manifest.json";
@@ -258,3 +261,4 @@ RestoreReport restore_from_object_store(ObjectStore& store, std::uint64_t step, 
                                         const std::string& local_root, const RestoreOptions& options = {});
 
 }  // namespace ckpt
+CKPT_API_END

@@ -44,6 +44,8 @@
 // not stopped.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -52,6 +54,7 @@
 
 #include "ckpt/objstore/object_store.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 inline constexpr std::string_view kLeaseName = "lease";
@@ -123,3 +126,4 @@ class ObjectLease {
 };
 
 }  // namespace ckpt
+CKPT_API_END
