@@ -8,10 +8,25 @@ find_package(PkgConfig REQUIRED)
 pkg_check_modules(LIBURING REQUIRED IMPORTED_TARGET liburing)
 # Reed-Solomon erasure coding of checkpoints across nodes (store/nodes/erasure.hpp): ISA-L, libisal-dev.
 pkg_check_modules(LIBISAL REQUIRED IMPORTED_TARGET libisal)
-# The S3 object-store client (objstore/s3.cpp, SigV4 through CURLOPT_AWS_SIGV4): libcurl4-openssl-dev.
-pkg_check_modules(LIBCURL REQUIRED IMPORTED_TARGET libcurl>=7.75)
-# The XML of S3 answers (objstore/detail/s3_xml.cpp): expat, libexpat1-dev.
-pkg_check_modules(EXPAT REQUIRED IMPORTED_TARGET expat)
+# The S3 object-store client, ckpt::s3 (option CKPT_S3): libcurl (objstore/s3.cpp, SigV4
+# through CURLOPT_AWS_SIGV4; libcurl4-openssl-dev) and expat (the XML of S3 answers,
+# objstore/detail/s3_xml.cpp; libexpat1-dev).
+set(CKPT_HAVE_S3 OFF)
+if(CKPT_S3 STREQUAL "ON")
+  pkg_check_modules(LIBCURL REQUIRED IMPORTED_TARGET libcurl>=7.75)
+  pkg_check_modules(EXPAT REQUIRED IMPORTED_TARGET expat)
+  set(CKPT_HAVE_S3 ON)
+elseif(CKPT_S3 STREQUAL "AUTO")
+  pkg_check_modules(LIBCURL QUIET IMPORTED_TARGET libcurl>=7.75)
+  pkg_check_modules(EXPAT QUIET IMPORTED_TARGET expat)
+  if(TARGET PkgConfig::LIBCURL AND TARGET PkgConfig::EXPAT)
+    set(CKPT_HAVE_S3 ON)
+  else()
+    message(STATUS "ckpt: libcurl or expat not found (install libcurl4-openssl-dev and libexpat1-dev): the S3 client (ckpt::s3) and its tests are not built")
+  endif()
+elseif(NOT CKPT_S3 STREQUAL "OFF")
+  message(FATAL_ERROR "CKPT_S3 must be AUTO, ON or OFF")
+endif()
 find_path(XXHASH_INCLUDE_DIR xxhash.h REQUIRED)
 # The command-line programs (apps/, examples/) parse with CLI11, header-only (libcli11-dev).
 # Only they need it: a consumer of the installed library never does.

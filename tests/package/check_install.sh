@@ -7,11 +7,17 @@
 #   2. tests/package/consumer builds with find_package(ckpt) + ckpt::ckpt + <ckpt/ckpt.hpp>
 #      alone, and its compile line carries no definition of ckpt's (BOOST_ASIO_*, CKPT_*);
 #      against a shared libckpt.so its link line names neither liburing nor OpenSSL;
-#   3. the same main.cpp builds with pkg-config alone (g++ main.cpp $(pkg-config ... ckpt));
+#      it opens no s3:// root (the typed error) and loads no libcurl; with ckpt::s3
+#      (COMPONENTS s3, tests/package/s3_consumer) the same program's S3 client answers;
+#   3. the same main.cpp builds with pkg-config alone (g++ main.cpp $(pkg-config --cflags
+#      --libs ckpt), and ckpt-s3), static or shared;
 #   4. tests/package/async_consumer (COMPONENTS asio, ckpt::asio) co_awaits saves;
 #   5. find_package(ckpt QUIET) with liburing.pc out of reach reports instead of failing:
 #      ckpt not found, naming liburing, for a static libckpt.a (which links it); found, without
-#      its asio component, for a shared one.
+#      its asio component, for a shared one;
+#   6. find_package(ckpt COMPONENTS mpi) from a C++-only project: not found, saying why;
+#   7. add_subdirectory(ckpt) (tests/package/subdir_consumer): the parent's build type, all
+#      and install stay its own.
 #   check_install.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1 src=$2
@@ -61,16 +67,36 @@ if [ $kind = shared ]; then  # liburing and OpenSSL stay inside libckpt.so
   link=$(grep -E ' -o consumer ' "$scratch/build.log") || fail "no link line for the consumer in the build log"
   echo "$link" | grep -qE 'uring|crypto|ssl' && fail "a private dependency of the shared libckpt on the consumer's link line: $link"
 fi
-"$scratch/build/consumer" "$scratch/ckpts-cmake"
+# No S3 client without ckpt::s3: an s3:// root is the typed error saying how to get it, and
+# the program links no libcurl.
+"$scratch/build/consumer" "$scratch/ckpts-cmake" no-s3
+ldd "$scratch/build/consumer" | grep -q libcurl && fail "the consumer of ckpt::ckpt alone loads libcurl: $(ldd "$scratch/build/consumer" | grep libcurl)"
+# No credentials for the S3 consumers below: their client must answer with its own error.
+s3env=(env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN -u AWS_PROFILE
+       -u AWS_CONTAINER_CREDENTIALS_FULL_URI HOME="$scratch" AWS_CONFIG_FILE=/nonexistent AWS_SHARED_CREDENTIALS_FILE=/nonexistent)
+s3=no; [ -n "$(find "$libdir" -maxdepth 1 -name 'libckpt_s3.*')" ] && s3=yes
+if [ $s3 = yes ]; then  # 2b. COMPONENTS s3, ckpt::s3
+  cmake -S "$src/tests/package/s3_consumer" -B "$scratch/build-s3" -DCMAKE_PREFIX_PATH="$prefix" \
+    -DCMAKE_BUILD_TYPE=Release >/dev/null || fail "find_package(ckpt COMPONENTS s3) failed"
+  cmake --build "$scratch/build-s3" >/dev/null
+  "${s3env[@]}" "$scratch/build-s3/s3_consumer" "$scratch/ckpts-s3" s3 || fail "the ckpt::s3 consumer does not open s3:// roots"
+fi
 
-# 3. pkg-config alone. A static libckpt.a needs its private dependencies: --static.
+# 3. pkg-config alone, the README's line as it is (no --static: a static package's ckpt.pc
+#    names its dependencies in Requires and Libs).
 export PKG_CONFIG_PATH="$libdir/pkgconfig"
-pcstatic=""; [ $kind = static ] && pcstatic=--static
 pkg-config --cflags ckpt | grep -qE -- '(^| )-D' && fail "pkg-config --cflags ckpt defines something: $(pkg-config --cflags ckpt)"
+run() { if [ $kind = shared ]; then LD_LIBRARY_PATH="$libdir" "$@"; else "$@"; fi; }
 # shellcheck disable=SC2046
-g++ -std=c++20 -O1 "$src/tests/package/consumer/main.cpp" $(pkg-config $pcstatic --cflags --libs ckpt) -o "$scratch/consumer-pc" ||
-  fail "the consumer does not build with pkg-config $pcstatic --cflags --libs ckpt"
-if [ $kind = shared ]; then LD_LIBRARY_PATH="$libdir" "$scratch/consumer-pc" "$scratch/ckpts-pc"; else "$scratch/consumer-pc" "$scratch/ckpts-pc"; fi
+g++ -std=c++20 -O1 "$src/tests/package/consumer/main.cpp" $(pkg-config --cflags --libs ckpt) -o "$scratch/consumer-pc" ||
+  fail "the consumer does not build with pkg-config --cflags --libs ckpt"
+run "$scratch/consumer-pc" "$scratch/ckpts-pc" no-s3
+if [ $s3 = yes ]; then
+  # shellcheck disable=SC2046
+  g++ -std=c++20 -O1 "$src/tests/package/consumer/main.cpp" $(pkg-config --cflags --libs ckpt-s3) -o "$scratch/consumer-pc-s3" ||
+    fail "the consumer does not build with pkg-config --cflags --libs ckpt-s3"
+  run "${s3env[@]}" "$scratch/consumer-pc-s3" "$scratch/ckpts-pc-s3" s3 || fail "the pkg-config ckpt-s3 consumer does not open s3:// roots"
+fi
 unset PKG_CONFIG_PATH
 
 # 4. The opt-in Asio consumer.
@@ -90,4 +116,37 @@ else
   grep -qE -- '-- ckpt_FOUND=(1|TRUE)$' "$scratch/quiet.log" || fail "a shared ckpt should not need liburing: $(cat "$scratch/quiet.log")"
   grep -q -- '-- ckpt_asio_FOUND=FALSE' "$scratch/quiet.log" || fail "ckpt::asio reported found without liburing: $(cat "$scratch/quiet.log")"
 fi
+# 5b. A shared libckpt.so: its soname carries major.minor, and it exports ckpt's API alone
+#     (no instantiation of Asio, Boost.JSON or another dependency, no global C symbol).
+if [ $kind = shared ]; then
+  soname=$(objdump -p "$libdir/libckpt.so" | awk '$1 == "SONAME" { print $2 }')
+  [[ "$soname" =~ ^libckpt\.so\.[0-9]+\.[0-9]+$ ]] || fail "libckpt.so's soname is '$soname', not libckpt.so.MAJOR.MINOR"
+  nm -D --defined-only -C "$libdir/libckpt.so" | awk '$2 ~ /^[TWVDBRu]$/' | cut -d' ' -f3- > "$scratch/exported"
+  foreign=$(grep -vE '^(ckpt::|typeinfo (name )?for ckpt::|vtable for ckpt::|VTT for ckpt::|construction vtable for .*ckpt::|guard variable for ckpt::|non-virtual thunk to ckpt::|virtual thunk to ckpt::|std::|typeinfo (name )?for std::|vtable for std::|_init$|_fini$)' "$scratch/exported" | head -20 || true)
+  [ -n "$foreign" ] && fail "libckpt.so exports symbols that are not ckpt's: $foreign"
+  if grep -q 'boost::' "$scratch/exported"; then fail "libckpt.so exports Boost's symbols: $(grep 'boost::' "$scratch/exported" | head -5)"; fi
+  echo "check_install: libckpt.so ($soname) exports $(wc -l < "$scratch/exported") symbols"
+fi
+
+# 6. COMPONENTS mpi from a C++-only project: not found, saying that MPI needs the C language.
+if [ -n "$(find "$libdir" -maxdepth 1 -name 'libckpt_mpi.*')" ]; then
+  cmake -S "$src/tests/package/mpi_cxx_consumer" -B "$scratch/build-mpi-cxx" -DCMAKE_PREFIX_PATH="$prefix" \
+    > "$scratch/mpi-cxx.log" 2>&1 || fail "configure failed: $(cat "$scratch/mpi-cxx.log")"
+  grep -qE -- '-- ckpt_FOUND=(0|FALSE)$' "$scratch/mpi-cxx.log" || fail "COMPONENTS mpi found without the C language: $(cat "$scratch/mpi-cxx.log")"
+  grep -q -- '-- ckpt_NOT_FOUND_MESSAGE=component mpi: .*enable the C language' "$scratch/mpi-cxx.log" ||
+    fail "the reason does not name the C language: $(cat "$scratch/mpi-cxx.log")"
+fi
+
+# 7. add_subdirectory(ckpt) leaves the parent as it was: its build type (none), its `all`
+#    (its own program alone is built) and its install (its own program alone).
+cmake -S "$src/tests/package/subdir_consumer" -B "$scratch/build-subdir" -DCKPT_SOURCE_DIR="$src" \
+  > "$scratch/subdir.log" 2>&1 || fail "the add_subdirectory consumer does not configure: $(tail -20 "$scratch/subdir.log")"
+cmake --build "$scratch/build-subdir" > "$scratch/subdir-build.log" 2>&1 || fail "its all does not build: $(tail -20 "$scratch/subdir-build.log")"
+[ -x "$scratch/build-subdir/own" ] || fail "the parent's own program was not built"
+built=$(find "$scratch/build-subdir" -name '*.a' -o -name '*.so' -o -name '*.o' | grep -v '/own.dir/' || true)
+[ -n "$built" ] && fail "the parent's all built ckpt's targets: $built"
+cmake --install "$scratch/build-subdir" --prefix "$scratch/subdir-prefix" >/dev/null
+installed=$(cd "$scratch/subdir-prefix" && find . -type f | sort | tr '\n' ' ')
+[ "$installed" = "./bin/own " ] || fail "the parent's install installed more than its program: $installed"
+
 echo "check_install: $kind package OK ($(wc -l < "$scratch/headers") headers)"

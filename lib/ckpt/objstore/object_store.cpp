@@ -180,4 +180,46 @@ void RetryingObjectStore::abort_multipart(std::string_view key, std::string_view
   });
 }
 
+namespace {
+struct SchemeRegistry {
+  std::mutex mu;
+  std::vector<std::pair<std::string, ObjectStoreOpener>> openers;
+};
+// A function-local static: components register from their static initializers, which may
+// run before this file's.
+SchemeRegistry& scheme_registry() {
+  static SchemeRegistry r;
+  return r;
+}
+}  // namespace
+
+void register_object_store_scheme(std::string_view scheme, ObjectStoreOpener opener) {
+  auto& r = scheme_registry();
+  std::lock_guard lock(r.mu);
+  for (auto& [s, o] : r.openers)
+    if (s == scheme) {
+      o = opener;
+      return;
+    }
+  r.openers.emplace_back(std::string(scheme), opener);
+}
+
+std::unique_ptr<ObjectStore> open_object_store(const std::string& root) {
+  ObjectStoreOpener opener = nullptr;
+  {
+    auto& r = scheme_registry();
+    std::lock_guard lock(r.mu);
+    for (const auto& [s, o] : r.openers)
+      if (root.starts_with(s)) opener = o;
+  }
+  if (!opener) {
+    const std::string scheme = root.substr(0, root.find("://") + 3);
+    if (scheme == "s3://")
+      throw Error(Errc::invalid_argument, root, "this program has no S3 client: link ckpt::s3 (CMake: find_package(ckpt COMPONENTS s3), target ckpt::s3; pkg-config: ckpt-s3), from a ckpt built with -DCKPT_S3=ON (Debian: libcurl4-openssl-dev, libexpat1-dev)",
+                  "a program linked with ckpt::s3", "ckpt::ckpt alone");
+    throw Error(Errc::invalid_argument, root, "no object-store client for this scheme", "s3://bucket/prefix", root);
+  }
+  return opener(root);
+}
+
 }  // namespace ckpt

@@ -24,6 +24,8 @@
 // Implementations are thread-safe: any number of calls may run at once.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -36,6 +38,7 @@
 
 #include "ckpt/core/error.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// What a write requires of the object already under its key.
@@ -154,6 +157,21 @@ class ObjectStore {
   virtual void abort_calls() noexcept {}
 };
 
+/// How a component of ckpt opens the object store of a root of its URL scheme (the
+/// `s3://bucket/prefix` of ckpt::s3): the client, with its retries, for `root`.
+using ObjectStoreOpener = std::unique_ptr<ObjectStore> (*)(const std::string& root);
+
+/// Makes `opener` the one open_object_store() uses for roots starting with `scheme` ("s3://").
+/// Components register themselves when their library is loaded (ckpt::s3 does, for s3://);
+/// the core library knows no object-store client, so that a program that links only
+/// ckpt::ckpt links no HTTP client. Thread-safe; a later registration replaces an earlier one.
+void register_object_store_scheme(std::string_view scheme, ObjectStoreOpener opener);
+
+/// The object store of `root` through the opener registered for its scheme. A root whose
+/// scheme has none (an s3:// root in a program without ckpt::s3) is Errc::invalid_argument
+/// naming the root and saying how to get the component.
+std::unique_ptr<ObjectStore> open_object_store(const std::string& root);
+
 /// One call of the ObjectStore interface, as ObjectStoreWrapper::around() sees it.
 struct ObjectCall {
   enum class Op { put, create_multipart, upload_part, complete_multipart, abort_multipart, list_uploads, get_range, head, list, remove, kCount };
@@ -254,3 +272,4 @@ struct UploadOptions {
 };
 
 }  // namespace ckpt
+CKPT_API_END

@@ -539,35 +539,6 @@ class S3ObjectStore final : public ObjectStore {
 
 }  // namespace
 
-bool is_s3_root(std::string_view root) noexcept { return root.starts_with("s3://"); }
-
-S3Root parse_s3_root(std::string_view root) {
-  auto bad = [&](const char* why) {
-    throw Error(Errc::invalid_argument, std::string(root), std::string("object-store root: ") + why,
-                "s3://bucket[/prefix]", std::string(root));
-  };
-  if (!is_s3_root(root)) bad("not an s3:// URL");
-  std::string_view rest = root.substr(5);
-  const auto slash = rest.find('/');
-  S3Root out;
-  out.bucket = std::string(rest.substr(0, slash));
-  if (out.bucket.size() < 3 || out.bucket.size() > 63) bad("the bucket name must have 3..63 characters");
-  for (char c : out.bucket)
-    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '-'))
-      bad("the bucket name may hold only a-z, 0-9, '.' and '-'");
-  std::string_view prefix = slash == std::string_view::npos ? std::string_view() : rest.substr(slash + 1);
-  while (!prefix.empty() && prefix.back() == '/') prefix.remove_suffix(1);
-  if (!prefix.empty()) {
-    try {
-      check_object_key(prefix, root);
-    } catch (const Error&) {
-      bad("the prefix is not a safe key (no empty, '.' or '..' segment, no control character)");
-    }
-  }
-  out.prefix = std::string(prefix);
-  return out;
-}
-
 std::unique_ptr<ObjectStore> make_s3_object_store(const S3Options& options) {
   return std::make_unique<S3ObjectStore>(options);
 }
@@ -576,4 +547,18 @@ std::unique_ptr<ObjectStore> open_s3(const S3Options& options) {
   return std::make_unique<RetryingObjectStore>(make_s3_object_store(options), options.retry);
 }
 
+namespace {
+std::unique_ptr<ObjectStore> open_s3_root(const std::string& root) {
+  S3Options options;
+  options.root = root;
+  return open_s3(options);
+}
+// Registers s3:// when this library is loaded (open_store, the tiers and the tools reach the
+// client through open_object_store). ckpt::s3 links every program that uses it with
+// --undefined=ckpt_link_s3, so that the linker keeps this file of a static libckpt_s3.a.
+const bool registered = (register_object_store_scheme("s3://", &open_s3_root), true);
+}  // namespace
+
 }  // namespace ckpt
+
+extern "C" __attribute__((visibility("default"))) int ckpt_link_s3() { return ckpt::registered ? 1 : 0; }

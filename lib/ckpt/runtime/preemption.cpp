@@ -19,7 +19,10 @@ std::atomic<int> g_first{0};
 std::atomic<bool> g_installed{false};
 static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs lock-free atomics");
 
-extern "C" void on_preemption_signal(int sig) {
+// A C++ function of this file alone (internal linkage, not a global `extern "C"` symbol that
+// could collide with a program's own): GCC and Clang call a handler through the same
+// convention whatever its language linkage.
+void on_preemption_signal(int sig) {
   int none = 0;
   g_first.compare_exchange_strong(none, sig, std::memory_order_relaxed);
   g_count.fetch_add(1, std::memory_order_relaxed);

@@ -40,6 +40,8 @@
 //     deadline, then joins the thread.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -54,6 +56,7 @@
 #include "ckpt/objstore/object_store.hpp"
 #include "ckpt/read/reader.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 /// The durable tier: where committed checkpoints are copied, and how.
@@ -76,7 +79,7 @@ struct DurableTierOptions {
   /// Checkpointer from CheckpointerOptions::allow_older_than_latest.
   bool allow_older_than_latest = false;
   /// For an s3:// root: the store to commit to, which must outlive the replicator (tests pass
-  /// a fault-injecting one). Null: open_s3 of `root` with the endpoint and keys of the
+  /// a fault-injecting one). Null: open_object_store(root) (ckpt::s3's open_s3) with the endpoint and keys of the
   /// environment (AWS_ENDPOINT_URL, ...), opened by the constructor, which throws
   /// Errc::invalid_argument for a configuration that could never work (a malformed root or
   /// endpoint, a missing key); what fails once requests are made is a counted failure.
@@ -225,3 +228,4 @@ class DurableReplicator {
 };
 
 }  // namespace ckpt
+CKPT_API_END

@@ -125,9 +125,7 @@ std::unique_ptr<CheckpointStore> open_store(const std::string& given, const Stor
   if (kind == StoreKind::object_store) {
     if (options.nodes) throw Error(Errc::invalid_argument, root, "StoreOptions.nodes (a node layout) for an object store");
     if (options.object_store) return detail::make_object_store(root, *options.object_store, nullptr, options.run, options.lease);
-    S3Options s3;
-    s3.root = root;
-    auto client = open_s3(s3);
+    auto client = open_object_store(root);  // the s3:// client of ckpt::s3, when the program links it
     ObjectStore& ref = *client;
     return detail::make_object_store(root, ref, std::move(client), options.run, options.lease);
   }

@@ -29,6 +29,8 @@
 // kind of store it is (docs/architecture.md, "Stores"); a new kind registers there.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -48,6 +50,7 @@
 #include "ckpt/store/object/object_lease.hpp"
 #include "ckpt/core/error.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt {
 
 class ObjectStore;
@@ -73,7 +76,8 @@ struct StoreOptions {
   /// removal (its writer's begin() then needs the layout); anything else is a directory.
   std::optional<NodeLayout> nodes{};
   /// An object store: the client to use (not owned; it must outlive the store). Null: the S3
-  /// client open_s3() makes for the root, with the environment's endpoint and keys.
+  /// client of the root's scheme (open_object_store(): ckpt::s3's open_s3(), with the
+  /// environment's endpoint and keys; Errc::invalid_argument in a program without ckpt::s3).
   ObjectStore* object_store = nullptr;
   /// An object store's writer: the run identity it takes the writer lease for and records in
   /// what it commits (store/run_identity.hpp, store/object/object_lease.hpp). Empty: a new random one.
@@ -432,3 +436,4 @@ struct LocatedCheckpoint {
 LocatedCheckpoint locate_checkpoint(const std::string& path, const StoreOptions& options = {});
 
 }  // namespace ckpt
+CKPT_API_END

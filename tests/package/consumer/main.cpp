@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // Saves through the asynchronous Checkpointer (whose writer runs on Asio and io_uring inside
 // the library, compiled without either here), loads the checkpoint back verified, and checks
-// the version and a typed error, all through the umbrella header.
-//   consumer DIR
+// the version and a typed error, all through the umbrella header. With a second argument it
+// also opens an s3:// root: "no-s3" (linked with ckpt::ckpt alone) expects the typed error
+// saying the program has no S3 client; "s3" (linked with ckpt::s3) expects the client itself
+// to answer (with no credentials in the environment: its own error, before any request).
+//   consumer DIR [no-s3|s3]
 #include <ckpt/ckpt.hpp>
 
 #include <cstdio>
@@ -13,7 +16,20 @@
 #include <vector>
 
 int main(int argc, char** argv) {
-  if (argc != 2) return 2;
+  if (argc != 2 && argc != 3) return 2;
+  if (argc == 3) {
+    const std::string_view mode = argv[2];
+    try {
+      (void)ckpt::open_store("s3://ckpt-consumer/run")->latest();
+      std::printf("consumer: an s3:// root opened with no credentials\n");
+      return 1;
+    } catch (const ckpt::Error& e) {
+      const bool no_client = std::string_view(e.what()).find("this program has no S3 client") != std::string_view::npos;
+      std::printf("consumer: s3:// root: %s\n", e.what());
+      if (mode == "no-s3" && !(no_client && e.code() == ckpt::Errc::invalid_argument)) return 1;
+      if (mode == "s3" && no_client) return 1;
+    }
+  }
   if (ckpt::version() != CKPT_VERSION_STRING) return 1;
   std::vector<float> w(100, 1.5f);
   std::promise<std::uint64_t> committed;

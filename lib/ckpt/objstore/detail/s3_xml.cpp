@@ -67,15 +67,6 @@ void on_doctype(void* user, const XML_Char*, const XML_Char*, const XML_Char*, i
   if (!b.stopped()) b.stop("a DTD (not accepted)");
 }
 
-// At most the first `max` bytes of `s`, cut where a UTF-8 character begins: the text of an
-// answer is UTF-8, and a field cut inside a character would no longer be (nor could the error
-// or listing that carries it cross the coordination wire or be written back as XML).
-std::string utf8_prefix(std::string_view s, std::size_t max) {
-  if (s.size() <= max) return std::string(s);
-  while (max > 0 && (static_cast<unsigned char>(s[max]) & 0xC0) == 0x80) --max;
-  return std::string(s.substr(0, max));
-}
-
 std::uint64_t parse_size(std::string_view text, std::string_view file, std::string_view what) {
   std::uint64_t v = 0;
   const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
@@ -133,27 +124,6 @@ XmlElement parse_xml(std::string_view xml, std::string_view file, std::string_vi
   }
   if (b.doc.children.empty()) malformed(file, what, "no root element");
   return std::move(b.doc.children.front());
-}
-
-void check_object_key(std::string_view key, std::string_view file) {
-  auto refuse = [&](const char* why) {
-    throw Error(Errc::unsafe_path, std::string(file), std::string("object key ") + why, "a safe relative key",
-                "\"" + utf8_prefix(key, 256) + (key.size() > 256 ? "...\"" : "\""));
-  };
-  if (key.empty()) refuse("is empty");
-  if (key.size() > 1024) refuse("is longer than 1024 bytes");
-  if (key.front() == '/') refuse("starts with '/'");
-  for (unsigned char c : key)
-    if (c < 0x20 || c == 0x7F) refuse("holds a control character");
-  std::size_t start = 0;
-  while (start <= key.size()) {
-    const auto slash = key.find('/', start);
-    const std::string_view seg = key.substr(start, slash == std::string_view::npos ? std::string_view::npos : slash - start);
-    if (seg.empty()) refuse("has an empty segment");
-    if (seg == "." || seg == "..") refuse("has a '.' or '..' segment");
-    if (slash == std::string_view::npos) break;
-    start = slash + 1;
-  }
 }
 
 ObjectPage parse_list_objects(std::string_view xml, std::string_view root_prefix, std::string_view prefix,

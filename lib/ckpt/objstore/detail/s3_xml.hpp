@@ -8,6 +8,8 @@
 // are capped, and no DTD (hence no entity beyond the five predefined ones) is accepted.
 #pragma once
 
+#include "ckpt/core/export.hpp"
+
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -15,6 +17,7 @@
 
 #include "ckpt/objstore/object_store.hpp"
 
+CKPT_API_BEGIN
 namespace ckpt::detail {
 
 /// The bounds of parse_xml().
@@ -39,6 +42,9 @@ struct XmlElement {
 /// namespaces (an unbound prefix included), nests deeper than kMaxXmlDepth, holds more than
 /// kMaxXmlElements elements, is larger than kMaxXmlBytes, or declares a DTD.
 XmlElement parse_xml(std::string_view xml, std::string_view file, std::string_view what);
+
+/// At most the first `max` bytes of `s`, cut where a UTF-8 character begins.
+std::string utf8_prefix(std::string_view s, std::size_t max);
 
 /// Throws Errc::unsafe_path naming `file` and quoting the key unless `key` is a key the
 /// object-store interface accepts (object_store.hpp: 1..1024 bytes, no control characters,
@@ -74,3 +80,4 @@ S3ErrorBody parse_error_body(std::string_view xml) noexcept;
 std::string unquote_etag(std::string_view etag);
 
 }  // namespace ckpt::detail
+CKPT_API_END
