@@ -208,8 +208,9 @@ TEST_CASE("container credentials are fetched with the authorization token and re
   const auto st = server.stats();
   CHECK(st.at("rejected").as_int64() == 0);
   CHECK(st.at("issued").as_int64() >= 2);
-  // Refreshed before they expired, not when they did: every request had most of the margin left.
-  CHECK(st.at("min_remaining_ms").as_int64() >= 500);
+  // Refreshed before they expired, not when they did: every request had most of the margin
+  // left (refreshing only at expiry leaves under 100 ms: measured by breaking the cache).
+  CHECK(st.at("min_remaining_ms").as_int64() >= 300);
   CHECK(st.at("tokens") == st.at("accepted"));
 }
 
@@ -240,7 +241,7 @@ TEST_CASE("credential_process credentials are refreshed a margin before they exp
   const auto st = server.stats();
   CHECK(st.at("rejected").as_int64() == 0);
   CHECK(st.at("issued").as_int64() >= 2);
-  CHECK(st.at("min_remaining_ms").as_int64() >= 500);
+  CHECK(st.at("min_remaining_ms").as_int64() >= 300);
 }
 
 TEST_CASE("a container endpoint answering garbage, refusing the token, unreachable or handing out expired credentials fails with io_error naming the URI") {
