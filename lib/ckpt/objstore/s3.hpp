@@ -10,7 +10,8 @@
 // a source that is configured but broken is an error, never skipped):
 //   1. S3Options::credentials (your own source), else S3Options::access_key/secret_key
 //      (with session_token);
-//   2. the environment: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN;
+//   2. the environment: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN (not
+//      read when S3Options::profile names a profile: one named in code is meant);
 //   3. the profile (S3Options::profile, else AWS_PROFILE, else "default") of the shared
 //      credentials file (AWS_SHARED_CREDENTIALS_FILE, else ~/.aws/credentials; `[NAME]`) and
 //      config file (AWS_CONFIG_FILE, else ~/.aws/config; `[profile NAME]`, `[default]`):
@@ -64,7 +65,7 @@ struct S3Options {
   std::string access_key;  ///< empty: the credential chain above (set it with secret_key)
   std::string secret_key;
   std::string session_token;  ///< with access_key: the token of temporary keys (empty: none)
-  std::string profile;     ///< the shared files' profile; empty: $AWS_PROFILE, else "default"
+  std::string profile;     ///< the shared files' profile, over the environment's keys; empty: $AWS_PROFILE, else "default"
   /// Your own source of credentials, in place of the chain: called when the client is made
   /// and again whenever the credentials it returned are within credentials_refresh_margin of
   /// their expiration; never by two threads at once. What it throws reaches the call that
