@@ -473,8 +473,10 @@ names. Without --verify only the manifests and shard sizes are checked; with it 
 is read and checked too. Exit 1 if any checkpoint is corrupt, or if ROOT is not a checkpoint
 root (no `latest`, no step-N directory, no temporary: Errc::not_found naming it).
 
-ROOT may be an object store, s3://bucket/prefix (endpoint and keys from AWS_ENDPOINT_URL,
-AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION): then every committed step (one with
+ROOT may be an object store, s3://bucket/prefix (endpoint from AWS_ENDPOINT_URL, region
+from AWS_REGION, credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
+AWS_SESSION_TOKEN, else the AWS_PROFILE profile of ~/.aws/credentials and ~/.aws/config,
+else AWS_CONTAINER_CREDENTIALS_FULL_URI): then every committed step (one with
 a tier manifest, docs/object-store.md) is listed, its shards read in ranged GETs per --verify.
 
 ROOT may be a node set (DIR/node-0, DIR/node-1, ...: a checkpoint across node roots): then

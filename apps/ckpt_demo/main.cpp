@@ -180,8 +180,9 @@ Options parse(int argc, char** argv) {
                  "to DIR (its own commit, `latest` and rotation, XXH3 re-verified on the\n"
                  "way); --resume then takes --dir's checkpoint if it opens and verifies,\n"
                  "else DIR's, and says which tier it used. DIR may be s3://bucket/prefix\n"
-                 "(endpoint and keys from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID,\n"
-                 "AWS_SECRET_ACCESS_KEY, AWS_REGION): a resume then restores the local\n"
+                 "(endpoint from AWS_ENDPOINT_URL, credentials from AWS_ACCESS_KEY_ID /\n"
+                 "AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, AWS_PROFILE or the container\n"
+                 "endpoint, docs/object-store.md): a resume then restores the local\n"
                  "root from it when --dir's checkpoint is missing or bad")
       ->option_text("DIR");
   add_int_option(app, "--keep-durable", o.keep_durable, 0, 1 << 20, "K", "keep the last K checkpoints in the durable tier (default 10)");

@@ -122,7 +122,7 @@ if [ $kind = shared ]; then
   soname=$(objdump -p "$libdir/libckpt.so" | awk '$1 == "SONAME" { print $2 }')
   [[ "$soname" =~ ^libckpt\.so\.[0-9]+\.[0-9]+$ ]] || fail "libckpt.so's soname is '$soname', not libckpt.so.MAJOR.MINOR"
   nm -D --defined-only -C "$libdir/libckpt.so" | awk '$2 ~ /^[TWVDBRu]$/' | cut -d' ' -f3- > "$scratch/exported"
-  foreign=$(grep -vE '^(ckpt::|typeinfo (name )?for ckpt::|vtable for ckpt::|VTT for ckpt::|construction vtable for .*ckpt::|guard variable for ckpt::|non-virtual thunk to ckpt::|virtual thunk to ckpt::|std::|typeinfo (name )?for std::|vtable for std::|_init$|_fini$)' "$scratch/exported" | head -20 || true)
+  foreign=$(grep -vE '^(ckpt::|typeinfo (name )?for ckpt::|vtable for ckpt::|VTT for ckpt::|guard variable for ckpt::|non-virtual thunk to ckpt::|virtual thunk to ckpt::|_init$|_fini$|CKPT_[0-9.]+$)' "$scratch/exported" | head -20 || true)
   [ -n "$foreign" ] && fail "libckpt.so exports symbols that are not ckpt's: $foreign"
   if grep -q 'boost::' "$scratch/exported"; then fail "libckpt.so exports Boost's symbols: $(grep 'boost::' "$scratch/exported" | head -5)"; fi
   echo "check_install: libckpt.so ($soname) exports $(wc -l < "$scratch/exported") symbols"

@@ -3,7 +3,10 @@
 // libcurl (CURLOPT_AWS_SIGV4) with the two things libcurl 7.88 leaves to its caller done
 // here: the payload's SHA-256 in x-amz-content-sha256 (libcurl cannot hash a body it streams
 // from a read callback) and a canonical query string (sorted, `name=value` even for an empty
-// value), which libcurl signs as written.
+// value), which libcurl signs as written. libcurl signs every header it is given, so a
+// session token sent as x-amz-security-token is signed too. The credentials are the
+// CredentialCache's (detail/credentials.hpp), asked for on every request, so a request is
+// signed with current ones and refreshed ones take over without a new client.
 #include "ckpt/objstore/s3.hpp"
 
 #include <algorithm>
@@ -12,12 +15,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <utility>
 
 #include <curl/curl.h>
 #include <openssl/evp.h>
 
 #include "ckpt/hash/sha256.hpp"
+#include "ckpt/objstore/detail/credentials.hpp"
 #include "ckpt/objstore/detail/s3_xml.hpp"
 
 // Designated initialisers that leave fields at their defaults are the intended style (as in
@@ -208,14 +213,14 @@ class S3ObjectStore final : public ObjectStore {
     if (!opt_.endpoint.starts_with("http://") && !opt_.endpoint.starts_with("https://"))
       throw Error(Errc::invalid_argument, opt_.root, "endpoint (S3Options::endpoint or AWS_ENDPOINT_URL)",
                   "http://host[:port] or https://host[:port]", opt_.endpoint);
-    if (opt_.access_key.empty()) opt_.access_key = env_or("AWS_ACCESS_KEY_ID");
-    if (opt_.secret_key.empty()) opt_.secret_key = env_or("AWS_SECRET_ACCESS_KEY");
-    if (opt_.access_key.empty() || opt_.secret_key.empty())
-      throw Error(Errc::invalid_argument, opt_.root,
-                  "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or S3Options::access_key/secret_key)");
     if (opt_.max_response_bytes == 0) throw_invalid("S3Options::max_response_bytes must be positive");
+    if (opt_.credentials_refresh_margin.count() < 0) throw_invalid("S3Options::credentials_refresh_margin must not be negative");
     sigv4_ = "aws:amz:" + opt_.region + ":s3";
-    userpwd_ = opt_.access_key + ":" + opt_.secret_key;
+    credentials_.emplace(detail::resolve_credential_source(opt_, detail::process_environment()), opt_.credentials_refresh_margin);
+    // The secrets are the cache's alone from here: no copy of them stays in the options.
+    opt_.secret_key.clear();
+    opt_.session_token.clear();
+    (void)credentials_->current();  // a broken source fails here, before any request
   }
 
   ~S3ObjectStore() override {
@@ -460,6 +465,11 @@ class S3ObjectStore final : public ObjectStore {
     }
     extra.insert(extra.end(), req.headers.begin(), req.headers.end());
     if (opt_.before_send) opt_.before_send(extra);
+    // After before_send: the token is no test's to see. Fetched anew when due (a refresh may
+    // throw, naming its source), so no request is signed with expired credentials.
+    const AwsCredentials creds = credentials_->current();
+    if (!creds.session_token.empty()) extra.push_back("x-amz-security-token: " + creds.session_token);
+    const std::string userpwd = creds.access_key_id + ":" + creds.secret_access_key;
     CurlList headers;
     for (const auto& h : extra) headers.add(h);
 
@@ -474,7 +484,7 @@ class S3ObjectStore final : public ObjectStore {
     curl_easy_setopt(h, CURLOPT_URL, url.c_str());
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_AWS_SIGV4, sigv4_.c_str());
-    curl_easy_setopt(h, CURLOPT_USERPWD, userpwd_.c_str());
+    curl_easy_setopt(h, CURLOPT_USERPWD, userpwd.c_str());
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers.list);
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(opt_.connect_timeout.count()));
     curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, static_cast<long>(opt_.request_timeout.count()));
@@ -532,7 +542,8 @@ class S3ObjectStore final : public ObjectStore {
   std::atomic<bool> aborted_{false};
   S3Root root_;
   std::string root_prefix_;  // "prefix/" or ""
-  std::string sigv4_, userpwd_;
+  std::string sigv4_;
+  std::optional<detail::CredentialCache> credentials_;
   std::mutex mu_;
   std::vector<CURL*> idle_;
 };

@@ -79,10 +79,13 @@ struct DurableTierOptions {
   /// Checkpointer from CheckpointerOptions::allow_older_than_latest.
   bool allow_older_than_latest = false;
   /// For an s3:// root: the store to commit to, which must outlive the replicator (tests pass
-  /// a fault-injecting one). Null: open_object_store(root) (ckpt::s3's open_s3) with the endpoint and keys of the
-  /// environment (AWS_ENDPOINT_URL, ...), opened by the constructor, which throws
+  /// a fault-injecting one). Null: open_object_store(root) (ckpt::s3's open_s3, in a program
+  /// that links ckpt::s3) with the endpoint of the environment (AWS_ENDPOINT_URL, ...) and the
+  /// credentials of the chain (objstore/s3.hpp), opened by the constructor, which throws
   /// Errc::invalid_argument for a configuration that could never work (a malformed root or
-  /// endpoint, a missing key); what fails once requests are made is a counted failure.
+  /// endpoint, no credentials, a broken profile, no S3 client) and Errc::io_error when the
+  /// first credentials cannot be fetched; what fails once requests are made (a refresh
+  /// included) is a counted failure.
   ObjectStore* object_store = nullptr;
   /// For an s3:// root: after each commit (and rotation), uncommitted objects and multipart
   /// uploads the server dates more than this before now are collected (collect_object_leftovers).
