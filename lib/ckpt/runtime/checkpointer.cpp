@@ -479,7 +479,7 @@ struct Checkpointer::Impl {
       replicator->claim(run);
     } catch (const Error& e) {
       if (e.code() == Errc::busy || e.code() == Errc::conflict || e.code() == Errc::invalid_argument) throw;
-      log_line("durable tier: the writer lease of " + opt.durable->root + " could not be taken now (" + e.what() +
+      log_event(LogLevel::warn, "durable_lease_deferred", "durable tier: the writer lease of " + opt.durable->root + " could not be taken now (" + e.what() +
                "); the first copy takes it, and nothing is committed there until then");
     }
   }
@@ -492,7 +492,7 @@ struct Checkpointer::Impl {
         for (auto& r : writer->repair(*step, Verify::fast))
           if (!r.nothing_to_do()) repairs.push_back(std::move(r));
     } catch (const Error& e) {
-      log_line(std::string("the live checkpoint is not rebuilt: ") + e.what());
+      log_event(LogLevel::warn, "repair_failed", std::string("the live checkpoint is not rebuilt: ") + e.what());
     }
   }
 
@@ -508,7 +508,7 @@ struct Checkpointer::Impl {
     std::string why;
     if (choice != WriterBackend::posix && !detail::io_uring_available(&why)) {
       if (choice == WriterBackend::io_uring) throw Error(Errc::io_error, {}, "io_uring requested but unavailable: " + why);
-      log_line("io_uring unavailable (" + why + "); using the posix writer");
+      log_event(LogLevel::warn, "writer_fallback", "io_uring unavailable (" + why + "); using the posix writer");
       choice = WriterBackend::posix;
     }
     backend = choice == WriterBackend::posix ? detail::make_posix_backend(io_pool) : detail::make_uring_backend(ctx, io_pool);
@@ -535,7 +535,7 @@ struct Checkpointer::Impl {
             missing += (missing.empty() ? "" : ", ") + std::to_string(r);
         why = Error(Errc::aborted, opt.root,
                     "checkpoint of step " + std::to_string(in_flight->step) + " abandoned at shutdown: rank(s) " + missing + " never saved it");
-        log_line(why->what());
+        log_event(LogLevel::warn, "save_abandoned", why->what(), {.step = in_flight->step});
         in_flight->abandoned = true;
         give_up = in_flight;
       }
@@ -1007,7 +1007,7 @@ struct Checkpointer::Impl {
           coordinator->receive_bytes(reads[i].rank, static_cast<std::uint32_t>(unit), scratch.span(static_cast<std::size_t>(reads[i].length)));
         }
       } catch (const Error& e) {
-        log_line("redundancy unit " + std::to_string(unit) + " of step " + std::to_string(st->step) + " could not drain its senders: " + e.what());
+        log_event(LogLevel::warn, "redundancy_drain_failed", "redundancy unit " + std::to_string(unit) + " of step " + std::to_string(st->step) + " could not drain its senders: " + e.what(), {.step = st->step});
       }
     }
     return done;
@@ -1163,7 +1163,7 @@ struct Checkpointer::Impl {
       ++stats.early_rotations;
       stats.early_rotated += removed.size();
     } catch (const Error& e) {
-      log_line(std::string("pre-save rotation failed: ") + e.what());
+      log_event(LogLevel::warn, "pre_save_rotation_failed", std::string("pre-save rotation failed: ") + e.what());
     }
   }
 
@@ -1186,7 +1186,7 @@ struct Checkpointer::Impl {
       std::lock_guard slk(mu);
       stats.rotated += removed.size();
     } catch (const Error& e) {
-      log_line(std::string("rotation failed (the new checkpoint is committed): ") + e.what());
+      log_event(LogLevel::warn, "rotation_failed", std::string("rotation failed (the new checkpoint is committed): ") + e.what());
     }
   }
 
@@ -1200,18 +1200,19 @@ struct Checkpointer::Impl {
         // The caller's mistake (a step at or before `latest`, ...): refused, not a failure of
         // the storage, so neither counted as one nor resetting the count.
         ++stats.saves_refused;
-        log_line("save of step " + std::to_string(st->step) + " refused: " + outcome.error->what());
+        log_event(LogLevel::error, "save_refused", "save of step " + std::to_string(st->step) + " refused: " + outcome.error->what(), {.step = st->step});
       } else if (outcome.error) {
         ++stats.failures;
         ++stats.consecutive_failures;
         stats.last_failure = outcome.error->what();
         // An abandoned checkpoint (shutdown) has had its line already.
         if (!st->abandoned)
-          log_line("save of step " + std::to_string(st->step) + " failed (" + std::to_string(stats.consecutive_failures) +
-                   " in a row since the last commit): " + stats.last_failure);
+          log_event(LogLevel::error, "save_failed", "save of step " + std::to_string(st->step) + " failed (" + std::to_string(stats.consecutive_failures) +
+                   " in a row since the last commit): " + stats.last_failure, {.step = st->step});
       } else {
         ++stats.commits;
         stats.consecutive_failures = 0;
+        log_event(LogLevel::debug, "save_committed", "step " + std::to_string(st->step) + " committed: " + outcome.dir, {.step = st->step});
       }
       if (!outcome.error)
         for (auto& rec : staged_records)
@@ -1295,7 +1296,7 @@ std::optional<std::uint64_t> Checkpointer::cancel(const std::string& why) {
     st->cancel_reason = why;
     st->cancelled = true;
   }
-  log_line("cancelling the save of step " + std::to_string(st->step) + ": " + why);
+  log_event(LogLevel::warn, "save_cancelled", "cancelling the save of step " + std::to_string(st->step) + ": " + why, {.step = st->step});
   return st->step;
 }
 
@@ -1336,7 +1337,7 @@ DurableDrain Checkpointer::drain_durable(const DurableDrainOptions& options) {
   if (impl_->local_replicator) {
     const auto t0 = std::chrono::steady_clock::now();
     const DurableDrain local = impl_->local_replicator->drain(options);
-    if (!local.complete) log_line("local tier " + impl_->opt.local_tier->root + ": its drain gave up");
+    if (!local.complete) log_event(LogLevel::warn, "tier_drain_gave_up", "local tier " + impl_->opt.local_tier->root + ": its drain gave up");
     if (impl_->replicator) {
       DurableDrainOptions rest = options;
       if (rest.deadline) {
