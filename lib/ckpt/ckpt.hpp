@@ -64,3 +64,4 @@
 #include "ckpt/runtime/coordinator.hpp"
 #include "ckpt/runtime/preemption.hpp"
 #include "ckpt/runtime/tiering.hpp"
+#include "ckpt/metrics/prometheus.hpp"

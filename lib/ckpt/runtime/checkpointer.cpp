@@ -1192,6 +1192,14 @@ struct Checkpointer::Impl {
 
   // ---- outcome, on the io_context ------------------------------------------------------
 
+  // One rank's committed save in the counters and phase histograms (under mu).
+  void record_committed(const SaveResult& res) {
+    stats.bytes_committed += res.bytes;
+    SavePhaseTimings& p = stats.phases;
+    p.stall.observe(res.stall), p.stage.observe(res.stage), p.write.observe(res.write), p.hash.observe(res.hash);
+    p.fsync.observe(res.fsync), p.commit.observe(res.commit), p.total.observe(res.total);
+  }
+
   void complete(const std::shared_ptr<StepState>& st, const CommitOutcome& outcome) {
     std::vector<std::pair<std::shared_ptr<ShardJob>, SaveResult>> done;
     {
@@ -1212,6 +1220,7 @@ struct Checkpointer::Impl {
       } else {
         ++stats.commits;
         stats.consecutive_failures = 0;
+        stats.last_committed_step = st->step;
         log_event(LogLevel::debug, "save_committed", "step " + std::to_string(st->step) + " committed: " + outcome.dir, {.step = st->step});
       }
       if (!outcome.error)
@@ -1224,6 +1233,7 @@ struct Checkpointer::Impl {
         res.dir = outcome.dir;
         res.commit = outcome.commit;
         res.total = since(job->t_call);
+        if (!outcome.error) record_committed(res);
         done.emplace_back(job, std::move(res));
       }
       // Every rank gets the same outcome; the handles complete together, after the barrier
@@ -1235,6 +1245,14 @@ struct Checkpointer::Impl {
       job->handle->complete(outcome.error, std::move(res));
   }
 };
+
+void DurationHistogram::observe(std::chrono::nanoseconds d) noexcept {
+  const double seconds = std::chrono::duration<double>(d).count();
+  for (std::size_t i = 0; i < kBounds.size(); ++i)
+    if (seconds <= kBounds[i]) ++at_most[i];
+  ++count;
+  sum_seconds += seconds;
+}
 
 Checkpointer::Checkpointer(CheckpointerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
 
