@@ -4,6 +4,9 @@
 #pragma once
 
 #include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -137,6 +140,20 @@ inline void check_documented(const Exposition& e) {
     for (const auto& d : docs) documented |= d.name == name;
     CHECK(documented);
   }
+}
+
+/// A TCP port free on 127.0.0.1 now (the system's pick), for a program that must be told one.
+inline int free_local_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  socklen_t len = sizeof a;
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  ::close(fd);
+  return ntohs(a.sin_port);
 }
 
 }  // namespace ckpt::test

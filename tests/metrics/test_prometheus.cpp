@@ -6,9 +6,9 @@
 #include <cmath>
 #include <string>
 
-#include "../runtime/runtime_fixture.hpp"
 #include "ckpt/metrics/prometheus.hpp"
 #include "exposition.hpp"
+#include "metrics_fixture.hpp"
 
 namespace {
 
@@ -119,14 +119,7 @@ TEST_CASE("a Checkpointer's metrics after three saves of two ranks count them an
   const auto root = (dir.path() / "root").string();
   ckpt::Checkpointer ckpt({.root = root, .world_size = 2, .keep_last = 2, .backend = ckpt::WriterBackend::posix});
   const std::size_t n = 4096;
-  for (std::uint64_t step = 1; step <= 3; ++step)
-    ckpt::test::run_ranks(2, [&](int rank) {
-      ckpt::test::RankState state(rank, n);
-      state.set(rank, step);
-      const auto views = state.views();
-      ckpt.save_sync(rank, step, views, ckpt::test::info_for(rank, 2, n, step));
-    });
-  ckpt.wait_all();
+  ckpt::test::save_steps(ckpt, 2, 3, n);
   const auto stats = ckpt.stats();
   const auto e = parse_exposition(ckpt::render_prometheus(ckpt));
   ckpt::test::check_documented(e);
