@@ -1,11 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "ckpt/metrics/server.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <prometheus/exposer.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <exception>
 #include <limits>
+#include <system_error>
+#include <thread>
 #include <utility>
 
 #include "ckpt/core/error.hpp"
@@ -21,6 +29,20 @@ prometheus::MetricType prometheus_type(MetricType t) {
     case MetricType::histogram: return prometheus::MetricType::Histogram;
   }
   return prometheus::MetricType::Untyped;
+}
+
+// Opens and closes a connection to the IPv4 `address` (0.0.0.0: loopback) and `port`; false if
+// the address is not IPv4 or nothing answered.
+bool poke(const std::string& address, int port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  if (::inet_pton(AF_INET, address == "0.0.0.0" ? "127.0.0.1" : address.c_str(), &a.sin_addr) != 1) return false;
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const bool ok = ::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0;
+  ::close(fd);
+  return ok;
 }
 
 }  // namespace
@@ -85,7 +107,23 @@ MetricsServer::MetricsServer(std::function<std::vector<MetricFamily>()> collect,
   impl_->port = ports.empty() ? impl_->opt.port : ports.front();
 }
 
-MetricsServer::~MetricsServer() = default;
+MetricsServer::~MetricsServer() {
+  // civetweb's listening thread polls in quanta of 2 s and notices the stop only when its poll
+  // returns, so a stop after a scrape took 2 s: a connection made while the stop waits for that
+  // thread ends the wait at once (measured: 2.0 s down to a few ms).
+  std::atomic<bool> stopped{false};
+  std::thread waker;
+  try {
+    waker = std::thread([&] {
+      while (!stopped.load() && poke(impl_->opt.bind_address, impl_->port)) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    });
+  } catch (const std::system_error&) {
+    // No thread to spare: the stop takes its 2 s.
+  }
+  impl_->exposer.reset();
+  stopped = true;
+  if (waker.joinable()) waker.join();
+}
 
 int MetricsServer::port() const noexcept { return impl_->port; }
 
