@@ -467,7 +467,7 @@ class FileLoad {
 
   // The one log line of a file read buffered although O_DIRECT was asked for.
   void read_buffered_because(const std::string& why, std::string_view how = "reading the file buffered") {
-    log_event(LogLevel::warn, "direct_io_refused", "load_into: " + plan_.path + ": " + why + "; " + std::string(how));
+    log_event(LogLevel::warn, "direct_io_refused", "load_into: " + plan_.path + ": " + why + "; " + std::string(how), {.rank = plan_.rank});
     buffered_why_ = "buffered reads: " + why;
   }
 
