@@ -72,7 +72,8 @@ std::string json_escape(std::string_view text);
 
 /// Replaces the sink (nullptr restores stderr); returns the previous one. The sink receives
 /// the message of every record that passes the level, without "ckpt: " and in any format.
-/// For tests and applications with their own logging.
+/// For tests and applications with their own logging. The sink runs on the logging thread
+/// under the log's lock (records never interleave): it must not log itself. Thread-safe.
 using LogSink = std::function<void(std::string_view)>;
 LogSink set_log_sink(LogSink sink);
 
