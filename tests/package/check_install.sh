@@ -12,6 +12,8 @@
 #   5. find_package(ckpt QUIET) with liburing.pc out of reach reports instead of failing:
 #      ckpt not found, naming liburing, for a static libckpt.a (which links it); found, without
 #      its asio component, for a shared one.
+#   6. where the build has the Prometheus endpoint (libckpt_metrics), tests/package/
+#      metrics_consumer builds with find_package(ckpt COMPONENTS metrics) + ckpt::metrics.
 #   check_install.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1 src=$2
@@ -89,5 +91,12 @@ if [ $kind = static ]; then
 else
   grep -qE -- '-- ckpt_FOUND=(1|TRUE)$' "$scratch/quiet.log" || fail "a shared ckpt should not need liburing: $(cat "$scratch/quiet.log")"
   grep -q -- '-- ckpt_asio_FOUND=FALSE' "$scratch/quiet.log" || fail "ckpt::asio reported found without liburing: $(cat "$scratch/quiet.log")"
+fi
+# 6. The optional metrics component, when it was built.
+if find "$prefix" -name 'libckpt_metrics.*' | grep -q .; then
+  cmake -S "$src/tests/package/metrics_consumer" -B "$scratch/build-metrics" -DCMAKE_PREFIX_PATH="$prefix" \
+    -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build "$scratch/build-metrics" >/dev/null
+  "$scratch/build-metrics/metrics_consumer" "$scratch/ckpts-metrics"
 fi
 echo "check_install: $kind package OK ($(wc -l < "$scratch/headers") headers)"
