@@ -48,6 +48,9 @@
 #include "ckpt/testing/fault_injection.hpp"
 #include "ckpt/train/loop.hpp"
 #include "ckpt/train/trainer.hpp"
+#ifdef CKPT_DEMO_METRICS
+#include "ckpt/metrics/server.hpp"
+#endif
 #include "cli.hpp"
 #include "record.hpp"
 
@@ -135,6 +138,7 @@ struct Options {
   bool resume = false, reshard = false;
   bool resume_auto = false;  // --resume auto: resume if there is a committed checkpoint, else start fresh
   std::optional<std::string> metrics;
+  int metrics_port = 0;  // --metrics-port: serve the Prometheus metrics on 127.0.0.1 (0: off)
   int keep = 3;
   std::optional<std::uint64_t> fail_save;
   std::optional<std::uint64_t> inject_spike;
@@ -274,6 +278,11 @@ Options parse(int argc, char** argv) {
                  "(bytes per category: per rank, and max and mean over ranks) and the\n"
                  "step's event (a failed save noticed, a rollback) if any")
       ->option_text("FILE");
+  add_int_option(app, "--metrics-port", o.metrics_port, 0, 65535, "N",
+                 "serve the checkpointer's Prometheus metrics at http://127.0.0.1:N/metrics\n"
+                 "while the run trains (docs/metrics.md; 0, the default: off). With\n"
+                 "--backend mpi, process r serves on N + r. Needs the ckpt::metrics\n"
+                 "component (prometheus-cpp)");
   add_int_option(app, "--keep", o.keep, 0, 1 << 20, "K", "keep the last K checkpoints (default 3)");
   add_int_option(app, "--inject-spike", o.inject_spike, std::uint64_t{0}, kMaxStep, "STEP",
                  "multiply the learning rate of step STEP by 1000 (once): the loss spikes,\n"
@@ -340,6 +349,9 @@ Options parse(int argc, char** argv) {
   o.train.precision = precision == "bf16" ? Precision::bf16 : Precision::f16;
 #ifndef CKPT_DEMO_MPI
   if (o.mpi) usage("this ckpt-demo was built without MPI (install libopenmpi-dev and reconfigure)");
+#endif
+#ifndef CKPT_DEMO_METRICS
+  if (o.metrics_port > 0) usage("this ckpt-demo was built without the metrics endpoint (install prometheus-cpp-dev and reconfigure)");
 #endif
   if (o.memory_every) {
     // Memory every N steps, then --dir (the disk) as a tier behind it, copied every
@@ -677,6 +689,19 @@ RunRecord run(const Options& o, const std::string& root, bool resume, bool saves
       std::printf("recovery plan (after the checkpointer's start-up): %s\n", plan.summary().c_str());
     }
   }
+#ifdef CKPT_DEMO_METRICS
+  // The main run's checkpointer, scraped while it trains; destroyed before it (declared after).
+  std::unique_ptr<MetricsServer> metrics_server;
+  if (ckpt && o.watch_signals && o.metrics_port > 0) {
+    int port = o.metrics_port;
+#ifdef CKPT_DEMO_MPI
+    if (g_mpi) port += g_mpi->rank();
+#endif
+    metrics_server = std::make_unique<MetricsServer>(*ckpt, MetricsServerOptions{.port = port});
+    std::printf("metrics: serving %s\n", metrics_server->url().c_str());
+    std::fflush(stdout);
+  }
+#endif
   rec.backend = ckpt ? std::string(ckpt->backend_name()) : "none";
   std::mutex mu;
   auto rank_main = [&](dist::Communicator& comm) {

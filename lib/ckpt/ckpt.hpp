@@ -20,7 +20,8 @@
 // Each header states, call by call, what blocks, what throws and what is thread-safe. Opt-in
 // headers, not included here: <ckpt/runtime/async_wait.hpp> (a SaveHandle as an Asio
 // completion-token operation; link ckpt::asio) and, when ckpt is built with MPI,
-// <ckpt/dist/mpi/mpi_comm.hpp> (link ckpt::mpi). Nothing here includes Asio or liburing, and
+// <ckpt/dist/mpi/mpi_comm.hpp> (link ckpt::mpi) and, when built with prometheus-cpp,
+// <ckpt/metrics/server.hpp> (the metrics endpoint; link ckpt::metrics). Nothing here includes Asio or liburing, and
 // a consumer compiles with no definition of ckpt's.
 #pragma once
 
@@ -64,3 +65,4 @@
 #include "ckpt/runtime/coordinator.hpp"
 #include "ckpt/runtime/preemption.hpp"
 #include "ckpt/runtime/tiering.hpp"
+#include "ckpt/metrics/prometheus.hpp"

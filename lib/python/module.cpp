@@ -37,6 +37,12 @@
 #include "ckpt/runtime/checkpointer.hpp"
 #include "ckpt/runtime/coordinator.hpp"
 #include "ckpt/version.hpp"
+#include "ckpt/metrics/prometheus.hpp"
+#ifdef CKPT_PYTHON_METRICS
+#include <unistd.h>
+
+#include "ckpt/metrics/server.hpp"
+#endif
 
 namespace py = pybind11;
 namespace json = boost::json;
@@ -317,7 +323,32 @@ class PyCheckpointer {
     py::gil_scoped_release nogil;  // a multi-process start_run waits for the coordinator's Python thread
     cp_ = std::make_unique<ckpt::Checkpointer>(std::move(o));
   }
-  ~PyCheckpointer() { close(); }
+  ~PyCheckpointer() {
+#ifdef CKPT_PYTHON_METRICS
+    // A process forked from the one serving has none of the server's threads: stopping it
+    // there would wait for them forever, so the child's copy is dropped without a stop.
+    if (metrics_ && metrics_pid_ != ::getpid()) (void)metrics_.release();
+#endif
+    close();
+  }
+
+  // The metrics in the Prometheus text format (docs/metrics.md).
+  std::string metrics_text() const { return ckpt::render_prometheus(*cp_); }
+
+  // Serves them at http://ADDRESS:PORT/metrics until this object goes (a second call
+  // replaces the first server); returns the URL. Errors as MetricsServer's.
+  std::string serve_metrics(int port, const std::string& bind_address) {
+#ifdef CKPT_PYTHON_METRICS
+    py::gil_scoped_release nogil;
+    metrics_.reset();
+    metrics_ = std::make_unique<ckpt::MetricsServer>(*cp_, ckpt::MetricsServerOptions{.port = port, .bind_address = bind_address});
+    metrics_pid_ = ::getpid();
+    return metrics_->url();
+#else
+    (void)port, (void)bind_address;
+    throw ckpt::Error(ckpt::Errc::invalid_argument, {}, "this ckpt was built without the metrics endpoint (install prometheus-cpp-dev and rebuild)");
+#endif
+  }
 
   // Refuses new saves, drains the started ones and releases the root's lock.
   void close() {
@@ -374,6 +405,10 @@ class PyCheckpointer {
  private:
   std::shared_ptr<ProcessCoordinator> coordinator_;  // outlives cp_ (declared first)
   std::unique_ptr<ckpt::Checkpointer> cp_;
+#ifdef CKPT_PYTHON_METRICS
+  std::unique_ptr<ckpt::MetricsServer> metrics_;  // reads cp_: destroyed before it (declared after)
+  pid_t metrics_pid_ = 0;
+#endif
 };
 
 // ---- reading ------------------------------------------------------------------------------
@@ -504,6 +539,11 @@ class PyReader {
 PYBIND11_MODULE(_core, m) {
   m.doc() = "ckpt's C++ core (see the ckpt package for the API)";
   m.attr("__version__") = std::string(ckpt::version());
+#ifdef CKPT_PYTHON_METRICS
+  m.attr("HAVE_METRICS_SERVER") = true;
+#else
+  m.attr("HAVE_METRICS_SERVER") = false;
+#endif
   m.attr("MAX_STEP") = ckpt::kMaxStep;  // the largest step a checkpoint directory name holds
 
   py::register_exception_translator([](std::exception_ptr p) {
@@ -630,7 +670,9 @@ PYBIND11_MODULE(_core, m) {
       .def("wait_durable_for", &PyCheckpointer::wait_durable_for, py::arg("timeout"))
       .def("close", &PyCheckpointer::close)
       .def_property_readonly("backend", &PyCheckpointer::backend)
-      .def("stats", &PyCheckpointer::stats);
+      .def("stats", &PyCheckpointer::stats)
+      .def("metrics_text", &PyCheckpointer::metrics_text)
+      .def("serve_metrics", &PyCheckpointer::serve_metrics, py::arg("port"), py::arg("bind_address"));
 
   py::class_<PyReader>(m, "Reader")
       .def(py::init<const std::string&, std::optional<int>, const std::string&, bool, std::optional<std::uint64_t>>(),

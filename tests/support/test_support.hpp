@@ -72,8 +72,8 @@ std::string run_command(const std::string& cmd, int* status = nullptr);
 /// is not built (CKPT_BUILD_APPS=OFF).
 std::string demo_program();
 
-/// Collects the lines ckpt::log_line writes while it lives (from any thread), instead of
-/// printing them; restores the previous sink when destroyed.
+/// Collects the messages ckpt logs (log_event, log_line: those that pass the level) while it
+/// lives (from any thread), instead of printing them; restores the previous sink when destroyed.
 class LogCapture {
  public:
   LogCapture();

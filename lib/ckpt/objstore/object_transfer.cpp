@@ -26,7 +26,7 @@ void abort_quietly(ObjectStore& store, std::string_view key, const std::string& 
   try {
     store.abort_multipart(key, upload_id);
   } catch (const Error& e) {
-    log_line("object upload: aborting upload " + upload_id + " of " + std::string(key) +
+    log_event(LogLevel::warn, "multipart_abort_failed", "object upload: aborting upload " + upload_id + " of " + std::string(key) +
              " failed (it stays listed until collected): " + e.what());
   }
 }

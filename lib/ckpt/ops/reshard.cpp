@@ -96,7 +96,7 @@ namespace {
 // logs a read with Verify::none, the one that copies bytes unchecked.
 Verify checked_since_saved(const CheckpointReader& source, Verify mode, std::string_view what) {
   if (mode == Verify::none)
-    log_line(source.dir() + ": " + std::string(what) +
+    log_event(LogLevel::warn, "verify_none", source.dir() + ": " + std::string(what) +
              " with verify none: the source's checksums are not checked, so damage in it is copied as it is; the output records "
              "source_verify \"none\"");
   const auto recorded = resharded_source_verify(source.manifest(), source.manifest_path());
@@ -505,7 +505,7 @@ void remove_abandoned_outputs(FileSystem& fs, const std::string& parent, const s
   bool removed = false;
   for (const auto& e : fs.list_dir(parent)) {
     if (!is_abandoned_temporary(e.name, out_name)) continue;
-    log_line(join_path(parent, out_name) + ": removing " + e.name + ", left by a consolidate that is gone");
+    log_event(LogLevel::info, "leftover_removed", join_path(parent, out_name) + ": removing " + e.name + ", left by a consolidate that is gone");
     fs.remove_all(join_path(parent, e.name));
     removed = true;
   }

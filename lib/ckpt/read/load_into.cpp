@@ -346,7 +346,7 @@ struct Fd {
 
 void log_uring_fallback_once(const std::string& why) {
   static std::once_flag once;
-  std::call_once(once, [&] { log_line("load_into: io_uring unavailable (" + why + "), reading with pread"); });
+  std::call_once(once, [&] { log_event(LogLevel::warn, "reader_fallback", "load_into: io_uring unavailable (" + why + "), reading with pread"); });
 }
 
 struct FileResult {
@@ -467,7 +467,7 @@ class FileLoad {
 
   // The one log line of a file read buffered although O_DIRECT was asked for.
   void read_buffered_because(const std::string& why, std::string_view how = "reading the file buffered") {
-    log_line("load_into: " + plan_.path + ": " + why + "; " + std::string(how));
+    log_event(LogLevel::warn, "direct_io_refused", "load_into: " + plan_.path + ": " + why + "; " + std::string(how), {.rank = plan_.rank});
     buffered_why_ = "buffered reads: " + why;
   }
 

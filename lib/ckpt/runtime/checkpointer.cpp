@@ -479,7 +479,7 @@ struct Checkpointer::Impl {
       replicator->claim(run);
     } catch (const Error& e) {
       if (e.code() == Errc::busy || e.code() == Errc::conflict || e.code() == Errc::invalid_argument) throw;
-      log_line("durable tier: the writer lease of " + opt.durable->root + " could not be taken now (" + e.what() +
+      log_event(LogLevel::warn, "durable_lease_deferred", "durable tier: the writer lease of " + opt.durable->root + " could not be taken now (" + e.what() +
                "); the first copy takes it, and nothing is committed there until then");
     }
   }
@@ -492,7 +492,7 @@ struct Checkpointer::Impl {
         for (auto& r : writer->repair(*step, Verify::fast))
           if (!r.nothing_to_do()) repairs.push_back(std::move(r));
     } catch (const Error& e) {
-      log_line(std::string("the live checkpoint is not rebuilt: ") + e.what());
+      log_event(LogLevel::warn, "repair_failed", std::string("the live checkpoint is not rebuilt: ") + e.what());
     }
   }
 
@@ -508,7 +508,7 @@ struct Checkpointer::Impl {
     std::string why;
     if (choice != WriterBackend::posix && !detail::io_uring_available(&why)) {
       if (choice == WriterBackend::io_uring) throw Error(Errc::io_error, {}, "io_uring requested but unavailable: " + why);
-      log_line("io_uring unavailable (" + why + "); using the posix writer");
+      log_event(LogLevel::warn, "writer_fallback", "io_uring unavailable (" + why + "); using the posix writer");
       choice = WriterBackend::posix;
     }
     backend = choice == WriterBackend::posix ? detail::make_posix_backend(io_pool) : detail::make_uring_backend(ctx, io_pool);
@@ -535,7 +535,7 @@ struct Checkpointer::Impl {
             missing += (missing.empty() ? "" : ", ") + std::to_string(r);
         why = Error(Errc::aborted, opt.root,
                     "checkpoint of step " + std::to_string(in_flight->step) + " abandoned at shutdown: rank(s) " + missing + " never saved it");
-        log_line(why->what());
+        log_event(LogLevel::warn, "save_abandoned", why->what(), {.step = in_flight->step});
         in_flight->abandoned = true;
         give_up = in_flight;
       }
@@ -1007,7 +1007,7 @@ struct Checkpointer::Impl {
           coordinator->receive_bytes(reads[i].rank, static_cast<std::uint32_t>(unit), scratch.span(static_cast<std::size_t>(reads[i].length)));
         }
       } catch (const Error& e) {
-        log_line("redundancy unit " + std::to_string(unit) + " of step " + std::to_string(st->step) + " could not drain its senders: " + e.what());
+        log_event(LogLevel::warn, "redundancy_drain_failed", "redundancy unit " + std::to_string(unit) + " of step " + std::to_string(st->step) + " could not drain its senders: " + e.what(), {.step = st->step});
       }
     }
     return done;
@@ -1163,7 +1163,7 @@ struct Checkpointer::Impl {
       ++stats.early_rotations;
       stats.early_rotated += removed.size();
     } catch (const Error& e) {
-      log_line(std::string("pre-save rotation failed: ") + e.what());
+      log_event(LogLevel::warn, "pre_save_rotation_failed", std::string("pre-save rotation failed: ") + e.what());
     }
   }
 
@@ -1186,11 +1186,19 @@ struct Checkpointer::Impl {
       std::lock_guard slk(mu);
       stats.rotated += removed.size();
     } catch (const Error& e) {
-      log_line(std::string("rotation failed (the new checkpoint is committed): ") + e.what());
+      log_event(LogLevel::warn, "rotation_failed", std::string("rotation failed (the new checkpoint is committed): ") + e.what());
     }
   }
 
   // ---- outcome, on the io_context ------------------------------------------------------
+
+  // One rank's committed save in the counters and phase histograms (under mu).
+  void record_committed(const SaveResult& res) {
+    stats.bytes_committed += res.bytes;
+    SavePhaseTimings& p = stats.phases;
+    p.stall.observe(res.stall), p.stage.observe(res.stage), p.write.observe(res.write), p.hash.observe(res.hash);
+    p.fsync.observe(res.fsync), p.commit.observe(res.commit), p.total.observe(res.total);
+  }
 
   void complete(const std::shared_ptr<StepState>& st, const CommitOutcome& outcome) {
     std::vector<std::pair<std::shared_ptr<ShardJob>, SaveResult>> done;
@@ -1200,18 +1208,20 @@ struct Checkpointer::Impl {
         // The caller's mistake (a step at or before `latest`, ...): refused, not a failure of
         // the storage, so neither counted as one nor resetting the count.
         ++stats.saves_refused;
-        log_line("save of step " + std::to_string(st->step) + " refused: " + outcome.error->what());
+        log_event(LogLevel::error, "save_refused", "save of step " + std::to_string(st->step) + " refused: " + outcome.error->what(), {.step = st->step});
       } else if (outcome.error) {
         ++stats.failures;
         ++stats.consecutive_failures;
         stats.last_failure = outcome.error->what();
         // An abandoned checkpoint (shutdown) has had its line already.
         if (!st->abandoned)
-          log_line("save of step " + std::to_string(st->step) + " failed (" + std::to_string(stats.consecutive_failures) +
-                   " in a row since the last commit): " + stats.last_failure);
+          log_event(LogLevel::error, "save_failed", "save of step " + std::to_string(st->step) + " failed (" + std::to_string(stats.consecutive_failures) +
+                   " in a row since the last commit): " + stats.last_failure, {.step = st->step});
       } else {
         ++stats.commits;
         stats.consecutive_failures = 0;
+        stats.last_committed_step = st->step;
+        log_event(LogLevel::debug, "save_committed", "step " + std::to_string(st->step) + " committed: " + outcome.dir, {.step = st->step});
       }
       if (!outcome.error)
         for (auto& rec : staged_records)
@@ -1223,6 +1233,7 @@ struct Checkpointer::Impl {
         res.dir = outcome.dir;
         res.commit = outcome.commit;
         res.total = since(job->t_call);
+        if (!outcome.error) record_committed(res);
         done.emplace_back(job, std::move(res));
       }
       // Every rank gets the same outcome; the handles complete together, after the barrier
@@ -1234,6 +1245,14 @@ struct Checkpointer::Impl {
       job->handle->complete(outcome.error, std::move(res));
   }
 };
+
+void DurationHistogram::observe(std::chrono::nanoseconds d) noexcept {
+  const double seconds = std::chrono::duration<double>(d).count();
+  for (std::size_t i = 0; i < kBounds.size(); ++i)
+    if (seconds <= kBounds[i]) ++at_most[i];
+  ++count;
+  sum_seconds += seconds;
+}
 
 Checkpointer::Checkpointer(CheckpointerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
 
@@ -1295,7 +1314,7 @@ std::optional<std::uint64_t> Checkpointer::cancel(const std::string& why) {
     st->cancel_reason = why;
     st->cancelled = true;
   }
-  log_line("cancelling the save of step " + std::to_string(st->step) + ": " + why);
+  log_event(LogLevel::warn, "save_cancelled", "cancelling the save of step " + std::to_string(st->step) + ": " + why, {.step = st->step});
   return st->step;
 }
 
@@ -1336,7 +1355,7 @@ DurableDrain Checkpointer::drain_durable(const DurableDrainOptions& options) {
   if (impl_->local_replicator) {
     const auto t0 = std::chrono::steady_clock::now();
     const DurableDrain local = impl_->local_replicator->drain(options);
-    if (!local.complete) log_line("local tier " + impl_->opt.local_tier->root + ": its drain gave up");
+    if (!local.complete) log_event(LogLevel::warn, "tier_drain_gave_up", "local tier " + impl_->opt.local_tier->root + ": its drain gave up");
     if (impl_->replicator) {
       DurableDrainOptions rest = options;
       if (rest.deadline) {

@@ -45,6 +45,7 @@
 
 #include "ckpt/core/export.hpp"
 
+#include <array>
 #include <boost/json/object.hpp>
 #include <chrono>
 #include <cstdint>
@@ -281,6 +282,24 @@ class SaveHandle {
   std::shared_ptr<detail::SaveState> state_;
 };
 
+/// How long one phase of the saves took, as a cumulative histogram over fixed bounds (the
+/// Prometheus convention: bucket i counts the observations at most kBounds[i] seconds; an
+/// implicit +Inf bucket is `count`).
+struct DurationHistogram {
+  /// Upper bounds in seconds, ascending: 0.5 ms (a small stage copy) to a minute (an fsync of
+  /// a large shard on a slow disk).
+  static constexpr std::array<double, 14> kBounds{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60};
+  std::array<std::uint64_t, kBounds.size()> at_most{};  ///< cumulative counts, one per bound
+  std::uint64_t count = 0;
+  double sum_seconds = 0;
+  void observe(std::chrono::nanoseconds d) noexcept;
+};
+
+/// The phases of SaveResult, over every rank's save of every committed checkpoint.
+struct SavePhaseTimings {
+  DurationHistogram stall, stage, write, hash, fsync, commit, total;
+};
+
 /// Counters over the checkpointer's life.
 struct CheckpointerStats {
   std::uint64_t saves_started = 0, saves_skipped = 0, commits = 0, failures = 0;
@@ -300,6 +319,11 @@ struct CheckpointerStats {
   std::uint64_t staging_bytes = 0;        ///< staging memory held now (all ranks)
   std::uint64_t staging_allocations = 0;  ///< times a staging buffer was (re)allocated
   std::chrono::nanoseconds total_stall{};
+  /// Shard bytes of this process's ranks in committed checkpoints (SaveResult::bytes summed).
+  std::uint64_t bytes_committed = 0;
+  std::optional<std::uint64_t> last_committed_step;  ///< the newest step committed by this object
+  /// Each committed rank save's SaveResult phases (failed saves have no complete timings).
+  SavePhaseTimings phases;
   DurableStats durable;  ///< the copies to the durable tier (all zero without one)
   DurableStats local_tier;  ///< the copies to CheckpointerOptions::local_tier (all zero without one)
 };

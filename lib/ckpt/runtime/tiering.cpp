@@ -88,7 +88,7 @@ struct DurableReplicator::Impl {
     {
       std::lock_guard lk(mu);
       if (stopping) {
-        log_line("durable tier: step " + std::to_string(step) + " submitted after close: not copied to " + opt.root);
+        log_event(LogLevel::warn, "tier_copy_dropped", "durable tier: step " + std::to_string(step) + " submitted after close: not copied to " + opt.root, {.step = step});
         return;
       }
       ++stats.submitted;
@@ -174,9 +174,9 @@ struct DurableReplicator::Impl {
     const double waited = std::chrono::duration<double>(out.waited).count();
     char secs[32];
     std::snprintf(secs, sizeof secs, "%.0f", waited);
-    log_line("durable tier: gave up after " + std::string(secs) + " s (" + why + "): step " +
+    log_event(LogLevel::error, "tier_gave_up", "durable tier: gave up after " + std::string(secs) + " s (" + why + "): step " +
              (out.step ? std::to_string(*out.step) : std::string("?")) + " is not committed to " + opt.root +
-             (stats.last_error.empty() ? std::string() : "; the last error: " + stats.last_error));
+             (stats.last_error.empty() ? std::string() : "; the last error: " + stats.last_error), {.step = out.step});
     dst->abort_calls();
     cv.notify_all();
     cv.wait_for(lk, std::chrono::seconds(5), [&] { return !running; });
@@ -188,7 +188,7 @@ struct DurableReplicator::Impl {
     try {
       if (auto run = read_run_identity(src_fs, src_root)) return *run;
     } catch (const Error& e) {
-      log_line("durable tier: " + std::string(e.what()) + "; this replicator uses a run identity of its own");
+      log_event(LogLevel::warn, "tier_run_identity", "durable tier: " + std::string(e.what()) + "; this replicator uses a run identity of its own");
     }
     return random_id();
   }
@@ -306,7 +306,7 @@ struct DurableReplicator::Impl {
     try {
       out.rotated = writer->rotate(opt.keep_last, step).size();
     } catch (const Error& e) {
-      log_line("durable tier: rotation failed (step " + std::to_string(step) + " is committed there): " + e.what());
+      log_event(LogLevel::warn, "tier_rotation_failed", "durable tier: rotation failed (step " + std::to_string(step) + " is committed there): " + e.what(), {.step = step});
     }
     if (opt.leftover_grace.count() > 0) out.leftovers = collect_leftovers(step, *writer);
     return out;
@@ -328,13 +328,13 @@ struct DurableReplicator::Impl {
           for (const auto& k : *list)
             if (shown++ < 10) keys += (keys.empty() ? "" : ", ") + k;
         if (n > 10) keys += " and " + std::to_string(n - 10) + " more";
-        log_line("durable tier: collected " + std::to_string(r.removed.size()) + " leftover object(s) and aborted " +
+        log_event(LogLevel::info, "tier_leftovers_collected", "durable tier: collected " + std::to_string(r.removed.size()) + " leftover object(s) and aborted " +
                  std::to_string(r.aborted.size()) + " multipart upload(s) older than " + std::to_string(opt.leftover_grace.count()) +
-                 " s under " + opt.root + ": " + keys);
+                 " s under " + opt.root + ": " + keys, {.step = step});
       }
       return n;
     } catch (const Error& e) {
-      log_line("durable tier: leftover collection failed (step " + std::to_string(step) + " is committed there): " + e.what());
+      log_event(LogLevel::warn, "tier_leftover_collection_failed", "durable tier: leftover collection failed (step " + std::to_string(step) + " is committed there): " + e.what(), {.step = step});
       return 0;
     }
   }
@@ -350,16 +350,16 @@ struct DurableReplicator::Impl {
                              std::string(errc_name(e.code())) + ")";
     if (gave_up) {
       ++stats.given_up;
-      log_line(head + "; given up with the drain: " + e.what());
+      log_event(LogLevel::error, "tier_copy_given_up", head + "; given up with the drain: " + e.what(), {.step = job.step});
     } else if (pending) {
       ++stats.superseded;
-      if (job.attempt == 1) log_line(head + "; a newer step is copied instead: " + e.what());
+      if (job.attempt == 1) log_event(LogLevel::warn, "tier_copy_superseded", head + "; a newer step is copied instead: " + e.what(), {.step = job.step});
     } else if (job.attempt < opt.max_attempts && !stopping && !stats.lease_lost) {
       pending = Job{job.step, job.attempt + 1, Clock::now() + opt.retry_backoff * (1 << std::min(job.attempt - 1, 16))};
-      if (job.attempt == 1) log_line(head + "; retrying: " + e.what());
+      if (job.attempt == 1) log_event(LogLevel::warn, "tier_copy_retrying", head + "; retrying: " + e.what(), {.step = job.step});
     } else {
       ++stats.given_up;
-      log_line(head + "; given up, the next commit is copied: " + e.what());
+      log_event(LogLevel::error, "tier_copy_given_up", head + "; given up, the next commit is copied: " + e.what(), {.step = job.step});
     }
   }
 };

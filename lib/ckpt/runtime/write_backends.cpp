@@ -103,7 +103,7 @@ asio::awaitable<void> with_buffered_retry(WritableFile& file, WriteImage write_i
     why = e.detail();
   }
   if (!file.reopen_buffered()) std::rethrow_exception(failed);
-  log_line("write: " + file.path() + ": the file system took O_DIRECT at open but refused a write (" + why +
+  log_event(LogLevel::warn, "direct_io_refused", "write: " + file.path() + ": the file system took O_DIRECT at open but refused a write (" + why +
            "); writing the file again, buffered");
   co_await write_image();
 }

@@ -91,7 +91,7 @@ RootLock::RootLock(FileSystem& fs, std::string root) : root_(std::move(root)), l
     lock_ = fs.try_lock(lock_path_, lock_record());
   } catch (const Error& e) {
     if (e.code() != Errc::io_error || !locks_unsupported(e.sys_errno())) throw;
-    log_line(root_ + ": the file system refuses locks (" + e.what() + "): this writer is not protected against a second one");
+    log_event(LogLevel::warn, "lock_unsupported", root_ + ": the file system refuses locks (" + e.what() + "): this writer is not protected against a second one");
     held_ = true;
     return;
   }

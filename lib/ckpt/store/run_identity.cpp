@@ -61,7 +61,7 @@ std::string establish_run_identity(FileSystem& fs, const RootLock& lock) {
   if (auto run = read_run_identity(fs, lock.root())) return *run;
   std::string run = random_id();
   write_run_identity(fs, lock, run);
-  log_line(lock.root() + ": this root's run identity is " + run + " (" + std::string(kRunIdentityName) + ")");
+  log_event(LogLevel::info, "run_identity_created", lock.root() + ": this root's run identity is " + run + " (" + std::string(kRunIdentityName) + ")");
   return run;
 }
 

@@ -144,7 +144,7 @@ OpenedCheckpoint restore_from_object_tier(FileSystem& local_fs, const std::strin
         // prepare_root removes, as it would a crashed writer's.
         const RootLock lock(local_fs, local_root);
         const std::string temp = join_path(local_root, temporary_name(name));
-        log_line("resume: setting the local " + join_path(local_root, name) + " aside (" + temp + ") to restore it from " +
+        log_event(LogLevel::info, "resume_restore", "resume: setting the local " + join_path(local_root, name) + " aside (" + temp + ") to restore it from " +
                  durable.name_of(name));
         local_fs.rename(join_path(local_root, name), temp);
         local_fs.sync_dir(local_root);
@@ -159,7 +159,7 @@ OpenedCheckpoint restore_from_object_tier(FileSystem& local_fs, const std::strin
         note += ", adopting run " + tier.run + (local_run ? " in place of the local root's run " + *local_run : std::string());
       }
       CheckpointReader reader = open_step(local_fs, local_root, step, opt.expected_world_size);
-      log_line("resume: " + note);
+      log_event(LogLevel::info, "resume_tier", "resume: " + note);
       return OpenedCheckpoint{std::move(reader), name, step != candidates.front() && !no_latest, note};
     } catch (const Error& e) {
       if (e.code() == Errc::world_size_mismatch || e.code() == Errc::conflict || e.code() == Errc::busy) throw;

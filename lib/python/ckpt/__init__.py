@@ -213,6 +213,19 @@ class Checkpointer:
         """Counters: saves_started, commits, failures, rotated, total_stall_s, ..."""
         return self._c.stats()
 
+    def metrics_text(self):
+        """The counters and save phase timings in the Prometheus text format (docs/metrics.md)."""
+        return self._c.metrics_text()
+
+    def serve_metrics(self, port=0, bind_address="127.0.0.1"):
+        """Serves metrics_text() at http://BIND_ADDRESS:PORT/metrics (port 0: a free port) until
+        this Checkpointer is garbage-collected; a second call replaces the first server. Returns
+        the URL. ckpt.IoError when the port is in use; NotImplementedError when ckpt was built
+        without the endpoint (prometheus-cpp)."""
+        if not _core.HAVE_METRICS_SERVER:
+            raise NotImplementedError("this ckpt was built without the metrics endpoint (install prometheus-cpp-dev and rebuild)")
+        return self._c.serve_metrics(_args.integer(port, "port", 0, 65535), _args.text(bind_address, "bind_address"))
+
     def close(self):
         """Refuses new saves (they raise ckpt.Aborted, as do saves waiting for the previous
         checkpoint), drains every started save (each ends: committed, or failed with

@@ -274,7 +274,7 @@ class MpiCoordinator final : private CoordinationTransport, public ChannelCoordi
       try {
         busy = serve_file_call();
       } catch (const Error& e) {
-        log_line(std::string("MPI checkpoint coordinator: ") + e.what());
+        log_event(LogLevel::error, "coordinator_error", std::string("MPI checkpoint coordinator: ") + e.what());
       }
       if (!busy) std::this_thread::sleep_for(std::chrono::microseconds(200));
     }

@@ -60,7 +60,7 @@ std::vector<std::string> prepare_root(FileSystem& fs, const RootLock& lock) {
   }
   if (!removed.empty()) {
     fs.sync_dir(root);
-    log_line(root + ": removed what a writer that is gone left behind: " + owners);
+    log_event(LogLevel::info, "leftover_removed", root + ": removed what a writer that is gone left behind: " + owners);
   }
   // Inside committed checkpoints: the file temporaries of a repair that was killed
   // (repair_node_checkpoint writes a rebuilt file beside its name, then renames it).
@@ -72,7 +72,7 @@ std::vector<std::string> prepare_root(FileSystem& fs, const RootLock& lock) {
       if (is_temporary_name(f.name)) {
         fs.remove_all(join_path(dir, f.name));
         removed.push_back(e.name + "/" + f.name);
-        log_line(join_path(dir, f.name) + ": removed what a repair that is gone left behind");
+        log_event(LogLevel::info, "leftover_removed", join_path(dir, f.name) + ": removed what a repair that is gone left behind");
         any = true;
       }
     if (any) fs.sync_dir(dir);
@@ -85,7 +85,7 @@ std::vector<std::string> prepare_root(FileSystem& fs, const RootLock& lock) {
   for (const auto& e : fs.list_dir(root)) {
     const auto step = parse_checkpoint_dir_name(e.name);
     if (e.type != EntryType::directory || !step || (live && *step <= *live)) continue;
-    log_line("removing " + join_path(root, e.name) + ": never committed (" +
+    log_event(LogLevel::info, "uncommitted_removed", "removing " + join_path(root, e.name) + ": never committed (" +
              (live ? "newer than what latest names" : "no latest: the root holds no committed checkpoint") + ")");
     retire_dir(fs, root, e.name);
     removed.push_back(e.name);
@@ -119,15 +119,15 @@ void check_step_free(FileSystem& fs, const std::string& root, std::uint64_t step
                       " (a run resumed from an older checkpoint opts in with allow_older_than_latest)",
                   "a step after " + std::to_string(*live), "step " + std::to_string(step));
     if (replace)
-      log_line(root + ": saving step " + std::to_string(step) + ", at or before step " + std::to_string(*live) +
-               " that latest names (allow_older_than_latest): latest moves back to " + name + " when it commits");
+      log_event(LogLevel::warn, "latest_moving_back", root + ": saving step " + std::to_string(step) + ", at or before step " + std::to_string(*live) +
+               " that latest names (allow_older_than_latest): latest moves back to " + name + " when it commits", {.step = step});
     return;
   }
   if (!exists || !replace) return;
   // A step-N newer than what `latest` names was never committed: a crash hit between its
   // rename and the `latest` update, and the run resumed from the older checkpoint. The
   // resumed run saves step N again, so the leftover is replaced.
-  log_line("replacing " + dir + ": never committed (newer than what latest names)");
+  log_event(LogLevel::info, "uncommitted_removed", "replacing " + dir + ": never committed (newer than what latest names)");
   retire_dir(fs, root, name);
 }
 }  // namespace
@@ -271,14 +271,14 @@ std::vector<std::string> make_room(FileSystem& fs, const std::string& root, std:
   std::sort(older.begin(), older.end());
   const std::string want = std::to_string(needed) + " bytes";
   for (const auto& name : older) {
-    log_line("disk nearly full (" + std::to_string(*free) + " bytes free, the next checkpoint needs about " + want +
+    log_event(LogLevel::warn, "disk_nearly_full", "disk nearly full (" + std::to_string(*free) + " bytes free, the next checkpoint needs about " + want +
              "): removing " + join_path(root, name) + " before saving");
     remove_checkpoint(fs, root, name);
     removed.push_back(name);
     free = fs.free_space(root);
     if (!free || *free >= needed) return removed;
   }
-  log_line("disk nearly full (" + std::to_string(*free) + " bytes free, the next checkpoint needs about " + want +
+  log_event(LogLevel::warn, "disk_nearly_full", "disk nearly full (" + std::to_string(*free) + " bytes free, the next checkpoint needs about " + want +
            "): nothing left to remove but the checkpoint latest names" + (keep ? " and those the durable tier still needs" : ""));
   return removed;
 }

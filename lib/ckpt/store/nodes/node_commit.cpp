@@ -55,7 +55,7 @@ std::vector<std::string> prepare_node_roots(FileSystem& fs, std::span<const Root
   for (const auto& l : locks) roots.push_back(l.root());
   const auto newest = newest_node_checkpoint(fs, roots);
   if (newest && newest != read_latest_nodes(fs, roots))
-    log_line(join_path(roots[0], *newest) + " is complete on every node root that holds checkpoints: it is the newest checkpoint");
+    log_event(LogLevel::info, "node_commit_recovered", join_path(roots[0], *newest) + " is complete on every node root that holds checkpoints: it is the newest checkpoint");
   if (newest) {
     const auto step = parse_checkpoint_dir_name(*newest);
     for (const auto& r : roots) {
@@ -63,7 +63,7 @@ std::vector<std::string> prepare_node_roots(FileSystem& fs, std::span<const Root
       if (mine && *mine >= *step) continue;
       const auto st = fs.stat(join_path(r, *newest));
       if (!st || st->type != EntryType::directory) continue;
-      log_line(r + ": latest moved forward to " + *newest + " (a commit across nodes was cut between its latest updates)");
+      log_event(LogLevel::info, "node_latest_repaired", r + ": latest moved forward to " + *newest + " (a commit across nodes was cut between its latest updates)");
       write_latest(fs, r, *newest);
     }
   }
@@ -83,7 +83,7 @@ std::vector<std::string> prepare_node_roots(FileSystem& fs, std::span<const Root
         bool any = false;
         for (const auto& r : roots) any |= fs.stat(join_path(r, name)).has_value();
         if (!any) continue;
-        log_line(join_path(roots[0], name) + ": finishing its removal from every node root (a rotation or removal across nodes was cut)");
+        log_event(LogLevel::info, "node_removal_finished", join_path(roots[0], name) + ": finishing its removal from every node root (a rotation or removal across nodes was cut)");
         remove_node_step(fs, roots, name);
         for (std::size_t n = 0; n < roots.size(); ++n) removed.push_back("node-" + std::to_string(n) + "/" + name);
       }

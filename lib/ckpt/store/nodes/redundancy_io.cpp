@@ -654,7 +654,7 @@ RepairReport repair_node_checkpoint(FileSystem& fs, std::span<const std::string>
     }
     throw;
   }
-  for (const auto& line : rep.lines) log_line(name + ": " + line);
+  for (const auto& line : rep.lines) log_event(LogLevel::info, "node_repaired", name + ": " + line);
   return rep;
 }
 
@@ -675,7 +675,7 @@ std::vector<RepairReport> repair_node_roots(FileSystem& fs, std::span<const std:
       auto rep = repair_node_checkpoint(fs, roots, name, Verify::none);
       if (!rep.nothing_to_do()) out.push_back(std::move(rep));
     } catch (const Error& e) {
-      log_line(name + " is not rebuilt: " + e.what());
+      log_event(LogLevel::error, "node_repair_failed", name + " is not rebuilt: " + e.what());
     }
   }
   return out;

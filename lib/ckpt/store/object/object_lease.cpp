@@ -197,11 +197,11 @@ struct ObjectLease::State {
         if (expires && *expires > std::chrono::system_clock::now()) refuse(current->record, "");
         if (round >= kTakeRounds) refuse(current->record, " (it was renewed each time this writer watched it expire: its clock is behind this host's)");
         watch = std::clamp(current->record.period, kMinPeriod, kMaxPeriod);
-        log_line(name + ": the lease of " + current->record.describe() + " has expired by this host's clock; " + me() +
+        log_event(LogLevel::warn, "lease_expired", name + ": the lease of " + current->record.describe() + " has expired by this host's clock; " + me() +
                  " takes it over unless it is renewed within " + seconds_text(watch));
       } else {
         if (round >= kTakeRounds) throw Error(Errc::busy, name, "the lease object kept changing while this writer watched it", "a lease to take", unreadable);
-        log_line(name + ": not a lease record (" + unreadable + "); " + me() + " replaces it unless it changes within " + seconds_text(watch));
+        log_event(LogLevel::warn, "lease_unreadable", name + ": not a lease record (" + unreadable + "); " + me() + " replaces it unless it changes within " + seconds_text(watch));
       }
       std::this_thread::sleep_for(watch);
       try {
@@ -211,7 +211,7 @@ struct ObjectLease::State {
         if (e.code() != Errc::conflict && e.code() != Errc::not_found) throw;
         continue;
       }
-      log_line(name + ": " + me() + " took the lease over, unrenewed for " + seconds_text(watch) +
+      log_event(LogLevel::warn, "lease_taken_over", name + ": " + me() + " took the lease over, unrenewed for " + seconds_text(watch) +
                (current ? " since " + current->record.renewed_at + " (" + current->record.describe() + ")" : std::string()));
       return;
     }
@@ -261,14 +261,14 @@ struct ObjectLease::State {
         Error error(Errc::busy, name,
                     "the lease was taken over: this writer, " + me() + ", commits nothing more to " + store.name_of(""),
                     "this writer's lease", who);
-        log_line(error.what());
+        log_event(LogLevel::error, "lease_lost", error.what());
         lk.lock();
         lost = std::move(error);
         return;
       }
       lk.lock();
       if (!failing)
-        log_line(name + ": renewing the lease failed (tried again every " + seconds_text(opt.renew_every) +
+        log_event(LogLevel::warn, "lease_renewal_failed", name + ": renewing the lease failed (tried again every " + seconds_text(opt.renew_every) +
                  "; nothing is committed if none succeeds for 3/4 of " + seconds_text(opt.period) + "): " + failure->what());
       failing = true;
     }
@@ -305,9 +305,9 @@ struct ObjectLease::State {
       const std::string text = encode(stamped(true));
       store.put(kLeaseName, std::as_bytes(std::span(text)), WriteCondition::if_matches(expected));
     } catch (const Error& e) {
-      if (e.code() != Errc::aborted) log_line(name + ": releasing the lease failed (it expires by itself): " + e.what());
+      if (e.code() != Errc::aborted) log_event(LogLevel::warn, "lease_release_failed", name + ": releasing the lease failed (it expires by itself): " + e.what());
     } catch (...) {
-      log_line(name + ": releasing the lease failed (it expires by itself)");
+      log_event(LogLevel::warn, "lease_release_failed", name + ": releasing the lease failed (it expires by itself)");
     }
   }
 };
