@@ -17,8 +17,11 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "cli.hpp"  // apps/common: the command-line conventions of every ckpt program
 
 namespace ckpt::bench {
 
@@ -69,34 +72,44 @@ struct BenchArgs {
   std::map<std::string, std::string> extra;
 };
 
-/// Parses argv into `a` (its fields hold the defaults; `extra`'s keys name the bench's own
-/// options, e.g. "--bucket"); prints `usage` and exits 2 on an unknown option, a missing or
-/// bad value, a size under 1 MiB or rounds under 1.
-inline BenchArgs parse_bench_args(int argc, char** argv, const char* name, const char* usage, BenchArgs a) {
-  const auto fail = [&](const std::string& why) {
-    std::fprintf(stderr, "%s: %s\n%s", name, why.c_str(), usage);
-    std::exit(2);
-  };
-  for (int i = 1; i < argc; ++i) {
-    const std::string o = argv[i];
-    const auto value = [&]() -> std::string {
-      if (i + 1 >= argc) fail(o + " needs a value");
-      return argv[++i];
-    };
-    try {
-      if (o == "--size") a.size = std::stoull(value());
-      else if (o == "--rounds") a.rounds = std::stoi(value());
-      else if (o == "--dir") a.dir = value();
-      else if (o == "--json") a.json = value();
-      else if (o == "--quick") a.size = 16ull << 20, a.rounds = 1;
-      else if (a.extra.contains(o)) a.extra[o] = value();
-      else fail("unknown option " + o);
-    } catch (const std::logic_error&) {  // std::stoull / std::stoi
-      fail("bad value for " + o);
-    }
+/// One of a bench's own options: its name ("--kills"), what the help shows after it ("N"),
+/// its description, and what its value must be.
+struct BenchOption {
+  enum class Kind { text, count, number };  ///< any text; an integer >= 0; a number
+  std::string name;
+  std::string value_name;
+  std::string description;
+  Kind kind = Kind::text;
+};
+
+/// Parses argv into `a` with the command-line conventions of every ckpt program
+/// (apps/common/cli.hpp: CLI11, --help and --version exiting 0, a usage error exiting 2 with
+/// a message naming the option, sizes as 1024, 64K, 500M, 1.5G). `a`'s fields hold the
+/// defaults, `a.extra` those of `extra`. Returns the exit status when the program should stop
+/// now (help, version, usage error), nullopt when it should run.
+inline std::optional<int> parse_bench_args(int argc, char** argv, const char* name, const std::string& description, BenchArgs& a,
+                                           const std::vector<BenchOption>& extra = {}) {
+  CLI::App app(description, name);
+  cli::setup(app);
+  cli::add_size_option(app, "--size", a.size, "bytes of state, at least 1M (default " + std::to_string(a.size >> 20) + "M)");
+  cli::add_int_option(app, "--rounds", a.rounds, 1, 1 << 20, "N", "rounds; figures are their medians (default " + std::to_string(a.rounds) + ")");
+  app.add_option("--dir", a.dir, "work directory (default: a fresh one under $TMPDIR or /var/tmp, removed at the end)")->option_text("DIR");
+  bool quick = false;
+  app.add_flag("--quick", quick, "a smoke run: 16M of state, one round");
+  app.add_option("--json", a.json, "also write the figures as JSON to FILE")->option_text("FILE");
+  for (const auto& o : extra) {
+    std::string& value = a.extra[o.name];
+    CLI::Option* opt = app.add_option(o.name, value, o.description + (value.empty() ? "" : " (default " + value + ")"))->option_text(o.value_name);
+    if (o.kind == BenchOption::Kind::count) opt->check(cli::integer_in(0, 1e9));
+    else if (o.kind == BenchOption::Kind::number) opt->check(cli::number_in(0, 1e9));
   }
-  if (a.size < (1u << 20) || a.rounds < 1) fail("--size must be at least 1048576 and --rounds at least 1");
-  return a;
+  if (const auto rc = cli::parse(app, argc, argv)) return rc;
+  if (quick) a.size = 16ull << 20, a.rounds = 1;
+  if (a.size < (1u << 20)) {
+    cli::print_usage_error(name, "--size must be at least 1M (1048576 bytes), got " + std::to_string(a.size));
+    return cli::kExitUsage;
+  }
+  return std::nullopt;
 }
 
 /// Runs `body(dir)` in `a.dir` (created) or a fresh scratch directory (removed afterwards);

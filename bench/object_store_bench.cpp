@@ -124,13 +124,17 @@ int run(const std::string& bucket, std::uint64_t size, int rounds, const fs::pat
 
 int main(int argc, char** argv) {
   const char* name = "ckpt-object-store-bench";
-  const BenchArgs a = parse_bench_args(
-      argc, argv, name, "usage: ckpt-object-store-bench --bucket B [--size BYTES] [--rounds N] [--dir D] [--quick] [--json FILE]\n",
-      {.size = 256ull << 20, .extra = {{"--bucket", ""}}});
-  const std::string bucket = a.extra.at("--bucket");
-  if (bucket.empty()) {
-    std::fprintf(stderr, "%s: --bucket is required\n", name);
-    return 2;
-  }
-  return run_in_scratch(name, a, [&](const fs::path& dir) { return run(bucket, a.size, a.rounds, dir, a.json); });
+  return cli::guarded_main(name, [&] {
+    BenchArgs a{.size = 256ull << 20};
+    if (const auto rc = parse_bench_args(argc, argv, name,
+                                         "The durable tier on an object store (upload, resume) against a durable directory on the local disk, in one run",
+                                         a, {{"--bucket", "B", "the bucket to use (required): an S3 endpoint from AWS_ENDPOINT_URL and the credential chain"}}))
+      return *rc;
+    const std::string bucket = a.extra.at("--bucket");
+    if (bucket.empty()) {
+      cli::print_usage_error(name, "--bucket is required");
+      return cli::kExitUsage;
+    }
+    return run_in_scratch(name, a, [&](const fs::path& dir) { return run(bucket, a.size, a.rounds, dir, a.json); });
+  });
 }

@@ -569,11 +569,18 @@ int run(const BenchArgs& a, const fs::path& dir) {
 
 int main(int argc, char** argv) {
   const char* name = "ckpt-recovery-bench";
-  BenchArgs defaults{.size = 1ull << 30};
-  defaults.extra = {{"--s3", ""}, {"--kills", "50"}, {"--step-ms", "100"}, {"--markdown", ""}};
-  const BenchArgs a = parse_bench_args(argc, argv, name,
-                                       "usage: ckpt-recovery-bench [--size BYTES] [--rounds N] [--dir D] [--quick] [--json FILE] [--markdown FILE]\n"
-                                       "                           [--s3 s3://bucket/prefix] [--kills N] [--step-ms MS]\n",
-                                       defaults);
-  return run_in_scratch(name, a, [&](const fs::path& dir) { return run(a, dir); });
+  return cli::guarded_main(name, [&] {
+    BenchArgs a{.size = 1ull << 30};
+    a.extra = {{"--s3", ""}, {"--kills", "50"}, {"--step-ms", "100"}, {"--markdown", ""}};
+    if (const auto rc = parse_bench_args(argc, argv, name,
+                                         "Time to recover per level (memory, memory with a node rebuilt, local disk, durable directory, object store), "
+                                         "memory held, the step overhead of memory saves, steps lost over SIGKILLs and a Young/Daly table",
+                                         a,
+                                         {{"--s3", "s3://BUCKET/PREFIX", "also recover from this object store"},
+                                          {"--kills", "N", "SIGKILLs of a process saving to memory", BenchOption::Kind::count},
+                                          {"--step-ms", "MS", "the simulated step", BenchOption::Kind::number},
+                                          {"--markdown", "FILE", "also write the tables as Markdown"}}))
+      return *rc;
+    return run_in_scratch(name, a, [&](const fs::path& dir) { return run(a, dir); });
+  });
 }

@@ -179,8 +179,12 @@ int run(std::uint64_t size, int rounds, const fs::path& dir, const std::string& 
 
 int main(int argc, char** argv) {
   const char* name = "ckpt-redundancy-bench";
-  const BenchArgs a = parse_bench_args(argc, argv, name,
-                                       "usage: ckpt-redundancy-bench [--size BYTES] [--rounds N] [--dir D] [--quick] [--json FILE]\n",
-                                       {.size = 1ull << 30});
-  return run_in_scratch(name, a, [&](const fs::path& dir) { return run(a.size, a.rounds, dir, a.json); });
+  return cli::guarded_main(name, [&] {
+    BenchArgs a{.size = 1ull << 30};
+    if (const auto rc = parse_bench_args(argc, argv, name,
+                                         "Redundancy across node roots: bytes stored, save time, and recovery of a lost node against a copy from the durable tier",
+                                         a))
+      return *rc;
+    return run_in_scratch(name, a, [&](const fs::path& dir) { return run(a.size, a.rounds, dir, a.json); });
+  });
 }

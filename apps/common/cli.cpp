@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "cli.hpp"
 
+#include <cstdio>
+
 #include <cctype>
 #include <iostream>
 #include <limits>
@@ -57,6 +59,48 @@ std::optional<std::uint64_t> parse_size(std::string_view s) noexcept {
   if (bytes == 0 || bytes > kMax) return std::nullopt;
   return static_cast<std::uint64_t>(bytes);
 }
+
+namespace {
+// "1", "-3", "0.5", "1e3" as written (no trailing junk), or nullopt.
+std::optional<long double> parse_number(const std::string& v, bool integer) {
+  if (v.empty() || v.size() > 64) return std::nullopt;
+  std::size_t i = (v[0] == '-' || v[0] == '+') ? 1 : 0;
+  if (i == v.size()) return std::nullopt;
+  if (integer) {
+    for (std::size_t k = i; k < v.size(); ++k)
+      if (v[k] < '0' || v[k] > '9') return std::nullopt;
+  }
+  try {
+    std::size_t used = 0;
+    const long double x = std::stold(v, &used);
+    if (used != v.size()) return std::nullopt;
+    return x;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+std::string bound_text(long double x) {
+  char buf[64];
+  if (x == static_cast<long double>(static_cast<long long>(x))) std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(x));
+  else std::snprintf(buf, sizeof buf, "%.10Lg", x);
+  return buf;
+}
+
+CLI::Validator number_validator(long double lo, long double hi, bool integer) {
+  const std::string what = std::string(integer ? "an integer" : "a number") + " from " + bound_text(lo) + " to " + bound_text(hi);
+  return CLI::Validator(
+      [lo, hi, integer, what](std::string& v) -> std::string {
+        const auto x = parse_number(v, integer);
+        if (!x || *x < lo || *x > hi) return "expected " + what + ", got '" + v + "'";
+        return {};
+      },
+      /*validator_desc=*/"", integer ? "INTEGER" : "NUMBER");
+}
+}  // namespace
+
+CLI::Validator integer_in(long double lo, long double hi) { return number_validator(lo, hi, true); }
+CLI::Validator number_in(long double lo, long double hi) { return number_validator(lo, hi, false); }
 
 CLI::Option* add_size_option(CLI::App& app, const std::string& name, std::uint64_t& target, const std::string& description) {
   const CLI::Validator size(

@@ -50,13 +50,22 @@ std::optional<std::uint64_t> parse_size(std::string_view text) noexcept;
 /// `target`; a text that is not a size is a usage error naming the option.
 CLI::Option* add_size_option(CLI::App& app, const std::string& name, std::uint64_t& target, const std::string& description);
 
+/// A CLI11 validator that accepts an integer (digits with an optional sign) from `lo` to `hi`
+/// and refuses anything else with "expected an integer from LO to HI, got 'TEXT'".
+CLI::Validator integer_in(long double lo, long double hi);
+/// The same for any decimal number (1, 0.5, 1e3) from `lo` to `hi`.
+CLI::Validator number_in(long double lo, long double hi);
+
 /// Declares option `name` taking an integer in lo..hi into `target` (an integer, or a
 /// std::optional of one); `value_name` is what the help shows after the option ("N").
 /// Negative text is refused for unsigned targets too (CLI11 alone would wrap it around).
+/// A value out of range or not an integer is a usage error that names the option and the
+/// expected form ("--world-size: expected an integer from 1 to 65536, got 'abc'"), where
+/// CLI11's own range check would say "Value abc not in range 1 to 65536".
 template <class Target, class T>
 CLI::Option* add_int_option(CLI::App& app, const std::string& name, Target& target, T lo, T hi, const std::string& value_name,
                             const std::string& description) {
-  return app.add_option(name, target, description)->check(CLI::Range(lo, hi).description(""))->option_text(value_name);
+  return app.add_option(name, target, description)->check(integer_in(static_cast<long double>(lo), static_cast<long double>(hi)))->option_text(value_name);
 }
 
 /// Makes `app` a ckpt program: the help layout, `-h, --help`, and `--version` printing

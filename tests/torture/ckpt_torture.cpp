@@ -17,7 +17,8 @@
 // verifies), and then one node root, chosen by the seed, is deleted as a lost node would
 // be: the next victim must rebuild it while resuming, and resume from the same step.
 //
-// Exit: 0 if no bad outcome, 1 otherwise, 2 on a usage error.
+// Exit: 0 if no bad outcome, 1 otherwise, 2 on a usage error (options parsed with CLI11 as
+// every ckpt program does: --help, --version).
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -36,6 +37,7 @@
 #include <vector>
 
 #include "ckpt/store/memory/memory.hpp"
+#include "cli.hpp"  // apps/common: the command-line conventions of every ckpt program
 #include "ckpt/store/store.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/random.hpp"
@@ -295,51 +297,47 @@ int run(const std::string& self, const std::string& root, int kills, std::uint64
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: ckpt-torture run|victim --dir D [--kills N] [--seed S] [--writer posix|io_uring] [--max-ms M] [--redundancy R] [--memory 1]\n");
-    return 2;
-  }
-  const std::string mode = argv[1];
-  std::string dir, writer = "io_uring", redundancy;
-  int kills = 200, max_ms = 400;
-  std::uint64_t seed = 1;
-  for (int i = 2; i + 1 < argc; i += 2) {
-    const std::string a = argv[i], v = argv[i + 1];
-    if (a == "--dir") dir = v;
-    else if (a == "--writer") writer = v;
-    else if (a == "--kills") kills = std::stoi(v);
-    else if (a == "--seed") seed = std::stoull(v);
-    else if (a == "--max-ms") max_ms = std::stoi(v);
-    else if (a == "--redundancy") redundancy = v;
-    else if (a == "--memory") g_memory = v == "1";
-    else {
-      std::fprintf(stderr, "ckpt-torture: unknown option %s\n", a.c_str());
-      return 2;
+  const char* name = "ckpt-torture";
+  return cli::guarded_main(name, [&] {
+    CLI::App app("Kills a process that saves every step with SIGKILL at random instants (seeded) and checks, after every kill, "
+                 "what a user would find: latest names the newest committed checkpoint, it verifies fully and holds exactly the "
+                 "state of its step, and the next run resumes from it. Exit 0 if no bad outcome, 1 otherwise, 2 on a usage error.",
+                 name);
+    cli::setup(app);
+    std::string mode, dir, writer = "io_uring", redundancy;
+    int kills = 200, max_ms = 400, memory = 0;
+    std::uint64_t seed = 1;
+    app.add_option("mode", mode, "run: the driver; victim: the saving process it starts and kills")
+        ->required()
+        ->check(CLI::IsMember({"run", "victim"}))
+        ->option_text("run|victim");
+    app.add_option("--dir", dir, "the checkpoint root (with --memory 1: where the shared memory is kept)")->required()->option_text("DIR");
+    cli::add_int_option(app, "--kills", kills, 1, 1000000, "N", "kills (default 200)");
+    cli::add_int_option(app, "--seed", seed, std::uint64_t{0}, std::uint64_t{1} << 62, "S", "the seed of the kill instants and node losses (default 1)");
+    app.add_option("--writer", writer, "the writer backend (default io_uring)")->check(CLI::IsMember({"posix", "io_uring"}))->option_text("posix|io_uring");
+    cli::add_int_option(app, "--max-ms", max_ms, 1, 3600000, "MS", "the longest a victim lives before its kill (default 400)");
+    app.add_option("--redundancy", redundancy, "4 ranks on 4 node roots with this scheme; a node root is deleted after each kill")
+        ->option_text("rs:K+M|replicate:F");
+    cli::add_int_option(app, "--memory", memory, 0, 1, "0|1", "1: save to the memory root mem://torture, its shared memory kept in DIR/shm");
+    if (const auto rc = cli::parse(app, argc, argv)) return *rc;
+    g_memory = memory == 1;
+    if (!redundancy.empty()) {
+      g_redundancy = parse_redundancy(redundancy);
+      if (!g_redundancy) {
+        cli::print_usage_error(name, "--redundancy: expected rs:K+M or replicate:F, got '" + redundancy + "'");
+        return cli::kExitUsage;
+      }
+      kWorld = 4;
     }
-  }
-  if (dir.empty()) {
-    std::fprintf(stderr, "ckpt-torture: --dir is required\n");
-    return 2;
-  }
-  parse_writer(writer);
-  if (!redundancy.empty()) {
-    g_redundancy = parse_redundancy(redundancy);
-    if (!g_redundancy) {
-      std::fprintf(stderr, "ckpt-torture: --redundancy must be rs:K+M or replicate:F\n");
-      return 2;
+    if (g_memory && mode == "run") {
+      // The memory directory must be private (0700) or the store refuses it.
+      const fs::path shm = fs::path(dir) / "shm";
+      fs::create_directories(shm);
+      fs::permissions(shm, fs::perms::owner_all, fs::perm_options::replace);
+      ::setenv("CKPT_MEMORY_DIR", shm.c_str(), 1);
+      dir = root_directory(kMemoryRoot);
     }
-    kWorld = 4;
-  }
-  if (g_memory && mode == "run") {
-    // The memory directory must be private (0700) or the store refuses it.
-    const fs::path shm = fs::path(dir) / "shm";
-    fs::create_directories(shm);
-    fs::permissions(shm, fs::perms::owner_all, fs::perm_options::replace);
-    ::setenv("CKPT_MEMORY_DIR", shm.c_str(), 1);
-    dir = root_directory(kMemoryRoot);
-  }
-  if (mode == "victim") return victim(dir, parse_writer(writer));
-  if (mode == "run") return run(fs::read_symlink("/proc/self/exe").string(), dir, kills, seed, writer, max_ms, redundancy);
-  std::fprintf(stderr, "ckpt-torture: mode must be run or victim\n");
-  return 2;
+    if (mode == "victim") return victim(dir, parse_writer(writer));
+    return run(fs::read_symlink("/proc/self/exe").string(), dir, kills, seed, writer, max_ms, redundancy);
+  });
 }
