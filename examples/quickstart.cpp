@@ -50,10 +50,10 @@ int program_main(int argc, char** argv) {
     for (std::uint64_t i = 0; i < numel; ++i) master[r][i] = static_cast<float>(r * numel + i) * 1e-6f;
     RankState rs;
     const auto slice = [&](const char* name) { return slice_of(name, {numel * world}, {numel * r}, {numel}); };
-    rs.tensors = {{"master", DType::F32, {numel}, std::as_bytes(std::span(master[r])), slice("master")},
-                  {"adam.m", DType::F32, {numel}, std::as_bytes(std::span(m[r])), slice("adam.m")},
-                  {"adam.v", DType::F32, {numel}, std::as_bytes(std::span(v[r])), slice("adam.v")},
-                  {"step", DType::I64, {1}, std::as_bytes(std::span(&step_counter[r], 1)), replicated(every_rank)}};
+    // ckpt::tensor infers the dtype from the element type (F32 here, I64 for the counter).
+    rs.tensors = {tensor("master", master[r], {numel}, slice("master")), tensor("adam.m", m[r], {numel}, slice("adam.m")),
+                  tensor("adam.v", v[r], {numel}, slice("adam.v")),
+                  tensor("step", std::span<const std::int64_t>(&step_counter[r], 1), {1}, replicated(every_rank))};
     rs.param_shard_offset = numel * r;
     rs.param_shard_numel = numel;
     rs.metadata["data_position"] = 10 * 4 + r;
@@ -61,13 +61,13 @@ int program_main(int argc, char** argv) {
   }
 
   std::printf("== saving a %d-rank checkpoint of step 10 under %s\n", world, root.c_str());
-  const Manifest saved = save_checkpoint_sync(posix_file_system(), root.string(), req);
+  const Manifest saved = save_checkpoint_sync(root.string(), req);
   for (const auto& s : saved.shards)
     std::printf("   rank %d  %-34s %8llu bytes  sha256 %.16s...\n", s.rank, s.path.c_str(),
                 static_cast<unsigned long long>(s.size), s.sha256.c_str());
 
   std::printf("== loading it back (latest, world size 4, full verification)\n");
-  auto opened = open_latest(posix_file_system(), root.string(), {.expected_world_size = world});
+  auto opened = open_latest(root.string(), {.expected_world_size = world});
   opened.reader.verify(Verify::full);
   bool equal = true;
   for (int r = 0; r < world; ++r) {
@@ -83,7 +83,7 @@ int program_main(int argc, char** argv) {
     fs::copy(root, copy, fs::copy_options::recursive);
     damage(copy / "step-0000000010");
     try {
-      auto o = open_latest(posix_file_system(), copy.string(), {.expected_world_size = world});
+      auto o = open_latest(copy.string(), {.expected_world_size = world});
       for (int r = 0; r < world; ++r) o.reader.load_shard(r);
       std::printf("   %-28s NOT refused\n", what);
       equal = false;
@@ -95,7 +95,7 @@ int program_main(int argc, char** argv) {
   std::printf("== the loader refuses bad checkpoints (on damaged copies)\n");
   {
     try {
-      open_latest(posix_file_system(), root.string(), {.expected_world_size = 8});
+      open_latest(root.string(), {.expected_world_size = 8});
       equal = false;
     } catch (const Error& e) {
       std::printf("   %-28s refused: %s\n", "resume at world size 8:", e.what());

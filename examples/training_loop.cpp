@@ -53,7 +53,7 @@ int program_main(int argc, char** argv) {
       // What the tensor is of the job's state: rank's slice of the global "weights" (so ckpt
       // reshard and consolidate know where it goes; replicated() and rank_local() say the rest).
       const auto slice = ckpt::slice_of("weights", {world * n}, {rank * n}, {n});
-      std::vector<ckpt::TensorView> state{{"weights", ckpt::DType::F32, {n}, std::as_bytes(std::span(weights)), slice}};
+      std::vector<ckpt::TensorView> state{ckpt::tensor("weights", weights, {n}, slice)};  // F32, from the element type
       pending.push_back(checkpointer.save(rank, step, state, info));  // returns once staged
     }
     for (auto& h : pending) {  // every save reports its commit, or rethrows its error
@@ -72,13 +72,13 @@ int program_main(int argc, char** argv) {
   for (auto& t : ranks) t.join();
 
   // Resume: the latest checkpoint, verified, at the same world size.
-  auto latest = ckpt::open_latest(ckpt::posix_file_system(), root, {.expected_world_size = world});
+  auto latest = ckpt::open_latest(root, {.expected_world_size = world});
   std::vector<float> resumed(n);
   const auto shard = latest.reader.load_shard(/*rank=*/0);
   std::memcpy(resumed.data(), shard.tensor("weights").data.data(), n * sizeof(float));
   // Or straight into memory you own, without a shard buffer (ckpt/read/load_into.hpp).
   std::vector<float> owned(n);
-  const ckpt::LoadTarget into[] = {{.name = "weights", .out = std::as_writable_bytes(std::span(owned)), .dtype = ckpt::DType::F32, .shape = {n}}};
+  const ckpt::LoadTarget into[] = {ckpt::load_target("weights", owned)};
   ckpt::load_into(latest.reader, /*rank=*/0, into, ckpt::Verify::fast);
   // --- the README's example ends here ---
 

@@ -363,7 +363,7 @@ CLI::Option* add_buffer_option(CLI::App& c, std::uint64_t& bytes) {
                                                "memory for data in flight, MiB (default " + std::to_string(bytes >> 20) +
                                                    "): peak memory stays near\nthis plus one or two checksum chunks "
                                                    "(4 MiB each by default),\nwhatever the checkpoint's size")
-      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 20).description(""))
+      ->check(cli::integer_in(1, 1 << 20))
       ->option_text("N");
 }
 
@@ -919,7 +919,7 @@ example:
                             *a);
   add_path(*c, "DIR", a->dir, "a node set (or one of its node roots, or DIR/node-n/step-N)");
   c->add_option_function<std::uint64_t>("--step", [a](std::uint64_t s) { a->step = s; }, "the checkpoint of step N (default: the newest latest of the node roots)")
-      ->check(CLI::Range(std::uint64_t{0}, kMaxStep).description(""))
+      ->check(cli::integer_in(0, static_cast<long double>(kMaxStep)))
       ->option_text("N");
   auto* mode = add_verify_option(*c, a->verify, "how damage is found: fast (default) the XXH3 of every chunk; full\nalso every file's SHA-256; none only missing files and sizes");
   c->add_flag("--full", a->full, "the same as --verify full")->excludes(mode);
@@ -1263,7 +1263,7 @@ example:
   auto* dry = c->add_flag("--dry-run", a->dry_run, "say what would be removed, remove nothing");
   auto* leftovers = c->add_option_function<std::uint64_t>("--leftovers-older-than", [a](std::uint64_t s) { a->leftovers_older_than = s; },
                                                           "s3 roots: also remove leftovers of failed commits older than\nSECONDS")
-                        ->check(CLI::Range(std::uint64_t{0}, std::uint64_t{1} << 40).description(""))
+                        ->check(cli::integer_in(0, static_cast<long double>(std::uint64_t{1} << 40)))
                         ->option_text("SECONDS")
                         ->excludes(dry);
   c->parse_complete_callback([c, keep, leftovers] {
@@ -1579,7 +1579,18 @@ int write_npy(const GetArgs& a, Verify mode, const GotTensor& g) {
   if (!preamble)
     throw Error(Errc::invalid_argument, a.out, "a .npy version 1.0 header for tensor '" + a.tensor + "'", "at most 65535 bytes",
                 std::to_string(v.shape.size()) + " dimensions");
-  write_file_atomically(a.out, {std::as_bytes(std::span(preamble->data(), preamble->size())), g.data});
+  const auto header = std::as_bytes(std::span(preamble->data(), preamble->size()));
+  // --out -: the .npy on standard output (for a pipe), and what is said about it on stderr.
+  const bool to_stdout = a.out == "-";
+  if (to_stdout) {
+    for (const auto part : {header, g.data})
+      if (!part.empty() && std::fwrite(part.data(), 1, part.size(), stdout) != part.size())
+        throw Error(Errc::io_error, "standard output", "writing tensor '" + a.tensor + "' as .npy", {}, {}, errno);
+    if (std::fflush(stdout) != 0) throw Error(Errc::io_error, "standard output", "writing tensor '" + a.tensor + "' as .npy", {}, {}, errno);
+  } else {
+    write_file_atomically(a.out, {header, g.data});
+  }
+  FILE* report = to_stdout ? stderr : stdout;
   const std::string descr(tool::npy_descr(v.dtype));
   const bool bf16 = v.dtype == DType::BF16;
   if (a.json) {
@@ -1592,16 +1603,16 @@ int write_npy(const GetArgs& a, Verify mode, const GotTensor& g) {
                             {"bytes_checked", g.bytes_checked}, {"rotated_away", g.rotated_away}});
     return kExitOk;
   }
-  std::printf("wrote %s (rank %d, %s %s, %s) to %s as '%s'\n", v.name.c_str(), g.rank, std::string(dtype_name(v.dtype)).c_str(),
+  std::fprintf(report, "wrote %s (rank %d, %s %s, %s) to %s as '%s'\n", v.name.c_str(), g.rank, std::string(dtype_name(v.dtype)).c_str(),
               shape_str(v.shape).c_str(), human_bytes(g.data.size()).c_str(), a.out.c_str(), descr.c_str());
   if (mode == Verify::fast)
-    std::printf("verified: %llu chunk%s (%s) of %s checked, xxh3\n", static_cast<unsigned long long>(g.chunks_checked),
+    std::fprintf(report, "verified: %llu chunk%s (%s) of %s checked, xxh3\n", static_cast<unsigned long long>(g.chunks_checked),
                 g.chunks_checked == 1 ? "" : "s", human_bytes(g.bytes_checked).c_str(), human_bytes(g.shard_size).c_str());
   else if (mode == Verify::full)
-    std::printf("verified: the whole shard (%s), xxh3 per chunk + sha256\n", human_bytes(g.shard_size).c_str());
+    std::fprintf(report, "verified: the whole shard (%s), xxh3 per chunk + sha256\n", human_bytes(g.shard_size).c_str());
   else
-    std::printf("not verified (--verify none)\n");
-  if (bf16) std::printf("note: numpy has no bfloat16: the raw bits are written as '<u2' (see ckpt get --help)\n");
+    std::fprintf(report, "not verified (--verify none)\n");
+  if (bf16) std::fprintf(report, "note: numpy has no bfloat16: the raw bits are written as '<u2' (see ckpt get --help)\n");
   return kExitOk;
 }
 
@@ -1609,6 +1620,7 @@ int write_npy(const GetArgs& a, Verify mode, const GotTensor& g) {
 // where the store keeps files this process can map, else read through the store's file
 // system, only the chunks covering it, each checked per --verify), written as .npy.
 int cmd_get(const GetArgs& a) {
+  if (a.out == "-" && a.json) throw cli::UsageError("--out - writes the tensor to standard output, where --json would write too");
   const Verify mode = verify_of(a.verify);
   const LocatedCheckpoint at = locate_checkpoint(a.dir);
   const auto got = [&](const std::string& dir, const CheckpointReader& reader, json::array rotated) {
@@ -1659,9 +1671,9 @@ example:
   add_path(*c, "DIR", a->dir, "a checkpoint directory, a root (its latest), or s3://bucket/prefix[/step-N]");
   add_path(*c, "TENSOR", a->tensor, "the tensor's name (ckpt inspect lists them)");
   c->add_option_function<int>("--rank", [a](int r) { a->rank = r; }, "the rank whose shard holds it (default: the lowest that does)")
-      ->check(CLI::Range(0, (1 << 20) - 1).description(""))
+      ->check(cli::integer_in(0, (1 << 20) - 1))
       ->option_text("R");
-  c->add_option("--out", a->out, "the .npy file to write")->required()->option_text("FILE");
+  c->add_option("--out", a->out, "the .npy file to write; - writes it to standard output (and the\nreport to stderr; not with --json)")->required()->option_text("FILE");
   add_verify_option(*c, a->verify, "fast (default): the XXH3 of the chunks holding the tensor; full:\nalso the whole shard's SHA-256 first; none: no checksum");
   return bind(c, a, cmd_get);
 }
@@ -1743,7 +1755,7 @@ example:
   c->add_flag("--plan", a->plan, "print the plan without loading anything");
   add_verify_option(*c, a->verify, "none (default): manifests and sizes; fast: also every chunk's XXH3;\nfull: also every file's SHA-256");
   c->add_option_function<int>("--world-size", [a](int w) { a->world_size = w; }, "pass over a checkpoint saved at another world size")
-      ->check(CLI::Range(1, 1 << 20).description(""))
+      ->check(cli::integer_in(1, 1 << 20))
       ->option_text("N");
   return bind(c, a, cmd_recover);
 }
@@ -1793,6 +1805,9 @@ int main(int argc, char** argv) {
   const std::string name = "ckpt " + it->app->get_name();
   try {
     return it->run();
+  } catch (const cli::UsageError& e) {  // options that contradict each other, found by the command
+    report(name, e.what());
+    return kExitUsage;
   } catch (const RotatedAway& r) {
     const std::string message =
         "rotated away: " + r.dir + ": removed by the rotation of a save into its root while it was read (latest names " + r.latest +

@@ -206,13 +206,13 @@ Options parse(int argc, char** argv) {
                  "tier to catch up (printing what it waits for every 10 s), then give up\n"
                  "the copies not done (exit status 5, last line `durable tier: no, gave up\n"
                  "after N s`); a signal gives up at once (default 300)")
-      ->check(CLI::NonNegativeNumber.description(""))
+      ->check(cli::number_in(0, 1e12))
       ->option_text("S");
   app.add_option("--lease-seconds", o.lease_seconds,
                  "with an s3:// --durable-dir: the period of the prefix's writer lease (renewed\n"
                  "every S/4; a second job on the prefix is refused while it holds, and takes\n"
                  "it over between S and 2 S after its holder died; default 60)")
-      ->check(CLI::Range(0.1, 3600.0).description(""))
+      ->check(cli::number_in(0.1, 3600))
       ->option_text("S");
   std::string redundancy;
   auto* nodes = add_int_option(app, "--nodes", o.nodes, 1, 1 << 16, "N",
@@ -238,14 +238,14 @@ Options parse(int argc, char** argv) {
                  "save on wall-clock time instead: after the first step at least S seconds\n"
                  "after the previous save (or the start), as rank 0's clock says; every rank\n"
                  "saves that step")
-      ->check(CLI::PositiveNumber.description(""))
+      ->check(cli::number_in(1e-9, 1e12))
       ->option_text("S");
   app.add_option("--grace-seconds", o.grace_seconds,
                  "on SIGTERM, SIGINT or SIGUSR1: every rank stops at the next step, saves it\n"
                  "and waits up to S seconds for it to commit (and reach --durable-dir; a\n"
                  "second signal skips that wait), then prints the loss table so far and one\n"
                  "line naming `latest` and exits 0 (default 30)")
-      ->check(CLI::NonNegativeNumber.description(""))
+      ->check(cli::number_in(0, 1e12))
       ->option_text("S");
   app.add_flag("--deferred-staging", o.deferred_staging,
                "save() returns before the state is copied: the copy runs on ckpt's threads\n"

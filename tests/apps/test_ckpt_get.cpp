@@ -187,3 +187,27 @@ TEST_CASE("ckpt get refuses a tensor the manifest index calls I32 while its shar
   CHECK(r.status == 0);
   CHECK(test::names_in(out.path()) == std::vector<std::string>{"t.npy"});
 }
+
+TEST_CASE("ckpt get --out - writes the .npy to standard output, byte-equal to the file, and its report to stderr") {
+  Saved s;
+  test::TempDir out;
+  const std::string file = (out / "f.npy").string(), piped = (out / "piped.npy").string(), report = (out / "report.txt").string();
+  REQUIRE(get(s.ckpt_dir().string() + " f32 --out " + file).status == 0);
+  int status = -1;
+  test::run_command(test::kTool + " get " + s.ckpt_dir().string() + " f32 --out - > " + piped + " 2> " + report, &status);
+  CHECK(status == 0);
+  std::ifstream a(file, std::ios::binary), b(piped, std::ios::binary), r(report);
+  const std::string fa((std::istreambuf_iterator<char>(a)), {}), fb((std::istreambuf_iterator<char>(b)), {}),
+      said((std::istreambuf_iterator<char>(r)), {});
+  CHECK(fa.size() > 128);
+  CHECK(fa == fb);
+  CHECK(said.find("wrote f32 (rank") != std::string::npos);
+  CHECK(said.find(" to - as '<f4'") != std::string::npos);
+  CHECK_FALSE(fs::exists("-"));
+  // With --json the JSON would go where the tensor goes: a usage error, nothing written.
+  const auto r2 = get(s.ckpt_dir().string() + " f32 --out - --json");
+  CHECK(r2.status == 2);
+  CHECK(r2.out.find("ckpt get: --out - writes the tensor to standard output, where --json would write too") != std::string::npos);
+  CHECK(r2.out.find("\"code\":\"usage\"") != std::string::npos);
+  CHECK(r2.out.find("\x93NUMPY") == std::string::npos);
+}

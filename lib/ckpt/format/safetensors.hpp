@@ -23,9 +23,12 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "ckpt/core/dtype.hpp"
+#include "ckpt/core/error.hpp"
 #include "ckpt/format/sharding.hpp"
 
 CKPT_API_BEGIN
@@ -46,6 +49,38 @@ struct TensorView {
   std::span<const std::byte> data;
   std::optional<TensorSharding> sharding;
 };
+
+/// A tensor to save from `data`, its dtype inferred from the element type (dtype_of):
+/// `ckpt::tensor("w", weights)` for a std::vector<float> is the 1-D F32 tensor of
+/// weights.size() elements. `shape` gives it another shape (the product of its dimensions
+/// must be data.size(): else Errc::invalid_argument naming the tensor, with both counts);
+/// `sharding` says what it is of the job's state (slice_of, replicated, rank_local). The
+/// tensor views `data`, which must stay alive and unchanged until the save has staged it.
+template <class T>
+TensorView tensor(std::string name, std::span<const T> data, std::vector<std::uint64_t> shape = {},
+                  std::optional<TensorSharding> sharding = std::nullopt) {
+  if (shape.empty()) shape = {data.size()};
+  std::uint64_t numel = 1;
+  for (const auto d : shape) numel *= d;
+  if (numel != data.size())
+    throw Error(Errc::invalid_argument, name, "tensor(): the shape's element count differs from the data's",
+                std::to_string(data.size()) + " elements", std::to_string(numel) + " elements");
+  return TensorView{std::move(name), dtype_of<T>(), std::move(shape), std::as_bytes(data), std::move(sharding)};
+}
+/// The same for a span of writable elements.
+template <class T>
+  requires(!std::is_const_v<T>)
+TensorView tensor(std::string name, std::span<T> data, std::vector<std::uint64_t> shape = {},
+                  std::optional<TensorSharding> sharding = std::nullopt) {
+  return tensor(std::move(name), std::span<const T>(data), std::move(shape), std::move(sharding));
+}
+/// The same for a std::vector (not std::vector<bool>, which holds no array of bool).
+template <class T>
+TensorView tensor(std::string name, const std::vector<T>& data, std::vector<std::uint64_t> shape = {},
+                  std::optional<TensorSharding> sharding = std::nullopt) {
+  static_assert(!std::is_same_v<T, bool>, "ckpt::tensor: std::vector<bool> holds no array of bool");
+  return tensor(std::move(name), std::span<const T>(data), std::move(shape), std::move(sharding));
+}
 
 /// One tensor of a shard header. begin/end are offsets into the data section.
 struct ShardTensor {

@@ -167,6 +167,10 @@ struct ReshardResult {
 /// Blocks; uses buffer_bytes plus one chunk of memory.
 ReshardResult reshard_checkpoint(FileSystem& fs, const CheckpointReader& source, const std::string& dst_root,
                                  const ReshardOptions& options);
+/// reshard_checkpoint on the POSIX file system.
+inline ReshardResult reshard_checkpoint(const CheckpointReader& source, const std::string& dst_root, const ReshardOptions& options) {
+  return reshard_checkpoint(posix_file_system(), source, dst_root, options);
+}
 
 /// Whether a global tensor is optimizer state, by its name: it starts with "optim." (the
 /// trainer's flat tensors, an optimizer's state flattened as "optim.state.3.exp_avg") or
@@ -232,6 +236,10 @@ struct ConsolidateResult {
 /// one chunk of memory.
 ConsolidateResult consolidate_checkpoint(FileSystem& fs, const CheckpointReader& source, const std::string& out_dir,
                                          const ConsolidateOptions& options);
+/// consolidate_checkpoint on the POSIX file system.
+inline ConsolidateResult consolidate_checkpoint(const CheckpointReader& source, const std::string& out_dir, const ConsolidateOptions& options) {
+  return consolidate_checkpoint(posix_file_system(), source, out_dir, options);
+}
 
 }  // namespace ckpt
 CKPT_API_END

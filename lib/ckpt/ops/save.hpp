@@ -47,6 +47,10 @@ struct SaveRequest {
 /// request or a committed step, the file system's errors otherwise). Returns the committed
 /// manifest.
 Manifest save_checkpoint_sync(FileSystem& fs, const std::string& root, const SaveRequest& request);
+/// save_checkpoint_sync on the POSIX file system.
+inline Manifest save_checkpoint_sync(const std::string& root, const SaveRequest& request) {
+  return save_checkpoint_sync(posix_file_system(), root, request);
+}
 
 }  // namespace ckpt
 CKPT_API_END

@@ -24,6 +24,8 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "ckpt/core/dtype.hpp"
@@ -41,6 +43,28 @@ struct LoadTarget {
   std::uint64_t first = 0;               ///< first element to load (with `count`)
   std::optional<std::uint64_t> count;    ///< elements to load; nullopt: the whole tensor (first = 0)
 };
+
+/// A LoadTarget for the whole tensor `name` into `out`, its dtype inferred from the element
+/// type (dtype_of) and its shape {out.size()} unless `shape` is given: `ckpt::load_target("w",
+/// weights)` for a std::vector<float>. The load checks both against the manifest, as for any
+/// LoadTarget.
+template <class T>
+LoadTarget load_target(std::string name, std::span<T> out, std::vector<std::uint64_t> shape = {}) {
+  static_assert(!std::is_const_v<T>, "ckpt::load_target: the memory loaded into must be writable");
+  if (shape.empty()) shape = {out.size()};
+  LoadTarget t;
+  t.name = std::move(name);
+  t.out = std::as_writable_bytes(out);
+  t.dtype = dtype_of<T>();
+  t.shape = std::move(shape);
+  return t;
+}
+/// The same for a std::vector (not std::vector<bool>).
+template <class T>
+LoadTarget load_target(std::string name, std::vector<T>& out, std::vector<std::uint64_t> shape = {}) {
+  static_assert(!std::is_same_v<T, bool>, "ckpt::load_target: std::vector<bool> holds no array of bool");
+  return load_target(std::move(name), std::span<T>(out), std::move(shape));
+}
 
 enum class LoadEngine {
   automatic,  ///< io_uring where the kernel (and seccomp) allow it, else pread

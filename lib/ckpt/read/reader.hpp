@@ -187,6 +187,11 @@ class CheckpointReader {
 /// does (within the limits, once per process for the same file, a symlinked `dir` refused).
 /// Throws Errc::not_found (no manifest) and the manifest's decode errors. Thread-safe.
 std::shared_ptr<const Manifest> read_checkpoint_manifest(FileSystem& fs, const std::string& dir);
+/// read_checkpoint_manifest on the POSIX file system.
+inline std::shared_ptr<const Manifest> read_checkpoint_manifest(const std::string& dir) {
+  return read_checkpoint_manifest(posix_file_system(), dir);
+}
+
 
 /// The manifest of a checkpoint across node roots, and what each node's copy holds.
 struct NodeManifest {
@@ -247,10 +252,17 @@ bool rotated_away(FileSystem& fs, const std::string& root, const std::string& na
 /// Opens ROOT/step-N.
 CheckpointReader open_step(FileSystem& fs, const std::string& root, std::uint64_t step,
                            std::optional<int> expected_world_size = {});
+/// open_step on the POSIX file system.
+inline CheckpointReader open_step(const std::string& root, std::uint64_t step, std::optional<int> expected_world_size = {}) {
+  return open_step(posix_file_system(), root, step, expected_world_size);
+}
 
 /// The name the directory root's ROOT/latest holds, or nullopt if there is none. (A node
 /// set's is read_latest_nodes; any root's: open_store(root)->latest().)
 std::optional<std::string> read_latest(FileSystem& fs, const std::string& root);
+/// read_latest on the POSIX file system.
+inline std::optional<std::string> read_latest(const std::string& root) { return read_latest(posix_file_system(), root); }
+
 
 enum class CheckpointState {
   complete,     ///< every file there and checked
@@ -277,6 +289,11 @@ struct CheckpointInfo {
 /// call while a save commits and rotates in the same root: an entry that is renamed or
 /// removed while it is being read is left out, never reported as corrupt.
 std::vector<CheckpointInfo> list_checkpoints(FileSystem& fs, const std::string& root, Verify verify = Verify::none);
+/// list_checkpoints on the POSIX file system.
+inline std::vector<CheckpointInfo> list_checkpoints(const std::string& root, Verify verify = Verify::none) {
+  return list_checkpoints(posix_file_system(), root, verify);
+}
+
 
 }  // namespace ckpt
 CKPT_API_END

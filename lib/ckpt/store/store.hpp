@@ -416,6 +416,10 @@ StoreKind root_kind(const std::string& root, const StoreOptions& options = {});
 /// Opens the live checkpoint of the root `root` (any kind: open_store's, with `fs` for a
 /// directory or a node set): CheckpointStore::open_latest.
 OpenedCheckpoint open_latest(FileSystem& fs, const std::string& root, const OpenLatestOptions& options = {});
+/// open_latest on the POSIX file system: `ckpt::open_latest(root, {.expected_world_size = 4})`.
+inline OpenedCheckpoint open_latest(const std::string& root, const OpenLatestOptions& options = {}) {
+  return open_latest(posix_file_system(), root, options);
+}
 
 /// What a path names, as the tools take it (located by locate_checkpoint).
 struct LocatedCheckpoint {
