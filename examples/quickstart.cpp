@@ -44,7 +44,7 @@ int program_main(int argc, char** argv) {
   req.step = 10;
   req.wall_clock_seconds = 42.0;
   req.param_numel = numel * world;
-  req.training["lr_schedule"] = {{"kind", "cosine"}, {"base_lr", 3e-4}};
+  req.training.set("lr_schedule", JsonObject().set("kind", "cosine").set("base_lr", 3e-4));  // free-form JSON
   for (int r = 0; r < world; ++r) {
     for (auto* vec : {&master[r], &m[r], &v[r]}) vec->resize(numel);
     for (std::uint64_t i = 0; i < numel; ++i) master[r][i] = static_cast<float>(r * numel + i) * 1e-6f;
@@ -56,7 +56,7 @@ int program_main(int argc, char** argv) {
                   tensor("step", std::span<const std::int64_t>(&step_counter[r], 1), {1}, replicated(every_rank))};
     rs.param_shard_offset = numel * r;
     rs.param_shard_numel = numel;
-    rs.metadata["data_position"] = 10 * 4 + r;
+    rs.metadata.set("data_position", 10 * 4 + r);
     req.ranks.push_back(std::move(rs));
   }
 

@@ -49,7 +49,7 @@ int program_main(int argc, char** argv) {
       info.param_shard_offset = rank * n;
       info.param_shard_numel = n;
       info.param_numel = world * n;
-      info.metadata["step"] = step;
+      info.metadata.set("step", step);
       // What the tensor is of the job's state: rank's slice of the global "weights" (so ckpt
       // reshard and consolidate know where it goes; replicated() and rank_local() say the rest).
       const auto slice = ckpt::slice_of("weights", {world * n}, {rank * n}, {n});

@@ -48,6 +48,7 @@
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
+#include "ckpt/format/boost_json.hpp"
 #include "ckpt/format/manifest_limits.hpp"
 #include "ckpt/store/local/commit.hpp"
 #include "ckpt/fs/small_file.hpp"
@@ -506,7 +507,7 @@ struct ReshardedFrom {
   std::optional<Verify> source_verify;  // nullopt: resharded before the field was recorded
 };
 std::optional<ReshardedFrom> resharded_from(const Manifest& m, const std::string& file) {
-  const json::value* from = m.training.if_contains("resharded_from");
+  const json::value* from = json_of(m.training).if_contains("resharded_from");
   if (!from || !from->is_object()) return std::nullopt;
   ReshardedFrom out;
   if (const json::value* w = from->as_object().if_contains("world_size"); w && w->is_int64()) out.world_size = static_cast<int>(w->as_int64());
@@ -557,7 +558,7 @@ void print_inspect(const std::string& dir, const Manifest& m, const NodeCheckpoi
   }
   if (!m.training.empty()) {
     // param_layout runs to one entry per model tensor: summarised, the rest printed whole.
-    json::object tr = m.training;
+    json::object tr = json_of(m.training);
     if (const auto* pl = tr.if_contains("param_layout"); pl && pl->is_array())
       tr["param_layout"] = std::to_string(pl->as_array().size()) + " tensors (ckpt inspect --json shows them)";
     std::printf("training    %s\n", json::serialize(tr).c_str());

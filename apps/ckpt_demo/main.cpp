@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "ckpt/core/error.hpp"
+#include "ckpt/format/boost_json.hpp"
 #include "ckpt/dist/thread_comm.hpp"
 #ifdef CKPT_DEMO_MPI
 #include "ckpt/dist/mpi/mpi_comm.hpp"
@@ -568,7 +569,7 @@ RankRecord train_rank(const Options& o, dist::Communicator& comm, const std::str
       if (!rec.snapshot_step && o.fail_save != step) {
         rec.snapshot_step = step;
         for (const auto& t : trainer.checkpoint_tensors()) rec.snapshot.push_back({t.name, std::vector<std::byte>(t.data.begin(), t.data.end())});
-        rec.snapshot_meta = trainer.checkpoint_info().metadata;
+        rec.snapshot_meta = ckpt::json_of(trainer.checkpoint_info().metadata);
       }
     }
     collect(false, &row);
@@ -1212,7 +1213,7 @@ int program_main(int argc, char** argv) {
           equal &= t.data.size() == bytes.size() && std::equal(bytes.begin(), bytes.end(), t.data.begin());
           ++tensors;
         }
-        equal &= shard.record.metadata == rr.snapshot_meta;
+        equal &= ckpt::json_of(shard.record.metadata) == rr.snapshot_meta;
       }
       checks['d'] = {equal, std::to_string(tensors) + " tensors of " + checkpoint_dir_name(*r0.snapshot_step) + ", SHA-256 verified"};
     }

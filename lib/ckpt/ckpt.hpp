@@ -5,7 +5,8 @@
 //   #include <ckpt/ckpt.hpp>      // CMake: target_link_libraries(app PRIVATE ckpt::ckpt)
 //
 //   core     ckpt::Error and ckpt::Errc (every failure), dtypes and tensor views, the log sink
-//   format   the manifest and the safetensors shard header (encode, decode, validate)
+//   format   the manifest and the safetensors shard header (encode, decode, validate), and
+//            JsonObject, the free-form metadata a checkpoint carries
 //   fs       the FileSystem interface and posix_file_system(), names on disk
 //   objstore the ObjectStore interface and its S3 client
 //   shard    the one shard writer
@@ -21,8 +22,8 @@
 // headers, not included here: <ckpt/runtime/async_wait.hpp> (a SaveHandle as an Asio
 // completion-token operation; link ckpt::asio) and, when ckpt is built with MPI,
 // <ckpt/dist/mpi/mpi_comm.hpp> (link ckpt::mpi) and, when built with prometheus-cpp,
-// <ckpt/metrics/server.hpp> (the metrics endpoint; link ckpt::metrics). Nothing here includes Asio or liburing, and
-// a consumer compiles with no definition of ckpt's.
+// <ckpt/metrics/server.hpp> (the metrics endpoint; link ckpt::metrics). Nothing here includes Boost (Asio, JSON) or
+// liburing, and a consumer compiles with no definition of ckpt's.
 #pragma once
 
 #include "ckpt/version.hpp"
@@ -31,6 +32,7 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
 #include "ckpt/format/file_names.hpp"
+#include "ckpt/format/json_object.hpp"
 #include "ckpt/format/manifest.hpp"
 #include "ckpt/format/redundancy.hpp"
 #include "ckpt/format/safetensors.hpp"

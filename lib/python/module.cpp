@@ -26,6 +26,7 @@
 #include "ckpt/store/store.hpp"
 #include "ckpt/core/dtype.hpp"
 #include "ckpt/core/error.hpp"
+#include "ckpt/format/boost_json.hpp"
 #include "ckpt/format/manifest.hpp"
 #include "ckpt/format/safetensors.hpp"
 #include "ckpt/format/sharding.hpp"
@@ -361,8 +362,8 @@ class PyCheckpointer {
                                double wall_clock_seconds, const std::string& sharding) {
     const std::vector<ckpt::TensorView> views = views_of(tensors, sharding);
     ckpt::SaveInfo info;
-    info.metadata = object_of(metadata, "metadata");
-    info.training = object_of(training, "training");
+    info.metadata = ckpt::to_json_object(object_of(metadata, "metadata"));
+    info.training = ckpt::to_json_object(object_of(training, "training"));
     info.wall_clock_seconds = wall_clock_seconds;
     // The barrier (a step of another step in flight) is waited for in slices, so that a save
     // stuck behind a checkpoint that never completes stays interruptible.
@@ -455,9 +456,9 @@ class PyReader {
   std::string dir() const { return opened_->reader.dir(); }
   bool fell_back() const { return opened_->fell_back; }
   std::string verify_name() const { return verify_ == ckpt::Verify::none ? "none" : verify_ == ckpt::Verify::fast ? "fast" : "full"; }
-  // As JSON text, NaN and infinities tagged (format/manifest.hpp, tag_non_finite).
-  std::string metadata(int rank) const { return json::serialize(ckpt::tag_non_finite(manifest().shard(rank).metadata)); }
-  std::string training() const { return json::serialize(ckpt::tag_non_finite(manifest().training)); }
+  // As JSON text, NaN and infinities tagged (JsonObject::dump).
+  std::string metadata(int rank) const { return manifest().shard(rank).metadata.dump(); }
+  std::string training() const { return manifest().training.dump(); }
 
   // (name, dtype name, shape) of rank's tensors, in the manifest's order.
   std::vector<std::tuple<std::string, std::string, std::vector<std::uint64_t>>> tensors(int rank) const {

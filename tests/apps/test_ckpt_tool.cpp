@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <map>
 
+#include "ckpt/format/boost_json.hpp"
 #include "../io/io_fixture.hpp"
 #include "../io/test_reshard_safetensors.hpp"
 #include "ckpt/dist/communicator.hpp"
@@ -197,14 +198,14 @@ TEST_CASE("ckpt consolidate writes the demo model as safetensors with a weight-m
   {
     const auto b = test::read_all(fs::path(out) / "config.json");
     const auto reader = CheckpointReader::open(posix_file_system(), demo.step(20));
-    CHECK(boost::json::parse(std::string(b.begin(), b.end())) == reader.manifest().training.at("config"));
+    CHECK(boost::json::parse(std::string(b.begin(), b.end())) == json_of(reader.manifest().training).at("config"));
   }
   const auto index = boost::json::parse([&] {
                        const auto b = test::read_all(fs::path(out) / "model.safetensors.index.json");
                        return std::string(b.begin(), b.end());
                      }()).as_object();
   const auto reader = CheckpointReader::open(posix_file_system(), demo.step(20));
-  const auto& layout = reader.manifest().training.at("param_layout").as_array();
+  const auto& layout = json_of(reader.manifest().training).at("param_layout").as_array();
   const auto& wm = index.at("weight_map").as_object();
   CHECK(wm.size() == layout.size());
   // Each tensor equals its range of the concatenated master shards.
@@ -317,7 +318,7 @@ void write_big_checkpoint(const std::string& root) {
     ws.shard.param_shard_numel = range.numel;
     if (r == 0) {
       ws.param_numel = kBigParams;
-      ws.training = {{"flat_tensors", boost::json::array{"optim.master", "optim.m", "optim.v"}}, {"num_params", kBigParams}};
+      json_of(ws.training) = {{"flat_tensors", boost::json::array{"optim.master", "optim.m", "optim.v"}}, {"num_params", kBigParams}};
     }
     reports.push_back(std::move(ws));
   }

@@ -6,6 +6,7 @@
 #include <limits>
 #include <string>
 
+#include "ckpt/format/boost_json.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/format/manifest.hpp"
 #include "support/test_support.hpp"
@@ -32,11 +33,11 @@ Manifest sample() {
     s.chunk_xxh3 = {1, 2};
     s.param_shard_offset = 50u * r;
     s.param_shard_numel = 50;
-    s.metadata["data_position"] = 7;
+    json_of(s.metadata)["data_position"] = 7;
     m.shards.push_back(s);
     m.tensors.push_back({"master", r, DType::F32, {50}, 4096, 4296});
   }
-  m.training["lr"] = 0.01;
+  json_of(m.training)["lr"] = 0.01;
   return m;
 }
 
@@ -65,10 +66,10 @@ TEST_CASE("manifest round-trips every field") {
   CHECK(d.shards[1].path == m.shards[1].path);
   CHECK(d.shards[1].chunk_xxh3 == m.shards[1].chunk_xxh3);
   CHECK(d.shards[1].param_shard_offset == 50);
-  CHECK(d.shards[1].metadata.at("data_position").as_int64() == 7);
+  CHECK(json_of(d.shards[1].metadata).at("data_position").as_int64() == 7);
   CHECK(d.tensors.size() == 2);
   CHECK(d.find_tensor("master", 1)->begin == 4096);
-  CHECK(d.training.at("lr").as_double() == 0.01);
+  CHECK(json_of(d.training).at("lr").as_double() == 0.01);
   CHECK(encode_manifest(d) == encode_manifest(m));
 }
 
@@ -76,9 +77,9 @@ TEST_CASE("NaN and infinities in training and metadata round-trip bit for bit, w
   Manifest m = sample();
   const double negative_nan = std::bit_cast<double>(0xfff8000000000000ull);  // what 0 * inf gives on x86
   const double payload_nan = std::bit_cast<double>(0x7ff0000000000123ull);
-  m.training["loss"] = std::numeric_limits<double>::quiet_NaN();
-  m.training["bounds"] = json::array{std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(), 1.5};
-  m.shards[1].metadata["nested"] = json::object{{"a", negative_nan}, {"b", payload_nan}};
+  json_of(m.training)["loss"] = std::numeric_limits<double>::quiet_NaN();
+  json_of(m.training)["bounds"] = json::array{std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(), 1.5};
+  json_of(m.shards[1].metadata)["nested"] = json::object{{"a", negative_nan}, {"b", payload_nan}};
   const std::string text = encode_manifest(m);
   CHECK(text.find(R"("loss":{"__float__":"nan"})") != std::string::npos);
   CHECK(text.find(R"("bounds":[{"__float__":"inf"},{"__float__":"-inf"},1.5E0])") != std::string::npos);
@@ -86,18 +87,18 @@ TEST_CASE("NaN and infinities in training and metadata round-trip bit for bit, w
   CHECK(json::parse(text).is_object());  // valid JSON: what any reader can read
   const Manifest d = decode_manifest(text, "m");
   const auto bits = [](const json::value& v) { return std::bit_cast<std::uint64_t>(v.as_double()); };
-  CHECK(bits(d.training.at("loss")) == 0x7ff8000000000000ull);
-  CHECK(d.training.at("bounds").as_array()[0].as_double() == std::numeric_limits<double>::infinity());
-  CHECK(d.training.at("bounds").as_array()[1].as_double() == -std::numeric_limits<double>::infinity());
-  CHECK(bits(d.shards[1].metadata.at("nested").at("a")) == 0xfff8000000000000ull);
-  CHECK(bits(d.shards[1].metadata.at("nested").at("b")) == 0x7ff0000000000123ull);
+  CHECK(bits(json_of(d.training).at("loss")) == 0x7ff8000000000000ull);
+  CHECK(json_of(d.training).at("bounds").as_array()[0].as_double() == std::numeric_limits<double>::infinity());
+  CHECK(json_of(d.training).at("bounds").as_array()[1].as_double() == -std::numeric_limits<double>::infinity());
+  CHECK(bits(json_of(d.shards[1].metadata).at("nested").at("a")) == 0xfff8000000000000ull);
+  CHECK(bits(json_of(d.shards[1].metadata).at("nested").at("b")) == 0x7ff0000000000123ull);
   CHECK(encode_manifest(d) == text);
   // Objects that are not exactly a tag stay objects; a literal beyond the double range is refused.
   m = sample();
-  m.training["not_tags"] = json::array{json::object{{"__float__", "nan"}, {"x", 1}}, json::object{{"__float__", "0x1.8p+1"}},
+  json_of(m.training)["not_tags"] = json::array{json::object{{"__float__", "nan"}, {"x", 1}}, json::object{{"__float__", "0x1.8p+1"}},
                                        json::object{{"__float__", "nan:0x7ff0000000000000"}}};
   const Manifest kept = decode_manifest(encode_manifest(m), "m");
-  CHECK(kept.training.at("not_tags") == m.training.at("not_tags"));
+  CHECK(json_of(kept.training).at("not_tags") == json_of(m.training).at("not_tags"));
   std::string literal = encode_manifest(sample());
   literal = literal.substr(0, literal.find("\"training\": ")) + "\"training\": {\"x\": 1e400}\n}\n";
   const Error e = test::expect_error([&] { (void)decode_manifest(literal, "m"); });

@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 
+#include "ckpt/format/boost_json.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/format/detail/manifest_parse.hpp"
 #include "ckpt/format/manifest.hpp"
@@ -36,11 +37,11 @@ Manifest many_tensors(std::size_t tensors, std::uint64_t chunk = 4096) {
   s.sha256 = std::string(64, 'a');
   s.chunk_xxh3.assign(static_cast<std::size_t>(chunk_count(s.size, chunk)), 0x0123456789abcdefull);
   s.param_shard_numel = 2 * tensors;
-  s.metadata["data_position"] = 7;
+  json_of(s.metadata)["data_position"] = 7;
   m.shards.push_back(s);
   for (std::size_t i = 0; i < tensors; ++i)
     m.tensors.push_back({"model.layers." + std::to_string(i / 16) + ".mlp.w" + std::to_string(i), 0, DType::F32, {2}, 8 * i, 8 * i + 8});
-  m.training["lr"] = 0.01;
+  json_of(m.training)["lr"] = 0.01;
   return m;
 }
 
@@ -221,52 +222,54 @@ json::value nested_arrays(int levels) {
 }  // namespace
 
 TEST_CASE("check_free_form refuses what the commit's decode would, naming the argument and the limit") {
-  json::object md, training;
+  JsonObject metadata_object, training_object;
+  json::object& md = json_of(metadata_object);
+  json::object& training = json_of(training_object);
   // Nesting: 32 levels in all, the metadata dict at level 4 (the top, shards, the shard
   // entry above it), the training dict at level 2.
   md["deep"] = nested_arrays(28);  // levels 5 to 32
   training["deep"] = nested_arrays(30);  // levels 3 to 32
-  CHECK_NOTHROW(check_free_form(md, training, "metadata and training of rank 0"));
+  CHECK_NOTHROW(check_free_form(metadata_object, training_object, "metadata and training of rank 0"));
   md["deep"] = nested_arrays(29);
-  Error e = test::expect_error([&] { check_free_form(md, training, "metadata and training of rank 0"); });
+  Error e = test::expect_error([&] { check_free_form(metadata_object, training_object, "metadata and training of rank 0"); });
   CHECK(e.code() == Errc::invalid_argument);
   CHECK(e.file().empty());
   CHECK(e.detail() == "metadata and training of rank 0 cannot be held by a manifest: nesting of objects and arrays");
   CHECK(e.expected() == "at most 32 levels");
   md["deep"] = 1;
   training["deep"] = nested_arrays(31);
-  CHECK(test::expect_error([&] { check_free_form(md, training, "t"); }).detail() == "t cannot be held by a manifest: nesting of objects and arrays");
+  CHECK(test::expect_error([&] { check_free_form(metadata_object, training_object, "t"); }).detail() == "t cannot be held by a manifest: nesting of objects and arrays");
   training.clear();
   // A string over 1 MiB, in the metadata or the training, and a key over 4 KiB.
   md["note"] = std::string(kMaxManifestStringBytes, 'x');
-  CHECK_NOTHROW(check_free_form(md, training, "m"));
+  CHECK_NOTHROW(check_free_form(metadata_object, training_object, "m"));
   md["note"] = std::string(kMaxManifestStringBytes + 1, 'x');
-  e = test::expect_error([&] { check_free_form(md, training, "m"); });
+  e = test::expect_error([&] { check_free_form(metadata_object, training_object, "m"); });
   CHECK(e.code() == Errc::invalid_argument);
   CHECK(e.detail() == "m cannot be held by a manifest: length of the string at shards[0].metadata");
   CHECK(e.expected() == "at most 1048576 bytes");
   CHECK(e.actual() == "more than 1048576 bytes");
   md.clear();
   training["note"] = std::string(kMaxManifestStringBytes + 1, 'x');
-  CHECK(test::expect_error([&] { check_free_form(md, training, "m"); }).detail() == "m cannot be held by a manifest: length of the string at training");
+  CHECK(test::expect_error([&] { check_free_form(metadata_object, training_object, "m"); }).detail() == "m cannot be held by a manifest: length of the string at training");
   training.clear();
   md[std::string(kMaxManifestKeyBytes + 1, 'k')] = 0;
-  CHECK(test::expect_error([&] { check_free_form(md, training, "m"); }).expected() == "at most 4096 bytes");
+  CHECK(test::expect_error([&] { check_free_form(metadata_object, training_object, "m"); }).expected() == "at most 4096 bytes");
   // Metadata and training share the free-form budget of a one-shard manifest: 600k values
   // each fit alone, not together.
   md.clear();
   json::array many(600000, json::value(0));
   md["many"] = many;
-  CHECK_NOTHROW(check_free_form(md, training, "m"));
+  CHECK_NOTHROW(check_free_form(metadata_object, training_object, "m"));
   training["many"] = many;
-  e = test::expect_error([&] { check_free_form(md, training, "m"); });
+  e = test::expect_error([&] { check_free_form(metadata_object, training_object, "m"); });
   CHECK(e.detail() == "m cannot be held by a manifest: values in the free-form parts (training and the shards' metadata), at training");
   CHECK(e.expected() == "at most " + std::to_string(kFreeFormValues + kFreeFormValuesPerShard) + " values");
   // NaN and infinities are tagged first, and pass.
   md.clear();
   training.clear();
   md["loss"] = std::numeric_limits<double>::quiet_NaN();
-  CHECK_NOTHROW(check_free_form(md, training, "m"));
+  CHECK_NOTHROW(check_free_form(metadata_object, training_object, "m"));
 }
 
 TEST_CASE("a document cut short or followed by more text is refused as invalid JSON") {

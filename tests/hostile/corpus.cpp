@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "hostile/corpus.hpp"
 
+#include "ckpt/format/boost_json.hpp"
+
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
@@ -69,13 +71,13 @@ Manifest save(MemoryFileSystem& fs, std::uint64_t step, bool small) {
   req.wall_clock_seconds = static_cast<double>(step) * 1.5;
   req.param_numel = 1000u * kWorld;
   req.chunk_size = kChunk;
-  req.training["lr_schedule"] = json::object{{"kind", "cosine"}, {"base_lr", 3e-4}};
+  json_of(req.training)["lr_schedule"] = json::object{{"kind", "cosine"}, {"base_lr", 3e-4}};
   for (int r = 0; r < kWorld; ++r) {
     RankState rs;
     rs.tensors = payloads[static_cast<std::size_t>(r)].views;
     rs.param_shard_offset = 1000u * static_cast<std::uint64_t>(r);
     rs.param_shard_numel = 1000;
-    rs.metadata["data_position"] = static_cast<std::int64_t>(step * 4 + static_cast<std::uint64_t>(r));
+    json_of(rs.metadata)["data_position"] = static_cast<std::int64_t>(step * 4 + static_cast<std::uint64_t>(r));
     req.ranks.push_back(std::move(rs));
   }
   return save_checkpoint_sync(fs, kRoot, req);

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ckpt/format/boost_json.hpp"
 #include "ckpt/store/local/commit.hpp"
 #include "ckpt/fs/layout.hpp"
 #include "ckpt/read/reader.hpp"
@@ -45,7 +46,7 @@ struct Fixture {
     request.wall_clock_seconds = 12.5;
     request.chunk_size = chunk;
     request.param_numel = 1000u * static_cast<std::uint64_t>(world);
-    request.training["lr"] = 0.001;
+    json_of(request.training)["lr"] = 0.001;
     for (int r = 0; r < world; ++r) {
       RankState rs;
       auto& p = payload[static_cast<std::size_t>(r)];
@@ -58,7 +59,7 @@ struct Fixture {
         rs.tensors.push_back({specs[i].name, specs[i].t, specs[i].shape, std::as_bytes(std::span(p.blobs[i]))});
       rs.param_shard_offset = 1000u * static_cast<std::uint64_t>(r);
       rs.param_shard_numel = 1000;
-      rs.metadata["data_position"] = static_cast<std::int64_t>(step * 4 + static_cast<std::uint64_t>(r));
+      json_of(rs.metadata)["data_position"] = static_cast<std::int64_t>(step * 4 + static_cast<std::uint64_t>(r));
       request.ranks.push_back(std::move(rs));
     }
   }

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <filesystem>
 
+#include "ckpt/format/boost_json.hpp"
 #include "ckpt/store/store.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
@@ -51,7 +52,7 @@ TEST_CASE("round trip is byte-equal for every dtype, empty and odd-sized tensors
     CHECK(m.shards.size() == static_cast<std::size_t>(world));
     auto opened = open_latest(posix_file_system(), root, {.expected_world_size = world});
     CHECK(opened.name == "step-0000000007");
-    CHECK(opened.reader.manifest().training.at("lr").as_double() == 0.001);
+    CHECK(json_of(opened.reader.manifest().training).at("lr").as_double() == 0.001);
     check_equal(opened.reader, fx);
     CHECK(names_in(root) == std::vector<std::string>{".lock", "latest", "step-0000000007"});
   }

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "ckpt/format/boost_json.hpp"
 #include "ckpt/store/store.hpp"
 #include "ckpt/format/detail/manifest_parse.hpp"
 #include "ckpt/format/manifest_limits.hpp"
@@ -277,7 +278,7 @@ TEST_CASE("opening a checkpoint holds memory per tensor within the documented bo
 TEST_CASE("commit refuses a manifest the loader would refuse, with the loader's error, and commits nothing") {
   test::TempDir dir("ckpt-manifest");
   test::Fixture fx(2, 10);
-  fx.request.training["note"] = std::string(kMaxManifestStringBytes + 1, 'x');
+  json_of(fx.request.training)["note"] = std::string(kMaxManifestStringBytes + 1, 'x');
   const Error e = test::expect_error([&] { (void)save_checkpoint_sync(posix_file_system(), dir.path().string(), fx.request); });
   CHECK(e.code() == Errc::malformed_manifest);
   CHECK(e.file().ends_with(std::string(kManifestName)));
@@ -288,7 +289,7 @@ TEST_CASE("commit refuses a manifest the loader would refuse, with the loader's 
   // The loader, given a manifest that says the same, refuses it with the same error.
   ManyTensors c(2);
   Manifest m = c.m;
-  m.training["note"] = std::string(kMaxManifestStringBytes + 1, 'x');
+  json_of(m.training)["note"] = std::string(kMaxManifestStringBytes + 1, 'x');
   c.fs.put_file(c.mpath, encode_manifest(m));
   const Error l = test::expect_error([&] { (void)CheckpointReader::open(c.fs, c.dir); });
   CHECK(l.code() == e.code());
@@ -307,10 +308,10 @@ TEST_CASE("a checkpoint whose training holds a trainer's param_layout of 100k te
                                   {"shape", json::array{4096, 4096}},
                                   {"offset", 16777216ull * static_cast<std::uint64_t>(i)},
                                   {"numel", 16777216}});
-  fx.request.training["param_layout"] = layout;
+  json_of(fx.request.training)["param_layout"] = layout;
   save_checkpoint_sync(posix_file_system(), dir.path().string(), fx.request);
   const auto opened = open_latest(posix_file_system(), dir.path().string(), {.expected_world_size = 2});
-  CHECK(opened.reader.manifest().training.at("param_layout").as_array() == layout);
+  CHECK(json_of(opened.reader.manifest().training).at("param_layout").as_array() == layout);
   // With room to spare: a quarter of the free-form bytes, under three quarters of its values.
   const auto st = detail::last_manifest_parse();
   MESSAGE("param_layout of 100k tensors: " << st.counts.free_form_bytes << " bytes, " << st.counts.free_form_values << " values");
@@ -344,12 +345,12 @@ TEST_CASE("a rewritten manifest is parsed again, in memory and on disk") {
   ManyTensors c(10);
   const auto r1 = CheckpointReader::open(c.fs, c.dir);
   Manifest m = c.m;
-  m.training["lr"] = 0.5;
+  json_of(m.training)["lr"] = 0.5;
   c.fs.put_file(c.mpath, encode_manifest(m));
   const std::uint64_t before = detail::manifest_decode_count();
   const auto r2 = CheckpointReader::open(c.fs, c.dir);
   CHECK(detail::manifest_decode_count() - before == 1);
-  CHECK(r2.manifest().training.at("lr").as_double() == 0.5);
+  CHECK(json_of(r2.manifest().training).at("lr").as_double() == 0.5);
   CHECK_FALSE(r1.manifest().training.contains("lr"));
 
   OnDisk d;
@@ -358,8 +359,8 @@ TEST_CASE("a rewritten manifest is parsed again, in memory and on disk") {
   v.as_object()["training"].as_object()["lr"] = 0.25;
   d.replace(encode_manifest(decode_manifest(json::serialize(v), d.mpath)));
   const auto p2 = CheckpointReader::open(posix_file_system(), d.ckpt);
-  CHECK(p1.manifest().training.at("lr").as_double() == 0.001);
-  CHECK(p2.manifest().training.at("lr").as_double() == 0.25);
+  CHECK(json_of(p1.manifest().training).at("lr").as_double() == 0.001);
+  CHECK(json_of(p2.manifest().training).at("lr").as_double() == 0.25);
 }
 
 TEST_CASE("a manifest decoded by no reader any more is decoded again by the next open") {

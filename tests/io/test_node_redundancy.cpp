@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/format/boost_json.hpp"
 #include "ckpt/store/store.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/format/redundancy.hpp"
@@ -1010,7 +1011,7 @@ TEST_CASE("the manifest of a node set is the bytes most nodes hold, not the firs
   // Node 0 holds a manifest that decodes and describes a checkpoint across 3 nodes, but other
   // bytes (one tensor's metadata edited); nodes 1 and 2 agree.
   Manifest edited = s.m;
-  edited.shards[0].metadata["edited"] = "yes";
+  json_of(edited.shards[0].metadata)["edited"] = "yes";
   const std::string text = encode_manifest(edited);
   write_all(dir / "node-0" / s.name / kManifestName, std::vector<std::uint8_t>(text.begin(), text.end()));
   const auto roots = s.roots_in(dir);
@@ -1018,13 +1019,13 @@ TEST_CASE("the manifest of a node set is the bytes most nodes hold, not the firs
   for (const auto& r : roots) dirs.push_back(join_path(r, s.name));
   const NodeManifest nm = read_node_manifest(posix_file_system(), dirs);
   CHECK(nm.node == 1);
-  CHECK(nm.manifest->shards[0].metadata.count("edited") == 0);
+  CHECK(json_of(nm.manifest->shards[0].metadata).count("edited") == 0);
   REQUIRE(nm.problems[0]);
   CHECK_MESSAGE(contains(nm.problems[0]->what(), "other bytes"), nm.problems[0]->what());
   CHECK(nm.problems[0]->code() == Errc::checksum_mismatch);
   // The reader opens the same manifest, through the node set and through node 0's directory.
-  CHECK(CheckpointReader::open_nodes(posix_file_system(), dirs).manifest().shards[0].metadata.count("edited") == 0);
-  CHECK(CheckpointReader::open(posix_file_system(), dirs[0]).manifest().shards[0].metadata.count("edited") == 0);
+  CHECK(json_of(CheckpointReader::open_nodes(posix_file_system(), dirs).manifest().shards[0].metadata).count("edited") == 0);
+  CHECK(json_of(CheckpointReader::open(posix_file_system(), dirs[0]).manifest().shards[0].metadata).count("edited") == 0);
 }
 
 TEST_CASE("a killed repair's temporaries are removed by the next writer's or repair's crash cleanup") {

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <map>
 
+#include "ckpt/format/boost_json.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
 #include "ckpt/dist/communicator.hpp"
@@ -77,7 +78,7 @@ struct FlatModel {
     req.wall_clock_seconds = 3.5;
     req.chunk_size = chunk;
     req.param_numel = padded;
-    req.training = training();
+    req.training = to_json_object(training());
     for (int r = 0; r < world; ++r) {
       const auto range = dist::shard_range(padded, world, r);
       auto& mine = slices[static_cast<std::size_t>(r)];
@@ -95,7 +96,7 @@ struct FlatModel {
       rs.param_shard_offset = range.offset;
       rs.param_shard_numel = range.numel;
       const auto ru = static_cast<std::uint64_t>(r);
-      rs.metadata = {{"data_position", 96}, {"rng", json::array{ru * 4, ru * 4 + 1, ru * 4 + 2, ru * 4 + 3}}};
+      json_of(rs.metadata) = {{"data_position", 96}, {"rng", json::array{ru * 4, ru * 4 + 1, ru * 4 + 2, ru * 4 + 3}}};
       req.ranks.push_back(std::move(rs));
     }
     return save_checkpoint_sync(posix_file_system(), root, req);
@@ -293,7 +294,7 @@ TEST_CASE("a flat reader refuses shards that do not tile the flat space") {
   SaveRequest req;
   req.step = 1;
   req.param_numel = 2000;
-  req.training = {{"flat_tensors", json::array{"x"}}};
+  json_of(req.training) = {{"flat_tensors", json::array{"x"}}};
   RankState r0, r1;
   r0.tensors = {{"x", DType::F32, {1000}, std::as_bytes(std::span(a))}};
   r1.tensors = {{"x", DType::F32, {1000}, std::as_bytes(std::span(b))}};
@@ -356,8 +357,8 @@ TEST_CASE("every resharded checkpoint passes full verification and describes its
     const FlatLayout layout = flat_layout(man);
     CHECK(layout.tensors == kFlat);
     CHECK(layout.num_params == 5003);
-    CHECK(man.training.at("resharded_from").at("world_size").as_int64() == 4);
-    CHECK(man.training.at("config") == model.training().at("config"));
+    CHECK(json_of(man.training).at("resharded_from").at("world_size").as_int64() == 4);
+    CHECK(json_of(man.training).at("config") == model.training().at("config"));
     // Replicated tensors land on the new rank 0 only, unchanged.
     const auto shard0 = reader.load_shard(0);
     CHECK(std::memcmp(shard0.tensor("model.w").data.data(), model.w16.data(), model.P * 2) == 0);
@@ -373,19 +374,19 @@ TEST_CASE("per-rank metadata keeps global keys on every rank and rank-local keys
   REQUIRE(meta.size() == 6);
   for (int r = 0; r < 6; ++r) {
     CAPTURE(r);
-    const auto& o = meta[static_cast<std::size_t>(r)];
+    const auto& o = json_of(meta[static_cast<std::size_t>(r)]);
     CHECK(o.at("data_position").as_int64() == 96);  // global: the same samples consumed
-    if (r < 4) CHECK(o.at("rng") == m4.shard(r).metadata.at("rng"));
+    if (r < 4) CHECK(o.at("rng") == json_of(m4.shard(r).metadata).at("rng"));
     else CHECK(o.if_contains("rng") == nullptr);     // the consumer derives a fresh stream
   }
   // A key whose values differ between ranks is rank-local even if not declared so.
   Manifest odd = m4;
-  odd.training.erase("rank_local_metadata");
-  odd.shards[2].metadata["shuffle"] = 5;
-  for (int r : {0, 1, 3}) odd.shards[static_cast<std::size_t>(r)].metadata["shuffle"] = 1;
+  json_of(odd.training).erase("rank_local_metadata");
+  json_of(odd.shards[2].metadata)["shuffle"] = 5;
+  for (int r : {0, 1, 3}) json_of(odd.shards[static_cast<std::size_t>(r)].metadata)["shuffle"] = 1;
   const auto meta2 = remap_rank_metadata(odd, 2);
-  CHECK(meta2[1].at("shuffle").as_int64() == 1);
-  CHECK(meta2[1].at("rng") == odd.shard(1).metadata.at("rng"));
+  CHECK(json_of(meta2[1]).at("shuffle").as_int64() == 1);
+  CHECK(json_of(meta2[1]).at("rng") == json_of(odd.shard(1).metadata).at("rng"));
 }
 
 TEST_CASE("reshard through a small buffer writes the same checkpoint as through a large one") {
@@ -445,7 +446,7 @@ TEST_CASE("a corrupt source is refused by reshard with verify fast and full, and
   CHECK(log.matching({step_dir(dir / "src"), "reshard with verify none: the source's checksums are not checked"}).size() == 1);
   CHECK(out.source_verify == Verify::none);
   const auto copy = CheckpointReader::open(posix_file_system(), out.dir);
-  CHECK(copy.manifest().training.at("resharded_from").at("source_verify").as_string() == "none");
+  CHECK(json_of(copy.manifest().training).at("resharded_from").at("source_verify").as_string() == "none");
   CHECK(resharded_source_verify(copy.manifest()) == Verify::none);
   // Its own checksums hold (they are of what was copied): only the record tells.
   CHECK_NOTHROW(copy.verify(Verify::full));
@@ -467,7 +468,7 @@ TEST_CASE("source_verify records the weakest check since a job saved the bytes: 
   CHECK(none.source_verify == Verify::none);
   const auto again = checked(none.dir, "again", Verify::full);
   CHECK(again.source_verify == Verify::none);
-  CHECK(again.manifest.training.at("resharded_from").at("source_verify").as_string() == "none");
+  CHECK(json_of(again.manifest.training).at("resharded_from").at("source_verify").as_string() == "none");
   CHECK(checked(step_dir(dir / "full"), "full-fast", Verify::fast).source_verify == Verify::fast);
 }
 

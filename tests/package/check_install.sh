@@ -53,6 +53,8 @@ while read -r h; do
     fail "installed header $h does not compile on its own: $(head -5 "$scratch/err")"
   if [ "$h" != ckpt/runtime/async_wait.hpp ]; then
     grep -q 'boost/asio' "$scratch/one.d" && fail "installed header $h includes Asio"
+    # Nor any other part of Boost: the metadata is a ckpt::JsonObject, Boost.JSON stays inside.
+    grep -q '/boost/' "$scratch/one.d" && fail "installed header $h includes Boost: $(tr ' ' '\n' < "$scratch/one.d" | grep -m1 '/boost/')"
   fi
 done < "$scratch/headers"
 for h in train/trainer.hpp testing/fault_injection.hpp testing/memory_file_system.hpp core/random.hpp; do
@@ -67,7 +69,7 @@ compile=$(grep -E '(c\+\+|g\+\+).* -c .*main\.cpp' "$scratch/build.log") || fail
 echo "$compile" | grep -qE 'BOOST_ASIO|-DCKPT|-luring' && fail "ckpt-private flags on the consumer's compile line: $compile"
 if [ $kind = shared ]; then  # liburing and OpenSSL stay inside libckpt.so
   link=$(grep -E ' -o consumer ' "$scratch/build.log") || fail "no link line for the consumer in the build log"
-  echo "$link" | grep -qE 'uring|crypto|ssl' && fail "a private dependency of the shared libckpt on the consumer's link line: $link"
+  echo "$link" | grep -qE 'uring|crypto|ssl|boost' && fail "a private dependency of the shared libckpt on the consumer's link line: $link"
 fi
 # No S3 client without ckpt::s3: an s3:// root is the typed error saying how to get it, and
 # the program links no libcurl.
@@ -126,8 +128,9 @@ if [ $kind = shared ]; then
   nm -D --defined-only -C "$libdir/libckpt.so" | awk '$2 ~ /^[TWVDBRu]$/' | cut -d' ' -f3- > "$scratch/exported"
   foreign=$(grep -vE '^(ckpt::|typeinfo (name )?for ckpt::|vtable for ckpt::|VTT for ckpt::|guard variable for ckpt::|non-virtual thunk to ckpt::|virtual thunk to ckpt::|_init$|_fini$|CKPT_[0-9.]+$)' "$scratch/exported" | head -20 || true)
   [ -n "$foreign" ] && fail "libckpt.so exports symbols that are not ckpt's: $foreign"
-  # (ckpt's own functions may take Boost.JSON types: Boost.JSON is in the API. A symbol of
-  # Boost's own, or an instantiation over it, begins with boost:: and is refused above.)
+  # (A symbol of Boost's own, or an instantiation over it, begins with boost:: and is refused
+  # above. ckpt's helpers over Boost.JSON, format/boost_json.hpp, are exported for the
+  # library's own programs and tests; no installed header declares them, as step 1 checks.)
   echo "check_install: libckpt.so ($soname) exports $(wc -l < "$scratch/exported") symbols"
 fi
 

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "ckpt/format/boost_json.hpp"
 #include "ckpt/fs/layout.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
 #include "ckpt/runtime/write_backend.hpp"
@@ -50,8 +51,8 @@ inline SaveInfo info_for(int rank, int world, std::size_t n, std::uint64_t step)
   info.param_shard_numel = n;
   info.param_numel = static_cast<std::uint64_t>(world) * n;
   info.wall_clock_seconds = static_cast<double>(step);
-  info.metadata["data_position"] = static_cast<std::int64_t>(step * 10 + static_cast<std::uint64_t>(rank));
-  info.training["lr"] = 0.001;
+  json_of(info.metadata)["data_position"] = static_cast<std::int64_t>(step * 10 + static_cast<std::uint64_t>(rank));
+  json_of(info.training)["lr"] = 0.001;
   return info;
 }
 

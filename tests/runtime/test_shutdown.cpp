@@ -20,6 +20,7 @@
 #include <random>
 #include <thread>
 
+#include "ckpt/format/boost_json.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/store/local/commit.hpp"
 #include "ckpt/read/reader.hpp"
@@ -262,19 +263,19 @@ TEST_CASE("metadata a manifest cannot hold is refused by save() before anything 
   std::vector<test::RankState> states{test::RankState(0, kN)};
   Checkpointer c({.root = dir.path().string()});
   SaveInfo info;
-  info.metadata["note"] = std::string(1u << 20, 'x');
-  info.metadata["note"].as_string().push_back('y');
+  json_of(info.metadata)["note"] = std::string(1u << 20, 'x');
+  json_of(info.metadata)["note"].as_string().push_back('y');
   const Error e = test::expect_error([&] { c.save(0, 1, states[0].views(), info); });
   CHECK(e.code() == Errc::invalid_argument);
   CHECK(e.detail() == "metadata and training of rank 0 (step 1) cannot be held by a manifest: length of the string at shards[0].metadata");
   CHECK(e.expected() == "at most 1048576 bytes");
   CHECK(c.stats().saves_started == 0);
   CHECK(test::temporaries(dir.path()).empty());
-  info.metadata.clear();
-  info.metadata["loss"] = std::numeric_limits<double>::quiet_NaN();
-  info.training["scale"] = -std::numeric_limits<double>::infinity();
+  json_of(info.metadata).clear();
+  json_of(info.metadata)["loss"] = std::numeric_limits<double>::quiet_NaN();
+  json_of(info.training)["scale"] = -std::numeric_limits<double>::infinity();
   const std::string committed = c.save(0, 1, states[0].views(), info).wait().dir;
   const auto r = CheckpointReader::open(posix_file_system(), committed, 1);
-  CHECK(std::isnan(r.manifest().shard(0).metadata.at("loss").as_double()));
-  CHECK(r.manifest().training.at("scale").as_double() == -std::numeric_limits<double>::infinity());
+  CHECK(std::isnan(json_of(r.manifest().shard(0).metadata).at("loss").as_double()));
+  CHECK(json_of(r.manifest().training).at("scale").as_double() == -std::numeric_limits<double>::infinity());
 }

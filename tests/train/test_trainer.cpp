@@ -14,6 +14,7 @@
 #include <optional>
 #include <sstream>
 
+#include "ckpt/format/boost_json.hpp"
 #include "ckpt/store/store.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/dist/thread_comm.hpp"
@@ -128,7 +129,7 @@ Restored resume_only(const TrainConfig& cfg, int world, const std::string& root,
     const auto r = static_cast<std::size_t>(comm.rank());
     for (const auto& v : t.checkpoint_tensors())
       if (v.name.starts_with("optim.")) out.tensors[r][v.name].assign(v.data.begin(), v.data.end());
-    out.metadata[r] = t.checkpoint_info().metadata;
+    out.metadata[r] = json_of(t.checkpoint_info().metadata);
     out.ranges[r] = t.optimizer().shard();
   });
   return out;
@@ -403,7 +404,7 @@ TEST_CASE("a Trainer accumulating k micro-batches matches one batch of k times t
       std::lock_guard lk(mu);
       auto& g = got.grads[static_cast<std::size_t>(comm.rank())];
       for (float x : t.local_gradient()) g.push_back(x / s.loss_scale);
-      if (comm.rank() == 0) got.loss = s.loss, got.grad_norm = s.grad_norm, got.position = t.checkpoint_info().metadata.at("data_position");
+      if (comm.rank() == 0) got.loss = s.loss, got.grad_norm = s.grad_norm, got.position = json_of(t.checkpoint_info().metadata).at("data_position");
     });
     return got;
   };

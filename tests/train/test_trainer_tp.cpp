@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 
+#include "ckpt/format/boost_json.hpp"
 #include "ckpt/store/store.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/dist/thread_comm.hpp"
@@ -69,7 +70,7 @@ Run run_tp(const TrainConfig& cfg, int world, std::uint64_t steps, const std::st
     if (r == 0) out.params = t.parameters();
     const auto p = t.optimizer().params16();
     out.p16[r].assign(p.begin(), p.end());
-    out.metadata[r] = t.checkpoint_info().metadata;
+    out.metadata[r] = json_of(t.checkpoint_info().metadata);
     out.activation_bytes[r] = t.memory().activations;
   });
   return out;
@@ -141,9 +142,9 @@ TEST_CASE("the manifest records the tensor-parallel layout") {
   test::TempDir dir;
   run_tp(tp_train_config(2, 2), 4, 1, dir.path().string(), 1);
   const auto opened = open_latest(posix_file_system(), dir.path().string(), {});
-  const auto& parallel = opened.reader.manifest().training.at("parallel");
+  const auto& parallel = json_of(opened.reader.manifest().training).at("parallel");
   CHECK(parallel == boost::json::value{{"tensor", 2}, {"data", 2}, {"tp_split", "attention heads"}});
-  CHECK(opened.reader.manifest().training.at("config").at("tensor_parallel") == 2);
+  CHECK(json_of(opened.reader.manifest().training).at("config").at("tensor_parallel") == 2);
 }
 
 TEST_CASE("a resume at another tensor-parallel layout is refused naming both layouts") {
@@ -208,7 +209,7 @@ TEST_CASE("an offline reshard of a tensor-parallel checkpoint keeps whole groups
   CHECK_FALSE(std::filesystem::exists(odd));
   reshard_checkpoint(posix_file_system(), reader, offline.path().string(), {.world_size = 4});
   const auto opened = open_latest(posix_file_system(), offline.path().string(), {});
-  CHECK(opened.reader.manifest().training.at("parallel").at("data") == 2);
+  CHECK(json_of(opened.reader.manifest().training).at("parallel").at("data") == 2);
   const auto a = run_tp(cfg, 4, 6, live.path().string(), 0, true, Reshard::allow);
   const auto b = run_tp(cfg, 4, 6, offline.path().string(), 0, true, Reshard::no);
   REQUIRE(a.losses.size() == 3);

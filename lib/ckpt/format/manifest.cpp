@@ -15,6 +15,7 @@
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/format/json_util.hpp"
+#include "ckpt/format/boost_json.hpp"
 #include "ckpt/format/detail/manifest_parse.hpp"
 #include "ckpt/hash/file_digest.hpp"
 #include "ckpt/hash/xxh3.hpp"
@@ -27,17 +28,6 @@ namespace {
 constexpr int kMaxWorldSize = 1 << 20;
 constexpr std::uint64_t kMaxFileSize = 1ull << 50;  // 1 PiB per shard: beyond it, the number is hostile
 constexpr std::uint64_t kMinChunk = 4096, kMaxChunk = 1ull << 30;
-
-// Boost.JSON reads a literal beyond the double range (1e400) as infinity, which JSON cannot
-// spell: encode_manifest would write it back as "Infinity", a manifest nothing can read. The
-// free-form objects are checked for it (recursion is bounded by the parser's depth limit).
-bool all_finite(const json::value& v) {
-  if (v.is_double()) return std::isfinite(v.get_double());
-  if (const auto* a = v.if_array()) return std::all_of(a->begin(), a->end(), [](const json::value& e) { return all_finite(e); });
-  if (const auto* o = v.if_object())
-    return std::all_of(o->begin(), o->end(), [](const json::key_value_pair& kv) { return all_finite(kv.value()); });
-  return true;
-}
 
 bool is_lower_hex(std::string_view s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
@@ -70,6 +60,14 @@ std::optional<double> tagged_double(const json::object& o) {
   return std::isnan(d) ? std::optional(d) : std::nullopt;
 }
 }  // namespace
+
+bool all_finite(const json::value& v) {
+  if (v.is_double()) return std::isfinite(v.get_double());
+  if (const auto* a = v.if_array()) return std::all_of(a->begin(), a->end(), [](const json::value& e) { return all_finite(e); });
+  if (const auto* o = v.if_object())
+    return std::all_of(o->begin(), o->end(), [](const json::key_value_pair& kv) { return all_finite(kv.value()); });
+  return true;
+}
 
 json::value tag_non_finite(const json::value& v) {
   if (v.is_double() && !std::isfinite(v.get_double())) return json::object{{kFloatTag, non_finite_spelling(v.get_double())}};
@@ -183,7 +181,7 @@ json::object shard_to_json(const ShardRecord& s) {
                       {"chunk_xxh3", std::move(chunks)},
                       {"param_shard_offset", s.param_shard_offset},
                       {"param_shard_numel", s.param_shard_numel},
-                      {"metadata", tagged_object(s.metadata)}};
+                      {"metadata", tagged_object(json_of(s.metadata))}};
 }
 
 namespace {
@@ -267,7 +265,7 @@ std::string encode_manifest(const Manifest& m) {
                  {"param_numel", m.param_numel},
                  {"shards", std::move(shards)},
                  {"tensors", std::move(tensors)},
-                 {"training", tagged_object(m.training)}};
+                 {"training", tagged_object(json_of(m.training))}};
   if (m.nodes) {
     o["nodes"] = json::object{{"count", m.nodes->nodes},
                               {"ranks_per_node", m.nodes->ranks_per_node},
@@ -567,9 +565,9 @@ Manifest decode_manifest_value(const json::value& root, std::string_view file) {
   if (m.chunk_size < kMinChunk || (m.chunk_size & (m.chunk_size - 1)) != 0)
     c.fail("chunk_size", "a power of two from 4096 to 2^30", std::to_string(m.chunk_size));
   m.param_numel = detail::json_u64(c, detail::json_field(c, o, "param_numel", ""), "param_numel");
-  if (const auto* t = o.if_contains("training")) m.training = detail::json_obj(c, *t, "training");
-  if (!all_finite(m.training)) c.fail("training", "finite numbers", "a number beyond the double range");
-  untag_object(m.training);
+  if (const auto* t = o.if_contains("training")) json_of(m.training) = detail::json_obj(c, *t, "training");
+  if (!all_finite(json_of(m.training))) c.fail("training", "finite numbers", "a number beyond the double range");
+  untag_object(json_of(m.training));
 
   const auto& shards = detail::json_arr(c, detail::json_field(c, o, "shards", ""), "shards");
   if (shards.size() != static_cast<std::size_t>(m.world_size))
@@ -598,9 +596,9 @@ Manifest decode_manifest_value(const json::value& root, std::string_view file) {
     if (__builtin_add_overflow(s.param_shard_offset, s.param_shard_numel, &end) || end > m.param_numel)
       c.fail(where + ".param_shard_offset + param_shard_numel", "at most param_numel " + std::to_string(m.param_numel),
              std::to_string(s.param_shard_offset) + " + " + std::to_string(s.param_shard_numel));
-    if (const auto* md = so.if_contains("metadata")) s.metadata = detail::json_obj(c, *md, where + ".metadata");
-    if (!all_finite(s.metadata)) c.fail(where + ".metadata", "finite numbers", "a number beyond the double range");
-    untag_object(s.metadata);
+    if (const auto* md = so.if_contains("metadata")) json_of(s.metadata) = detail::json_obj(c, *md, where + ".metadata");
+    if (!all_finite(json_of(s.metadata))) c.fail(where + ".metadata", "finite numbers", "a number beyond the double range");
+    untag_object(json_of(s.metadata));
   }
   for (const auto& s : m.shards)
     if (!paths.insert(s.path).second) c.fail("shards[rank " + std::to_string(s.rank) + "].path", "a path used once", "'" + s.path + "' repeated");

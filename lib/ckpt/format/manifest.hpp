@@ -9,7 +9,6 @@
 
 #include <chrono>
 
-#include <boost/json/object.hpp>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -18,6 +17,7 @@
 #include <vector>
 
 #include "ckpt/core/dtype.hpp"
+#include "ckpt/format/json_object.hpp"
 #include "ckpt/format/redundancy.hpp"
 #include "ckpt/format/sharding.hpp"
 
@@ -42,7 +42,7 @@ struct ShardRecord {
   std::vector<std::uint64_t> chunk_xxh3;  ///< one per manifest chunk_size bytes
   std::uint64_t param_shard_offset = 0;   ///< this rank's range of the flat parameter space
   std::uint64_t param_shard_numel = 0;
-  boost::json::object metadata;  ///< per-rank training state (data position, RNG, ...)
+  JsonObject metadata;  ///< per-rank training state (data position, RNG, ...)
 };
 
 /// Where one tensor lives: rank's shard file, absolute byte range [begin, end) in that file.
@@ -67,7 +67,7 @@ struct Manifest {
   std::uint64_t param_numel = 0;  ///< size of the flat parameter space (sum of shard numels)
   std::vector<ShardRecord> shards;    ///< sorted by rank, exactly world_size entries
   std::vector<TensorRecord> tensors;  ///< the tensor index
-  boost::json::object training;       ///< free-form: LR schedule, config, ...
+  JsonObject training;                ///< free-form: LR schedule, config, ...
   /// Set: the checkpoint spans node roots (format/redundancy.hpp): shard r lives in the
   /// checkpoint directory of node nodes->node_of(r), and `redundancy` lists every block of
   /// nodes->scheme, in planned_blocks' order. Unset: one directory holds every shard.
@@ -93,7 +93,7 @@ struct ShardReport {
   std::uint64_t chunk_size = kDefaultChunkSize;  ///< the chunk length of shard.chunk_xxh3
   std::uint64_t param_numel = 0;
   double wall_clock_seconds = 0;
-  boost::json::object training;
+  JsonObject training;
 };
 
 /// The one place a manifest is assembled: `reports` holds one report per rank, in rank order
@@ -101,21 +101,6 @@ struct ShardReport {
 /// result as the loader would before writing it. Throws Errc::invalid_argument for no reports,
 /// reports out of rank order, or a report hashed with another chunk length than `chunk_size`.
 Manifest assemble_manifest(std::uint64_t step, std::uint64_t chunk_size, std::vector<ShardReport> reports);
-
-/// The JSON objects encode_manifest writes for one shard entry, one tensor index entry and
-/// one redundancy block.
-/// `stripe`: a parity block's stripe (its members are written out for an independent
-/// decoder); null for a replica.
-boost::json::object block_to_json(const RedundancyBlock& b, const Stripe* stripe);
-boost::json::object shard_to_json(const ShardRecord& s);
-boost::json::object tensor_to_json(const TensorRecord& t);
-/// The sharding field of a tensor entry: {"slice": {...}}, {"replicated": {...}} or
-/// {"rank_local": true}.
-boost::json::object sharding_to_json(const TensorSharding& s);
-/// The one sharding field of `entry` (an object as sharding_to_json writes it), checked on
-/// its own, as decode_manifest checks it before the checks against its entry and the other
-/// entries: Errc::malformed_manifest naming `file` and `where` otherwise.
-TensorSharding sharding_from_json(const boost::json::object& entry, std::string_view file, std::string_view where);
 
 /// Serialises a manifest (pretty enough to read with cat, stable field order), as
 /// m.schema_version says (2 by default; a schema 1 manifest with sharding descriptions is
@@ -143,19 +128,15 @@ Manifest decode_manifest(std::string_view text, std::string_view file);
 /// piece at a time; `source` is read twice (manifest_limits.hpp: scan, then parse).
 Manifest decode_manifest(std::uint64_t size, const ManifestTextSource& source, std::string_view file);
 
-/// The free-form parts (`training`, each shard's `metadata`) may hold any double, but JSON
-/// has no spelling for NaN or the infinities. encode_manifest writes each non-finite double
-/// there as the object {"__float__": S}, S one of "inf", "-inf", "nan" (the default quiet
-/// NaN, bits 0x7ff8000000000000) or "nan:0x" and the 16 lower-case hex digits of any other
-/// NaN's bits (its sign and payload); decode_manifest reads each such object (exactly that
-/// one member, one of those spellings) back as the double, bit for bit. Python's
-/// float.fromhex reads the first three spellings. (A number literal beyond the double
-/// range, 1e400, is still refused on decode: no writer spells a number that way.)
-/// tag_non_finite: `v` with every non-finite double so tagged (a copy).
-boost::json::value tag_non_finite(const boost::json::value& v);
-/// untag_non_finite: every tag in `v` turned back into its double, in place.
-void untag_non_finite(boost::json::value& v);
-
+/// The free-form parts (`training`, each shard's `metadata`) may hold any double: JSON has
+/// no spelling for NaN or the infinities, so encode_manifest writes each non-finite double
+/// there as the object {"__float__": S}, S one of "inf", "-inf", "nan" (the default quiet NaN,
+/// bits 0x7ff8000000000000) or "nan:0x" and the 16 lower-case hex digits of any other NaN's
+/// bits (its sign and payload); decode_manifest reads each such object (exactly that one
+/// member, one of those spellings) back as the double, bit for bit (docs/format.md). Python's
+/// float.fromhex reads the first three spellings. (A number literal beyond the double range,
+/// 1e400, is still refused on decode: no writer spells a number that way.)
+///
 /// The check a save makes of what it is given for the manifest (the commit makes it again
 /// on the whole manifest): `metadata` as a shard's and `training` as the checkpoint's,
 /// non-finite doubles tagged, must pass the scan decode_manifest runs (manifest_limits.hpp:
@@ -164,7 +145,7 @@ void untag_non_finite(boost::json::value& v);
 /// above them, and together at most the free-form budget of a one-shard manifest). Throws
 /// Errc::invalid_argument whose detail starts with `what` (e.g. "metadata and training of
 /// rank 0") and names the limit, with its expected and actual values. Thread-safe.
-void check_free_form(const boost::json::object& metadata, const boost::json::object& training, std::string_view what);
+void check_free_form(const JsonObject& metadata, const JsonObject& training, std::string_view what);
 
 /// True if `name` is safe as a file name inside a checkpoint directory: non-empty, at most 255
 /// bytes, no '/', no NUL, not "." or "..", not starting with '.' (reserved for temporaries).

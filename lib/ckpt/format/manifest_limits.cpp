@@ -419,10 +419,9 @@ class BudgetResource final : public json::memory_resource {
 
 }  // namespace detail
 
-void check_free_form(const json::object& metadata, const json::object& training, std::string_view what) {
+void check_free_form(const JsonObject& metadata, const JsonObject& training, std::string_view what) {
   // Where the manifest puts them, so that the scan classifies them as it does there.
-  const std::string text = R"({"shards":[{"metadata":)" + json::serialize(tag_non_finite(metadata)) + R"(}],"training":)" +
-                           json::serialize(tag_non_finite(training)) + "}";
+  const std::string text = R"({"shards":[{"metadata":)" + metadata.dump() + R"(}],"training":)" + training.dump() + "}";
   try {
     detail::scan(text.size(), [&text](std::uint64_t offset) { return std::string_view(text).substr(static_cast<std::size_t>(offset)); }, "");
   } catch (const Error& e) {

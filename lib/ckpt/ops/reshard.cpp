@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
+#include "ckpt/format/boost_json.hpp"
 #include "ckpt/ops/reshard.hpp"
 #include "ckpt/read/slice_load.hpp"
 
@@ -81,7 +82,7 @@ void verify_headers(const CheckpointReader& checkpoint, Verify mode, int first_r
 }
 
 std::optional<Verify> resharded_source_verify(const Manifest& m, std::string_view file) {
-  const json::value* from = m.training.if_contains("resharded_from");
+  const json::value* from = json_of(m.training).if_contains("resharded_from");
   if (!from || !from->is_object()) return std::nullopt;
   const json::value* v = from->as_object().if_contains("source_verify");
   if (!v) return std::nullopt;
@@ -207,31 +208,31 @@ void FlatReader::read(std::string_view name, std::uint64_t first, std::span<std:
 
 // ---- per-rank metadata ----------------------------------------------------------------
 
-std::vector<json::object> remap_rank_metadata(const Manifest& src, int world) {
+std::vector<JsonObject> remap_rank_metadata(const Manifest& src, int world) {
   if (world < 1) throw_invalid("world size must be >= 1, got " + std::to_string(world));
   std::vector<std::string> keys;
   for (const auto& s : src.shards)
-    for (const auto& kv : s.metadata)
+    for (const auto& kv : json_of(s.metadata))
       if (!contains(keys, kv.key())) keys.emplace_back(kv.key());
   std::set<std::string> local;
-  if (const json::value* rl = src.training.if_contains("rank_local_metadata"); rl && rl->is_array())
+  if (const json::value* rl = json_of(src.training).if_contains("rank_local_metadata"); rl && rl->is_array())
     for (const auto& v : rl->as_array())
       if (v.is_string()) local.emplace(v.as_string());
   for (const auto& k : keys) {
-    const json::value* v0 = src.shard(0).metadata.if_contains(k);
+    const json::value* v0 = json_of(src.shard(0).metadata).if_contains(k);
     for (const auto& s : src.shards) {
-      const json::value* v = s.metadata.if_contains(k);
+      const json::value* v = json_of(s.metadata).if_contains(k);
       if (!v0 || !v || *v != *v0) local.insert(k);
     }
   }
-  std::vector<json::object> out(static_cast<std::size_t>(world));
+  std::vector<JsonObject> out(static_cast<std::size_t>(world));
   for (int r = 0; r < world; ++r) {
-    json::object& o = out[static_cast<std::size_t>(r)];
+    json::object& o = json_of(out[static_cast<std::size_t>(r)]);
     for (const auto& k : keys) {
       if (!local.count(k)) {
-        o[k] = src.shard(0).metadata.at(k);
+        o[k] = json_of(src.shard(0).metadata).at(k);
       } else if (r < src.world_size) {
-        if (const json::value* v = src.shard(r).metadata.if_contains(k)) o[k] = *v;
+        if (const json::value* v = json_of(src.shard(r).metadata).if_contains(k)) o[k] = *v;
       }
     }
   }
@@ -253,7 +254,7 @@ ReshardResult reshard_checkpoint(FileSystem& fs, const CheckpointReader& source,
   // A tensor-parallel checkpoint (training.parallel.tensor = T) resumes only at a world made
   // of whole groups of T ranks; its layout's data degree follows the new world size.
   std::optional<json::object> parallel;
-  if (const json::value* p = src.training.if_contains("parallel"); p && p->is_object()) {
+  if (const json::value* p = json_of(src.training).if_contains("parallel"); p && p->is_object()) {
     parallel = p->as_object();
     if (const json::value* t = parallel->if_contains("tensor"); t && t->is_int64() && t->as_int64() > 0) {
       if (world % t->as_int64() != 0)
@@ -279,7 +280,7 @@ ReshardResult reshard_checkpoint(FileSystem& fs, const CheckpointReader& source,
   std::optional<FlatReader> flat;
   std::vector<GlobalTensor> globals;
   std::uint64_t target_param_numel = src.param_numel;
-  json::object training = src.training;
+  json::object training = json_of(src.training);
   const Verify piece_mode = opt.verify == Verify::none ? Verify::none : Verify::fast;
   if (opt.layout || src.training.contains("flat_tensors")) {
     // A trainer checkpoint: the flat ZeRO space re-sliced with ZeRO's padding, rank 0's other
@@ -469,7 +470,7 @@ ReshardResult reshard_checkpoint(FileSystem& fs, const CheckpointReader& source,
       if (r == 0) {
         w.param_numel = target_param_numel;
         w.wall_clock_seconds = src.wall_clock_seconds;
-        w.training = std::move(training);
+        w.training = to_json_object(std::move(training));
       }
       reports.push_back(std::move(w));
     }
@@ -706,7 +707,7 @@ ConsolidateResult consolidate_checkpoint(FileSystem& fs, const CheckpointReader&
     }
     result.bytes_read = global_bytes_read;
     // The model's configuration, when the training metadata carries one (the trainer's).
-    if (const auto* cfg = src.training.if_contains("config"); cfg && cfg->is_object()) {
+    if (const auto* cfg = json_of(src.training).if_contains("config"); cfg && cfg->is_object()) {
       result.config = "config.json";
       write_small_file(fs, join_path(temp, *result.config), json::serialize(*cfg) + "\n");
     }

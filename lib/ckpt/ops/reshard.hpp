@@ -24,7 +24,6 @@
 
 #include "ckpt/core/export.hpp"
 
-#include <boost/json/object.hpp>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -120,7 +119,7 @@ class FlatReader {
 /// copied to every rank. A rank-local key of target rank r is source rank r's value for
 /// r < N, and absent for r >= N: the consumer derives it (Trainer: a fresh RNG stream from
 /// seed, rank and step), so a load-time reshard and an offline one agree.
-std::vector<boost::json::object> remap_rank_metadata(const Manifest& source, int world);
+std::vector<JsonObject> remap_rank_metadata(const Manifest& source, int world);
 
 struct ReshardOptions {
   int world_size = 0;                                ///< M >= 1

@@ -8,7 +8,6 @@
 
 #include "ckpt/core/export.hpp"
 
-#include <boost/json/object.hpp>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -25,14 +24,14 @@ struct RankState {
   std::vector<TensorView> tensors;
   std::uint64_t param_shard_offset = 0;
   std::uint64_t param_shard_numel = 0;
-  boost::json::object metadata;
+  JsonObject metadata;
 };
 
 struct SaveRequest {
   std::uint64_t step = 0;
   double wall_clock_seconds = 0;
   std::uint64_t param_numel = 0;
-  boost::json::object training;
+  JsonObject training;
   std::vector<RankState> ranks;  ///< world_size entries, rank order
   std::uint64_t chunk_size = kDefaultChunkSize;
   bool allow_older_than_latest = false;  ///< BeginOptions::allow_older_than_latest

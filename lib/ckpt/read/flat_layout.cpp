@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
+#include "ckpt/format/boost_json.hpp"
 #include "ckpt/read/flat_layout.hpp"
 
 #include <algorithm>
@@ -29,7 +30,7 @@ bool contains(const std::vector<std::string>& v, std::string_view s) { return st
 
 FlatLayout flat_layout(const Manifest& m, std::string_view file) {
   FlatLayout out;
-  const json::value* ft = m.training.if_contains("flat_tensors");
+  const json::value* ft = json_of(m.training).if_contains("flat_tensors");
   if (!ft)
     throw Error(Errc::invalid_argument, std::string(file),
                 "the checkpoint does not record which tensors are partitioned across ranks (training.flat_tensors): "
@@ -43,7 +44,7 @@ FlatLayout flat_layout(const Manifest& m, std::string_view file) {
     out.tensors.emplace_back(v.as_string());
   }
   out.num_params = m.param_numel;
-  if (const json::value* np = m.training.if_contains("num_params")) out.num_params = json_u64(*np, file, "training.num_params");
+  if (const json::value* np = json_of(m.training).if_contains("num_params")) out.num_params = json_u64(*np, file, "training.num_params");
   if (out.num_params > m.param_numel)
     bad_manifest(file, "training.num_params", "at most param_numel " + std::to_string(m.param_numel), std::to_string(out.num_params));
   return out;
@@ -63,7 +64,7 @@ dist::ShardRange flat_slice(std::uint64_t num_params, int world, int rank) {
 
 std::vector<ParamSlice> param_layout(const Manifest& m, const FlatLayout& layout, std::string_view fallback_name, std::string_view file) {
   std::vector<ParamSlice> out;
-  const json::value* pl = m.training.if_contains("param_layout");
+  const json::value* pl = json_of(m.training).if_contains("param_layout");
   if (!pl) {
     out.push_back({std::string(fallback_name), {layout.num_params}, 0, layout.num_params});
     return out;

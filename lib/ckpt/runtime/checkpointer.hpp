@@ -46,7 +46,6 @@
 #include "ckpt/core/export.hpp"
 
 #include <array>
-#include <boost/json/object.hpp>
 #include <chrono>
 #include <cstdint>
 #include <exception>
@@ -204,8 +203,8 @@ struct SaveInfo {
   std::uint64_t param_shard_numel = 0;
   std::uint64_t param_numel = 0;         ///< size of the flat parameter space (rank 0's is recorded)
   double wall_clock_seconds = 0;         ///< training time so far (rank 0's is recorded)
-  boost::json::object metadata;          ///< this rank's state: data position, RNG, ...
-  boost::json::object training;          ///< global training metadata (rank 0's is recorded)
+  JsonObject metadata;          ///< this rank's state: data position, RNG, ...
+  JsonObject training;          ///< global training metadata (rank 0's is recorded)
 };
 
 /// What a completed save reports.

@@ -6,6 +6,7 @@
 #include <charconv>
 
 #include "ckpt/core/error.hpp"
+#include "ckpt/format/boost_json.hpp"
 #include "ckpt/hash/xxh3.hpp"
 
 namespace ckpt::detail {

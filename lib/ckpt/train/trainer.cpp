@@ -14,6 +14,7 @@
 
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/random.hpp"
+#include "ckpt/format/boost_json.hpp"
 #include "ckpt/fs/layout.hpp"
 #include "ckpt/read/load_into.hpp"
 #include "ckpt/read/slice_load.hpp"
@@ -216,9 +217,9 @@ SaveInfo Trainer::checkpoint_info() const {
   info.param_numel = opt_.padded_numel();
   info.wall_clock_seconds = wall_seconds_;
   const auto s = rng_.state();
-  info.metadata = {{"data_position", loader_.position()}, {"rng", json::array{s[0], s[1], s[2], s[3]}}};
+  json_of(info.metadata) = json::object{{"data_position", loader_.position()}, {"rng", json::array{s[0], s[1], s[2], s[3]}}};
   const auto& sc = opt_.scaler();
-  info.training = {{"step", step_},
+  json_of(info.training) = json::object{{"step", step_},
                    {"adam_step", opt_.adam_step()},
                    {"loss_scaler", {{"scale", sc.scale}, {"good_steps", sc.good_steps}, {"growth_interval", sc.growth_interval}}},
                    {"lr_schedule",
@@ -231,7 +232,7 @@ SaveInfo Trainer::checkpoint_info() const {
                    {"config", cfg_.to_json()}};
   json::array skips;
   for (auto st : skip_steps_) skips.emplace_back(st);
-  info.training["skip_batches"] = std::move(skips);
+  json_of(info.training)["skip_batches"] = std::move(skips);
   // What resharding and consolidation need to read the checkpoint without this code: which
   // tensors slice the flat space, where each model tensor lives in it, and which per-rank
   // metadata means something only for its rank.
@@ -241,10 +242,10 @@ SaveInfo Trainer::checkpoint_info() const {
     for (auto d : t.shape) shape.emplace_back(d);
     layout.push_back(json::object{{"name", t.name}, {"shape", std::move(shape)}, {"offset", t.offset}, {"numel", t.numel}});
   }
-  info.training["flat_tensors"] = json::array{"optim.master", "optim.m", "optim.v"};
-  info.training["param_layout"] = std::move(layout);
-  info.training["rank_local_metadata"] = json::array{"rng"};
-  info.training["parallel"] = {{"tensor", tp_size_}, {"data", comm_.size() / tp_size_}, {"tp_split", "attention heads"}};
+  json_of(info.training)["flat_tensors"] = json::array{"optim.master", "optim.m", "optim.v"};
+  json_of(info.training)["param_layout"] = std::move(layout);
+  json_of(info.training)["rank_local_metadata"] = json::array{"rng"};
+  json_of(info.training)["parallel"] = {{"tensor", tp_size_}, {"data", comm_.size() / tp_size_}, {"tp_split", "attention heads"}};
   return info;
 }
 
@@ -339,10 +340,10 @@ void Trainer::check_shard_range(const std::string& where, std::uint64_t offset, 
 }
 
 void Trainer::check_restorable(const Manifest& manifest, const std::string& where) const {
-  check_parallel(manifest.training, where, manifest.world_size);
+  check_parallel(json_of(manifest.training), where, manifest.world_size);
   if (manifest.world_size != comm_.size())
     throw Error(Errc::world_size_mismatch, where, "world size", std::to_string(comm_.size()), std::to_string(manifest.world_size));
-  check_config(manifest.training, where);
+  check_config(json_of(manifest.training), where);
 }
 
 Trainer::LoadedState Trainer::load_state(const LoadedShard& shard, const Manifest& manifest) const {
@@ -355,7 +356,7 @@ Trainer::LoadedState Trainer::load_state(const LoadedShard& shard, const Manifes
   st.master = copy_tensor<float>(shard.tensor("optim.master"), "optim.master", n);
   st.m = copy_tensor<float>(shard.tensor("optim.m"), "optim.m", n);
   st.v = copy_tensor<float>(shard.tensor("optim.v"), "optim.v", n);
-  load_global_state(where, manifest.training, shard.record.metadata, cfg_.seed, data_parallel_rank(), st.step, st.adam_step, st.scaler,
+  load_global_state(where, json_of(manifest.training), json_of(shard.record.metadata), cfg_.seed, data_parallel_rank(), st.step, st.adam_step, st.scaler,
                     st.data_position, st.rng, st.skip_steps);
   st.wall_seconds = manifest.wall_clock_seconds;
   return st;
@@ -369,7 +370,7 @@ Trainer::LoadedState Trainer::load_state_into(const CheckpointReader& checkpoint
   check_shard_range(where, record.param_shard_offset, record.param_shard_numel);
   // Everything that can be refused is, before a byte lands in the optimizer's buffers.
   LoadedState st;
-  load_global_state(where, manifest.training, record.metadata, cfg_.seed, data_parallel_rank(), st.step, st.adam_step, st.scaler,
+  load_global_state(where, json_of(manifest.training), json_of(record.metadata), cfg_.seed, data_parallel_rank(), st.step, st.adam_step, st.scaler,
                     st.data_position, st.rng, st.skip_steps);
   st.wall_seconds = manifest.wall_clock_seconds;
   const std::uint64_t n = opt_.shard().numel;
@@ -384,8 +385,8 @@ Trainer::LoadedState Trainer::load_state_into(const CheckpointReader& checkpoint
 Trainer::LoadedState Trainer::load_state_resharded(const CheckpointReader& checkpoint, Verify verify) {
   const Manifest& manifest = checkpoint.manifest();
   const std::string where = checkpoint.manifest_path();
-  check_parallel(manifest.training, where, manifest.world_size);
-  check_config(manifest.training, where);
+  check_parallel(json_of(manifest.training), where, manifest.world_size);
+  check_config(json_of(manifest.training), where);
   const int world = comm_.size(), rank = comm_.rank();
   // The ranks share the whole-file checks: rank r checks source shards r, r + M, ...; the
   // agreement before restoring makes one rank's failure every rank's.
@@ -408,11 +409,11 @@ Trainer::LoadedState Trainer::load_state_resharded(const CheckpointReader& check
   LoadedState st;
   // Rank-local metadata (the RNG) continues source rank r's if it exists; the data position
   // is global, the same on every source rank.
-  json::object meta = manifest.shard(0).metadata;
+  json::object meta = json_of(manifest.shard(0).metadata);
   meta.erase("rng");
   if (rank < manifest.world_size)
-    if (const auto* r = manifest.shard(rank).metadata.if_contains("rng")) meta["rng"] = *r;
-  load_global_state(where, manifest.training, meta, cfg_.seed, data_parallel_rank(), st.step, st.adam_step, st.scaler, st.data_position,
+    if (const auto* r = json_of(manifest.shard(rank).metadata).if_contains("rng")) meta["rng"] = *r;
+  load_global_state(where, json_of(manifest.training), meta, cfg_.seed, data_parallel_rank(), st.step, st.adam_step, st.scaler, st.data_position,
                     st.rng, st.skip_steps);
   st.wall_seconds = manifest.wall_clock_seconds;
   // The slice's pieces of the source shards go straight into the optimizer's buffers, every
@@ -446,7 +447,7 @@ void Trainer::restore(const LoadedShard& shard, const Manifest& manifest) { appl
 
 Trainer::LoadedState Trainer::load_state(const StagedSnapshot& snapshot) const {
   const std::string where = "staged snapshot of step " + std::to_string(snapshot.step);
-  check_config(snapshot.info.training, where);
+  check_config(json_of(snapshot.info.training), where);
   check_shard_range(where, snapshot.info.param_shard_offset, snapshot.info.param_shard_numel);
   const auto tensor = [&](const char* name) -> const TensorView& {
     for (const auto& t : snapshot.tensors)
@@ -458,7 +459,7 @@ Trainer::LoadedState Trainer::load_state(const StagedSnapshot& snapshot) const {
   st.master = copy_tensor<float>(tensor("optim.master"), "optim.master", n);
   st.m = copy_tensor<float>(tensor("optim.m"), "optim.m", n);
   st.v = copy_tensor<float>(tensor("optim.v"), "optim.v", n);
-  load_global_state(where, snapshot.info.training, snapshot.info.metadata, cfg_.seed, data_parallel_rank(), st.step, st.adam_step, st.scaler,
+  load_global_state(where, json_of(snapshot.info.training), json_of(snapshot.info.metadata), cfg_.seed, data_parallel_rank(), st.step, st.adam_step, st.scaler,
                     st.data_position, st.rng, st.skip_steps);
   st.wall_seconds = snapshot.info.wall_clock_seconds;
   return st;

@@ -5,6 +5,8 @@
 // also opens an s3:// root: "no-s3" (linked with ckpt::ckpt alone) expects the typed error
 // saying the program has no S3 client; "s3" (linked with ckpt::s3) expects the client itself
 // to answer (with no credentials in the environment: its own error, before any request).
+// The free-form metadata goes in and comes back through ckpt::JsonObject, with no JSON
+// library of the consumer's own.
 //   consumer DIR [no-s3|s3]
 #include <ckpt/ckpt.hpp>
 
@@ -38,7 +40,9 @@ int main(int argc, char** argv) {
     ckpt::SaveInfo info;
     info.param_shard_numel = w.size();
     info.param_numel = w.size();
-    std::vector<ckpt::TensorView> state{{"w", ckpt::DType::F32, {w.size()}, std::as_bytes(std::span(w))}};
+    info.metadata.set("data_position", 42).set("note", "consumer");
+    info.training.set_json("schedule", R"({"kind": "cosine", "base_lr": 0.0003})");
+    std::vector<ckpt::TensorView> state{ckpt::tensor("w", w)};
     ckpt::SaveHandle h = checkpointer.save(0, 1, state, info);
     h.on_ready([&](std::exception_ptr e, ckpt::SaveResult r) { committed.set_value(e ? 0 : r.step); });
     h.wait();
@@ -48,6 +52,10 @@ int main(int argc, char** argv) {
   const auto shard = opened.reader.load_shard(0, ckpt::Verify::full);
   const auto data = shard.tensor("w").data;
   if (data.size() != w.size() * sizeof(float) || std::memcmp(data.data(), w.data(), data.size()) != 0) return 1;
+  const ckpt::Manifest& m = opened.reader.manifest();
+  if (m.shard(0).metadata.get_int("data_position") != 42 || m.shard(0).metadata.get_string("note") != "consumer") return 1;
+  const auto schedule = m.training.get_object("schedule");
+  if (!schedule || schedule->get_double("base_lr") != 0.0003) return 1;
   try {
     (void)opened.reader.manifest().shard(99);
     return 1;
