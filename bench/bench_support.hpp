@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <boost/json.hpp>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -15,13 +16,17 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
-#include "cli.hpp"  // apps/common: the command-line conventions of every ckpt program
+#include "cli.hpp"          // apps/common: the command-line conventions of every ckpt program
+#include "json_output.hpp"  // apps/common: the "schema" of every JSON output
 
 namespace ckpt::bench {
 
@@ -61,6 +66,18 @@ inline std::vector<std::vector<std::byte>> make_state(int ranks, std::uint64_t p
     }
   }
   return state;
+}
+
+/// Figures (seconds, ratios) as a JSON array, in their order.
+inline boost::json::array json_figures(const std::vector<double>& v) { return boost::json::array(v.begin(), v.end()); }
+
+/// Writes a bench's --json FILE: `figures` as one line, its first field "schema":
+/// "PROGRAM/VERSION" (apps/common/json_output.hpp; each bench's fields: docs/json-output.md).
+/// `version` changes when a field is removed or changes meaning, never when one is added.
+inline void write_json(const std::string& path, std::string_view program, int version, const boost::json::object& figures) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << boost::json::serialize(cli::with_schema(program, version, figures)) << "\n";
+  if (!out.flush()) throw std::runtime_error("cannot write " + path);
 }
 
 /// The options every bench takes, plus its own valued options (`extra`, name -> value).

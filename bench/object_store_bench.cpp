@@ -108,14 +108,13 @@ int run(const std::string& bucket, std::uint64_t size, int rounds, const fs::pat
     remove_object_checkpoint(*store, latest->step);
   }
   if (!json_path.empty()) {
-    auto vec = [](const std::vector<double>& v) { return boost::json::array(v.begin(), v.end()); };
-    std::ofstream(json_path) << boost::json::serialize(boost::json::object{{"state_bytes", per_rank * kRanks},
-                                                                           {"rounds", rounds},
-                                                                           {"upload_object_store_s", vec(up_s3)},
-                                                                           {"upload_directory_s", vec(up_dir)},
-                                                                           {"resume_object_store_s", vec(back_s3)},
-                                                                           {"resume_directory_s", vec(back_dir)}})
-                             << "\n";
+    write_json(json_path, "ckpt-object-store-bench", 1,
+               {{"state_bytes", per_rank * kRanks},
+                {"rounds", rounds},
+                {"upload_object_store_s", json_figures(up_s3)},
+                {"upload_directory_s", json_figures(up_dir)},
+                {"resume_object_store_s", json_figures(back_s3)},
+                {"resume_directory_s", json_figures(back_dir)}});
   }
   return 0;
 }

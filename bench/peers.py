@@ -25,6 +25,8 @@ import sys
 import tempfile
 import time
 
+from bench_json import check_schema, with_schema
+
 
 # The small tensor both sides read alone (ckpt-bench: MappedShard of rank 0; here: safe_open).
 SMALL_TENSOR = "model.layers.0.input_norm.weight"
@@ -251,7 +253,7 @@ def run(args):
         os.remove(rdv)
     shutil.rmtree(work, ignore_errors=True)
     with open(args.json, "w") as f:
-        json.dump(out, f, indent=2)
+        json.dump(with_schema("peers.run", 1, out), f, indent=2)
 
 
 def med(xs):
@@ -260,8 +262,8 @@ def med(xs):
 
 
 def combine(args):
-    ck = [json.load(open(p)) for p in args.ckpt]
-    pe = [json.load(open(p)) for p in args.peers]
+    ck = [check_schema(json.load(open(p)), "ckpt-bench", 1, p) for p in args.ckpt]
+    pe = [check_schema(json.load(open(p)), "peers.run", 1, p) for p in args.peers]
     nbytes = pe[0]["bytes"]
     gb = nbytes / 1e9
 
@@ -366,7 +368,7 @@ def combine(args):
     target("load (fast verify) >= 2x dcp.load", r["load_fast_vs_dcp_load"], ">=", 2)
     target("resume (open + load_into + verify fast) >= 2x torch.load", r["resume_vs_torch_load"], ">=", 2)
     target("resume (open + load_into + verify fast) >= 1.2x safetensors load_file", r["resume_vs_safetensors_load_file"], ">=", 1.2)
-    res = {"figures": fig, "ratios": r, "targets": targets}
+    res = with_schema("peers.combine", 1, {"figures": fig, "ratios": r, "targets": targets})
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)

@@ -96,7 +96,7 @@ sys.exit(0 if v >= (2, 3) else "PEERS_PYTHON has torch %s; need >= 2.3" % torch.
 EOF
   py=("$PEERS_PYTHON")
   inside=$dir
-  cp bench/peers.py "$dir/peers.py"
+  cp bench/peers.py bench/bench_json.py "$dir/"
 else
   ensure_root
   mkdir -p "$root$mnt"
@@ -106,7 +106,7 @@ else
     mount -t proc proc "$root/proc"
     mounted+=("$root/proc")
   fi
-  cp bench/peers.py "$dir/peers.py"
+  cp bench/peers.py bench/bench_json.py "$dir/"
   py=(chroot "$root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root USE_LIBUV=0 OMP_NUM_THREADS="$(nproc)" python3)
   inside=$mnt
 fi

@@ -15,7 +15,8 @@ Measures, for a state of --mb MiB in --tensors float32 tensors:
 and the ratios the issue sets as targets: deferred stall <= 0.2x clone, durable >= 3x faster
 than torch.save + fsync, load_into >= 2x faster than torch.load. Each figure is the median of
 --repeat runs. The page cache is not dropped (run as root with --drop-caches to drop it
-before each load). --json prints one JSON object instead of the table.
+before each load). --json prints one JSON object instead of the table ("schema":
+"python_bench/1"; its fields: docs/json-output.md).
 """
 
 import argparse
@@ -29,6 +30,7 @@ import time
 import torch
 
 import ckpt
+from bench_json import with_schema
 
 
 def passes(value, target):
@@ -111,8 +113,8 @@ def main(argv=None):
         "load torch / ckpt": (med["load_torch"] / med["load_ckpt"], ">= 2"),
     }
     if a.json:
-        print(json.dumps({"bytes": nbytes, "tensors": a.tensors, "median_s": med,
-                          "ratios": {k: v[0] for k, v in ratios.items()}, "backend": backend}))
+        print(json.dumps(with_schema("python_bench", 1, {"bytes": nbytes, "tensors": a.tensors, "median_s": med,
+                                                         "ratios": {k: v[0] for k, v in ratios.items()}, "backend": backend})))
     else:
         print(f"state: {a.tensors} float32 tensors, {nbytes / (1 << 20):.1f} MiB; writer {backend}; median of {a.repeat}")
         for k, v in med.items():

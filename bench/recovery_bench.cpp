@@ -531,23 +531,22 @@ int run(const BenchArgs& a, const fs::path& dir) {
     ydj.push_back(o);
   }
   if (!a.json.empty()) {
-    auto vec = [](const std::vector<double>& v) { return boost::json::array(v.begin(), v.end()); };
     boost::json::object levels_json;
     for (const auto& [lvl, v] : t)
-      levels_json[lvl] = boost::json::object{{"seconds", vec(v)},
-                                             {"x_memcpy", vec(ratio_memcpy[lvl])},
-                                             {"x_raw_read", vec(ratio_raw[lvl])},
+      levels_json[lvl] = boost::json::object{{"seconds", json_figures(v)},
+                                             {"x_memcpy", json_figures(ratio_memcpy[lvl])},
+                                             {"x_raw_read", json_figures(ratio_raw[lvl])},
                                              {"plan", last[lvl].how},
                                              {"phases", boost::json::object{{"discover", last[lvl].discover},
                                                                             {"fetch", last[lvl].fetch},
                                                                             {"rebuild", last[lvl].rebuild},
                                                                             {"verify", last[lvl].verify},
                                                                             {"load", last[lvl].load}}}};
-    std::ofstream(a.json) << boost::json::serialize(boost::json::object{
+    write_json(a.json, "ckpt-recovery-bench", 1, {
                                  {"state_bytes", a.size},
                                  {"rounds", a.rounds},
-                                 {"memcpy_s", vec(memcpy_s)},
-                                 {"raw_read_s", vec(raw_s)},
+                                 {"memcpy_s", json_figures(memcpy_s)},
+                                 {"raw_read_s", json_figures(raw_s)},
                                  {"levels", levels_json},
                                  {"held_per_byte", boost::json::object{{"rs:3+1", held_rs}, {"replicate:2", held_rep}}},
                                  {"overhead", boost::json::object{{"accelerator", {{"interval_steps", accel.interval}, {"interval_s", accel.interval_s},
@@ -556,10 +555,9 @@ int run(const BenchArgs& a, const fs::path& dir) {
                                                                   {"cpu", {{"interval_steps", cpu.interval}, {"interval_s", cpu.interval_s},
                                                                            {"overhead", cpu.overhead}, {"blocked_ms", cpu.blocked_ms},
                                                                            {"sustainable", cpu.sustainable}}}}},
-                                 {"kills", boost::json::object{{"kills", kr.kills}, {"bad_resumes", kr.bad}, {"steps_lost", vec(kr.lost)}}},
+                                 {"kills", boost::json::object{{"kills", kr.kills}, {"bad_resumes", kr.bad}, {"steps_lost", json_figures(kr.lost)}}},
                                  {"young_daly", ydj},
-                                 {"machine_busy", other_cpu}})
-                          << "\n";
+                                 {"machine_busy", other_cpu}});
   }
   if (!a.extra.at("--markdown").empty()) std::ofstream(a.extra.at("--markdown")) << md;
   return 0;

@@ -161,16 +161,15 @@ int run(std::uint64_t size, int rounds, const fs::path& dir, const std::string& 
     boost::json::array arr;
     for (const auto& s : schemes) {
       const auto& r = results[s];
-      auto vec = [](const std::vector<double>& v) { return boost::json::array(v.begin(), v.end()); };
       arr.push_back(boost::json::object{{"scheme", s},
                                         {"stored_per_byte", r.stored_per_byte},
-                                        {"save_s", vec(r.save_s)},
-                                        {"save_ratio_vs_none", vec(r.save_ratio)},
-                                        {"rebuild_s", vec(r.rebuild_s)},
-                                        {"copy_from_durable_s", vec(r.copy_s)},
-                                        {"rebuild_ratio_vs_copy", vec(r.rebuild_ratio)}});
+                                        {"save_s", json_figures(r.save_s)},
+                                        {"save_ratio_vs_none", json_figures(r.save_ratio)},
+                                        {"rebuild_s", json_figures(r.rebuild_s)},
+                                        {"copy_from_durable_s", json_figures(r.copy_s)},
+                                        {"rebuild_ratio_vs_copy", json_figures(r.rebuild_ratio)}});
     }
-    std::ofstream(json_path) << boost::json::serialize(boost::json::object{{"state_bytes", size}, {"rounds", rounds}, {"schemes", arr}}) << "\n";
+    write_json(json_path, "ckpt-redundancy-bench", 1, {{"state_bytes", size}, {"rounds", rounds}, {"schemes", arr}});
   }
   return 0;
 }

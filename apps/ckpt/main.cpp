@@ -22,9 +22,9 @@
 // verify and get also .../step-N): its committed steps, read through store/object/object_commit.hpp in
 // ranged GETs, printed by the same code as local checkpoints.
 //
-// Every command takes --json and --help; `ckpt --help` documents the exit codes. Each
-// command is declared once (declare_<command>: its arguments, options, help text) and runs in
-// its own function (cmd_<command>).
+// Every command takes --json (its output's fields: docs/json-output.md) and --help; `ckpt
+// --help` documents the exit codes. Each command is declared once (declare_<command>: its
+// arguments, options, help text) and runs in its own function (cmd_<command>).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -66,6 +66,7 @@
 #include "ckpt/store/recovery.hpp"
 #include "ckpt/store/store.hpp"
 #include "cli.hpp"
+#include "json_output.hpp"
 #include "npy.hpp"
 #include "table.hpp"
 
@@ -83,7 +84,9 @@ const char* kFooter = R"(DIR, SRC, A and B are a checkpoint directory (step-N) o
 `latest` names), or a node set: a directory holding node roots node-0, node-1, ... (a
 checkpoint across node-local roots; then the checkpoint the newest of their `latest` files
 names), a memory root mem://NAME (docs/memory.md) or an object store s3://bucket/prefix. Every
-command takes --json: one JSON object on stdout, for scripts.
+command takes --json: one JSON object on stdout, for scripts, whose first field "schema"
+names the output and the version of its format ("ckpt.ls/1"; a failure's is "ckpt.error/1");
+every field of each: docs/json-output.md.
 `ckpt COMMAND --help` and `ckpt help COMMAND` show a command's options and an example.
 
 exit codes:
@@ -92,7 +95,8 @@ exit codes:
      recover --plan: a checkpoint to recover from was found)
   1  failure: a bad or unreadable checkpoint, or an I/O error; the typed error is printed
      (code, file, expected and actual value), and with --json it is the output:
-     {"ok": false, "error": {"code", "file", "detail", "expected", "actual", "message"}}
+     {"schema": "ckpt.error/1", "ok": false, "error": {"code", "file", "detail", "expected",
+     "actual", "message"}}
      where "code" is the error's identifier ("checksum_mismatch", "not_found", ...: the
      `code` of the Python exceptions too)
   2  usage error (unknown command or option, missing or malformed argument); with --json:
@@ -122,9 +126,16 @@ std::string shape_str(const std::vector<std::uint64_t>& shape) {
   return s + "]";
 }
 
+// The error object of --json, one shape for every failure: a typed error's `code` is its
+// errc_id ("checksum_mismatch", the Python exceptions' `code` too); the tool's own are "usage"
+// and "rotated_away" (docs/json-output.md).
+json::object error_fields(std::string_view code, const std::string& file, const std::string& detail, const std::string& expected,
+                          const std::string& actual, const std::string& message) {
+  return {{"code", code}, {"file", file}, {"detail", detail}, {"expected", expected}, {"actual", actual}, {"message", message}};
+}
+
 json::object error_json(const Error& e) {
-  return {{"code", errc_id(e.code())}, {"file", e.file()}, {"detail", e.detail()},
-          {"expected", e.expected()},   {"actual", e.actual()}, {"message", e.what()}};
+  return error_fields(errc_id(e.code()), e.file(), e.detail(), e.expected(), e.actual(), e.what());
 }
 
 // A progress bar on stderr, only when it is a terminal and the output is for people: a pipe
@@ -212,12 +223,17 @@ json::array ints_json(const std::vector<int>& v) {
   return a;
 }
 
+json::array strings_json(const std::vector<std::string>& v) {
+  json::array a;
+  for (const auto& x : v) a.emplace_back(x);
+  return a;
+}
+
 // The first bad file's error, in the shape of error_json, for the {"ok": false, "error"} of
 // --json.
 json::object first_bad_json(const NodeCheckpointHealth& h) {
   for (const auto* f : h.bad_files())
-    return {{"code", errc_id(f->code)}, {"file", f->path}, {"detail", f->what + " on node " + std::to_string(f->node)},
-            {"expected", ""}, {"actual", ""}, {"message", f->error}};
+    return error_fields(errc_id(f->code), f->path, f->what + " on node " + std::to_string(f->node), "", "", f->error);
   return {};
 }
 
@@ -279,11 +295,7 @@ class LiveReads {
   // The checkpoint of note `i` that was opened (`latest` may have moved meanwhile).
   void opened(std::size_t i, std::string name) { reads_[i].name = std::move(name); }
   // The checkpoints rotated away in earlier tries ("ROOT/step-N"), for --json.
-  json::array rotated_json() const {
-    json::array out;
-    for (const auto& r : rotated_) out.emplace_back(r);
-    return out;
-  }
+  json::array rotated_json() const { return strings_json(rotated_); }
 
   // Runs `body`, once more on each checkpoint rotated away under it (see above).
   template <class Body>
@@ -316,7 +328,32 @@ class LiveReads {
 };
 
 
-void print_json(const json::value& v) { std::cout << json::serialize(v) << "\n"; }
+// The --json outputs: each command's, and "error" for the {"ok": false, "error"} of a command
+// that failed. Each is printed with "schema": "ckpt.OUTPUT/VERSION" (json_output.hpp); the
+// version changes when a field is removed or changes meaning, never when one is added. Every
+// field of each: docs/json-output.md, held to these outputs by tests/apps/test_json_output.cpp.
+struct JsonOutput {
+  std::string_view name;
+  int version;
+};
+constexpr JsonOutput kJsonOutputs[] = {{"ls", 1},   {"inspect", 1}, {"verify", 1}, {"repair", 1},  {"reshard", 1}, {"consolidate", 1},
+                                       {"prune", 1}, {"diff", 1},    {"get", 1},    {"recover", 1}, {"error", 1}};
+
+// Prints `body` as the one line of output `output` (a name of kJsonOutputs).
+void print_json(std::string_view output, const json::object& body) {
+  const auto* o = std::find_if(std::begin(kJsonOutputs), std::end(kJsonOutputs), [&](const JsonOutput& j) { return j.name == output; });
+  if (o == std::end(kJsonOutputs)) throw std::logic_error("no --json output named " + std::string(output));
+  std::cout << json::serialize(cli::with_schema("ckpt." + std::string(output), o->version, body)) << "\n";
+}
+
+// A failed command's output: {"ok": false, "error": {...}}, and the checkpoints rotated away
+// under it when that is why it failed.
+void print_json_error(const json::object& error, const json::array* rotated_away = nullptr) {
+  json::object o{{"ok", false}};
+  if (rotated_away) o["rotated_away"] = *rotated_away;
+  o["error"] = error;
+  print_json("error", o);
+}
 
 // ---- declarations shared by the commands ------------------------------------------------
 
@@ -460,7 +497,7 @@ int cmd_ls(const LsArgs& a) {
     }
     out.push_back(std::move(o));
   }
-  if (a.json) print_json(json::object{{"ok", !any_bad}, {"root", store->root()}, {"checkpoints", out}});
+  if (a.json) print_json("ls", json::object{{"ok", !any_bad}, {"root", store->root()}, {"checkpoints", out}});
   else table.print();
   return any_bad ? kExitBad : kExitOk;
 }
@@ -612,6 +649,20 @@ void print_inspect(const std::string& dir, const Manifest& m, const NodeCheckpoi
   tensors.print();
 }
 
+// inspect --json, one shape whatever DIR is: the manifest, with what the kind records besides
+// (a node set's health, an object store's tier manifest) and the checkpoints rotated away
+// under earlier tries (none for a checkpoint named by its directory).
+json::object inspect_json(const std::string& dir, const Manifest& m, const NodeCheckpointHealth* health, const ObjectManifest* tier,
+                          const std::vector<std::string>& rotated) {
+  json::object o{{"ok", true}, {"dir", dir}, {"manifest", json::parse(encode_manifest(m))}};
+  if (health) o["health"] = health_json(*health);
+  if (tier)
+    o["tier"] = {{"run", tier->run}, {"run_id", tier->run_id}, {"committed_at", tier->committed_at}, {"data_prefix", tier->data_prefix},
+                 {"manifest_sha256", tier->manifest_sha256}, {"bytes", tier->bytes}};
+  o["rotated_away"] = strings_json(rotated);
+  return o;
+}
+
 // inspect of a checkpoint on an object store: its tier manifest and checkpoint manifest
 // (open_object_checkpoint: sizes and the manifest's SHA-256 checked), no shard read.
 // inspect, one body over any store: the manifest summary, the shard table and the tensor
@@ -627,7 +678,7 @@ int cmd_inspect(const InspectArgs& a) {
   }
   if (!at.store) {
     const auto reader = CheckpointReader::open(posix_file_system(), at.dir);
-    if (a.json) print_json(json::object{{"ok", true}, {"dir", reader.dir()}, {"manifest", json::parse(encode_manifest(reader.manifest()))}});
+    if (a.json) print_json("inspect", inspect_json(reader.dir(), reader.manifest(), nullptr, nullptr, {}));
     else print_inspect(reader.dir(), reader.manifest(), nullptr);
     return kExitOk;
   }
@@ -637,15 +688,7 @@ int cmd_inspect(const InspectArgs& a) {
     const StoredCheckpoint c = store.describe(step);
     const std::string dir = store.name_of(step);
     if (a.json) {
-      json::object o{{"ok", true}, {"dir", dir}, {"manifest", json::parse(encode_manifest(*c.manifest))}};
-      if (c.health) o["health"] = health_json(*c.health);
-      if (const ObjectManifest* t = c.tier.get())
-        o["tier"] = {{"run", t->run}, {"run_id", t->run_id}, {"committed_at", t->committed_at}, {"data_prefix", t->data_prefix},
-                     {"manifest_sha256", t->manifest_sha256}, {"bytes", t->bytes}};
-      json::array rot;
-      for (const auto& r : rotated) rot.emplace_back(r);
-      o["rotated_away"] = rot;
-      print_json(o);
+      print_json("inspect", inspect_json(dir, *c.manifest, c.health.get(), c.tier.get(), rotated));
     } else {
       print_inspect(dir, *c.manifest, c.health.get(), store.root(), c.tier.get());
     }
@@ -725,11 +768,9 @@ int cmd_verify(const VerifyArgs& a) {
     std::uint64_t total = 0;
     for (const auto& s : m.shards) total += s.size;
     const auto from = resharded_from(m, join_path(dir, kManifestName));
-    json::array rot;
-    for (const auto& r : rotated) rot.emplace_back(r);
     if (a.json) {
-      print_json(json::object{{"ok", true}, {"dir", dir}, {"mode", mode_name}, {"shards", m.shards.size()},
-                              {"bytes", total}, {"source_verify", source_verify_json(from)}, {"rotated_away", rot}});
+      print_json("verify", json::object{{"ok", true}, {"dir", dir}, {"mode", mode_name}, {"shards", m.shards.size()},
+                              {"bytes", total}, {"source_verify", source_verify_json(from)}, {"rotated_away", strings_json(rotated)}});
     } else {
       std::printf("OK %s: %zu shards, %s verified, %s\n", dir.c_str(), m.shards.size(), human_bytes(total).c_str(), verify_how(mode));
       if (from) std::printf("%s %s\n", from->source_verify == Verify::none ? "warning:" : "note:", resharded_text(*from).c_str());
@@ -765,9 +806,11 @@ int cmd_verify(const VerifyArgs& a) {
     if (a.json) {
       json::object o{{"ok", h->healthy()}, {"dir", dir}, {"checkpoint", checkpoint_dir_name(step)}, {"mode", mode_name},
                      {"redundancy", redundancy_name(m.nodes->scheme)}, {"shards", m.shards.size()}, {"blocks", m.redundancy.size()},
-                     {"bytes", total}, {"redundancy_bytes", redundancy_bytes(m)}, {"health", health_json(*h)}};
+                     {"bytes", total}, {"redundancy_bytes", redundancy_bytes(m)}, {"health", health_json(*h)},
+                     {"source_verify", source_verify_json(resharded_from(m, join_path(dir, kManifestName)))},
+                     {"rotated_away", strings_json(rotated)}};
       if (!h->healthy()) o["error"] = first_bad_json(*h);
-      print_json(o);
+      print_json("verify", o);
     } else if (h->healthy()) {
       std::printf("OK %s: %zu shards (%s) and %zu redundancy blocks (%s) verified, %s; %s survives %s\n", dir.c_str(), m.shards.size(),
                   human_bytes(total).c_str(), m.redundancy.size(), human_bytes(redundancy_bytes(m)).c_str(), verify_how(mode),
@@ -875,10 +918,8 @@ int cmd_repair(const RepairArgs& a) {
   const Manifest& m = after->manifest;
   const std::string scheme = redundancy_name(m.nodes->scheme);
   if (a.json) {
-    json::array lines;
-    for (const auto& l : rep.lines) lines.emplace_back(l);
-    print_json(json::object{{"ok", true}, {"dir", store.root()}, {"checkpoint", name}, {"redundancy", scheme},
-                            {"mode", mode_name}, {"rebuilt_ranks", ints_json(rep.rebuilt_ranks)}, {"rebuilt", lines},
+    print_json("repair", json::object{{"ok", true}, {"dir", store.root()}, {"checkpoint", name}, {"redundancy", scheme},
+                            {"mode", mode_name}, {"rebuilt_ranks", ints_json(rep.rebuilt_ranks)}, {"rebuilt", strings_json(rep.lines)},
                             {"health", health_json(*after)}});
     return kExitOk;
   }
@@ -957,7 +998,7 @@ int cmd_reshard(const ReshardArgs& a) {
       for (const auto& s : m.shards)
         shards.push_back(json::object{{"rank", s.rank}, {"path", s.path}, {"size", s.size}, {"sha256", s.sha256},
                                       {"param_shard_offset", s.param_shard_offset}, {"param_shard_numel", s.param_shard_numel}});
-      print_json(json::object{{"ok", true}, {"source", source.dir()}, {"dir", r.dir}, {"step", m.step},
+      print_json("reshard", json::object{{"ok", true}, {"source", source.dir()}, {"dir", r.dir}, {"step", m.step},
                               {"from_world_size", source.manifest().world_size}, {"world_size", m.world_size},
                               {"param_numel", m.param_numel}, {"bytes_read", r.bytes_read}, {"bytes_written", r.bytes_written},
                               {"buffer_bytes", opt.buffer_bytes}, {"seconds", secs}, {"shards", shards},
@@ -1061,14 +1102,12 @@ int cmd_consolidate(const ConsolidateArgs& a) {
       const auto listed = [](const std::vector<ConsolidatedFile>& fs) {
         json::array out;
         for (const auto& f : fs) {
-          json::array names;
-          for (const auto& t : f.tensors) names.emplace_back(t);
-          out.push_back(json::object{{"name", f.name}, {"size", f.size}, {"tensors", names}});
+          out.push_back(json::object{{"name", f.name}, {"size", f.size}, {"tensors", strings_json(f.tensors)}});
         }
         return out;
       };
       const json::array files = listed(r.files), optimizer_files = listed(r.optimizer_files);
-      print_json(json::object{{"ok", true}, {"source", source.dir()}, {"dir", r.dir}, {"dtype", dtype_name(r.dtype)},
+      print_json("consolidate", json::object{{"ok", true}, {"source", source.dir()}, {"dir", r.dir}, {"dtype", dtype_name(r.dtype)},
                               {"tensor", from}, {"tensors", tensors}, {"total_size", r.total_size},
                               {"index", r.index ? json::value(*r.index) : json::value(nullptr)},
                               {"config", r.config ? json::value(*r.config) : json::value(nullptr)}, {"files", files},
@@ -1174,13 +1213,10 @@ int prune_list(const PruneArgs& a, const std::string& root, const std::vector<Pr
   if (a.json) {
     json::object o{{"ok", true}, {"root", root}, {"keep", keep}, {"dry_run", dry}, {"kept", kept}, {"removed", removed}};
     if (leftovers) {
-      json::array objects, uploads;
-      for (const auto& k : leftovers->removed) objects.emplace_back(k);
-      for (const auto& k : leftovers->aborted) uploads.emplace_back(k);
-      o["leftovers"] = {{"older_than_seconds", *a.leftovers_older_than}, {"removed", objects}, {"aborted", uploads},
+      o["leftovers"] = {{"older_than_seconds", *a.leftovers_older_than}, {"removed", strings_json(leftovers->removed)}, {"aborted", strings_json(leftovers->aborted)},
                         {"kept_young", leftovers->kept_young}};
     }
-    print_json(o);
+    print_json("prune", o);
     return kExitOk;
   }
   for (const auto& l : kept_lines) std::printf("kept     %s\n", l.c_str());
@@ -1463,7 +1499,7 @@ int diff_checkpoints(const DiffArgs& a, LiveReads& live) {
       }
       out.push_back(std::move(o));
     }
-    print_json(json::object{{"ok", true}, {"a", ra.dir()}, {"b", rb.dir()}, {"equal", equal},
+    print_json("diff", json::object{{"ok", true}, {"a", ra.dir()}, {"b", rb.dir()}, {"equal", equal},
                             {"step", json::array{ma.step, mb.step}}, {"world_size", json::array{ma.world_size, mb.world_size}},
                             {"tensors", out}, {"rotated_away", live.rotated_json()}});
     return equal ? kExitOk : kExitDiffer;
@@ -1597,7 +1633,7 @@ int write_npy(const GetArgs& a, Verify mode, const GotTensor& g) {
   if (a.json) {
     json::array shape;
     for (const auto d : v.shape) shape.push_back(d);
-    print_json(json::object{{"ok", true}, {"dir", g.dir}, {"tensor", v.name}, {"rank", g.rank},
+    print_json("get", json::object{{"ok", true}, {"dir", g.dir}, {"tensor", v.name}, {"rank", g.rank},
                             {"dtype", dtype_name(v.dtype)}, {"descr", descr}, {"bf16_as_raw_u2", bf16},
                             {"shape", shape}, {"bytes", g.data.size()}, {"out", a.out}, {"verify", a.verify},
                             {"mapped", g.mapped}, {"chunks_checked", g.chunks_checked},
@@ -1639,9 +1675,7 @@ int cmd_get(const GetArgs& a) {
   CheckpointStore& store = *at.store;
   std::vector<std::string> rotated;
   return on_live_step(store, at.step, rotated, [&](std::uint64_t step) {
-    json::array rot;
-    for (const auto& r : rotated) rot.emplace_back(r);
-    return got(store.name_of(step), store.open(step), std::move(rot));
+    return got(store.name_of(step), store.open(step), strings_json(rotated));
   });
 }
 
@@ -1720,7 +1754,7 @@ int cmd_recover(const RecoverArgs& a) {
                      {"discover_seconds", std::chrono::duration<double>(plan.discover).count()},
                      {"summary", plan.summary()}};
     out["chosen"] = plan.chosen ? json::value(candidate_json(*plan.chosen)) : json::value(nullptr);
-    print_json(out);
+    print_json("recover", out);
   } else {
     std::printf("%-5s %-12s %-40s %-16s %-8s %s\n", "LEVEL", "KIND", "ROOT", "STEP", "FETCH", "STATE");
     for (const auto& c : plan.candidates)
@@ -1768,9 +1802,7 @@ example:
 cli::UsageReporter usage_reporter(int argc, char** argv) {
   const bool json = std::any_of(argv + 1, argv + argc, [](const char* s) { return std::strcmp(s, "--json") == 0; });
   return [json](const std::string& command, const std::string& message) {
-    if (json)
-      print_json(json::object{{"ok", false},
-                              {"error", {{"code", "usage"}, {"file", ""}, {"detail", message}, {"expected", ""}, {"actual", ""}, {"message", message}}}});
+    if (json) print_json_error(error_fields("usage", "", message, "", "", message));
     cli::print_usage_error(command, message);
   };
 }
@@ -1815,22 +1847,18 @@ int main(int argc, char** argv) {
         " now)" + (r.named ? "" : "; rotated away on each of " + std::to_string(r.rotated.size()) + " tries") +
         ": not damage; read it again, or read a checkpoint the rotation keeps";
     if (it->common->json) {
-      json::array rotated;
-      for (const auto& d : r.rotated) rotated.emplace_back(d);
-      print_json(json::object{{"ok", false},
-                              {"rotated_away", rotated},
-                              {"error", {{"code", "rotated_away"}, {"file", r.dir}, {"detail", "removed by rotation while it was read"},
-                                         {"expected", ""}, {"actual", r.latest}, {"message", message}}}});
+      const json::array rotated = strings_json(r.rotated);
+      print_json_error(error_fields("rotated_away", r.dir, "removed by rotation while it was read", "", r.latest, message), &rotated);
     }
     std::cerr << name << ": " << message << "\n";
     return kExitRotated;
   } catch (const Error& e) {
-    if (it->common->json) print_json(json::object{{"ok", false}, {"error", error_json(e)}});
+    if (it->common->json) print_json_error(error_json(e));
     std::cerr << name << ": " << e.what() << "\n";
     return kExitBad;
   } catch (...) {  // std::filesystem, std::bad_alloc, ...: typed like the library's own errors
     const Error e = to_error(std::current_exception());
-    if (it->common->json) print_json(json::object{{"ok", false}, {"error", error_json(e)}});
+    if (it->common->json) print_json_error(error_json(e));
     std::cerr << name << ": " << e.what() << "\n";
     return kExitBad;
   }

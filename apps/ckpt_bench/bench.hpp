@@ -30,6 +30,11 @@
 
 namespace bench {
 
+/// The --json file's "schema": "ckpt-bench/kJsonVersion" (docs/json-output.md): bumped when a
+/// field is removed or changes meaning, never when one is added.
+inline constexpr const char* kJsonName = "ckpt-bench";
+inline constexpr int kJsonVersion = 1;
+
 using Clock = std::chrono::steady_clock;
 
 inline double secs(Clock::duration d) { return std::chrono::duration<double>(d).count(); }

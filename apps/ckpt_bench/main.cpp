@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "cli.hpp"
+#include "json_output.hpp"
 #include "runner.hpp"
 
 namespace json = boost::json;
@@ -148,6 +149,11 @@ int program_main(int argc, char** argv) {
       ss << in.rdbuf();
       if (!in) throw std::runtime_error("cannot read " + cli.render);
       res = json::parse(ss.str()).as_object();
+      // Figures of another format read under this one's meaning would be wrong without a word.
+      const json::value* schema = res.if_contains(ckpt::cli::kSchemaField);
+      const std::string want = ckpt::cli::schema_id(kJsonName, kJsonVersion);
+      if (!schema || *schema != json::value(want))
+        throw std::runtime_error(cli.render + ": schema " + (schema ? json::serialize(*schema) : std::string("missing")) + ", expected \"" + want + "\"");
     } else {
       res = Runner(cli.o).run();
       if (!cli.o.json_path.empty()) write_file(cli.o.json_path, pretty_json(res));

@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "ckpt/hash/xxh3.hpp"
+#include "json_output.hpp"
 #include "runner.hpp"
 
 namespace bench {
@@ -240,7 +241,6 @@ json::object Runner::hashing_bound(const json::object& modes) const {
 
 json::object Runner::results() const {
   json::object r;
-  r["schema"] = "ckpt-bench/1";
   json::array modes;
   for (const auto& m : o_.modes) modes.emplace_back(m);
   const std::uint64_t ckpt_bytes = [&] {
@@ -565,7 +565,7 @@ json::object Runner::results() const {
                                {"saves", saves}};
   }
   r["timeline"] = timeline;
-  return r;
+  return ckpt::cli::with_schema(kJsonName, kJsonVersion, r);
 }
 
 }  // namespace bench

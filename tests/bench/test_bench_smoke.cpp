@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "cli.hpp"
+#include "support/json_doc.hpp"
 #include "support/test_support.hpp"
 
 namespace json = boost::json;
@@ -78,6 +79,27 @@ TEST_CASE("ckpt-bench --quick exits 0 and prints the table with its targets") {
   CHECK(r.out.find("references, same run") != std::string::npos);
   CHECK(r.out.find("targets (exit code unaffected)") != std::string::npos);
   CHECK((r.out.find("PASS") != std::string::npos || r.out.find("FAIL") != std::string::npos));
+}
+
+TEST_CASE("ckpt-bench --json carries its schema first and exactly the fields docs/json-output.md lists") {
+  const QuickRun& r = quick_run();
+  REQUIRE(r.status == 0);
+  REQUIRE(r.doc.is_object());
+  ckpt::test::check_documented_output(r.doc.as_object(), "ckpt-bench", {"async"});  // --quick runs the async modes too
+}
+
+TEST_CASE("ckpt-bench --render refuses a file of another schema, naming it and the schema it reads") {
+  ckpt::test::TempDir dir;
+  for (const std::string& text : {std::string(R"({"schema": "ckpt-bench/2", "config": {}})"), std::string(R"({"config": {}})")}) {
+    CAPTURE(text);
+    std::ofstream(dir / "old.json") << text;
+    int status = 0;
+    const std::string out = ckpt::test::run_command(kBench + " --render " + (dir / "old.json").string() + " 2>&1", &status);
+    CAPTURE(out);
+    CHECK(status == 1);
+    CHECK(out.find((dir / "old.json").string() + ": schema ") != std::string::npos);
+    CHECK(out.find("expected \"ckpt-bench/1\"") != std::string::npos);
+  }
 }
 
 TEST_CASE("ckpt-bench --json holds every figure of every mode") {

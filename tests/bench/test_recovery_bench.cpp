@@ -8,6 +8,7 @@
 #include <map>
 #include <string>
 
+#include "support/json_doc.hpp"
 #include "support/test_support.hpp"
 
 namespace {
@@ -25,6 +26,7 @@ TEST_CASE("ckpt-recovery-bench --quick recovers from every level through the pla
   REQUIRE(status == 0);
   const auto bytes = ckpt::test::read_all(json);
   const auto doc = boost::json::parse(std::string(bytes.begin(), bytes.end())).as_object();
+  ckpt::test::check_documented_output(doc, "ckpt-recovery-bench");  // its schema and fields as docs/json-output.md lists them
   const auto& levels = doc.at("levels").as_object();
   const std::map<std::string, std::string> plan = {{"memory", "from memory mem://recovery-bench-"},
                                                    {"memory, one node rebuilt (rs:3+1)", "(its lost files rebuilt from the other nodes' redundancy first)"},

@@ -6,6 +6,7 @@
 #include <boost/json.hpp>
 #include <map>
 
+#include "support/json_doc.hpp"
 #include "support/test_support.hpp"
 
 namespace {
@@ -22,6 +23,7 @@ TEST_CASE("ckpt-redundancy-bench --quick measures storage, save time and recover
   CHECK(out.find("rebuilt from its replica on node 2") != std::string::npos);
   const auto bytes = ckpt::test::read_all(json);
   const auto doc = boost::json::parse(std::string(bytes.begin(), bytes.end())).as_object();
+  ckpt::test::check_documented_output(doc, "ckpt-redundancy-bench");  // its schema and fields as docs/json-output.md lists them
   const std::map<std::string, double> promised = {{"none", 1.0}, {"rs:3+1", 4.0 / 3.0}, {"rs:2+2", 2.0}, {"replicate:2", 2.0}};
   for (const auto& v : doc.at("schemes").as_array()) {
     const auto& s = v.as_object();

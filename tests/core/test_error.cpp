@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <filesystem>
+#include <fstream>
 #include <new>
 #include <set>
 #include <stdexcept>
@@ -133,4 +134,42 @@ TEST_CASE("every code has one identifier and one name, and a message begins with
   CHECK(errc_name(Errc::checksum_mismatch) == "checksum mismatch");
   CHECK(errc_id(Errc::io_error) == "io_error");
   CHECK(errc_name(Errc::io_error) == "I/O error");
+}
+
+namespace {
+// Every `code = "..."` of lib/python/ckpt/errors.py, the Python exceptions (a class attribute
+// of each class, indented).
+std::set<std::string> python_error_codes() {
+  std::ifstream in(std::string(CKPT_SOURCE_DIR) + "/lib/python/ckpt/errors.py");
+  REQUIRE_MESSAGE(in, "cannot read lib/python/ckpt/errors.py");
+  std::set<std::string> codes;
+  const std::string key = "code = \"";
+  for (std::string line; std::getline(in, line);) {
+    const auto at = line.find(key);
+    if (at == std::string::npos || line.find_first_not_of(' ') != at) continue;
+    const auto from = at + key.size();
+    codes.insert(line.substr(from, line.find('"', from) - from));
+  }
+  return codes;
+}
+}  // namespace
+
+// One spelling everywhere: errc_id is the `code` of the ckpt tool's --json errors
+// (tests/apps/test_json_output.cpp) and of the Python exceptions, each a class of errors.py.
+TEST_CASE("the Python exceptions define one class per error code with exactly the errc_id of the code, and no code errc_id lacks") {
+  const std::set<std::string> python = python_error_codes();
+  std::set<std::string> ids;
+  for (int c = 0; c <= static_cast<int>(kLastErrc); ++c) {
+    const std::string id(errc_id(static_cast<Errc>(c)));
+    CAPTURE(id);
+    CHECK(python.count(id) == 1);
+    ids.insert(id);
+  }
+  // What Python has besides: the base class's "error" and "timeout" (a wait's timeout=, raised
+  // by the Python side only; docs/json-output.md lists it).
+  for (const auto& code : python) {
+    CAPTURE(code);
+    CHECK((ids.count(code) == 1 || code == "error" || code == "timeout"));
+  }
+  CHECK(python.size() == ids.size() + 2);
 }

@@ -17,6 +17,7 @@ def test_the_python_benchmark_reports_every_figure_and_ratio_on_a_tiny_state(tmp
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
+    assert r["schema"] == "python_bench/1"  # docs/json-output.md
     assert r["bytes"] == 2 << 20
     assert set(r["median_s"]) == {"clone", "stall_deferred", "stall_copy", "durable_ckpt", "durable_torch", "load_ckpt",
                                   "load_torch"}
