@@ -48,6 +48,7 @@ dir=$(cd "$dir" && pwd)
 out=$(cd "$out" && pwd)
 
 # The Debian 13 root (scripts/lib/debian13-root.sh, shared with scripts/test-torch2).
+# shellcheck source=scripts/lib/debian13-root.sh
 . scripts/lib/debian13-root.sh
 root=$debian13_root
 mnt=/mnt/ckpt-peers
