@@ -36,12 +36,13 @@ debian13_root_ensure() {
   local name=$1
   shift
   local want=("${debian13_root_base[@]}" "$@")
+  # Root for chroot itself, and for debootstrap and the mounts of the callers.
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "$name: the Debian 13 root ($debian13_root) is entered with chroot, which needs root" >&2
+    return 77
+  fi
   if [ -x "$debian13_root/usr/bin/python3" ] && [ -z "$(debian13_root_missing "${want[@]}")" ]; then
     return 0
-  fi
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "$name: the Debian 13 root ($debian13_root) is missing or incomplete, and making it needs root" >&2
-    return 77
   fi
   local mirror
   mirror=$(debian13_root_mirror)
