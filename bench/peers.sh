@@ -47,7 +47,10 @@ mkdir -p "$dir" "$out"
 dir=$(cd "$dir" && pwd)
 out=$(cd "$out" && pwd)
 
-root=${CKPT_PEERS_ROOT:-/var/tmp/ckpt-peers-root}
+# The Debian 13 root (scripts/lib/debian13-root.sh, shared with scripts/test-torch2).
+# shellcheck source=scripts/lib/debian13-root.sh
+. scripts/lib/debian13-root.sh
+root=$debian13_root
 mnt=/mnt/ckpt-peers
 mounted=()
 
@@ -62,32 +65,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-ensure_root() {
-  if [ -x "$root/usr/bin/python3" ] && chroot "$root" python3 -c 'import torch, safetensors' >/dev/null 2>&1; then
-    return
-  fi
-  [ "$(id -u)" -eq 0 ] || { echo "peers.sh: building the Debian 13 root needs root (or set PEERS_PYTHON)" >&2; exit 1; }
-  command -v debootstrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null; }
-  local mirror
-  mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
-  [ -n "$mirror" ] || mirror=$(awk '$1 == "deb" {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
-  [ -n "$mirror" ] || mirror=http://deb.debian.org/debian
-  local partial="$root.partial"
-  if [ -e "$partial" ]; then
-    # Never remove a tree something is still mounted in.
-    if findmnt -rn -o TARGET | grep -q "^$partial\(/\|$\)"; then
-      echo "peers.sh: $partial has mounts; unmount them first" >&2
-      exit 1
-    fi
-    rm -rf "$partial"
-  fi
-  echo "== building the Debian 13 root for the peers in $root (from $mirror; about 1.5 GB, once)" >&2
-  # shellcheck disable=SC2086 # PEERS_DEBOOTSTRAP_ARGS may hold several options (e.g. --no-check-gpg)
-  debootstrap --variant=minbase --include=python3,python3-torch,python3-safetensors,python3-numpy \
-    ${PEERS_DEBOOTSTRAP_ARGS:-} trixie "$partial" "$mirror" >&2
-  mv "$partial" "$root"
-}
-
 if [ -n "${PEERS_PYTHON:-}" ]; then
   "$PEERS_PYTHON" - <<'EOF'
 import sys, torch, safetensors
@@ -98,7 +75,7 @@ EOF
   inside=$dir
   cp bench/peers.py bench/bench_json.py "$dir/"
 else
-  ensure_root
+  debian13_root_ensure peers.sh || { echo "peers.sh: no Debian 13 root (or set PEERS_PYTHON)" >&2; exit 1; }
   mkdir -p "$root$mnt"
   mount --bind "$dir" "$root$mnt"
   mounted+=("$root$mnt")

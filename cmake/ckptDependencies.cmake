@@ -2,7 +2,9 @@
 # The design card's dependencies, all from Debian 12 packages (scripts/setup installs them).
 # Shared by the build tree and by ckptConfig.cmake, so a consumer finds exactly what ckpt used.
 find_package(Threads REQUIRED)
-find_package(Boost 1.81 REQUIRED COMPONENTS json)
+# CONFIG: Boost's own BoostConfig.cmake (libboost-dev ships it), not CMake's FindBoost module,
+# which CMake 3.30 deprecated (policy CMP0167; Debian 13's CMake 3.31 warns on every configure).
+find_package(Boost 1.81 REQUIRED CONFIG COMPONENTS json)
 find_package(OpenSSL 3 REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(LIBURING REQUIRED IMPORTED_TARGET liburing)

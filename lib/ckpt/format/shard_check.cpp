@@ -26,7 +26,7 @@ std::vector<std::byte> read_shard_head(const ReadAt& read_at, std::uint64_t file
 namespace {
 
 std::string byte_range(std::uint64_t begin, std::uint64_t end) { return std::to_string(begin) + "-" + std::to_string(end); }
-std::string quoted(std::string_view name) { return "'" + std::string(name) + "'"; }
+std::string single_quoted(std::string_view name) { return "'" + std::string(name) + "'"; }
 
 }  // namespace
 
@@ -62,10 +62,10 @@ CheckedShardHeader check_shard_head(const Manifest& m, int rank, std::span<const
       std::string expected = "absent";
       for (const auto& r : m.tensors)
         if (r.rank == rank && r.begin == begin_of(t) && r.end == end_of(t) && !names.contains(r.name)) {
-          expected = quoted(r.name);
+          expected = single_quoted(r.name);
           break;
         }
-      disagree("tensor '" + t.name + "' of the shard header disagrees with the manifest index in its name", expected, quoted(t.name));
+      disagree("tensor '" + t.name + "' of the shard header disagrees with the manifest index in its name", expected, single_quoted(t.name));
     }
     const TensorRecord& r = *found->second;
     const std::string what = "tensor '" + t.name + "' disagrees with the manifest index in its ";
@@ -84,10 +84,10 @@ CheckedShardHeader check_shard_head(const Manifest& m, int rank, std::span<const
     std::string actual = "absent";
     for (const auto& t : h.tensors)
       if (begin_of(t) == first->begin && end_of(t) == first->end) {
-        actual = quoted(t.name);
+        actual = single_quoted(t.name);
         break;
       }
-    disagree("tensor '" + first->name + "' of the manifest index disagrees with the shard header in its name", quoted(first->name), actual);
+    disagree("tensor '" + first->name + "' of the manifest index disagrees with the shard header in its name", single_quoted(first->name), actual);
   }
   return out;
 }
