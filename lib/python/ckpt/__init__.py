@@ -17,6 +17,7 @@ import time as _time
 
 from . import _args
 from . import _core
+from . import _device
 from ._tensors import describe_all as _describe_all
 from .errors import (Aborted, Busy, ChecksumMismatch, CommError, Conflict, Error, IoError,  # noqa: F401
                      InvalidArgument, MalformedManifest, MalformedShard, MissingShard, NoSpace, NotFound,
@@ -159,10 +160,13 @@ class Checkpointer:
                                      None if durable_root is None else _args.path(durable_root, "durable_root"),
                                      _args.integer(durable_keep_last, "durable_keep_last", 0, _MAX_INT),
                                      bool(allow_older_than_latest), bool(allow_empty), core_coord)
+        self._stagers = {}        # rank -> _device.RankStager: host buffers of device tensors
+        self._device_saves = []   # deferred saves of device tensors whose thread may still run
 
     def save(self, rank, step, tensors, metadata=None, deferred=False, training=None, sharding=None):
         """Saves rank's shard of checkpoint `step`: `tensors` a flat dict name -> tensor or array
-        (CPU, contiguous), `metadata` a JSON-serialisable dict stored with the rank, `training`
+        (contiguous; torch tensors on a device are copied into host buffers ckpt owns, and a
+        deferred save's fence waits for that copy: docs/python.md), `metadata` a JSON-serialisable dict stored with the rank, `training`
         one stored for the whole checkpoint (rank 0's is kept). Blocks while the previous
         checkpoint is still persisting (when_busy="wait"). Without `deferred` the tensors are
         copied before this returns; with it the copy runs on ckpt's threads and the caller must
@@ -178,12 +182,34 @@ class Checkpointer:
         checkpoint when close() is called)."""
         rank = _args.integer(rank, "save rank", 0, self.world_size - 1)
         step = _args.integer(step, "step", 0, _MAX_STEP)
+        if _device.has_device_tensors(tensors):
+            return self._save_device(rank, step, tensors, metadata, deferred, training, sharding)
         views, keep = _describe_all(tensors)
         meta = _args.to_json(metadata, "metadata")
         train = _args.to_json(training, "training")
         shard = _args.to_json(sharding, "sharding")
         return SaveHandle(self._c.save(rank, step, views, keep, meta, train, bool(deferred),
                                        _time.monotonic() - self._start, shard))
+
+    def _save_device(self, rank, step, tensors, metadata, deferred, training, sharding):
+        # Tensors on a device: copied into this rank's host buffers first (ckpt/_device.py).
+        meta = _args.to_json(metadata, "metadata")
+        train = _args.to_json(training, "training")
+        shard = _args.to_json(sharding, "sharding")
+        stager = self._stagers.setdefault(rank, _device.RankStager())
+        host, waits = stager.stage(tensors)
+        views, keep = _describe_all(host)
+        elapsed = _time.monotonic() - self._start
+        if not deferred:
+            for w in waits:
+                w.synchronize()
+            return SaveHandle(self._c.save(rank, step, views, keep, meta, train, False, elapsed, shard))
+        direct = any(not _device.is_device_tensor(v) for v in tensors.values())
+        pending = _device.DeviceSave(step, waits, lambda: self._c.save(rank, step, views, keep, meta, train, True,
+                                                                        elapsed, shard), direct)
+        stager.previous = pending
+        self._device_saves = [d for d in self._device_saves if not d.done()] + [pending]
+        return SaveHandle(pending)
 
     def save_sync(self, rank, step, tensors, metadata=None, training=None, sharding=None):
         """save() then wait(): returns the SaveResult once committed."""
@@ -231,6 +257,10 @@ class Checkpointer:
         checkpoint), drains every started save (each ends: committed, or failed with
         ckpt.Aborted when some rank never saved its step) and releases the root. Idempotent;
         safe while rank threads save. stats() still works afterwards."""
+        # A deferred save of device tensors whose copies are still running is a started save:
+        # its thread makes it once they are done, and the close drains it with the others.
+        for d in list(self._device_saves):
+            d.join()
         self._c.close()
 
     def __enter__(self):
