@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import ckpt
-from conftest import read_safetensors
+from conftest import read_safetensors, shard_path
 
 CKPT_TOOL = os.path.join(os.environ.get("CKPT_BIN_DIR", ""), "ckpt")
 
@@ -48,9 +48,11 @@ def test_sliced_replicated_and_rank_local_tensors_consolidate_to_the_global_tens
     W, V, bias = save_tp(root, 3)
     r = ckpt.open_latest(root)
     assert r.world_size == 3
-    # The replicated bias is written once, by rank 0; the seed stays on each rank.
-    assert "bias" in r.tensor_names(0)
-    assert "bias" not in r.tensor_names(1) and "bias" not in r.tensor_names(2)
+    # The replicated bias is written once, in rank 0's shard; the seed stays on each rank.
+    for k in range(3):
+        assert "bias" in r.tensor_names(k)
+    assert "bias" in read_safetensors(shard_path(r, 0))
+    assert "bias" not in read_safetensors(shard_path(r, 1)) and "bias" not in read_safetensors(shard_path(r, 2))
     assert [int(r.read(k, "seed")[0]) for k in range(3)] == [0, 11, 22]
     out = tmp_path / "model"
     done = subprocess.run([CKPT_TOOL, "consolidate", root, str(out)], capture_output=True, text=True)
