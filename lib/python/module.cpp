@@ -460,12 +460,13 @@ class PyReader {
   std::string metadata(int rank) const { return manifest().shard(rank).metadata.dump(); }
   std::string training() const { return manifest().training.dump(); }
 
-  // (name, dtype name, shape) of rank's tensors, in the manifest's order.
+  // (name, dtype name, shape) of the tensors rank holds (replicated ones it does not store
+  // included), in the manifest's order.
   std::vector<std::tuple<std::string, std::string, std::vector<std::uint64_t>>> tensors(int rank) const {
     ckpt::check_rank(rank, world_size(), "rank", dir());
     std::vector<std::tuple<std::string, std::string, std::vector<std::uint64_t>>> out;
-    for (const auto& t : manifest().tensors)
-      if (t.rank == rank) out.emplace_back(t.name, std::string(ckpt::dtype_name(t.dtype)), t.shape);
+    for (const ckpt::TensorRecord* t : manifest().held_tensors(rank))
+      out.emplace_back(t->name, std::string(ckpt::dtype_name(t->dtype)), t->shape);
     return out;
   }
 
@@ -477,7 +478,10 @@ class PyReader {
     ckpt::TensorView v;
     {
       py::gil_scoped_release nogil;
-      shard = mapped(rank, mode);
+      ckpt::check_rank(rank, world_size(), "rank", dir());
+      // A replicated tensor is stored in its lowest holder's shard only.
+      const ckpt::TensorRecord* held = manifest().find_held_tensor(name, rank);
+      shard = mapped(held ? held->rank : rank, mode);
       v = shard->tensor(name);
     }
     std::vector<py::ssize_t> shape(v.shape.begin(), v.shape.end());

@@ -11,6 +11,7 @@
 #include "ckpt/store/store.hpp"
 #include "ckpt/core/error.hpp"
 #include "ckpt/fs/layout.hpp"
+#include "ckpt/read/load_into.hpp"
 #include "ckpt/read/reader.hpp"
 #include "ckpt/ops/save.hpp"
 #include "ckpt/read/slice_load.hpp"
@@ -168,6 +169,51 @@ TEST_CASE("the Checkpointer records descriptions and leaves replicated tensors t
   const SliceTarget t{"W", DType::F32, {}, {}, std::as_writable_bytes(std::span(whole))};
   load_slices(opened.reader, std::span(&t, 1), Verify::full);
   CHECK(whole == std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8});
+}
+
+TEST_CASE("every holder of a replicated tensor reads it from the lowest holder's shard") {
+  MemoryFileSystem fs;
+  std::vector<float> shared{1.5f, 2.5f, 3.5f, 4.5f};
+  std::vector<float> own[3] = {{10}, {11}, {12}};
+  SaveRequest req;
+  req.step = 1;
+  for (int r = 0; r < 3; ++r) {
+    RankState rs;
+    rs.tensors.push_back({"own", DType::F32, {1}, std::as_bytes(std::span(own[r])), std::nullopt});
+    // Held by ranks 1 and 2 only: stored once, in rank 1's shard.
+    if (r > 0) rs.tensors.push_back({"shared", DType::F32, {4}, std::as_bytes(std::span(shared)), replicated({1, 2})});
+    req.ranks.push_back(std::move(rs));
+  }
+  save_checkpoint_sync(fs, "/ck", req);
+  const auto reader = CheckpointReader::open(fs, "/ck/" + checkpoint_dir_name(1));
+  const Manifest& m = reader.manifest();
+  REQUIRE(m.find_tensor("shared", 2) == nullptr);
+  CHECK(m.held_tensors(2).size() == 2);
+  CHECK(m.held_tensors(0).size() == 1);
+  const auto as_floats = [](const std::vector<std::byte>& b) {
+    std::vector<float> f(b.size() / sizeof(float));
+    std::memcpy(f.data(), b.data(), b.size());
+    return f;
+  };
+  CHECK(as_floats(reader.read_tensor("shared", 2)) == shared);
+  CHECK(as_floats(reader.read_tensor_range("shared", 2, 1, 2)) == std::vector<float>{2.5f, 3.5f});
+  // Rank 2's own tensor and the replicated one in one load (two files), then ranks 1 and 2 at once.
+  std::vector<float> got(4, 0.0f), got_own(1, 0.0f);
+  const LoadTarget two[] = {load_target("shared", std::span(got)), load_target("own", std::span(got_own))};
+  load_into(reader, 2, two, Verify::full);
+  CHECK(got == shared);
+  CHECK(got_own == std::vector<float>{12});
+  std::vector<float> a(4), b(4);
+  const LoadTarget ta[] = {load_target("shared", std::span(a))}, tb[] = {load_target("shared", std::span(b))};
+  const RankLoad both[] = {{1, ta}, {2, tb}};
+  load_into(reader, both, Verify::fast);
+  CHECK(a == shared);
+  CHECK(b == shared);
+  // Rank 0 does not hold it: not found, naming the rank.
+  std::vector<float> none(4);
+  const LoadTarget t0[] = {load_target("shared", std::span(none))};
+  CHECK_THROWS_WITH_AS(load_into(reader, 0, t0, Verify::fast), doctest::Contains("no tensor 'shared' on rank 0"), Error);
+  CHECK_THROWS_AS(reader.read_tensor("shared", 0), Error);
 }
 
 TEST_CASE("save refuses descriptions that cannot be right and slices that do not tile their tensor") {

@@ -160,3 +160,19 @@ def test_a_save_at_or_before_latest_is_refused_and_not_counted_as_a_failed_save(
         assert (st["saves_refused"], st["failures"], st["consecutive_failures"], st["last_failure"]) == (2, 0, 0, "")
         assert c.save_sync(0, 6, {"a": np.zeros(2)}).step == 6
     assert ckpt.open_latest(root).step == 6
+
+
+def test_the_free_form_parts_hold_1_mi_values_and_64_mib_plus_the_allowance_of_one_rank(root):
+    # One rank: 1 Mi + 256 values (the metadata dict, its list, the empty training dict count
+    # one each) and 64 MiB + 4 KiB of compact JSON, as docs/python.md says.
+    with ckpt.Checkpointer(root, keep_last=1) as c:
+        c.save_sync(0, 1, {"a": np.zeros(2)}, metadata={"v": [0] * ((1 << 20) + 256 - 3)})
+        with pytest.raises(ckpt.InvalidArgument) as e:
+            c.save(0, 2, {"a": np.zeros(2)}, metadata={"v": [0] * ((1 << 20) + 256 - 2)})
+        assert e.value.expected == f"at most {(1 << 20) + 256} values"
+        mib = "x" * (1 << 20)
+        c.save_sync(0, 3, {"a": np.zeros(2)}, metadata={"v": [mib] * 64})
+        with pytest.raises(ckpt.InvalidArgument) as e:
+            c.save(0, 4, {"a": np.zeros(2)}, metadata={"v": [mib] * 64, "w": "y" * 4096})
+        assert e.value.expected == f"at most {(64 << 20) + 4096} bytes" and "size of the free-form parts" in e.value.detail
+    assert len(ckpt.open_latest(root).metadata()["v"]) == 64

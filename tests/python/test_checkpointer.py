@@ -361,3 +361,47 @@ def test_every_error_code_of_the_library_has_its_exception_class_with_the_same_i
     with pytest.raises(ckpt.NotFound) as e:
         ckpt.open_latest(str(tmp_path / "nothing-here"))
     assert e.value.code == "not_found" and str(e.value).startswith("not found: ")
+
+
+def test_keep_last_0_keeps_every_checkpoint(root):
+    with ckpt.Checkpointer(root, keep_last=0) as c:
+        for step in range(1, 6):
+            c.save_sync(step, {"a": np.full(2, step)})
+        assert c.stats()["rotated"] == 0
+    assert sorted(d for d in os.listdir(root) if d.startswith("step-")) == [f"step-{s:010d}" for s in range(1, 6)]
+    assert ckpt.open_step(root, 1).read("a")[0] == 1
+
+
+def test_saves_skipped_counts_the_steps_when_busy_skip_left_out(root):
+    with ckpt.Checkpointer(root, world_size=2, when_busy="skip") as c:
+        h1 = c.save(0, 1, {"a": np.zeros(2)})  # in flight until rank 1 saves step 1
+        assert c.save(0, 2, {"a": np.zeros(2)}).skipped() and c.save(0, 3, {"a": np.zeros(2)}).skipped()
+        c.save(1, 1, {"a": np.ones(2)})
+        h1.wait()
+        assert c.save(1, 2, {"a": np.ones(2)}).skipped()  # one count per rank's call
+        s = c.stats()
+        # Every call counts as started, the skipped ones too: 5 calls, 3 skipped, 1 checkpoint.
+        assert (s["saves_started"], s["saves_skipped"], s["commits"], s["failures"]) == (5, 3, 1, 0)
+
+
+def test_conflict_is_the_class_of_the_library_s_conflict_code_and_a_directory_tier_never_raises_it(tmp_path):
+    # Conflict needs an object store holding another run's newest checkpoint (docs/python.md);
+    # a directory durable tier records no run, so a second run may share it.
+    assert ckpt.errors._BY_CODE["conflict"] is ckpt.Conflict and issubclass(ckpt.Conflict, ckpt.Error)
+    for run, step in (("a", 1), ("b", 2)):
+        with ckpt.Checkpointer(tmp_path / run, durable_root=tmp_path / "durable") as c:
+            c.save_sync(step, {"a": np.zeros(2)})
+            c.wait_durable()
+            assert c.stats()["durable_copies"] == 1
+    assert ckpt.open_latest(tmp_path / "durable").step == 2
+
+
+def test_metadata_keys_are_strings_and_save_state_keeps_other_keys(root):
+    with ckpt.Checkpointer(root) as c:
+        c.save_sync(1, {"a": np.zeros(2)}, metadata={"by_id": {1: "x", 2.5: "y", None: "z", False: "f"}, "t": (1, 2)})
+        with pytest.raises(TypeError):
+            c.save(2, {"a": np.zeros(2)}, metadata={"k": {(1, 2): 0}})
+        c.save_state(3, {"by_id": {1: "x", (1, 2): "y"}, "t": (1, 2), "a": np.zeros(2)}).wait()
+    assert ckpt.open_step(root, 1).metadata() == {"by_id": {"1": "x", "2.5": "y", "null": "z", "false": "f"}, "t": [1, 2]}
+    back = ckpt.open_step(root, 3).state_dict()
+    assert back["by_id"] == {1: "x", (1, 2): "y"} and back["t"] == (1, 2)

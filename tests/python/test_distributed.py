@@ -119,9 +119,14 @@ def closed_coordinator_worker(rank, world, init, root, out):
     except Exception as e:  # noqa: BLE001 - reported to the test
         result["exception"] = repr(e)
     finally:
-        with open(f"{out}.{rank}", "w") as f:
-            json.dump(result, f)
-        os._exit(0)
+        report(out, rank, result)
+
+
+def report(out, rank, result):
+    """Writes a worker's result for the test and ends the process, skipping gloo's teardown."""
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(result, f)
+    os._exit(0)
 
 
 def test_a_coordinator_closed_before_the_checkpointer_fails_the_next_save_on_every_rank_instead_of_hanging(tmp_path):
@@ -135,3 +140,36 @@ def test_a_coordinator_closed_before_the_checkpointer_fails_the_next_save_on_eve
         assert "the checkpoint coordinator was closed before the Checkpointer" in res["4"]["message"]
         assert res["done"] is True and res["seconds"] < 30
     assert ckpt.open_latest(root, world_size=2).step == 2
+
+
+def state_worker(rank, world, init, root, out):
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    result = {"rank": rank}
+    coord = ckpt.distributed.TorchCoordinator(timeout=datetime.timedelta(seconds=60))
+    try:
+        torch.manual_seed(0)  # DDP: the same model on every rank, saved once (replicated)
+        model = torch.nn.Linear(3, 2)
+        sd = {"model": model.state_dict(), "seen": torch.tensor([rank * 10])}
+        sharding = {"model." + k: ckpt.replicated(range(world)) for k in model.state_dict()}
+        with ckpt.Checkpointer(root, coordinator=coord) as c:
+            c.save_state(1, sd, sharding=sharding, deferred=True).wait()  # no rank: the coordinator's
+        torch.manual_seed(1 + rank)
+        fresh = torch.nn.Linear(3, 2)
+        sd2 = {"model": fresh.state_dict(), "seen": torch.zeros(1, dtype=torch.int64)}
+        ckpt.load(sd2, root, coordinator=coord)
+        result["equal"] = all(torch.equal(a, b) for a, b in zip(model.parameters(), fresh.parameters()))
+        result["seen"] = int(sd2["seen"][0])
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        result["exception"] = repr(e)
+    finally:
+        coord.close()
+        report(out, rank, result)
+
+
+def test_every_rank_loads_the_replicated_model_rank_0_wrote_with_the_rank_taken_from_the_coordinator(tmp_path):
+    root, codes, results = spawn(tmp_path, 2, state_worker)
+    assert codes == [0, 0]
+    for r in range(2):
+        assert results[r] == {"rank": r, "equal": True, "seen": r * 10}, results[r]
+    assert ckpt.open_latest(root).tensor_names(1) == ["model.weight", "model.bias", "seen"]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import ckpt
-from conftest import read_safetensors
+from conftest import read_safetensors, shard_path
 
 CKPT_TOOL = os.path.join(os.environ.get("CKPT_BIN_DIR", ""), "ckpt")
 
@@ -48,9 +48,11 @@ def test_sliced_replicated_and_rank_local_tensors_consolidate_to_the_global_tens
     W, V, bias = save_tp(root, 3)
     r = ckpt.open_latest(root)
     assert r.world_size == 3
-    # The replicated bias is written once, by rank 0; the seed stays on each rank.
-    assert "bias" in r.tensor_names(0)
-    assert "bias" not in r.tensor_names(1) and "bias" not in r.tensor_names(2)
+    # The replicated bias is written once, in rank 0's shard; the seed stays on each rank.
+    for k in range(3):
+        assert "bias" in r.tensor_names(k)
+    assert "bias" in read_safetensors(shard_path(r, 0))
+    assert "bias" not in read_safetensors(shard_path(r, 1)) and "bias" not in read_safetensors(shard_path(r, 2))
     assert [int(r.read(k, "seed")[0]) for k in range(3)] == [0, 11, 22]
     out = tmp_path / "model"
     done = subprocess.run([CKPT_TOOL, "consolidate", root, str(out)], capture_output=True, text=True)
@@ -60,6 +62,44 @@ def test_sliced_replicated_and_rank_local_tensors_consolidate_to_the_global_tens
     assert np.array_equal(model["W"], W)
     assert np.array_equal(model["V"], V.astype(np.float32))  # float tensors in their own dtype but F64 -> F32
     assert np.array_equal(model["bias"], bias)
+
+
+def test_every_holder_of_a_replicated_tensor_reads_it_though_only_the_lowest_holder_wrote_it(root):
+    torch = pytest.importorskip("torch")
+    # A DDP job: the model is the same on every rank, saved as replicated; each rank has its own RNG.
+    model = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.tensor([1.5, -2.0], dtype=torch.bfloat16)}
+    with ckpt.Checkpointer(root, world_size=3) as c:
+        handles = []
+        for r in (0, 1, 2):
+            state = {"model": model if r else {"w": model["w"]}, "rng": torch.tensor([r])}
+            sharding = {"model.w": ckpt.replicated([0, 1, 2])}
+            if r:
+                sharding["model.b"] = ckpt.replicated([1, 2])
+            handles.append(c.save_state(1, state, rank=r, sharding=sharding))
+        for h in handles:
+            h.wait()
+    r = ckpt.open_latest(root)
+    assert r.tensor_info(2) == {"model.w": ("F32", (2, 3)), "model.b": ("BF16", (2,)), "rng": ("I64", (1,))}
+    for k in (1, 2):  # holders that wrote nothing of the model
+        assert np.array_equal(r.read(k, "model.w"), model["w"].numpy())
+        flat = r.read_all(k)
+        state = ckpt.tensors_to_state_dict(flat, r.metadata(k)["state_dict"])
+        assert torch.equal(state["model"]["w"], model["w"]) and torch.equal(state["model"]["b"], model["b"])
+        assert int(state["rng"][0]) == k
+        into = {"model.w": torch.zeros(2, 3), "model.b": torch.zeros(2, dtype=torch.bfloat16), "rng": torch.zeros(1, dtype=torch.int64)}
+        r.load_into(k, into)
+        assert torch.equal(into["model.w"], model["w"]) and torch.equal(into["model.b"], model["b"])
+        sd = {"model": {"w": torch.zeros(2, 3), "b": torch.zeros(2, dtype=torch.bfloat16)}, "rng": torch.zeros(1, dtype=torch.int64)}
+        r.load_state(sd, rank=k)
+        assert torch.equal(sd["model"]["w"], model["w"]) and int(sd["rng"][0]) == k
+    # Rank 0 holds w (and wrote it) but not b.
+    assert "model.b" not in r.tensor_names(0)
+    with pytest.raises(ckpt.NotFound, match="model.b"):
+        r.read(0, "model.b")
+    with pytest.raises(ckpt.NotFound, match="no tensor 'model.b' on rank 0"):
+        r.load_into(0, {"model.b": torch.zeros(2, dtype=torch.bfloat16)})
+    # b is stored once, in rank 1's shard (its lowest holder).
+    assert "model.b" in read_safetensors(shard_path(r, 1)) and "model.b" not in read_safetensors(shard_path(r, 2))
 
 
 def test_a_description_that_cannot_be_right_is_invalid_argument_and_nothing_is_saved(root):

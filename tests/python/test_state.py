@@ -47,7 +47,9 @@ def test_names_follow_the_nesting_and_non_tensor_leaves_stay_json():
     assert "rng.torch" in tensors and "rng.numpy.1" in tensors
     assert skel["optim"]["param_groups"][0]["lr"] == {"__float__": opt.param_groups[0]["lr"].hex()}
     assert skel["optim"]["param_groups"][0]["params"] == [0, 1, 2, 3]
-    assert skel["model"]["0.weight"]["__tensor__"] == "model.0.weight"
+    # A model's state_dict carries _metadata (module versions): kept next to its entries.
+    assert skel["model"]["__state_dict__"]["0.weight"]["__tensor__"] == "model.0.weight"
+    assert skel["model"]["_metadata"][""] == {"version": 1}
     back = ckpt.tensors_to_state_dict(tensors, skel)
     assert set(back["optim"]["state"]) == {0, 1, 2, 3}  # int keys come back as ints
     assert back["optim"]["param_groups"][0]["betas"] == opt.param_groups[0]["betas"]
@@ -114,3 +116,37 @@ def test_a_missing_tensor_is_a_key_error_naming_it():
     tensors, skel = ckpt.state_dict_to_tensors({"m": {"w": torch.zeros(2)}})
     with pytest.raises(KeyError, match="m.w"):
         ckpt.tensors_to_state_dict({}, skel)
+
+
+def test_the_non_json_leaves_of_torch_state_dicts_round_trip_exactly_through_a_checkpoint(tmp_path):
+    import struct
+    neg_nan = struct.unpack("<d", struct.pack("<Q", 0xFFF8000000000001))[0]
+    obj = {"dtype": torch.bfloat16, "dtypes": [torch.float32, torch.int64], "device": torch.device("cpu"),
+           "cuda": torch.device("cuda", 1), "set": {1, 2, 3}, "fs": frozenset({"a", (1, 2)}), "empty": set(),
+           "by_id": {0: {"step": 3}, 7: [1.0]}, "by_dtype": {torch.float16: 2}, "nan": math.nan, "neg_nan": neg_nan,
+           "inf": [math.inf, -math.inf], "w": torch.ones(2)}
+    tensors, skeleton = ckpt.state_dict_to_tensors(obj)
+    with ckpt.Checkpointer(tmp_path) as c:
+        c.save_sync(0, 1, tensors, metadata={"state": skeleton})
+    r = ckpt.open_latest(tmp_path)
+    back = ckpt.tensors_to_state_dict(r.read_all(0), r.metadata(0)["state"])
+    assert back["dtype"] is torch.bfloat16 and back["dtypes"] == [torch.float32, torch.int64]
+    assert back["device"] == torch.device("cpu") and back["cuda"] == torch.device("cuda", 1)
+    assert back["set"] == {1, 2, 3} and isinstance(back["set"], set)
+    assert back["fs"] == frozenset({"a", (1, 2)}) and isinstance(back["fs"], frozenset) and back["empty"] == set()
+    assert back["by_id"] == {0: {"step": 3}, 7: [1.0]} and back["by_dtype"] == {torch.float16: 2}
+    assert struct.pack("<d", back["nan"]) == struct.pack("<d", math.nan)
+    assert struct.pack("<d", back["neg_nan"]) == struct.pack("<d", neg_nan)
+    assert back["inf"] == [math.inf, -math.inf] and torch.equal(back["w"], obj["w"])
+
+
+def test_a_bound_method_or_an_object_is_a_type_error_naming_its_path_and_type():
+    class Sched:
+        def lr(self):
+            return 1.0
+    with pytest.raises(TypeError, match=r"sched\.lr_lambdas\.0 is a method \(<bound method"):
+        ckpt.state_dict_to_tensors({"sched": {"lr_lambdas": [Sched().lr]}})
+    with pytest.raises(TypeError, match=r"a\.b is a Sched"):
+        ckpt.state_dict_to_tensors({"a": {"b": Sched()}})
+    with pytest.raises(TypeError, match=r"an element of s is a Sched"):
+        ckpt.state_dict_to_tensors({"s": {Sched()}})

@@ -134,6 +134,15 @@ const TensorRecord* Manifest::find_held_tensor(std::string_view name, int rank) 
   return nullptr;
 }
 
+std::vector<const TensorRecord*> Manifest::held_tensors(int rank) const {
+  std::vector<const TensorRecord*> out;
+  for (const auto& t : tensors)
+    if (t.rank == rank || (t.sharding && t.sharding->kind == TensorSharding::Kind::replicated &&
+                           std::binary_search(t.sharding->holders.begin(), t.sharding->holders.end(), rank)))
+      out.push_back(&t);
+  return out;
+}
+
 std::string utc_now_rfc3339() { return utc_rfc3339(std::chrono::system_clock::now()); }
 
 std::string utc_rfc3339(std::chrono::system_clock::time_point now) {

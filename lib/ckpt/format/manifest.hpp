@@ -82,6 +82,9 @@ struct Manifest {
   /// Where rank's tensor `name` is read from: its own entry, or the entry of a replicated
   /// tensor whose holders include `rank` (on the lowest holder's shard); nullptr if neither.
   const TensorRecord* find_held_tensor(std::string_view name, int rank) const noexcept;
+  /// The tensors `rank` holds, in the index's order: its own entries and every replicated
+  /// entry whose holders include it (find_held_tensor finds each of them by name).
+  std::vector<const TensorRecord*> held_tensors(int rank) const;
 };
 
 /// One rank's part of a checkpoint, as its shard writer reports it once the shard is durable:

@@ -100,6 +100,35 @@ FilePlan resolve(const CheckpointReader& ck, int rank, std::span<const LoadTarge
   return plan;
 }
 
+// The targets of `ranks` grouped by the rank whose shard stores them, in order of first
+// appearance: a target naming a replicated tensor goes to the entry's rank (the lowest
+// holder); any other (an unknown name too, which resolve then refuses) stays with its rank.
+std::vector<std::pair<int, std::vector<LoadTarget>>> targets_by_file(const CheckpointReader& ck, std::span<const RankLoad> ranks) {
+  const Manifest& m = ck.manifest();
+  std::unordered_multimap<std::string_view, const TensorRecord*> replicated;
+  for (const auto& t : m.tensors)
+    if (t.sharding && t.sharding->kind == TensorSharding::Kind::replicated) replicated.emplace(t.name, &t);
+  std::vector<std::pair<int, std::vector<LoadTarget>>> out;
+  auto file_of = [&](int rank) -> std::vector<LoadTarget>& {
+    for (auto& [r, ts] : out)
+      if (r == rank) return ts;
+    return out.emplace_back(rank, std::vector<LoadTarget>{}).second;
+  };
+  for (const auto& r : ranks) {
+    check_rank(r.rank, m.world_size, "rank", ck.dir());
+    if (r.targets.empty()) file_of(r.rank);  // its header is still checked, as before
+    for (const auto& tg : r.targets) {
+      int stored_by = r.rank;
+      const auto [first, last] = replicated.equal_range(tg.name);
+      for (auto it = first; it != last; ++it)
+        if (std::binary_search(it->second->sharding->holders.begin(), it->second->sharding->holders.end(), r.rank))
+          stored_by = it->second->rank;
+      file_of(stored_by).push_back(tg);
+    }
+  }
+  return out;
+}
+
 // Pre-faulted, aligned bounce buffers, reused across loads (a fresh one costs a page fault per
 // page on first touch, which is what loading into owned memory avoids).
 class BouncePool {
@@ -659,9 +688,10 @@ LoadReport load_into(const CheckpointReader& checkpoint, std::span<const RankLoa
     throw Error(Errc::invalid_argument, checkpoint.dir(), "LoadOptions::queue_depth", "1..4096", std::to_string(options.queue_depth));
   if (options.io_size == 0 || options.io_size % kBlockAlign != 0)
     throw Error(Errc::invalid_argument, checkpoint.dir(), "LoadOptions::io_size", "a positive multiple of 4096", std::to_string(options.io_size));
+  // Every check before any read, one plan per file: a replicated tensor a rank holds is in
+  // its lowest holder's shard, so its target joins that file's.
   std::vector<FilePlan> plans;
-  plans.reserve(ranks.size());
-  for (const auto& r : ranks) plans.push_back(resolve(checkpoint, r.rank, r.targets));  // every check before any read
+  for (auto& [file_rank, targets] : targets_by_file(checkpoint, ranks)) plans.push_back(resolve(checkpoint, file_rank, targets));
 
   const std::size_t cores = std::max(1u, std::thread::hardware_concurrency());
   const std::size_t threads = std::min(plans.size(), options.threads > 0 ? static_cast<std::size_t>(options.threads) : cores);

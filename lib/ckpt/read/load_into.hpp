@@ -97,7 +97,10 @@ struct RankLoad {
   std::span<const LoadTarget> targets;
 };
 
-/// Reads the targets of rank's shard of `checkpoint` into the targets' memory.
+/// Reads the targets of rank's shard of `checkpoint` into the targets' memory. A target may
+/// name a replicated tensor `rank` holds but does not store (Manifest::find_held_tensor): it
+/// is read from the lowest holder's shard, where the tensor is stored, and the checks and
+/// reads below then concern that shard.
 ///
 /// Checks first, before any byte is read or any target written: rank in range
 /// (Errc::invalid_argument); every target's tensor exists on that rank (Errc::not_found naming

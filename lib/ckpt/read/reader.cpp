@@ -452,9 +452,10 @@ LoadedShard CheckpointReader::load_shard(int rank, Verify mode) const {
   return out;
 }
 
-std::vector<std::byte> CheckpointReader::read_tensor(std::string_view name, int rank, Verify mode) const {
-  const TensorRecord* t = manifest_.find_tensor(name, rank);
-  if (!t) throw Error(Errc::not_found, manifest_path(), "no tensor '" + std::string(name) + "' on rank " + std::to_string(rank));
+std::vector<std::byte> CheckpointReader::read_tensor(std::string_view name, int held_by, Verify mode) const {
+  const TensorRecord* t = manifest_.find_held_tensor(name, held_by);
+  if (!t) throw Error(Errc::not_found, manifest_path(), "no tensor '" + std::string(name) + "' on rank " + std::to_string(held_by));
+  const int rank = t->rank;  // a replicated tensor is read from its lowest holder's shard
   check_shard_header(rank, mode);
   const ShardRecord& rec = manifest_.shard(rank);
   const std::string path = shard_path(rank);
@@ -478,10 +479,11 @@ std::vector<std::byte> CheckpointReader::read_tensor(std::string_view name, int 
   return out;
 }
 
-std::vector<std::byte> CheckpointReader::read_tensor_range(std::string_view name, int rank, std::uint64_t first, std::uint64_t count,
+std::vector<std::byte> CheckpointReader::read_tensor_range(std::string_view name, int held_by, std::uint64_t first, std::uint64_t count,
                                                           Verify mode) const {
-  const TensorRecord* t = manifest_.find_tensor(name, rank);
-  if (!t) throw Error(Errc::not_found, manifest_path(), "no tensor '" + std::string(name) + "' on rank " + std::to_string(rank));
+  const TensorRecord* t = manifest_.find_held_tensor(name, held_by);
+  if (!t) throw Error(Errc::not_found, manifest_path(), "no tensor '" + std::string(name) + "' on rank " + std::to_string(held_by));
+  const int rank = t->rank;
   const std::uint64_t esize = dtype_size(t->dtype), numel = (t->end - t->begin) / esize;
   if (first > numel || count > numel - first)
     throw Error(Errc::invalid_argument, shard_path(rank), "element range of tensor '" + std::string(name) + "'",

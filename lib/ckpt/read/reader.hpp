@@ -118,12 +118,15 @@ class CheckpointReader {
 
   /// Reads one tensor without reading the rest of its shard: only the chunks covering its
   /// byte range, each checked against its XXH3 unless mode is Verify::none (Verify::full
-  /// is treated as fast here: the SHA-256 covers whole files only).
+  /// is treated as fast here: the SHA-256 covers whole files only). `rank` may be any holder
+  /// of a replicated tensor: it is read from the lowest holder's shard, where it is stored
+  /// (Manifest::find_held_tensor).
   std::vector<std::byte> read_tensor(std::string_view name, int rank, Verify mode = Verify::fast) const;
 
   /// Elements [first, first + count) of one tensor, reading only the chunks that cover them,
   /// each checked as read_tensor does. A range past the tensor's end is invalid_argument;
-  /// an unknown tensor Errc::not_found. (ShardRangeReader, range_reader.hpp, reads many
+  /// an unknown tensor Errc::not_found; a replicated tensor is found for any holder, as by
+  /// read_tensor. (ShardRangeReader, range_reader.hpp, reads many
   /// ranges of one shard into the caller's buffers.)
   std::vector<std::byte> read_tensor_range(std::string_view name, int rank, std::uint64_t first, std::uint64_t count,
                                            Verify mode = Verify::fast) const;

@@ -8,27 +8,37 @@
     r = ckpt.open_latest("/ckpts/run1")
     r.load_into(0, {"w": w, "b": b})
 
+A nested state_dict in one call: ckpt.save(state_dict, root, step=...) / ckpt.load(state_dict,
+root) in one process, Checkpointer.save_state / Reader.load_state in a training loop.
+
 The whole API is in docs/python.md. Tensors are torch CPU tensors or numpy arrays, contiguous;
 no copy is made on the way in (a deferred save copies on ckpt's threads) nor on the way out
 (read() maps the shard). The GIL is released while ckpt copies, waits, loads and verifies.
 """
 
 import time as _time
+from collections.abc import Mapping as _Mapping
+
+import numpy as _np
 
 from . import _args
 from . import _core
 from . import _device
+from . import state as _state
+from ._tensors import TORCH_DTYPE as _TORCH_DTYPE
 from ._tensors import describe_all as _describe_all
 from .errors import (Aborted, Busy, ChecksumMismatch, CommError, Conflict, Error, IoError,  # noqa: F401
                      InvalidArgument, MalformedManifest, MalformedShard, MissingShard, NoSpace, NotFound,
                      SizeMismatch, Timeout, UnsafePath, UnsupportedSchema, WorldSizeMismatch)
-from .errors import _timeout
+from .errors import _compose, _invalid, _timeout
 from .state import rng_state, set_rng_state, state_dict_to_tensors, tensors_to_state_dict  # noqa: F401
 
 __version__ = _core.__version__
 
 _MAX_STEP = _core.MAX_STEP  # the largest step a checkpoint directory name holds
 _MAX_INT = (1 << 31) - 1
+_STATE_KEY = "state_dict"  # the metadata key save_state keeps the state_dict's skeleton under
+_UNSET = object()  # save(step, tensors=...): a step not given (None given is a bad step)
 
 
 # ---- sharding descriptions (docs/format.md, "Sharded tensors") -------------------------------
@@ -163,7 +173,19 @@ class Checkpointer:
         self._stagers = {}        # rank -> _device.RankStager: host buffers of device tensors
         self._device_saves = []   # deferred saves of device tensors whose thread may still run
 
-    def save(self, rank, step, tensors, metadata=None, deferred=False, training=None, sharding=None):
+    def _rank(self, rank, what):
+        """`rank` checked, or the one rank this process can mean: the coordinator's, or 0 in a
+        Checkpointer of world_size 1."""
+        if rank is not None:
+            return _args.integer(rank, what, 0, self.world_size - 1)
+        if self._coordinator is not None:
+            return self._coordinator.rank
+        if self.world_size == 1:
+            return 0
+        raise _invalid(what, f"a rank in 0..{self.world_size - 1} (world_size {self.world_size}, no coordinator: "
+                       "the rank is not implied)", "None")
+
+    def save(self, rank=None, step=_UNSET, tensors=None, metadata=None, deferred=False, training=None, sharding=None):
         """Saves rank's shard of checkpoint `step`: `tensors` a flat dict name -> tensor or array
         (contiguous; torch tensors on a device are copied into host buffers ckpt owns, and a
         deferred save's fence waits for that copy: docs/python.md), `metadata` a JSON-serialisable dict stored with the rank, `training`
@@ -179,8 +201,14 @@ class Checkpointer:
         or step that is not an integer in range, no tensors (unless allow_empty), a name with a
         lone surrogate, metadata or training a manifest cannot hold (docs/python.md);
         Aborted once the Checkpointer is closed (also for a save waiting for the previous
-        checkpoint when close() is called)."""
-        rank = _args.integer(rank, "save rank", 0, self.world_size - 1)
+        checkpoint when close() is called).
+
+        `rank` may be left out where it is implied (the coordinator's rank; 0 at world_size 1):
+        save(step, tensors) and save(step=..., tensors=...) are save(rank, step, tensors)."""
+        rank, step, tensors = _implied_rank(rank, step, tensors)
+        rank = self._rank(rank, "save rank")
+        if tensors is None:
+            raise _invalid("tensors", "a dict name -> tensor", "None")
         step = _args.integer(step, "step", 0, _MAX_STEP)
         if _device.has_device_tensors(tensors):
             return self._save_device(rank, step, tensors, metadata, deferred, training, sharding)
@@ -211,9 +239,24 @@ class Checkpointer:
         self._device_saves = [d for d in self._device_saves if not d.done()] + [pending]
         return SaveHandle(pending)
 
-    def save_sync(self, rank, step, tensors, metadata=None, training=None, sharding=None):
+    def save_sync(self, rank=None, step=_UNSET, tensors=None, metadata=None, training=None, sharding=None):
         """save() then wait(): returns the SaveResult once committed."""
         return self.save(rank, step, tensors, metadata=metadata, training=training, sharding=sharding).wait()
+
+    def save_state(self, step, state_dict, rank=None, metadata=None, deferred=False, training=None, sharding=None):
+        """Saves a nested state_dict (a model's, an optimizer's, a scheduler's, RNG states, any
+        nesting of dicts, lists and tuples): its tensors by dotted path (state_dict_to_tensors)
+        and its skeleton in the rank's metadata under "state_dict", next to `metadata`'s own
+        keys. Reader.load_state (or ckpt.load) loads it back in place. `rank` as for save();
+        the rest as save(). TypeError naming the path of a leaf a checkpoint cannot hold;
+        InvalidArgument if `metadata` has a "state_dict" key of its own."""
+        tensors, skeleton = _state.state_dict_to_tensors(state_dict)
+        meta = {} if metadata is None else dict(metadata)
+        if _STATE_KEY in meta:
+            raise _invalid("metadata", f"no key {_STATE_KEY!r} (save_state keeps the skeleton there)",
+                           f"a key {_STATE_KEY!r}")
+        meta[_STATE_KEY] = skeleton
+        return self.save(rank, step, tensors, metadata=meta, deferred=deferred, training=training, sharding=sharding)
 
     def wait_all(self, timeout=None):
         """Blocks until no checkpoint is in flight (does not raise save errors: handles do).
@@ -236,7 +279,9 @@ class Checkpointer:
         return self._c.backend
 
     def stats(self):
-        """Counters: saves_started, commits, failures, rotated, total_stall_s, ..."""
+        """Counters: saves_started, saves_skipped (when_busy="skip"), saves_refused, commits,
+        failures, rotated, consecutive_failures, last_failure, staging_bytes, total_stall_s,
+        durable_copies."""
         return self._c.stats()
 
     def metrics_text(self):
@@ -296,41 +341,113 @@ class Reader:
         """True if `latest` was unusable and an older checkpoint was opened (fallback=True)."""
         return self._r.fell_back
 
-    def metadata(self, rank):
+    def _rank(self, rank):
+        """`rank` checked, or 0 for a checkpoint of world_size 1 (InvalidArgument otherwise)."""
+        if rank is not None:
+            return _args.integer(rank, "rank", 0, _MAX_INT)
+        if self.world_size == 1:
+            return 0
+        raise _invalid("rank", f"a rank in 0..{self.world_size - 1} (the checkpoint has world_size {self.world_size}: "
+                       "the rank is not implied)", "None")
+
+    def metadata(self, rank=None):
         """The metadata dict rank saved (NaN and infinities as saved, bit for bit)."""
-        return _args.from_json(self._r.metadata_json(_args.integer(rank, "rank", 0, _MAX_INT)))
+        return _args.from_json(self._r.metadata_json(self._rank(rank)))
 
     @property
     def training(self):
         """The checkpoint's training dict (rank 0's `training`)."""
         return _args.from_json(self._r.training_json())
 
-    def tensor_names(self, rank):
-        """Names of rank's tensors, in the manifest's order."""
-        return [n for n, _, _ in self._r.tensors(_args.integer(rank, "rank", 0, _MAX_INT))]
+    def tensor_names(self, rank=None):
+        """Names of the tensors rank holds, in the manifest's order: its own and every replicated
+        tensor it is a holder of (stored once, in the lowest holder's shard)."""
+        return [n for n, _, _ in self._r.tensors(self._rank(rank))]
 
-    def tensor_info(self, rank):
-        """{name: (dtype, shape)} of rank's tensors; dtype as ckpt names it ("F32", "BF16", ...)."""
-        return {n: (d, tuple(s)) for n, d, s in self._r.tensors(_args.integer(rank, "rank", 0, _MAX_INT))}
+    def tensor_info(self, rank=None, as_torch=False):
+        """{name: (dtype, shape)} of the tensors rank holds; dtype as ckpt names it ("F32",
+        "BF16", ...), or with as_torch the torch dtype (torch.bfloat16, ...)."""
+        info = {n: (d, tuple(s)) for n, d, s in self._r.tensors(self._rank(rank))}
+        if as_torch:
+            info = {n: (_torch_dtype(d, n), s) for n, (d, s) in info.items()}
+        return info
 
-    def read(self, rank, name, verify=None):
+    def read(self, rank=None, name=None, verify=None, as_torch=False):
         """Tensor `name` of rank as a read-only numpy array over the mapped shard (no copy); its
         chunks are checked per `verify` (default: the reader's) the first time they are read.
-        BF16 comes as uint16 (its bits): torch.from_numpy(a.copy()).view(torch.bfloat16)."""
-        return self._r.read(_args.integer(rank, "rank", 0, _MAX_INT), _args.text(name, "tensor name"), _verify(verify))
+        A replicated tensor is found for every holder. BF16 comes as uint16 (its bits):
+        torch.from_numpy(a.view(numpy.int16).copy()).view(torch.bfloat16) makes it torch's.
+        as_torch=True returns a torch tensor instead: a writable copy (torch has no read-only
+        tensors), BF16 as torch.bfloat16. read(name) where the rank is implied (world_size 1)."""
+        if name is None and isinstance(rank, str):
+            rank, name = None, rank
+        rank = self._rank(rank)
+        a = self._r.read(rank, _args.text(name, "tensor name"), _verify(verify))
+        return _to_torch(a, self._dtypes(rank)[name], name) if as_torch else a
 
-    def read_all(self, rank, verify=None):
-        """{name: read(rank, name)} for every tensor of rank."""
-        return {n: self.read(rank, n, verify) for n in self.tensor_names(rank)}
+    def read_all(self, rank=None, verify=None, as_torch=False):
+        """{name: read(rank, name)} for every tensor rank holds (tensor_names)."""
+        rank = self._rank(rank)
+        return {n: self.read(rank, n, verify, as_torch) for n in self.tensor_names(rank)}
 
-    def load_into(self, rank, tensors, verify=None):
+    def load_into(self, rank=None, tensors=None, verify=None):
         """Fills the existing tensors or arrays of the dict name -> tensor in place with rank's
         tensors of those names (dtype and shape must match: ckpt.InvalidArgument otherwise;
-        an unknown name is ckpt.NotFound). Returns a dict of what the load did."""
+        an unknown name is ckpt.NotFound); a replicated tensor is read from the shard that
+        stores it, for any holder. Returns a dict of what the load did. load_into(tensors)
+        where the rank is implied (world_size 1)."""
+        if tensors is None and isinstance(rank, _Mapping):
+            rank, tensors = None, rank
         views, keep = _describe_all(tensors, writable=True)
-        r = self._r.load_into(_args.integer(rank, "rank", 0, _MAX_INT), views, _verify(verify))
+        r = self._r.load_into(self._rank(rank), views, _verify(verify))
         del keep
         return r
+
+    def load_state(self, state_dict, rank=None, verify=None):
+        """Loads what Checkpointer.save_state saved for rank into `state_dict`, in place, as
+        DCP's load does: its tensors (torch tensors, writable numpy arrays) are filled where
+        they are (load_into: dtype and shape must match, ckpt.InvalidArgument naming the tensor
+        otherwise; one the checkpoint lacks is ckpt.NotFound; nothing is written before every
+        check passed), its dicts and lists updated in place, and every other leaf (a learning
+        rate, a step count, an optimizer state the fresh optimizer does not have yet) replaced
+        by the saved one. Returns `state_dict`. Then call model.load_state_dict(sd["model"]),
+        opt.load_state_dict(sd["optim"]), ... as after DCP's load. ckpt.NotFound if the
+        rank's metadata holds no state_dict (saved with save, not save_state)."""
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"load_state: state_dict must be a dict, not a {type(state_dict).__name__}")
+        rank = self._rank(rank)
+        template = self.metadata(rank).get(_STATE_KEY)
+        if template is None:
+            raise self._no_state(rank)
+        saved = _state.skeleton_tensors(template)
+        live = _state.live_tensors(state_dict)
+        self.load_into(rank, live, verify)
+        flat = dict(live)
+        for name in saved:
+            if name not in flat:
+                flat[name] = self.read(rank, name, verify)
+        _state.load_state_into(state_dict, template, flat, set(live))
+        return state_dict
+
+    def state_dict(self, rank=None, verify=None):
+        """What Checkpointer.save_state saved for rank, rebuilt (tensors_to_state_dict over
+        read_all): torch tensors as torch tensors (copies), bf16 as torch.bfloat16."""
+        rank = self._rank(rank)
+        template = self.metadata(rank).get(_STATE_KEY)
+        if template is None:
+            raise self._no_state(rank)
+        return _state.tensors_to_state_dict(self.read_all(rank, verify), template)
+
+    def _no_state(self, rank):
+        detail = f"the metadata of rank {rank} (saved with save, not save_state)"
+        expected, actual = f"a {_STATE_KEY!r} key", "none"
+        return NotFound(_compose("not found", self.dir, detail, expected, actual), self.dir, detail, expected, actual)
+
+    def _dtypes(self, rank):
+        cache = self.__dict__.setdefault("_dtype_cache", {})
+        if rank not in cache:
+            cache[rank] = {n: d for n, d, _ in self._r.tensors(rank)}
+        return cache[rank]
 
     def verify(self, verify="full"):
         """Reads every shard and checks its checksums."""
@@ -374,6 +491,55 @@ def recover(levels, world_size=None, verify="fast", restore_into=None):
                                  _args.integer(plan["step"], "step", 0, _MAX_STEP)))
     reader.plan = plan
     return reader
+
+
+def save(state_dict, root, step, metadata=None, training=None, keep_last=3, writer="auto",
+         allow_older_than_latest=False):
+    """One call for a single process: saves `state_dict` (any nesting of dicts, lists and
+    tuples of tensors and plain values) as checkpoint `step` of `root` and returns the
+    SaveResult once it is committed (a Checkpointer of world_size 1 opened, save_state,
+    closed). load() loads it back."""
+    with Checkpointer(root, world_size=1, keep_last=keep_last, writer=writer,
+                      allow_older_than_latest=allow_older_than_latest) as c:
+        return c.save_state(step, state_dict, metadata=metadata, training=training).wait()
+
+
+def load(state_dict, root, step=None, rank=None, coordinator=None, verify="fast"):
+    """Loads checkpoint `step` of `root` (default: `latest`) into `state_dict` in place
+    (Reader.load_state) and returns it. The rank: `rank`, else the coordinator's, else 0 for
+    a checkpoint of world_size 1."""
+    if rank is None and coordinator is not None:
+        rank = coordinator.rank
+    r = open_latest(root, verify=verify) if step is None else open_step(root, step, verify=verify)
+    return r.load_state(state_dict, rank=rank)
+
+
+def _implied_rank(rank, step, tensors):
+    """save(step, tensors) and save(step, tensors=...) as save(None, step, tensors): a dict is
+    never a step, and a step alone is never a rank."""
+    if tensors is None and isinstance(step, _Mapping):
+        return None, rank, step
+    if step is _UNSET:
+        return None, rank, tensors
+    return rank, step, tensors
+
+
+def _torch_dtype(name, tensor):
+    import torch
+    attr = _TORCH_DTYPE.get(name) or {"U16": "uint16", "U32": "uint32", "U64": "uint64"}.get(name)
+    dt = getattr(torch, attr, None) if attr else None
+    if dt is None:
+        raise TypeError(f"tensor {tensor!r} has dtype {name}, which torch {torch.__version__} does not have")
+    return dt
+
+
+def _to_torch(a, dtype, name):
+    """A writable torch copy of read()'s array; BF16 (uint16 bits in numpy) as torch.bfloat16."""
+    import torch
+    if dtype == "BF16":
+        return torch.from_numpy(a.view(_np.int16).copy()).view(torch.bfloat16)
+    _torch_dtype(dtype, name)  # TypeError naming the tensor for a dtype this torch lacks
+    return torch.from_numpy(_np.array(a))
 
 
 def _verify(verify):

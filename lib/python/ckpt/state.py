@@ -14,18 +14,24 @@
 A tensor (torch or numpy) at path a -> b -> 3 -> c is named "a.b.3.c" (so an optimizer's
 moment is "optim.state.3.exp_avg"); the skeleton is the same structure with each tensor
 replaced by {"__tensor__": name, ...} and every other leaf kept as JSON: floats as
-float.hex() (bit-exact, NaN and infinities too), tuples, dicts with non-string keys (an
-optimizer's parameter ids), bytes and integers beyond 64 bits tagged so they come back as
-they were.
+float.hex() (bit-exact; NaN and infinities in the manifest's own spelling, which keeps a
+NaN's sign and payload), tuples, dicts with non-string keys (an optimizer's parameter ids),
+bytes, integers beyond 64 bits, sets and frozensets, torch dtypes and devices tagged so they
+come back as they were. A dict carrying a `_metadata` attribute (model.state_dict()'s
+module versions) comes back as an OrderedDict with it, so load_state_dict sees it.
 """
 
+import collections
+import math
 import random as _random
 
 import numpy as np
 
+from . import _args
 from ._tensors import TORCH_DTYPE, describe, is_torch_tensor
 
-_TAGS = ("__tensor__", "__tuple__", "__dict__", "__float__", "__bytes__", "__int__")
+_TAGS = ("__tensor__", "__tuple__", "__dict__", "__float__", "__bytes__", "__int__", "__set__", "__frozenset__",
+         "__torch_dtype__", "__torch_device__", "__state_dict__")
 
 
 def state_dict_to_tensors(obj):
@@ -44,7 +50,32 @@ def tensors_to_state_dict(flat, template):
     tensors load_into filled). Tensors saved from torch come back as torch tensors (a copy of
     a numpy array, bf16 restored), numpy arrays as writable numpy copies; a value in `flat`
     that is already a torch tensor is used as it is. KeyError naming a missing tensor."""
-    return _decode(template, flat)
+    return _decode(template, flat, ())
+
+
+def skeleton_tensors(template):
+    """{name: (kind, dtype)} of every tensor a skeleton names ("torch", "numpy" or
+    "numpy_scalar"; ckpt's dtype name)."""
+    out = {}
+    _walk_skeleton(template, out)
+    return out
+
+
+def live_tensors(obj):
+    """{name: tensor} of the torch tensors and writable numpy arrays of `obj`, named as
+    state_dict_to_tensors names them; other leaves (of any type) are passed over."""
+    out = {}
+    _walk_live(obj, [], out)
+    return out
+
+
+def load_state_into(state_dict, template, flat, loaded):
+    """Replaces the leaves of `state_dict` in place by the object tensors_to_state_dict
+    rebuilds from `template` and `flat`: the tensors named in `loaded` (already filled in place)
+    stay the very objects they are, dicts and lists of `state_dict` are updated rather than
+    replaced (a model's OrderedDict keeps its identity and gets the saved `_metadata`), every
+    other leaf is the saved one."""
+    _merge(state_dict, _decode(template, flat, loaded))
 
 
 def rng_state():
@@ -83,6 +114,52 @@ def _where(path):
     return ".".join(path) or "<root>"
 
 
+def _merge(dst, src):
+    if isinstance(dst, dict) and isinstance(src, dict):
+        for k, x in src.items():
+            dst[k] = _merge(dst[k], x) if k in dst else x
+        if hasattr(src, "_metadata"):
+            try:
+                dst._metadata = src._metadata
+            except AttributeError:  # a plain dict takes no attribute
+                pass
+        return dst
+    if isinstance(dst, list) and isinstance(src, list) and len(dst) == len(src):
+        for i, x in enumerate(src):
+            dst[i] = _merge(dst[i], x)
+        return dst
+    return src
+
+
+def _walk_skeleton(s, out):
+    if isinstance(s, list):
+        for x in s:
+            _walk_skeleton(x, out)
+    elif isinstance(s, dict):
+        if "__tensor__" in s:
+            out[s["__tensor__"]] = (s.get("kind", "numpy"), s.get("dtype"))
+        else:
+            for x in s.values():
+                _walk_skeleton(x, out)
+
+
+def _walk_live(v, path, out):
+    if is_torch_tensor(v) or (isinstance(v, np.ndarray) and v.flags["WRITEABLE"]):
+        if path:
+            out[".".join(path)] = v
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            _walk_live(x, path + [str(k)], out)
+    elif isinstance(v, (list, tuple)):
+        for i, x in enumerate(v):
+            _walk_live(x, path + [str(i)], out)
+
+
+def _is_torch(v, name):
+    t = type(v)
+    return t.__module__ == "torch" and t.__name__ == name
+
+
 def _encode(v, path, tensors):
     if is_torch_tensor(v) or isinstance(v, np.ndarray) or isinstance(v, np.generic):
         name = ".".join(path)
@@ -101,10 +178,15 @@ def _encode(v, path, tensors):
     if isinstance(v, int):
         return v if -(1 << 63) <= v < (1 << 64) else {"__int__": str(v)}
     if isinstance(v, float):
-        return {"__float__": v.hex()}
+        # Non-finite: the manifest's spelling (_args), which keeps a NaN's sign and payload.
+        return {"__float__": v.hex() if math.isfinite(v) else _args._float_spelling(v)}
     if isinstance(v, (bytes, bytearray)):
         return {"__bytes__": bytes(v).hex()}
     if isinstance(v, dict):
+        meta = getattr(v, "_metadata", None)
+        if meta is not None:  # model.state_dict(): module versions, read by load_state_dict
+            inner = dict(v)
+            return {"__state_dict__": _encode(inner, path, tensors), "_metadata": _encode_plain(meta, path + ["_metadata"])}
         if all(isinstance(k, str) and not k.startswith("__") for k in v):
             return {k: _encode(x, path + [k], tensors) for k, x in v.items()}
         return {"__dict__": [[_encode_key(k, path), _encode(x, path + [str(k)], tensors)] for k, x in v.items()]}
@@ -112,37 +194,83 @@ def _encode(v, path, tensors):
         return [_encode(x, path + [str(i)], tensors) for i, x in enumerate(v)]
     if isinstance(v, tuple):
         return {"__tuple__": [_encode(x, path + [str(i)], tensors) for i, x in enumerate(v)]}
-    raise TypeError(f"state_dict_to_tensors: {_where(path)} is a {type(v).__name__}, neither a tensor nor JSON "
-                    "(None, bool, int, float, str, bytes, list, tuple, dict)")
+    if isinstance(v, (set, frozenset)):
+        tag = "__frozenset__" if isinstance(v, frozenset) else "__set__"
+        return {tag: [_encode_key(x, path, "an element") for x in v]}
+    if _is_torch(v, "dtype"):
+        return {"__torch_dtype__": str(v)[len("torch."):]}
+    if _is_torch(v, "device"):
+        return {"__torch_device__": str(v)}
+    raise TypeError(f"state_dict_to_tensors: {_where(path)} is a {type(v).__name__} ({_short_repr(v)}), neither a tensor "
+                    "nor a value a checkpoint holds (None, bool, int, float, str, bytes, list, tuple, dict, set, "
+                    "torch.dtype, torch.device): leave it out of the state_dict and rebuild it on load "
+                    "(docs/python.md, \"What cannot be saved\")")
 
 
-def _encode_key(k, path):
-    if k is None or isinstance(k, (bool, int, float, str, tuple, bytes)):
-        return _encode(k, path + ["<key>"], {})
-    raise TypeError(f"state_dict_to_tensors: a key of {_where(path)} is a {type(k).__name__}")
+def _short_repr(v):
+    r = repr(v)
+    return r if len(r) <= 80 else r[:77] + "..."
 
 
-def _decode(s, flat):
+def _encode_plain(v, path):
+    """A value that must hold no tensor (a key, a set's element, _metadata)."""
+    found = {}
+    out = _encode(v, path, found)
+    if found:
+        raise TypeError(f"state_dict_to_tensors: {_where(path)} holds a tensor ({next(iter(found))!r}), which only "
+                        "a value of a dict or list may")
+    return out
+
+
+def _encode_key(k, path, what="a key"):
+    if k is None or isinstance(k, (bool, int, float, str, tuple, bytes, frozenset)) or _is_torch(k, "dtype") \
+            or _is_torch(k, "device"):
+        return _encode_plain(k, path + ["<key>"])
+    raise TypeError(f"state_dict_to_tensors: {what} of {_where(path)} is a {type(k).__name__} ({_short_repr(k)})")
+
+
+def _decode(s, flat, keep):
     if isinstance(s, list):
-        return [_decode(x, flat) for x in s]
+        return [_decode(x, flat, keep) for x in s]
     if not isinstance(s, dict):
         return s
     if "__tensor__" in s:
         name = s["__tensor__"]
         if name not in flat:
             raise KeyError(f"tensors_to_state_dict: tensor {name!r} is not among the {len(flat)} given")
+        if name in keep:
+            return flat[name]
         return _tensor(flat[name], s.get("kind", "numpy"), s.get("dtype"))
     if "__float__" in s:
-        return float.fromhex(s["__float__"])
+        x = s["__float__"]
+        untagged = _args._untag(s)
+        return untagged if isinstance(untagged, float) else float.fromhex(x)
     if "__tuple__" in s:
-        return tuple(_decode(x, flat) for x in s["__tuple__"])
+        return tuple(_decode(x, flat, keep) for x in s["__tuple__"])
     if "__dict__" in s:
-        return {_hashable(_decode(k, flat)): _decode(x, flat) for k, x in s["__dict__"]}
+        return {_hashable(_decode(k, flat, keep)): _decode(x, flat, keep) for k, x in s["__dict__"]}
     if "__bytes__" in s:
         return bytes.fromhex(s["__bytes__"])
     if "__int__" in s:
         return int(s["__int__"])
-    return {k: _decode(x, flat) for k, x in s.items()}
+    if "__set__" in s:
+        return {_hashable(_decode(x, flat, keep)) for x in s["__set__"]}
+    if "__frozenset__" in s:
+        return frozenset(_hashable(_decode(x, flat, keep)) for x in s["__frozenset__"])
+    if "__torch_dtype__" in s:
+        return getattr(_torch(), s["__torch_dtype__"])
+    if "__torch_device__" in s:
+        return _torch().device(s["__torch_device__"])
+    if "__state_dict__" in s:
+        out = collections.OrderedDict(_decode(s["__state_dict__"], flat, keep))
+        out._metadata = _ordered(_decode(s["_metadata"], flat, keep))
+        return out
+    return {k: _decode(x, flat, keep) for k, x in s.items()}
+
+
+def _ordered(v):
+    """torch keeps _metadata as an OrderedDict of dicts."""
+    return collections.OrderedDict(v) if isinstance(v, dict) else v
 
 
 def _hashable(k):
