@@ -143,7 +143,8 @@ class RankStager:
                 waits.append(copier.copy([(v, buf) for _, v, buf in items]))
             except (RuntimeError, NotImplementedError) as e:
                 names = ", ".join(repr(n) for n, _, _ in items)
-                raise TypeError(f"tensors {names} on {items[0][1].device} cannot be copied to the host: {e}") from e
+                which = f"tensor {names} is" if len(items) == 1 else f"tensors {names} are"
+                raise TypeError(f"{which} on {items[0][1].device} and cannot be copied to the host: {e}") from e
         return out, waits
 
 
