@@ -18,14 +18,26 @@ import ckpt
 from conftest import read_safetensors, shard_path, spawn_ranks
 
 torch = pytest.importorskip("torch")
-_version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-if _version < (2, 4):
-    pytest.skip(f"torch {torch.__version__}'s torch.distributed.checkpoint lacks the StorageWriter API of "
-                "torch >= 2.4 (reset, validate_checkpoint_id) and DTensor", allow_module_level=True)
-import torch.distributed.checkpoint as dcp  # noqa: E402
-from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
+TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+NO_DCP_API = (f"torch {torch.__version__}'s torch.distributed.checkpoint lacks the API of torch >= 2.4 that "
+              "ckpt.dcp implements (StorageWriter.reset, AsyncStager, StorageMeta) and DTensor on the CPU")
+if TORCH >= (2, 4):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    import ckpt.dcp
 
-import ckpt.dcp  # noqa: E402
+
+@pytest.fixture(autouse=True)
+def needs_the_dcp_api(request):
+    if TORCH < (2, 4) and request.function.__name__ != "test_importing_it_on_an_older_torch_is_an_import_error_naming_the_version":
+        pytest.skip(NO_DCP_API)
+
+
+@pytest.mark.skipif(TORCH >= (2, 4), reason="this torch has the API")
+def test_importing_it_on_an_older_torch_is_an_import_error_naming_the_version():
+    with pytest.raises(ImportError, match=f"torch >= 2.4.*this is torch {torch.__version__}"):
+        import ckpt.dcp  # noqa: F401
+
 
 CKPT_TOOL = os.path.join(os.environ.get("CKPT_BIN_DIR", ""), "ckpt")
 
@@ -135,6 +147,8 @@ def load_worker(rank, world, init, root, out):
 
 @pytest.fixture(scope="module")
 def saved_at_4(tmp_path_factory):
+    if TORCH < (2, 4):
+        pytest.skip(NO_DCP_API)
     tmp = tmp_path_factory.mktemp("dcp4")
     codes, results = spawn(tmp, 4, save_worker)
     assert codes == [0] * 4, results
@@ -272,11 +286,17 @@ def test_the_step_is_the_one_after_latest_or_the_checkpoint_id_and_keep_last_rot
         dcp.save(sd, checkpoint_id="5", storage_writer=ckpt.dcp.Writer(root))
     assert isinstance(unwrap(excinfo), ckpt.InvalidArgument)
     assert ckpt.open_latest(root).step == 10
+    dcp.save(sd, checkpoint_id="step-11", storage_writer=ckpt.dcp.Writer(root, step=11))
+    assert ckpt.open_latest(root).step == 11
+    with pytest.raises(ckpt.InvalidArgument, match="differs from the Writer's step 12"):
+        dcp.save(sd, checkpoint_id=13, storage_writer=ckpt.dcp.Writer(root, step=12))
+    with pytest.raises(ckpt.InvalidArgument, match="expected a step"):
+        dcp.save(sd, checkpoint_id="/tmp/elsewhere", storage_writer=ckpt.dcp.Writer(root))
 
     target = {"w": torch.zeros(8), "meta": {"epoch": None}}
     dcp.load(target, checkpoint_id=2, storage_reader=ckpt.dcp.Reader(root))
     assert torch.equal(target["w"], torch.arange(8, dtype=torch.float32) + 1) and target["meta"]["epoch"] == 3
-    dcp.load(target, storage_reader=ckpt.dcp.Reader(root))  # latest
+    dcp.load(target, checkpoint_id=10, storage_reader=ckpt.dcp.Reader(root))
     assert torch.equal(target["w"], torch.arange(8, dtype=torch.float32) + 2) and target["meta"]["epoch"] == 5
 
 
@@ -304,8 +324,48 @@ def test_a_value_without_a_json_form_is_a_type_error_naming_its_fqn_and_nothing_
     assert isinstance(err, TypeError) and "'opt.hook'" in str(err), repr(err)
     with pytest.raises(ckpt.NotFound):
         ckpt.open_latest(root)
+    with pytest.raises(CheckpointException) as excinfo:
+        dcp.save({"w": torch.ones(3), "z": torch.ones(2, dtype=torch.complex64)}, storage_writer=ckpt.dcp.Writer(root))
+    err = unwrap(excinfo)
+    assert isinstance(err, TypeError) and "'z'" in str(err) and "complex64" in str(err), repr(err)
+    with pytest.raises(ckpt.NotFound):
+        ckpt.open_latest(root)
     dcp.save({"w": torch.ones(3)}, storage_writer=ckpt.dcp.Writer(root))  # the root is free again
     assert ckpt.open_latest(root).step == 1
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_planner_that_does_not_keep_the_global_metadata_is_a_type_error(tmp_path):
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+    class Forgetful(DefaultSavePlanner):
+        def create_global_plan(self, all_plans):
+            plans, md = super().create_global_plan(all_plans)
+            del self.metadata
+            return plans, md
+    root = str(tmp_path / "root")
+    with pytest.raises(CheckpointException) as excinfo:
+        dcp.save({"w": torch.ones(3)}, storage_writer=ckpt.dcp.Writer(root), planner=Forgetful())
+    err = unwrap(excinfo)
+    assert isinstance(err, TypeError) and ".metadata" in str(err), repr(err)
+
+
+def test_a_rank_holding_several_chunks_of_one_fqn_names_them_by_their_offsets(tmp_path):
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
+    from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
+
+    def chunk(fqn, offsets, sizes, size):
+        return WriteItem(index=MetadataIndex(fqn, offsets), type=WriteItemType.SHARD,
+                         tensor_data=TensorWriteData(chunk=ChunkStorageMetadata(torch.Size(offsets), torch.Size(sizes)),
+                                                     properties=TensorProperties(), size=torch.Size(size)))
+    plans = [SavePlan([chunk("w", [0, 0], [2, 4], [4, 4]), chunk("w", [2, 0], [2, 4], [4, 4]),
+                       chunk("b", [0], [4], [4]), WriteItem(index=MetadataIndex("lr"), type=WriteItemType.BYTE_IO)]),
+             SavePlan([])]
+    writer = ckpt.dcp.Writer(str(tmp_path / "root"), step=5)
+    out = writer.prepare_global_plan(plans)
+    assert [p.storage_data["step"] for p in out] == [5, 5]
+    assert out[0].storage_data["names"] == {("w", (0, 0)): "w@0,0", ("w", (2, 0)): "w@2,0", ("b", (0,)): "b",
+                                            ("lr", None): "lr"}
 
 
 def hostile_variants(good):
@@ -350,6 +410,11 @@ def test_a_hostile_manifest_is_malformed_manifest_and_nothing_of_it_runs(tmp_pat
         assert isinstance(err, ckpt.MalformedManifest), (what, repr(err))
         assert err.file.endswith("manifest.json"), (what, err.file)
     assert not os.path.exists(tmp_path / "PWNED")
+    with ckpt.Checkpointer(root, keep_last=0) as c:  # a checkpoint that is not DCP's
+        c.save_sync(0, 100, tensors)
+    with pytest.raises(CheckpointException) as excinfo:
+        dcp.load({"w": torch.zeros(4), "lr": None}, storage_reader=ckpt.dcp.Reader(root))
+    assert isinstance(unwrap(excinfo), ckpt.NotFound) and "no DCP metadata" in str(unwrap(excinfo))
     target = {"w": torch.zeros(4), "lr": None}
     dcp.load(target, checkpoint_id=1, storage_reader=ckpt.dcp.Reader(root))  # the good one still loads
     assert torch.equal(target["w"], torch.arange(4, dtype=torch.float32)) and target["lr"] == 0.5

@@ -40,21 +40,24 @@ import warnings
 import numpy as np
 import torch
 import torch.distributed as _dist
-from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
-                                                   MetadataIndex, StorageMeta, TensorProperties,
-                                                   TensorStorageMetadata)
-from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
-from torch.distributed.checkpoint.staging import AsyncStager
-from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
+
+try:
+    from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
+                                                       MetadataIndex, StorageMeta, TensorProperties,
+                                                       TensorStorageMetadata)
+    from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
+    from torch.distributed.checkpoint.staging import AsyncStager
+    from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+    if not hasattr(StorageWriter, "reset"):
+        raise ImportError("StorageWriter has no reset()")
+except ImportError as e:
+    raise ImportError(f"ckpt.dcp needs the torch.distributed.checkpoint of torch >= 2.4 (StorageWriter.reset, "
+                      f"AsyncStager, StorageMeta); this is torch {torch.__version__}: {e}") from None
 
 from . import Checkpointer, InvalidArgument, MalformedManifest, NotFound, CommError, open_latest, open_step, slice_of
 from . import _args
 from .state import state_dict_to_tensors, tensors_to_state_dict
-
-if not hasattr(StorageWriter, "reset") or not hasattr(StorageReader, "validate_checkpoint_id"):
-    raise ImportError(f"ckpt.dcp needs torch.distributed.checkpoint's StorageWriter API of torch >= 2.3 "
-                      f"(this is torch {torch.__version__})")
 
 FORMAT_VERSION = 1
 _MAX_STEP = 9999999999
