@@ -252,12 +252,13 @@ def test_a_flipped_byte_is_checksum_mismatch_naming_the_file_where_dcps_filesyst
     flip_byte_of(shard, 12345.678)
     flip_byte_of(os.path.join(fs, "__0_0.distcp"), 12345.678)
 
-    target = {"w": torch.zeros(4096)}
-    with pytest.raises(CheckpointException) as excinfo:
-        dcp.load(target, storage_reader=ckpt.dcp.Reader(root))
-    err = unwrap(excinfo)
-    assert isinstance(err, ckpt.ChecksumMismatch), repr(err)
-    assert os.path.basename(err.file) == os.path.basename(shard) and os.path.basename(shard) in str(err)
+    # Into a contiguous tensor (load_into's O_DIRECT reads) and into a strided view (the mapped shard).
+    for target in ({"w": torch.zeros(4096)}, {"w": torch.zeros(4096, 2)[:, 0]}):
+        with pytest.raises(CheckpointException) as excinfo:
+            dcp.load(target, storage_reader=ckpt.dcp.Reader(root))
+        err = unwrap(excinfo)
+        assert isinstance(err, ckpt.ChecksumMismatch), repr(err)
+        assert os.path.basename(err.file) == os.path.basename(shard) and os.path.basename(shard) in str(err)
 
     target = {"w": torch.zeros(4096)}
     dcp.load(target, storage_reader=dcp.FileSystemReader(fs))  # no error...

@@ -65,6 +65,10 @@ _MAX_STEP = 9999999999
 # The dtypes ckpt stores, by the name of their torch attribute (the only names read back).
 _DTYPES = {name: getattr(torch, name) for name in
            ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")}
+# ckpt's dtype names (Reader.tensor_info) -> torch dtypes.
+_CKPT_DTYPE = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
+               "I8": torch.int8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64, "U8": torch.uint8,
+               "BOOL": torch.bool}
 _MEMORY_FORMATS = {"contiguous_format": torch.contiguous_format, "channels_last": torch.channels_last,
                    "preserve_format": torch.preserve_format}
 
@@ -544,6 +548,7 @@ class Reader(StorageReader):
         return plans
 
     def read_data(self, plan, planner):
+        whole = {}  # rank -> {name: (item, target)}: whole stored tensors into contiguous CPU targets
         for item in plan.items:
             key = _index_key(item.storage_index)
             if key not in self._locations:
@@ -555,33 +560,52 @@ class Reader(StorageReader):
                 buf.seek(0)
                 planner.load_bytes(item, buf)
                 continue
-            src = self._tensor(rank, name, item.storage_index.fqn)
-            box = tuple(slice(o, o + n) for o, n in zip(item.storage_offsets, item.lengths))
-            src = src[box]
+            shape, dtype = self._stored(rank, name, item.storage_index.fqn)
             dst = planner.resolve_tensor(item).detach()
-            if tuple(dst.shape) != tuple(src.shape):
+            if tuple(dst.shape) != tuple(item.lengths):
                 raise ValueError(f"ckpt.dcp.Reader: {item.dest_index.fqn!r}: the planner's target has shape "
-                                 f"{tuple(dst.shape)}, the read box {tuple(src.shape)}")
-            dst.copy_(src)
+                                 f"{tuple(dst.shape)}, the read item {tuple(item.lengths)}")
+            if (tuple(item.lengths) == shape and not any(item.storage_offsets) and dst.dtype == dtype
+                    and dst.device.type == "cpu" and dst.is_contiguous() and name not in whole.get(rank, {})):
+                whole.setdefault(rank, {})[name] = (item, dst)  # read by load_into below, in one pass a rank
+                continue
+            src = self._mapped(rank, name, dtype)
+            dst.copy_(src[tuple(slice(o, o + n) for o, n in zip(item.storage_offsets, item.lengths))])
             planner.commit_tensor(item, dst)
+        for rank, targets in whole.items():
+            # O_DIRECT reads (io_uring), each chunk's checksum checked as it is copied.
+            self._r.load_into(rank, {name: dst for name, (_, dst) in targets.items()})
+            for item, dst in targets.values():
+                planner.commit_tensor(item, dst)
         fut = Future()
         fut.set_result(None)
         return fut
 
-    def _tensor(self, rank, name, fqn):
-        a = self._r.read(rank, name)  # mapped and verified, chunk by chunk, as it is read
+    def _stored(self, rank, name, fqn):
+        """(shape, dtype) of the stored tensor `name` of rank, its dtype checked against the DCP
+        metadata's."""
+        if rank not in self._infos:
+            self._infos[rank] = self._r.tensor_info(rank)
+        info = self._infos[rank].get(name)
+        if info is None:
+            raise MalformedManifest(f"malformed manifest: {self._manifest}: DCP metadata: rank {rank} holds no "
+                                    f"tensor {name!r}", self._manifest, f"DCP metadata: {fqn!r}")
         expected = self._metadata.state_dict_metadata[fqn].properties.dtype
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # read-only mapping: only copied from
-            if expected == torch.bfloat16 and a.dtype == np.uint16:
-                t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-            else:
-                t = torch.from_numpy(a)
-        if t.dtype != expected:
+        stored = _CKPT_DTYPE.get(info[0])
+        if stored != expected:
             raise MalformedManifest(f"malformed manifest: {self._manifest}: DCP metadata: {fqn!r} is {expected}, "
-                                    f"its stored tensor {name!r} of rank {rank} {t.dtype}", self._manifest,
-                                    f"DCP metadata: {fqn!r}", str(expected), str(t.dtype))
-        return t
+                                    f"its stored tensor {name!r} of rank {rank} {info[0]}", self._manifest,
+                                    f"DCP metadata: {fqn!r}", str(expected), info[0])
+        return tuple(info[1]), expected
+
+    def _mapped(self, rank, name, dtype):
+        """The stored tensor as a torch tensor over the mapped shard (verified as it is read)."""
+        a = self._r.read(rank, name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # a read-only mapping: only copied from
+            if dtype == torch.bfloat16:
+                return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+            return torch.from_numpy(a)
 
     def _object(self, rank, name):
         if rank not in self._objects:
