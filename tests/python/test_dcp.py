@@ -113,9 +113,13 @@ def _start(rank, world, init):
     return init_device_mesh("cpu", (world,))
 
 
-def _finish(out, rank, result):
+def _dump(out, rank, result):
     with open(f"{out}.{rank}", "w") as f:
         json.dump(result, f)
+
+
+def _finish(out, rank, result):
+    _dump(out, rank, result)
     sys.stdout.flush()
     os._exit(0)  # skip gloo's teardown, which may wait for a dead peer
 
@@ -145,12 +149,17 @@ def load_worker(rank, world, init, root, out):
     _finish(out, rank, result)
 
 
-@pytest.fixture(scope="module")
-def saved_at_4(tmp_path_factory):
+def module_job(tmp_path_factory, world, worker):
+    """A job for a module-scoped fixture: (its directory, exit codes, results)."""
     if TORCH < (2, 4):
         pytest.skip(NO_DCP_API)
-    tmp = tmp_path_factory.mktemp("dcp4")
-    codes, results = spawn(tmp, 4, save_worker)
+    tmp = tmp_path_factory.mktemp(f"dcp{world}")
+    return (tmp, *spawn(tmp, world, worker))
+
+
+@pytest.fixture(scope="module")
+def saved_at_4(tmp_path_factory):
+    tmp, codes, results = module_job(tmp_path_factory, 4, save_worker)
     assert codes == [0] * 4, results
     for r in range(4):
         assert "exception" not in results[r], results[r]
@@ -421,19 +430,47 @@ def test_a_hostile_manifest_is_malformed_manifest_and_nothing_of_it_runs(tmp_pat
     assert torch.equal(target["w"], torch.arange(4, dtype=torch.float32)) and target["lr"] == 0.5
 
 
-# ---- a save killed mid-way -----------------------------------------------------------------
+# ---- two ranks: a rank that cannot write, a committer killed mid-save -------------------------
 
-def killed_worker(rank, world, init, root, out):
+def failures_worker(rank, world, init, root, out):
+    import datetime
+    import time
+    import torch.distributed as dist
     result = {}
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+
+    class Recording(ckpt.dcp.Writer):
+        """Keeps what write_data raised: torch 2.6's DCP on Python 3.13 cannot pass a rank's
+        exception on (it pickles traceback frames), and raises "cannot pickle code objects"."""
+        def write_data(self, plan, planner):
+            try:
+                return super().write_data(plan, planner)
+            except Exception as e:
+                result[f"write_error_{result['phase']}"] = f"{type(e).__name__}: {e}"
+                raise
+
+    def writer():
+        return Recording(root, timeout=datetime.timedelta(seconds=60))
+    result["phase"] = "first"
+    x = torch.full((1 << 21,), float(rank + 1))  # 8 MiB a rank
     try:
-        import datetime
-        import torch.distributed as dist
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-        big = {"x": torch.full((1 << 21,), float(rank + 1)), "n": 1}  # 8 MiB a rank
-        dcp.save({f"r{rank}": big["x"], "n": 1}, storage_writer=ckpt.dcp.Writer(root, timeout=datetime.timedelta(seconds=30)))
+        dcp.save({f"r{rank}": x, "n": 1}, storage_writer=writer())
         result["first"] = ckpt.open_latest(root).step
-        if rank == 0:  # the committer dies with its shard of step 2 being written
+        # Step 2: rank 1 holds a value with no JSON form; both ranks must fail at once.
+        t0 = time.monotonic()
+        result["phase"] = "unencodable"
+        try:
+            dcp.save({f"r{rank}": x, "n": 2, f"hook{rank}": Opaque() if rank == 1 else 0}, storage_writer=writer())
+            result["unencodable"] = "saved"
+        except BaseException as e:  # noqa: BLE001
+            result["unencodable"] = str(e)
+        result["unencodable_s"] = time.monotonic() - t0
+        result["after_unencodable"] = ckpt.open_latest(root).step
+        _dump(out, rank, result)
+        # Step 2 again: the committer dies with its shard being written.
+        result["phase"] = "killed"
+        if rank == 0:
             save = ckpt.Checkpointer.save
 
             def save_then_die(self, *args, **kwargs):
@@ -442,22 +479,39 @@ def killed_worker(rank, world, init, root, out):
                 return h
             ckpt.Checkpointer.save = save_then_die
         try:
-            dcp.save({f"r{rank}": big["x"] * 10, "n": 2},
-                     storage_writer=ckpt.dcp.Writer(root, timeout=datetime.timedelta(seconds=30)))
-            result["second"] = "saved"
+            dcp.save({f"r{rank}": x * 10, "n": 3}, storage_writer=writer())
+            result["killed"] = "saved"
         except BaseException as e:  # noqa: BLE001
-            result["second"] = repr(e)
+            result["killed"] = repr(e)
     except BaseException as e:  # noqa: BLE001
         result["exception"] = repr(e)
     _finish(out, rank, result)
 
 
+@pytest.fixture(scope="module")
+def two_rank_failures(tmp_path_factory):
+    tmp, codes, results = module_job(tmp_path_factory, 2, failures_worker)
+    return str(tmp / "root"), codes, results
+
+
+def test_a_rank_that_cannot_write_fails_the_save_on_every_rank_at_once(two_rank_failures):
+    _, codes, results = two_rank_failures
+    for rank in (0, 1):
+        r = results[rank]
+        assert "exception" not in r, r
+        assert r["first"] == 1 and r["after_unencodable"] == 1 and r["unencodable"] != "saved", r
+        assert r["unencodable_s"] < 30, r  # not the coordinator's 60 s timeout
+    assert results[1]["write_error_unencodable"].startswith("TypeError") and "'hook1'" in results[1]["write_error_unencodable"]
+    # Rank 0's commit refused the shard rank 1 saved in its place, which says why.
+    err = results[0]["write_error_unencodable"]
+    assert err.startswith("MalformedManifest") and "rank 1 failed before writing its shard (TypeError)" in err, err
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_a_save_killed_mid_way_leaves_the_previous_checkpoint_latest_and_loadable(tmp_path):
-    codes, results = spawn(tmp_path, 2, killed_worker)
+def test_a_save_killed_mid_way_leaves_the_previous_checkpoint_latest_and_loadable(two_rank_failures):
+    root, codes, results = two_rank_failures
     assert codes[0] == -signal.SIGKILL and codes[1] == 0, (codes, results)
-    assert results[1]["first"] == 1 and results[1]["second"] != "saved", results
-    root = str(tmp_path / "root")
+    assert results[1]["killed"] != "saved", results
     assert ckpt.open_latest(root).step == 1
     target = {"r0": torch.zeros(1 << 21), "r1": torch.zeros(1 << 21), "n": None}
     dcp.load(target, storage_reader=ckpt.dcp.Reader(root, verify="full"))  # one process reads both ranks'

@@ -55,7 +55,7 @@ except ImportError as e:
     raise ImportError(f"ckpt.dcp needs the torch.distributed.checkpoint of torch >= 2.4 (StorageWriter.reset, "
                       f"AsyncStager, StorageMeta); this is torch {torch.__version__}: {e}") from None
 
-from . import Checkpointer, InvalidArgument, MalformedManifest, NotFound, CommError, open_latest, open_step, slice_of
+from . import Checkpointer, Error, InvalidArgument, MalformedManifest, NotFound, CommError, open_latest, open_step, slice_of
 from . import _args
 from .state import state_dict_to_tensors, tensors_to_state_dict
 
@@ -419,7 +419,39 @@ class Writer(StorageWriter, AsyncStager):
         return fut
 
     def _write(self, plan, planner):
-        step, names = plan.storage_data["step"], plan.storage_data["names"]
+        step = plan.storage_data["step"]
+        try:
+            tensors, metadata, training, sharding, results = self._prepare(plan, planner)
+            handle = self._c.save(self._rank, step, tensors, metadata=metadata, training=training, sharding=sharding)
+        except Exception as e:
+            self._fail_step(step, e)
+            raise
+        try:
+            self.committed = handle.wait()
+        except CommError:
+            self._forget_coordinator()
+            raise
+        return results
+
+    def _fail_step(self, step, error):
+        """This rank cannot write its shard: it saves one that fails the commit at once on every
+        rank (a slice that does not tile its global tensor, named after the failure), instead of
+        leaving the other ranks waiting for its vote until the coordinator's timeout."""
+        if self._world == 1 or self._c is None:
+            return
+        name = f"ckpt.dcp: rank {self._rank} failed before writing its shard ({type(error).__name__})"
+        try:
+            self._c.save(self._rank, step, {"ckpt.dcp.failed": torch.zeros(1)},
+                         sharding={"ckpt.dcp.failed": slice_of(name, [2], [0], [1])}).wait()
+        except CommError:
+            self._forget_coordinator()
+        except Error:
+            pass  # the step failed, as it had to
+
+    def _prepare(self, plan, planner):
+        """This rank's tensors, their slice descriptions, its non-tensor values and (on the
+        coordinator) the DCP metadata, as Checkpointer.save takes them; and DCP's WriteResults."""
+        names = plan.storage_data["names"]
         tensors, sharding, objects, results = {}, {}, {}, []
         for item in plan.items:
             key = _index_key(item.index)
@@ -453,13 +485,7 @@ class Writer(StorageWriter, AsyncStager):
             self._metadata_json = _metadata_to_json(md, self._locations)
             training = {"dcp": self._metadata_json}
         metadata = {"dcp_objects": objects} if objects else None
-        try:
-            self.committed = self._c.save(self._rank, step, tensors, metadata=metadata, training=training,
-                                          sharding=sharding).wait()
-        except CommError:
-            self._forget_coordinator()
-            raise
-        return results
+        return tensors, metadata, training, sharding, results
 
     # 5) the coordinator: the checkpoint is already committed; DCP's Metadata gets its storage_data
     def finish(self, metadata, results):
