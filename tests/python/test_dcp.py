@@ -149,6 +149,28 @@ def load_worker(rank, world, init, root, out):
     _finish(out, rank, result)
 
 
+def twice_worker(rank, world, init, root, out):
+    result = {}
+    try:
+        mesh = _start(rank, world, init)
+        with ckpt.dcp.Writer(root) as w:
+            dcp.save(state(mesh, True), storage_writer=w)
+            first = w._c
+            sd = state(mesh, True)
+            sd["count"] = torch.tensor(42, dtype=torch.int32)
+            dcp.save(sd, storage_writer=w)
+            result["same_checkpointer"] = w._c is first
+            result["steps"] = [w.committed.step, ckpt.open_latest(root).step]
+        loaded_sd = state(mesh, False)
+        dcp.load(loaded_sd, storage_reader=ckpt.dcp.Reader(root))
+        ref = reference()
+        ref["count"] = torch.tensor(42, dtype=torch.int32)
+        result["differences"] = differences(loaded_sd, ref)
+    except BaseException as e:  # noqa: BLE001
+        result["exception"] = repr(e)
+    _finish(out, rank, result)
+
+
 def module_job(tmp_path_factory, world, worker):
     """A job for a module-scoped fixture: (its directory, exit codes, results)."""
     if TORCH < (2, 4):
@@ -195,6 +217,15 @@ def test_fewer_ranks_load_it_through_dcps_resharding_equal_to_the_saved_state(sa
         assert results[rank]["differences"] == [], results[rank]
     # torch.chunk's rows at this world size, not the 4 ranks' ones: DCP resharded.
     assert [results[k]["local_w_rows"] for k in range(world)] == [len(c) for c in torch.chunk(torch.zeros(10), world)]
+
+
+def test_two_ranks_save_twice_through_one_writer_each_and_load_the_second(tmp_path):
+    codes, results = spawn(tmp_path, 2, twice_worker)
+    assert codes == [0, 0], results
+    for rank in (0, 1):
+        r = results[rank]
+        assert "exception" not in r, r
+        assert r["same_checkpointer"] and r["steps"] == [2, 2] and r["differences"] == [], r
 
 
 def test_ckpt_verify_full_and_consolidate_work_on_the_dcp_checkpoint(saved_at_4):
@@ -323,6 +354,106 @@ def test_async_save_holds_the_values_of_the_moment_it_was_called(tmp_path):
     dcp.load(target, storage_reader=ckpt.dcp.Reader(root))
     assert torch.equal(target["w"], torch.arange(1 << 20, dtype=torch.float32))
     assert target["meta"]["epoch"] == 3
+
+
+# ---- one Writer for several saves: its Checkpointer kept open --------------------------------
+
+def loaded(root, step, n):
+    target = {"w": torch.zeros(n), "meta": {"epoch": None}}
+    dcp.load(target, checkpoint_id=step, storage_reader=ckpt.dcp.Reader(root))
+    return target
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_one_writer_keeps_its_checkpointer_open_across_saves_and_each_step_loads(tmp_path):
+    root = str(tmp_path / "root")
+    w = ckpt.dcp.Writer(root)
+    sd = {"w": torch.arange(1024, dtype=torch.float32), "meta": {"epoch": 0}}
+    opened = []
+    for epoch in range(3):
+        sd["w"] += 1
+        sd["meta"]["epoch"] = epoch
+        dcp.save(sd, storage_writer=w)
+        opened.append(w._c)
+        assert w.committed.step == epoch + 1 and ckpt.open_latest(root).step == epoch + 1
+    assert opened[0] is not None and opened[1] is opened[0] and opened[2] is opened[0]
+    for step in (1, 2, 3):
+        target = loaded(root, step, 1024)
+        assert torch.equal(target["w"], torch.arange(1024, dtype=torch.float32) + step)
+        assert target["meta"]["epoch"] == step - 1
+    w.close()
+    assert w._c is None
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_second_writer_of_the_root_is_busy_while_the_first_is_open_and_free_once_closed(tmp_path):
+    root = str(tmp_path / "root")
+    sd = {"w": torch.ones(16)}
+    first = ckpt.dcp.Writer(root)
+    dcp.save(sd, storage_writer=first)
+    with pytest.raises(CheckpointException) as excinfo:
+        dcp.save(sd, storage_writer=ckpt.dcp.Writer(root))
+    err = unwrap(excinfo)
+    assert type(err) is ckpt.Busy and err.code == "busy", repr(err)
+    assert str(os.getpid()) in str(err), str(err)  # the holder's pid
+    assert ckpt.open_latest(root).step == 1
+    first.close()
+    with ckpt.dcp.Writer(root) as second:  # the root is free; `with` closes it again
+        dcp.save(sd, storage_writer=second)
+        assert second._c is not None
+    assert second._c is None and ckpt.open_latest(root).step == 2
+    dcp.save(sd, storage_writer=first)  # a closed Writer opens a new Checkpointer
+    assert ckpt.open_latest(root).step == 3
+    first.close()
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_keep_open_false_closes_after_each_save_and_a_writer_per_save_still_works(tmp_path):
+    root = str(tmp_path / "root")
+    sd = {"w": torch.ones(16)}
+    w = ckpt.dcp.Writer(root, keep_open=False)
+    for step in (1, 2):
+        dcp.save(sd, storage_writer=w)
+        assert w._c is None and ckpt.open_latest(root).step == step
+        with ckpt.Checkpointer(root) as c:  # the root is free between saves
+            pass
+    for step in (3, 4):  # a Writer made for each save, kept open until it is collected
+        dcp.save(sd, storage_writer=ckpt.dcp.Writer(root))
+        assert ckpt.open_latest(root).step == step
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_checkpoint_id_is_for_its_save_only_and_the_next_save_takes_the_step_after_latest(tmp_path):
+    root = str(tmp_path / "root")
+    with ckpt.dcp.Writer(root) as w:
+        dcp.save({"w": torch.ones(4)}, checkpoint_id=10, storage_writer=w)
+        dcp.save({"w": torch.ones(4)}, storage_writer=w)
+        assert ckpt.open_latest(root).step == 11
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_async_saves_in_a_row_with_one_writer_each_commit_in_order(tmp_path):
+    root = str(tmp_path / "root")
+    n = 1 << 20
+    w = ckpt.dcp.Writer(root)
+    x = torch.zeros(n)
+    futs = []
+    for epoch in range(3):
+        x.fill_(epoch + 1)
+        futs.append(dcp.async_save({"w": x, "meta": {"epoch": epoch}}, storage_writer=w))  # no wait between them
+    x.fill_(-1)
+    for f in futs:
+        f.result()
+    assert ckpt.open_latest(root).step == 3
+    for step in (1, 2, 3):
+        target = loaded(root, step, n)
+        assert torch.all(target["w"] == step) and target["meta"]["epoch"] == step - 1
+    first = w._c
+    dcp.async_save({"w": x, "meta": {"epoch": 9}}, storage_writer=w).result()
+    assert w._c is first and ckpt.open_latest(root).step == 4
+    w.close()
+    dcp.save({"w": x}, storage_writer=ckpt.dcp.Writer(root, keep_open=False))  # close() released the root
+    assert ckpt.open_latest(root).step == 5
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

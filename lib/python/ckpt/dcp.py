@@ -35,6 +35,7 @@ import datetime
 import io
 import re
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -317,8 +318,16 @@ class Writer(StorageWriter, AsyncStager):
     coordinator: a ckpt.distributed.TorchCoordinator to commit through; by default, in a
     job of several processes, one made over the default process group the first time and
     shared by every Writer of the process (timeout: how long rank 0 waits for the others).
-    The Checkpointer is opened on every rank when DCP sets the writer up and closed when its
-    write_data returns (after the commit): the root is free between saves.
+    keep_open (default True): the Checkpointer opened by the first save (with its staging
+    pool, already touched) stays open for the next saves through this Writer, reopened only
+    when the world size or rank changed or the last save failed; the Writer then holds the
+    root's writer lock between saves (another writer of the root is ckpt.Busy) until close(),
+    the end of a `with` block, or its collection. keep_open=False: the Checkpointer is closed
+    when write_data returns (after the commit) and the root is free between saves. A Writer
+    made for each save works either way.
+
+    One save at a time: a save through this Writer waits until the previous one (an async_save
+    running on DCP's thread) has ended, so saves commit in the order they were made.
 
     dcp.async_save: the Writer is DCP's AsyncStager; stage() copies the state_dict (tensors
     cloned) before async_save returns, so updates made after it do not reach the checkpoint
@@ -327,8 +336,15 @@ class Writer(StorageWriter, AsyncStager):
     _synchronize_after_execute = False  # stage() has copied everything when it returns
 
     def __init__(self, root, step=None, keep_last=3, writer="auto", durable_root=None, durable_keep_last=10,
-                 allow_older_than_latest=False, coordinator=None, timeout=datetime.timedelta(minutes=10)):
+                 allow_older_than_latest=False, coordinator=None, timeout=datetime.timedelta(minutes=10),
+                 keep_open=True):
         super().__init__()
+        # Before anything can fail: __del__ and close() read these.
+        self._c = None
+        self._cv = threading.Condition()
+        self._busy = False   # a save is between stage() or set_up_storage_writer and its end
+        self._owner = None   # the thread running it, once known
+        self._stager = None  # the thread whose stage() reserved it, until its save starts
         self.root = _args.path(root, "root")
         self._step_arg = None if step is None else _step_of(step, "step")
         self._checkpoint_step = None
@@ -336,13 +352,66 @@ class Writer(StorageWriter, AsyncStager):
                              durable_keep_last=durable_keep_last, allow_older_than_latest=allow_older_than_latest)
         self._coordinator_arg = coordinator
         self._timeout = timeout
-        self._c = None
+        self._keep_open = bool(keep_open)
+        self._opened_for = None  # (rank, world size, coordinator) the open Checkpointer was made for
+        self._save_step = None
         self._coord = None
         self._locations = None
         self.committed = None  # the ckpt.SaveResult of the last save
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---- one save at a time: async_save runs each save on a thread of its own -----------------
+
+    _CLAIM_S = 60  # a save stage() reserved that no thread takes up within this is given up
+
+    def _free(self, me):
+        """No save holds the Writer, or the one holding it can no longer end it: its thread is
+        gone, or it is this thread (a save of it failed where no hook of the Writer saw it), or
+        stage() reserved it and no thread of DCP took it up."""
+        if not self._busy:
+            return True
+        if self._owner is not None:
+            return self._owner is me or not self._owner.is_alive()
+        return time.monotonic() - self._staged_at > self._CLAIM_S
+
+    def _claimable(self, me):
+        """A save stage() reserved on another thread, which DCP's thread (this one) runs."""
+        return self._busy and self._owner is None and self._stager is not me
+
+    def _wait_free(self, me):
+        while not self._free(me):
+            self._cv.wait(0.05)
+
+    def _begin_save(self, staged):
+        """Waits for the previous save, then holds the Writer for this one: from stage() (on
+        the caller's thread, staged) or set_up_storage_writer (on the thread saving)."""
+        me = threading.current_thread()
+        with self._cv:
+            if not staged and self._claimable(me):
+                self._owner = me
+                return
+            self._wait_free(me)
+            self._busy = True
+            self._owner, self._stager = (None, me) if staged else (me, None)
+            self._staged_at = time.monotonic()
+
+    def _end_save(self):
+        with self._cv:
+            self._busy, self._owner, self._stager = False, None, None
+            self._cv.notify_all()
+
     def stage(self, state_dict):
-        return _snapshot(state_dict)
+        self._begin_save(staged=True)
+        try:
+            return _snapshot(state_dict)
+        except BaseException:
+            self._end_save()
+            raise
 
     @property
     def should_synchronize_after_execute(self):
@@ -351,8 +420,12 @@ class Writer(StorageWriter, AsyncStager):
     def synchronize_staging(self):
         pass
 
-    # 0) checkpoint_id: the step
+    # 0) checkpoint_id: the step (after the previous save has ended: it may still read the last one's)
     def reset(self, checkpoint_id=None):
+        me = threading.current_thread()
+        with self._cv:
+            if not self._claimable(me):
+                self._wait_free(me)
         self._checkpoint_step = None if checkpoint_id is None else _step_of(checkpoint_id, "checkpoint_id")
         if self._step_arg is not None and self._checkpoint_step is not None and self._step_arg != self._checkpoint_step:
             raise InvalidArgument(f"invalid argument: checkpoint_id {checkpoint_id!r} differs from the Writer's "
@@ -368,7 +441,16 @@ class Writer(StorageWriter, AsyncStager):
 
     # 1) every rank: open the Checkpointer (in a multi-process job, its start is collective)
     def set_up_storage_writer(self, is_coordinator):
-        self._close()
+        self._begin_save(staged=False)
+        try:
+            self._set_up(is_coordinator)
+        except BaseException:
+            self._close()
+            self._end_save()
+            raise
+
+    def _set_up(self, is_coordinator):
+        self._save_step, self._checkpoint_step = self._checkpoint_step, None  # this save's, not the next's
         rank, world = _dist_rank_and_size()
         self._rank, self._world = rank, world
         self._is_coordinator = bool(is_coordinator)
@@ -376,18 +458,23 @@ class Writer(StorageWriter, AsyncStager):
         if world > 1:
             coord = self._coordinator_arg or _shared_coordinator(self._timeout)
         self._coord = coord
+        if self._c is not None and self._opened_for is not None and self._opened_for[:2] == (rank, world) \
+                and self._opened_for[2] is coord:
+            return  # the previous save's Checkpointer, its staging pool warm
+        self._close()
         try:
             self._c = Checkpointer(self.root, world_size=world, coordinator=coord, allow_empty=True, **self._options)
         except CommError:
             self._forget_coordinator()
             raise
+        self._opened_for = (rank, world, coord)
 
     def prepare_local_plan(self, plan):
         return plan
 
     # 3) the coordinator: the step, and each item's name in its rank's shard
     def prepare_global_plan(self, plans):
-        step = self._step_arg if self._step_arg is not None else self._checkpoint_step
+        step = self._step_arg if self._step_arg is not None else self._save_step
         if step is None:
             latest = _latest_step(self.root)
             step = 1 if latest is None else latest + 1
@@ -412,8 +499,14 @@ class Writer(StorageWriter, AsyncStager):
     def write_data(self, plan, planner):
         try:
             results = self._write(plan, planner)
-        finally:
+        except BaseException:
+            self._close()  # the next save opens a new one
+            self._end_save()
+            raise
+        if not self._keep_open:
             self._close()
+        if not self._is_coordinator:
+            self._end_save()  # the coordinator's ends in finish()
         fut = Future()
         fut.set_result(results)
         return fut
@@ -489,11 +582,14 @@ class Writer(StorageWriter, AsyncStager):
 
     # 5) the coordinator: the checkpoint is already committed; DCP's Metadata gets its storage_data
     def finish(self, metadata, results):
-        storage = {wr.index: wr.storage_data for wrs in results for wr in wrs}
-        metadata.storage_data = storage
-        if _metadata_to_json(metadata, self._locations)["state_dict"] != self._metadata_json["state_dict"]:
-            raise RuntimeError("ckpt.dcp.Writer: the Metadata DCP finished with differs from the planner's "
-                               f"(.metadata), which step {self.committed.step} holds")
+        try:
+            storage = {wr.index: wr.storage_data for wrs in results for wr in wrs}
+            metadata.storage_data = storage
+            if _metadata_to_json(metadata, self._locations)["state_dict"] != self._metadata_json["state_dict"]:
+                raise RuntimeError("ckpt.dcp.Writer: the Metadata DCP finished with differs from the planner's "
+                                   f"(.metadata), which step {self.committed.step} holds")
+        finally:
+            self._end_save()
 
     def storage_meta(self):
         return None
@@ -504,12 +600,16 @@ class Writer(StorageWriter, AsyncStager):
         self._coord = None
 
     def _close(self):
-        c, self._c = self._c, None
+        c, self._c, self._opened_for = self._c, None, None
         if c is not None:
             c.close()
 
     def close(self):
-        """Closes the Checkpointer if a save left it open (a save that failed before write_data)."""
+        """Waits for a save in progress (an async_save's) to end, then closes the Checkpointer
+        kept open between saves, releasing the root. The Writer can save again afterwards
+        (it opens a new one)."""
+        with self._cv:
+            self._wait_free(threading.current_thread())
         self._close()
 
     def __del__(self):
