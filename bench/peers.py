@@ -8,7 +8,9 @@
       dcp.async_save (time to return, time until durable, does a mutation made right after
       it returns leak into the checkpoint?), dcp.load, safetensors save_file + fsync,
       load_file, and safe_open (lazy: one small tensor, then every tensor). The page cache
-      of the files is dropped before every load.
+      of the files is dropped before every load. With --ckpt-python DIR (the ckpt package
+      built for this Python: build/torch2/python), also dcp.save and dcp.load through
+      ckpt.dcp.Writer and ckpt.dcp.Reader (verify fast) on the same tensors.
 
   peers.py combine --ckpt A.json [B.json ...] --peers P.json [Q.json ...] [--json OUT] [--markdown OUT]
       Medians over rounds, and ckpt's figures (from ckpt-bench --json runs interleaved with
@@ -241,8 +243,27 @@ def run(args):
             state[victim].copy_(before)
             shutil.rmtree(p)
 
+    def dcp_ckpt_save_load():
+        # DCP's planner and API, ckpt's storage: the same calls as dcp_save_load with the other
+        # writer and reader (the Writer fsyncs and commits; the Reader verifies every chunk).
+        p = fresh("dcp-ckpt")
+        s, _ = timed(lambda: dcp.save(state, storage_writer=ckpt_dcp.Writer(p, writer="auto")))
+        out["dcp_ckpt_save_s"] = s
+        target = {k: torch.empty_like(v) for k, v in state.items()}
+        drop_cache(p)
+        settle()
+        s, _ = timed(lambda: (dcp.load(target, storage_reader=ckpt_dcp.Reader(p, verify="fast")), touch(target.values())))
+        out["dcp_ckpt_load_s"] = s
+        out["dcp_ckpt_load_equal"] = all(torch.equal(target[k], state[k]) for k in state)
+        del target
+        shutil.rmtree(p)
+
     jobs = [("torch.save/load", torch_save), ("dcp.save/load", dcp_save_load), ("dcp.async_save", dcp_async),
             ("safetensors", safetensors_io)]
+    if args.ckpt_python:
+        sys.path.insert(0, args.ckpt_python)
+        import ckpt.dcp as ckpt_dcp
+        jobs.append(("dcp.save/load through ckpt.dcp", dcp_ckpt_save_load))
     k = args.round % len(jobs)
     for name, job in jobs[k:] + jobs[:k]:
         t0 = time.perf_counter()
@@ -310,6 +331,8 @@ def combine(args):
         "torch_load_gbps": gbps(pv("torch_load_s")),
         "dcp_save_gbps": gbps(pv("dcp_save_s")),
         "dcp_load_gbps": gbps(pv("dcp_load_s")),
+        "dcp_ckpt_save_gbps": gbps(pv("dcp_ckpt_save_s")),
+        "dcp_ckpt_load_gbps": gbps(pv("dcp_ckpt_load_s")),
         "safetensors_save_fsync_gbps": gbps(pv("safetensors_save_fsync_s")),
         "safetensors_load_gbps": gbps(pv("safetensors_load_s")),
         "safe_open_one_ms": (pv("safe_open_one_s") or 0) * 1e3 or None,
@@ -406,6 +429,14 @@ def combine(args):
                           ("safetensors load_file", "safetensors_load_gbps", "load_fast_vs_safetensors_load")):
         lines.append(f"| {name} | {f(fig[key])} | {f(r[rk])} |")
     lines.append(f"| raw O_DIRECT read (reference) | {f(fig['raw_read_gbps'])} | |")
+    if fig["dcp_ckpt_save_gbps"] is not None:
+        lines.append("\n| DCP (dcp.save / dcp.load, its default planners) | save GB/s | load GB/s (page cache dropped) |"
+                     "\n|---|---|---|")
+        lines.append(f"| FileSystemWriter (sync_files) / FileSystemReader | {f(fig['dcp_save_gbps'])} | {f(fig['dcp_load_gbps'])} |")
+        lines.append(f"| ckpt.dcp.Writer / ckpt.dcp.Reader (verify fast) | {f(fig['dcp_ckpt_save_gbps'])} | "
+                     f"{f(fig['dcp_ckpt_load_gbps'])} |")
+        lines.append(f"| ckpt.dcp / FileSystem | {f(ratio(fig['dcp_ckpt_save_gbps'], fig['dcp_save_gbps']))} | "
+                     f"{f(ratio(fig['dcp_ckpt_load_gbps'], fig['dcp_load_gbps']))} |")
     lines.append("\n| resume and lazy reads (page cache dropped) | ckpt | peer | ckpt / peer |\n|---|---|---|---|")
     for name, a, b, rk in (("resume (open + load_into + verify fast) vs torch.load, GB/s", "ckpt_resume_gbps", "torch_load_gbps",
                             "resume_vs_torch_load"),
@@ -438,6 +469,7 @@ def main():
     a.add_argument("--threads", type=int, default=0, help="DCP writer threads (default: one per rank of the layout)")
     a.add_argument("--round", type=int, default=0)
     a.add_argument("--settle", type=float, default=3.0, help="idle seconds before each load (default 3)")
+    a.add_argument("--ckpt-python", help="the ckpt package's directory (build/torch2/python): also time DCP through ckpt.dcp")
     c = sub.add_parser("combine")
     c.add_argument("--ckpt", nargs="+", required=True)
     c.add_argument("--peers", nargs="+", required=True)

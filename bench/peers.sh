@@ -52,6 +52,7 @@ out=$(cd "$out" && pwd)
 . scripts/lib/debian13-root.sh
 root=$debian13_root
 mnt=/mnt/ckpt-peers
+ckpt_python=()
 mounted=()
 
 cleanup() {
@@ -84,6 +85,14 @@ else
     mounted+=("$root/proc")
   fi
   cp bench/peers.py bench/bench_json.py "$dir/"
+  # DCP through ckpt.dcp too, with the module scripts/test-torch2 built for the root's Python.
+  if compgen -G "build/torch2/python/ckpt/_core*.so" >/dev/null; then
+    rm -rf "$dir/ckpt-python"
+    cp -r build/torch2/python "$dir/ckpt-python"
+    ckpt_python=(--ckpt-python "$mnt/ckpt-python")
+  else
+    echo "== no build/torch2/python (scripts/test-torch2 builds it): DCP through ckpt.dcp is left out" >&2
+  fi
   py=(chroot "$root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root USE_LIBUV=0 OMP_NUM_THREADS="$(nproc)" python3)
   inside=$mnt
 fi
@@ -95,7 +104,8 @@ for ((r = 1; r <= rounds; r++)); do
   "$bench" --size "$size" --repeats 1 --saves 1 --every 1 --step-ms 0 --modes sync,async_io_uring --soak 0 --no-cold-pool \
     --dir "$dir/ckpt" --json "$dir/ckpt-$r.json" --layout "$dir/layout.json" > "$out/ckpt-$r.txt"
   echo "== round $r: ckpt-bench done" >&2
-  "${py[@]}" "$inside/peers.py" run --layout "$inside/layout.json" --dir "$inside" --json "$inside/peers-$r.json" --round "$r"
+  "${py[@]}" "$inside/peers.py" run --layout "$inside/layout.json" --dir "$inside" --json "$inside/peers-$r.json" --round "$r" \
+    "${ckpt_python[@]}"
   echo "== round $r: peers done" >&2
   cp "$dir/ckpt-$r.json" "$dir/peers-$r.json" "$out/"
   ck+=("$inside/ckpt-$r.json")

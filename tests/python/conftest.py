@@ -32,9 +32,37 @@ def read_safetensors(path):
         n = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(n))
         data = f.read()
-    dtypes = {"F16": np.float16, "BF16": np.uint16, "F32": np.float32, "F64": np.float64, "I64": np.int64}
+    dtypes = {"F16": np.float16, "BF16": np.uint16, "F32": np.float32, "F64": np.float64, "I32": np.int32,
+              "I64": np.int64}
     return {k: np.frombuffer(data[v["data_offsets"][0]:v["data_offsets"][1]], dtypes[v["dtype"]]).reshape(v["shape"])
             for k, v in header.items() if k != "__metadata__"}
+
+
+def spawn_ranks(tmp_path, world, target, *extra, job="", join_s=90):
+    """Runs target(rank, world, init, root, out, *extra) in `world` torch.multiprocessing
+    processes ("spawn"), root tmp_path/root, each writing its JSON result to f"{out}.{rank}";
+    `job` tells apart several jobs in one tmp_path. (root, their exit codes, the results).
+    A job still running after `join_s` seconds is killed and fails the test."""
+    import json
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    root, out = str(tmp_path / "root"), str(tmp_path / f"out{job}")
+    init = f"file://{tmp_path}/init{job}"
+    procs = [ctx.Process(target=target, args=(r, world, init, root, out, *extra)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(join_s)
+        if p.is_alive():
+            for q in procs:
+                q.kill()
+            pytest.fail("a worker hung")
+    results = {}
+    for r in range(world):
+        if os.path.exists(f"{out}.{r}"):
+            with open(f"{out}.{r}") as f:
+                results[r] = json.load(f)
+    return root, [p.exitcode for p in procs], results
 
 
 def python_env():

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import ckpt
+from conftest import spawn_ranks
 
 torch = pytest.importorskip("torch")
-mp = torch.multiprocessing
 
 
 def worker(rank, world, init, root, out, kill_at):
@@ -51,25 +51,7 @@ def run(tmp_path, world, kill_at=None):
 
 
 def spawn(tmp_path, world, target, *extra):
-    """Runs target(rank, world, init, root, out, *extra) in `world` processes; (root, their exit
-    codes, the result each wrote)."""
-    ctx = mp.get_context("spawn")
-    root, out = str(tmp_path / "root"), str(tmp_path / "out")
-    init = f"file://{tmp_path}/init"
-    procs = [ctx.Process(target=target, args=(r, world, init, root, out, *extra)) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(90)
-        if p.is_alive():
-            p.kill()
-            pytest.fail("a worker hung")
-    results = {}
-    for r in range(world):
-        if os.path.exists(f"{out}.{r}"):
-            with open(f"{out}.{r}") as f:
-                results[r] = json.load(f)
-    return root, [p.exitcode for p in procs], results
+    return spawn_ranks(tmp_path, world, target, *extra)
 
 
 def test_each_process_saves_its_shard_and_rank_0_commits_every_step(tmp_path):
