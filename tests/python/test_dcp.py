@@ -4,6 +4,7 @@
 # plain tensors and non-tensor values; 3 and 2 ranks load them; async_save, damaged bytes, a
 # save killed mid-way, hostile manifests, and no pickle on disk. Needs torch >= 2.4 (DCP's
 # StorageWriter.reset and DTensor on the CPU); skipped on older torch.
+import functools
 import json
 import os
 import signal
@@ -124,51 +125,51 @@ def _finish(out, rank, result):
     os._exit(0)  # skip gloo's teardown, which may wait for a dead peer
 
 
-def save_worker(rank, world, init, root, out):
-    result = {}
-    try:
-        mesh = _start(rank, world, init)
-        md = dcp.save(state(mesh, True), storage_writer=ckpt.dcp.Writer(root))
-        result["step"] = ckpt.open_latest(root).step
-        result["fqns"] = sorted(md.state_dict_metadata)
-    except BaseException as e:  # noqa: BLE001 - reported to the test
-        result["exception"] = repr(e)
-    _finish(out, rank, result)
+def _mesh_worker(body):
+    """A worker of a job over a device mesh: body(mesh, root, result) fills result; an exception
+    is reported to the test as result["exception"]. (The module's attribute is the wrapper,
+    under the body's name: spawn finds it by that name.)"""
+    @functools.wraps(body)
+    def worker(rank, world, init, root, out):
+        result = {}
+        try:
+            body(_start(rank, world, init), root, result)
+        except BaseException as e:  # noqa: BLE001 - reported to the test
+            result["exception"] = repr(e)
+        _finish(out, rank, result)
+    return worker
 
 
-def load_worker(rank, world, init, root, out):
-    result = {}
-    try:
-        mesh = _start(rank, world, init)
-        sd = state(mesh, False)
-        dcp.load(sd, storage_reader=ckpt.dcp.Reader(root))
-        result["differences"] = differences(sd, reference())
-        result["local_w_rows"] = sd["model"]["w"].to_local().shape[0]
-    except BaseException as e:  # noqa: BLE001
-        result["exception"] = repr(e)
-    _finish(out, rank, result)
+@_mesh_worker
+def save_worker(mesh, root, result):
+    md = dcp.save(state(mesh, True), storage_writer=ckpt.dcp.Writer(root))
+    result["step"] = ckpt.open_latest(root).step
+    result["fqns"] = sorted(md.state_dict_metadata)
 
 
-def twice_worker(rank, world, init, root, out):
-    result = {}
-    try:
-        mesh = _start(rank, world, init)
-        with ckpt.dcp.Writer(root) as w:
-            dcp.save(state(mesh, True), storage_writer=w)
-            first = w._c
-            sd = state(mesh, True)
-            sd["count"] = torch.tensor(42, dtype=torch.int32)
-            dcp.save(sd, storage_writer=w)
-            result["same_checkpointer"] = w._c is first
-            result["steps"] = [w.committed.step, ckpt.open_latest(root).step]
-        loaded_sd = state(mesh, False)
-        dcp.load(loaded_sd, storage_reader=ckpt.dcp.Reader(root))
-        ref = reference()
-        ref["count"] = torch.tensor(42, dtype=torch.int32)
-        result["differences"] = differences(loaded_sd, ref)
-    except BaseException as e:  # noqa: BLE001
-        result["exception"] = repr(e)
-    _finish(out, rank, result)
+@_mesh_worker
+def load_worker(mesh, root, result):
+    sd = state(mesh, False)
+    dcp.load(sd, storage_reader=ckpt.dcp.Reader(root))
+    result["differences"] = differences(sd, reference())
+    result["local_w_rows"] = sd["model"]["w"].to_local().shape[0]
+
+
+@_mesh_worker
+def twice_worker(mesh, root, result):
+    with ckpt.dcp.Writer(root) as w:
+        dcp.save(state(mesh, True), storage_writer=w)
+        first = w._c
+        sd = state(mesh, True)
+        sd["count"] = torch.tensor(42, dtype=torch.int32)
+        dcp.save(sd, storage_writer=w)
+        result["same_checkpointer"] = w._c is first
+        result["steps"] = [w.committed.step, ckpt.open_latest(root).step]
+    loaded_sd = state(mesh, False)
+    dcp.load(loaded_sd, storage_reader=ckpt.dcp.Reader(root))
+    ref = reference()
+    ref["count"] = torch.tensor(42, dtype=torch.int32)
+    result["differences"] = differences(loaded_sd, ref)
 
 
 def module_job(tmp_path_factory, world, worker):
