@@ -123,23 +123,21 @@ const TensorRecord* Manifest::find_tensor(std::string_view name, int rank) const
   return nullptr;
 }
 
+bool TensorRecord::held_by(int r) const noexcept {
+  return rank == r || (sharding && sharding->kind == TensorSharding::Kind::replicated &&
+                       std::binary_search(sharding->holders.begin(), sharding->holders.end(), r));
+}
+
 const TensorRecord* Manifest::find_held_tensor(std::string_view name, int rank) const noexcept {
-  for (const auto& t : tensors) {
-    if (t.name != name) continue;
-    if (t.rank == rank) return &t;
-    if (t.sharding && t.sharding->kind == TensorSharding::Kind::replicated &&
-        std::binary_search(t.sharding->holders.begin(), t.sharding->holders.end(), rank))
-      return &t;
-  }
+  for (const auto& t : tensors)
+    if (t.name == name && t.held_by(rank)) return &t;
   return nullptr;
 }
 
 std::vector<const TensorRecord*> Manifest::held_tensors(int rank) const {
   std::vector<const TensorRecord*> out;
   for (const auto& t : tensors)
-    if (t.rank == rank || (t.sharding && t.sharding->kind == TensorSharding::Kind::replicated &&
-                           std::binary_search(t.sharding->holders.begin(), t.sharding->holders.end(), rank)))
-      out.push_back(&t);
+    if (t.held_by(rank)) out.push_back(&t);
   return out;
 }
 

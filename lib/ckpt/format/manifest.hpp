@@ -55,6 +55,9 @@ struct TensorRecord {
   /// Schema 2: a slice of a global tensor, replicated on several ranks (this entry, on the
   /// lowest holder, is the only one: the others' shards do not hold it), or rank-local.
   std::optional<TensorSharding> sharding;
+  /// Whether `r` holds this tensor: it is this entry's rank, or one of a replicated entry's
+  /// holders (the one predicate every lookup by holder uses).
+  bool held_by(int r) const noexcept;
 };
 
 struct Manifest {

@@ -121,8 +121,7 @@ std::vector<std::pair<int, std::vector<LoadTarget>>> targets_by_file(const Check
       int stored_by = r.rank;
       const auto [first, last] = replicated.equal_range(tg.name);
       for (auto it = first; it != last; ++it)
-        if (std::binary_search(it->second->sharding->holders.begin(), it->second->sharding->holders.end(), r.rank))
-          stored_by = it->second->rank;
+        if (it->second->held_by(r.rank)) stored_by = it->second->rank;
       file_of(stored_by).push_back(tg);
     }
   }
