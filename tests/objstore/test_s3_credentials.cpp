@@ -45,27 +45,22 @@ const std::string kTool = std::string(CKPT_TEST_BINARY_DIR) + "/bin/ckpt";
 // files pointed at nothing) while the object lives; the old values come back afterwards.
 class ScopedEnv {
  public:
-  explicit ScopedEnv(std::map<std::string, std::string> vars) {
+  explicit ScopedEnv(std::map<std::string, std::string> vars) : env_(chain_variables(std::move(vars))) {}
+
+ private:
+  static std::map<std::string, std::optional<std::string>> chain_variables(std::map<std::string, std::string> vars) {
+    std::map<std::string, std::optional<std::string>> out;
     for (const char* name : {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
                              "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
                              "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_AUTHORIZATION_TOKEN",
-                             "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", "AWS_ENDPOINT_URL", "AWS_REGION"}) {
-      const char* old = std::getenv(name);
-      saved_[name] = old ? std::optional<std::string>(old) : std::nullopt;
-      ::unsetenv(name);
-    }
+                             "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", "AWS_ENDPOINT_URL", "AWS_REGION"})
+      out[name] = std::nullopt;
     vars.try_emplace("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials");
     vars.try_emplace("AWS_CONFIG_FILE", "/nonexistent/config");
-    for (const auto& [k, v] : vars) ::setenv(k.c_str(), v.c_str(), 1);
+    for (auto& [k, v] : vars) out[k] = std::move(v);
+    return out;
   }
-  ~ScopedEnv() {
-    for (const auto& [k, v] : saved_) v ? ::setenv(k.c_str(), v->c_str(), 1) : ::unsetenv(k.c_str());
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  std::map<std::string, std::optional<std::string>> saved_;
+  test::ScopedEnv env_;
 };
 
 // sigv4_server.py serving on a loopback port for the object's lifetime.

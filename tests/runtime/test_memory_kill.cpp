@@ -28,9 +28,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct MemoryDirAt {
-  explicit MemoryDirAt(const fs::path& dir) { ::setenv("CKPT_MEMORY_DIR", dir.c_str(), 1); }
-  ~MemoryDirAt() { ::unsetenv("CKPT_MEMORY_DIR"); }
+// CKPT_MEMORY_DIR at `dir` while the object lives.
+struct MemoryDirAt : test::ScopedEnv {
+  explicit MemoryDirAt(const fs::path& dir) : test::ScopedEnv({{"CKPT_MEMORY_DIR", dir.string()}}) {}
 };
 
 CheckpointerOptions memory_options(const std::string& root, const std::string& scheme, FileSystem* fsys) {

@@ -20,9 +20,9 @@ using test::put_checkpoint;
 using test::SourceCheckpoint;
 
 // CKPT_MEMORY_DIR pointed at `dir` for the object's life.
-struct MemoryDirAt {
-  explicit MemoryDirAt(const fs::path& dir) { ::setenv("CKPT_MEMORY_DIR", dir.c_str(), 1); }
-  ~MemoryDirAt() { ::unsetenv("CKPT_MEMORY_DIR"); }
+// CKPT_MEMORY_DIR at `dir` while the object lives.
+struct MemoryDirAt : test::ScopedEnv {
+  explicit MemoryDirAt(const fs::path& dir) : test::ScopedEnv({{"CKPT_MEMORY_DIR", dir.string()}}) {}
 };
 
 std::string user_dir_name() { return "ckpt-" + std::to_string(::geteuid()); }

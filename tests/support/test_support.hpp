@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -102,5 +104,18 @@ Error expect_error(F&& f) {
   FAIL("no ckpt::Error thrown");
   return Error(Errc::invalid_argument, {}, "unreachable");
 }
+
+/// Environment variables set (a value) or unset (nullopt) while the object lives; their old
+/// values come back when it goes.
+class ScopedEnv {
+ public:
+  explicit ScopedEnv(const std::map<std::string, std::optional<std::string>>& vars);
+  ~ScopedEnv();
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::map<std::string, std::optional<std::string>> saved_;
+};
 
 }  // namespace ckpt::test
