@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <string>
+#include <thread>
 #include <xxhash.h>  // the system library's reference implementation
 
 #include "ckpt/hash/file_digest.hpp"
@@ -113,4 +114,35 @@ TEST_CASE("file hasher handles empty and exact-multiple sizes") {
   CHECK(d.sha256.empty());
   CHECK(chunk_count(8192, 4096) == 2);
   CHECK(chunk_count(8193, 4096) == 3);
+}
+
+TEST_CASE("file hasher split across two threads gives every digest one pass gives, and refuses halves fed different byte counts") {
+  const std::uint64_t chunk = 2 * FileHasher::kFusedPiece + 4099;
+  const auto data = test::random_bytes(static_cast<std::size_t>(3 * chunk + 1234), 21);
+  FileHasher one(chunk), two(chunk);
+  one.update(bytes(data));
+  const std::size_t step = 100'003;  // pieces across chunk and fused-piece boundaries
+  std::thread sha([&] {
+    for (std::size_t off = 0; off < data.size(); off += step) two.update_sha256(bytes(data).subspan(off, std::min(step, data.size() - off)));
+  });
+  for (std::size_t off = 0; off < data.size(); off += step) two.update_checksums(bytes(data).subspan(off, std::min(step, data.size() - off)));
+  sha.join();
+  const auto a = one.finish(), b = two.finish();
+  CHECK(b.chunk_xxh3 == a.chunk_xxh3);
+  CHECK(b.xxh3 == xxh3_64(data.data(), data.size()));
+  CHECK(b.sha256 == to_hex(sha256(data.data(), data.size())));
+  CHECK(b.size == data.size());
+
+  FileHasher short_sha(chunk);
+  short_sha.update_checksums(bytes(data));
+  short_sha.update_sha256(bytes(data).first(100));
+  const Error e = test::expect_error([&] { (void)short_sha.finish(); });
+  CHECK(e.code() == Errc::invalid_argument);
+  CHECK(e.expected() == std::to_string(data.size()) + " bytes (XXH3)");
+  CHECK(e.actual() == "100 bytes (SHA-256)");
+  FileHasher no_sha(chunk, /*with_sha256=*/false);  // the split without SHA-256: the XXH3s only
+  no_sha.update_checksums(bytes(data));
+  const auto c = no_sha.finish();
+  CHECK(c.sha256.empty());
+  CHECK(c.chunk_xxh3 == a.chunk_xxh3);
 }

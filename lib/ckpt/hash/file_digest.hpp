@@ -34,7 +34,12 @@ constexpr std::uint64_t chunk_count(std::uint64_t size, std::uint64_t chunk_size
 /// Streams bytes in pieces of any length and produces a FileDigest, in one pass: each piece
 /// of at most kFusedPiece bytes is fed to all three digests while it is in cache. A file's
 /// SHA-256 and whole-file XXH3 are sequential (one thread per file); files hash in parallel
-/// on as many threads as their writers give them. Not thread-safe.
+/// on as many threads as their writers give them. Not thread-safe, but for the split below.
+///
+/// Split: update_checksums() (the two XXH3s) and update_sha256() each take every byte of the
+/// file in order, and may run at once on two threads, so that one file's hashing takes two
+/// cores (SHA-256 alone then bounds it). Call finish() once both are done; do not mix them
+/// with update() on one hasher.
 class FileHasher {
  public:
   /// Bytes fed to every digest before the next piece: small enough to stay in L2.
@@ -42,11 +47,18 @@ class FileHasher {
   /// chunk_size > 0 (invalid_argument otherwise). SHA-256 is skipped when with_sha256 is false.
   explicit FileHasher(std::uint64_t chunk_size, bool with_sha256 = true);
   void update(std::span<const std::byte> data);
+  void update_checksums(std::span<const std::byte> data);
+  void update_sha256(std::span<const std::byte> data);
+  /// invalid_argument if the split halves were fed different byte counts.
   FileDigest finish();
 
  private:
+  void feed(std::span<const std::byte> data, bool with_sha256);
+
   std::uint64_t chunk_size_;
-  std::uint64_t size_ = 0;
+  std::uint64_t size_ = 0;      // bytes the XXH3s took
+  std::uint64_t sha_size_ = 0;  // bytes SHA-256 took (update_sha256 only)
+  bool split_ = false;
   Xxh3 whole_, chunk_;
   std::optional<Sha256> sha_;
   std::vector<std::uint64_t> chunks_;

@@ -68,10 +68,29 @@ ShardWriter::~ShardWriter() {
   }
 }
 
+namespace {
+void check_room(const std::string& path, std::uint64_t size, std::uint64_t hashed, std::size_t more) {
+  if (more > size - hashed)
+    throw Error(Errc::invalid_argument, path, "more bytes than the shard holds", "at most " + std::to_string(size - hashed) + " bytes",
+                std::to_string(more) + " bytes");
+}
+}  // namespace
+
+void ShardWriter::hash_checksums(std::span<const std::byte> bytes) {
+  check_room(path_, size_, hashed_, bytes.size());
+  split_ = true;
+  hasher_->update_checksums(bytes);
+  hashed_ += bytes.size();
+}
+
+void ShardWriter::hash_sha256(std::span<const std::byte> bytes) {
+  check_room(path_, size_, hashed_sha_, bytes.size());
+  hasher_->update_sha256(bytes);
+  hashed_sha_ += bytes.size();
+}
+
 void ShardWriter::hash(std::span<const std::byte> bytes) {
-  if (bytes.size() > size_ - hashed_)
-    throw Error(Errc::invalid_argument, path_, "more bytes than the shard holds", "at most " + std::to_string(size_ - hashed_) + " bytes",
-                std::to_string(bytes.size()) + " bytes");
+  check_room(path_, size_, hashed_, bytes.size());
   // Chunk by chunk keeps the bytes in cache between the hashes of one piece.
   for (std::size_t off = 0; off < bytes.size(); off += static_cast<std::size_t>(chunk_size_))
     hasher_->update(bytes.subspan(off, static_cast<std::size_t>(std::min<std::uint64_t>(chunk_size_, bytes.size() - off))));
@@ -109,9 +128,10 @@ void ShardWriter::write_zeros(std::uint64_t count) {
 
 ShardReport ShardWriter::finish(int rank) {
   if (finished_) throw Error(Errc::invalid_argument, path_, "finish called twice");
-  if (hashed_ != size_ || written_end_ < size_)
+  const std::uint64_t hashed = split_ ? std::min(hashed_, hashed_sha_) : hashed_;
+  if (hashed != size_ || written_end_ < size_)
     throw Error(Errc::invalid_argument, path_, "shard file incomplete", std::to_string(size_) + " bytes",
-                std::to_string(std::min(hashed_, written_end_)) + " bytes");
+                std::to_string(std::min(hashed, written_end_)) + " bytes");
   if (written_end_ > size_) file_->truncate(size_);  // the O_DIRECT padding
   file_->sync();
   file_->close();

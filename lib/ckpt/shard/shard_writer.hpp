@@ -90,6 +90,11 @@ class ShardWriter {
   WritableFile& file() noexcept { return *file_; }
   /// Image mode: hashes the next bytes of the file (in file order), without writing them.
   void hash(std::span<const std::byte> bytes);
+  /// Image mode, the same split across two threads (FileHasher's split): every byte of the
+  /// file, in file order, through hash_checksums() (the XXH3s) and through hash_sha256(); the
+  /// two may run at once, on different threads. Not mixed with hash().
+  void hash_checksums(std::span<const std::byte> bytes);
+  void hash_sha256(std::span<const std::byte> bytes);
   /// Image mode: the caller wrote the file up to `end` (at least size(); more when O_DIRECT
   /// padding was written, which finish() cuts off).
   void mark_written(std::uint64_t end) noexcept { written_end_ = end; }
@@ -110,7 +115,9 @@ class ShardWriter {
   std::unique_ptr<WritableFile> file_;
   std::unique_ptr<FileHasher> hasher_;
   std::uint64_t chunk_size_ = kDefaultChunkSize;
-  std::uint64_t hashed_ = 0;       ///< file bytes hashed so far
+  std::uint64_t hashed_ = 0;       ///< file bytes hashed so far (by the XXH3s, when split)
+  std::uint64_t hashed_sha_ = 0;   ///< split: file bytes SHA-256 took so far
+  bool split_ = false;
   std::uint64_t written_end_ = 0;  ///< file bytes written so far (image mode: as the caller says)
   bool finished_ = false;
 };
