@@ -43,8 +43,8 @@ SaveHandle occupy_pool(Checkpointer& c, FaultInjectionFileSystem& faulty, test::
 
 }  // namespace
 
-TEST_CASE("a modification after save() returns (copy) or after wait_staged() (deferred) never reaches the checkpoint") {
-  for (const Staging mode : {Staging::copy, Staging::deferred}) {
+TEST_CASE("a modification after save() returns (copy, overlapped) or after wait_staged() (deferred) never reaches the checkpoint") {
+  for (const Staging mode : {Staging::copy, Staging::deferred, Staging::overlapped}) {
     CAPTURE(static_cast<int>(mode));
     test::TempDir dir;
     const std::string root = (dir / "r").string();

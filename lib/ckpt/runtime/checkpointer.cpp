@@ -4,7 +4,9 @@
 //
 //   rank thread     save(): barrier (blocks while another step is in flight), staging copy
 //                   into the rank's reused buffer, hand-off of the staged shard to the
-//                   step's checkpoint coroutine; nothing else.
+//                   step's checkpoint coroutine (Staging::overlapped: the hand-off first,
+//                   the writes and the hashing following the copy through
+//                   detail::StagedBytes); nothing else.
 //   io_context      one thread (`io_thread`) runs every coroutine below and the io_uring
 //                   completions; it never blocks: blocking calls are awaited on a pool.
 //   work pool       hashing, and every blocking file-system call but pwrite (create,
@@ -19,6 +21,9 @@
 //         co_await both(backend.write(image),   io_uring lanes on the io_context
 //                       hash(image))            (posix: pwrite lanes on the io pool),
 //                                               concurrently XXH3 + SHA-256 on the work pool
+//                                               (on two of its threads, the XXH3s and SHA-256
+//                                               apart, when this process has fewer shards
+//                                               than the pool has threads)
 //         report = co_await fsync+close         work pool
 //         -> inbox                              the shard's typed RankReport
 //     reports = co_await inbox (every local rank)
@@ -48,6 +53,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -70,6 +76,7 @@
 #include "ckpt/shard/shard_writer.hpp"
 #include "ckpt/shard/sharded_save.hpp"
 #include "ckpt/runtime/detail/offload.hpp"
+#include "ckpt/runtime/detail/staged_bytes.hpp"
 #include "ckpt/runtime/wire.hpp"
 #include "ckpt/runtime/write_backend.hpp"
 #include "ckpt/store/memory/memory.hpp"
@@ -231,6 +238,9 @@ struct Checkpointer::Impl {
     std::shared_ptr<detail::SaveState> handle;
     SaveResult result;  // rank-local timings, filled as the job goes
     Clock::time_point t_call;
+    // Set: handed over before its copy into staging is done (Staging::overlapped); the writes, the
+    // hashing and the redundancy units follow the copy through it. Null: staged before.
+    std::shared_ptr<detail::StagedBytes> staged;
   };
 
   // What reaches a checkpoint coroutine's inbox: a rank's staged shard, a rank's report
@@ -665,6 +675,10 @@ struct Checkpointer::Impl {
       });
       return SaveHandle(job->handle);
     }
+    if (staging == Staging::overlapped) {
+      stage_overlapped(st, job, tensors);
+      return SaveHandle(job->handle);
+    }
     stage_and_hand_off(st, job, tensors);
     send(st, job);  // the hand-off: from here on the pipeline owns the staged shard
     return SaveHandle(job->handle);
@@ -687,6 +701,32 @@ struct Checkpointer::Impl {
       throw;
     }
     job->result.stage = Clock::now() - t_stage;
+    std::lock_guard lk(mu);
+    staged_records[static_cast<std::size_t>(job->rank)] = StagedRecord{job->step, job->header, job->info, false};
+  }
+
+  // Staging::overlapped: the same, handing the shard over first: its file is created, written
+  // and hashed while the copy goes on (the pipeline follows job->staged). A copy that fails
+  // fails the shard through job->staged (its write reports it) and is rethrown.
+  void stage_overlapped(const std::shared_ptr<StepState>& st, const std::shared_ptr<ShardJob>& job, std::span<const TensorView> tensors) {
+    const auto t_stage = Clock::now();
+    try {
+      reserve_staging(*job);
+    } catch (...) {
+      send(st, RankReport{job->rank, to_error(std::current_exception()), {}, {}});
+      throw;
+    }
+    job->staged = std::make_shared<detail::StagedBytes>(ctx);
+    send(st, job);
+    try {
+      copy_into_staging(*job, tensors, [&](std::uint64_t n, bool last) {
+        if (last) job->result.stage = Clock::now() - t_stage;  // before the last publication: complete() reads it
+        job->staged->publish(n, last);
+      });
+    } catch (...) {
+      job->staged->fail(to_error(std::current_exception()));
+      throw;
+    }
     std::lock_guard lk(mu);
     staged_records[static_cast<std::size_t>(job->rank)] = StagedRecord{job->step, job->header, job->info, false};
   }
@@ -715,6 +755,11 @@ struct Checkpointer::Impl {
   }
 
   void stage(ShardJob& job, std::span<const TensorView> tensors) {
+    reserve_staging(job);
+    copy_into_staging(job, tensors, [](std::uint64_t, bool) {});
+  }
+
+  void reserve_staging(const ShardJob& job) {
     AlignedBuffer& buf = staging[static_cast<std::size_t>(job.rank)];
     if (buf.capacity() < job.padded) {
       // Grows only when the state grows; pre-faulted so the copy below runs at memcpy speed.
@@ -724,16 +769,33 @@ struct Checkpointer::Impl {
       ++stats.staging_allocations;
       stats.staging_bytes += buf.capacity() - old;
     }
-    std::byte* out = buf.data();
+  }
+
+  // The image into the reserved buffer, in file order (header, tensors, the O_DIRECT padding),
+  // calling published(n, last) as each prefix [0, n) is in place.
+  template <typename Published>
+  void copy_into_staging(const ShardJob& job, std::span<const TensorView> tensors, Published published) {
+    std::byte* out = staging[static_cast<std::size_t>(job.rank)].data();
     const std::string head = encode_shard_header(job.header);
     std::memcpy(out, head.data(), head.size());
     std::unordered_map<std::string_view, const TensorView*> by_name;
     for (const auto& t : tensors) by_name.emplace(t.name, &t);
-    for (const auto& t : job.header.tensors) {
-      const auto& src = by_name.at(t.name)->data;
-      if (!src.empty()) std::memcpy(out + job.header.data_start + t.begin, src.data(), src.size());
+    std::vector<const ShardTensor*> order;
+    order.reserve(job.header.tensors.size());
+    for (const auto& t : job.header.tensors) order.push_back(&t);
+    std::sort(order.begin(), order.end(), [](const ShardTensor* a, const ShardTensor* b) { return a->begin < b->begin; });
+    for (const ShardTensor* t : order) {
+      const auto& src = by_name.at(t->name)->data;
+      std::byte* dst = out + job.header.data_start + t->begin;
+      for (std::size_t done = 0; done < src.size();) {
+        const std::size_t n = std::min<std::size_t>(src.size() - done, detail::StagedBytes::kPublishStep);
+        std::memcpy(dst + done, src.data() + done, n);
+        done += n;
+        published(job.header.data_start + t->begin + done, false);
+      }
     }
     std::memset(out + job.size, 0, static_cast<std::size_t>(job.padded - job.size));
+    published(job.padded, true);
   }
 
   // Into a checkpoint coroutine's inbox, from any thread. A report counts as the rank's
@@ -911,20 +973,20 @@ struct Checkpointer::Impl {
       ShardWriter& w = *writer;
       const auto image = staging[static_cast<std::size_t>(job->rank)].span(static_cast<std::size_t>(w.file().is_direct() ? job->padded : job->size));
       const auto t_write = Clock::now();
+      // A file's SHA-256 is sequential, so a shard's hashing is one thread's; the step's shards
+      // hash in parallel on the work pool (a thread per core). When this process has fewer
+      // shards than the pool has threads, a shard's hashing is split in two (the XXH3s on one
+      // thread, SHA-256 on another), so that one shard is bounded by SHA-256 alone.
+      const auto bytes = image.first(static_cast<std::size_t>(job->size));
+      detail::StagedBytes* const staged = job->staged.get();
+      const bool split = local_count < pool_size(opt);
+      // (Chosen before the co_await: g++ 12 mishandles a conditional's temporaries inside one.)
+      asio::awaitable<std::chrono::nanoseconds> hashing;
+      if (split) hashing = hash_split(w, bytes, staged, stopped);
+      else hashing = on_work_pool([&w, bytes, staged, &stopped] { return hash_image(w, bytes, staged, stopped, &ShardWriter::hash); });
       auto [writer_name, hash_time] = co_await detail::both(
-          backend->write(w.file(), image, static_cast<std::size_t>(opt.chunk_size), opt.queue_depth, &st->cancelled),
-          on_work_pool([&w, &stopped, bytes = image.first(static_cast<std::size_t>(job->size))] {
-            // One pass (FileHasher feeds XXH3 and SHA-256 each cache-sized piece). A file's
-            // SHA-256 is sequential, so a shard hashes on one thread; the step's shards hash
-            // in parallel on the work pool (a thread per core), and a process saving one
-            // shard is bounded by one core's SHA-256.
-            // In pieces, so that a cancelled save stops hashing too (the shard is failed then).
-            constexpr std::size_t kPiece = 64u << 20;
-            const auto t0 = Clock::now();
-            for (std::size_t off = 0; off < bytes.size() && !stopped(); off += kPiece)
-              w.hash(bytes.subspan(off, std::min(kPiece, bytes.size() - off)));
-            return since(t0);
-          }));
+          backend->write(w.file(), image, static_cast<std::size_t>(opt.chunk_size), opt.queue_depth, &st->cancelled, staged),
+          std::move(hashing));
       if (stopped()) throw Cancelled{};
       job->result.write = since(t_write);
       job->result.hash = hash_time;
@@ -952,6 +1014,33 @@ struct Checkpointer::Impl {
     }
     if (writer && report.error) co_await on_work_pool([&] { writer.reset(); });  // closes the failed file
     send(st, std::move(report));
+  }
+
+  // Feeds `bytes` (a shard's image) to `part` of the shard's hashing, in pieces, so that a
+  // cancelled save stops hashing too (the shard is failed then); an overlapped save's pieces
+  // as its copy publishes them. Returns the time it took.
+  template <typename Stopped>
+  static std::chrono::nanoseconds hash_image(ShardWriter& w, std::span<const std::byte> bytes, detail::StagedBytes* staged, const Stopped& stopped,
+                                    void (ShardWriter::*part)(std::span<const std::byte>)) {
+    const std::size_t piece = staged ? detail::StagedBytes::kPublishStep : std::size_t{64} << 20;
+    const auto t0 = Clock::now();
+    for (std::size_t off = 0; off < bytes.size() && !stopped(); off += piece) {
+      const std::size_t n = std::min(piece, bytes.size() - off);
+      if (staged) staged->wait(off + n);
+      (w.*part)(bytes.subspan(off, n));
+    }
+    return since(t0);
+  }
+
+  // The XXH3s and SHA-256 of one shard on two work-pool threads at once; the longer time.
+  // (Awaited in the caller's full-expression: its arguments, the caller's locals, outlive it.)
+  template <typename Stopped>
+  asio::awaitable<std::chrono::nanoseconds> hash_split(ShardWriter& w, std::span<const std::byte> bytes, detail::StagedBytes* staged,
+                                                       const Stopped& stopped) {
+    auto [a, b] = co_await detail::both(
+        on_work_pool([&w, bytes, staged, &stopped] { return hash_image(w, bytes, staged, stopped, &ShardWriter::hash_checksums); }),
+        on_work_pool([&w, bytes, staged, &stopped] { return hash_image(w, bytes, staged, stopped, &ShardWriter::hash_sha256); }));
+    co_return std::max(a, b);
   }
 
   // The most redundancy units a step can have (its inbox holds their messages).
@@ -992,7 +1081,16 @@ struct Checkpointer::Impl {
           st->sizes, unit,
           [&](int r, std::uint64_t at, std::span<std::byte> out) {
             ++consumed;
-            if (local[static_cast<std::size_t>(r)]) std::memcpy(out.data(), staging[static_cast<std::size_t>(r)].data() + at, out.size());
+            if (local[static_cast<std::size_t>(r)]) {
+              // A pipelined save's copy may still be going on: the unit reads what is staged.
+              std::shared_ptr<detail::StagedBytes> staged;
+              {
+                std::lock_guard lk(mu);
+                if (const auto& job = st->jobs[static_cast<std::size_t>(r)]) staged = job->staged;
+              }
+              if (staged) staged->wait(at + out.size());
+              std::memcpy(out.data(), staging[static_cast<std::size_t>(r)].data() + at, out.size());
+            }
             else coordinator->receive_bytes(r, static_cast<std::uint32_t>(unit), out);
           },
           opt.chunk_size, [&st] { return st->cancelled.load() || st->failed.load(); });
@@ -1281,7 +1379,8 @@ SaveHandle Checkpointer::save(int rank, std::uint64_t step, std::span<const Tens
 }
 
 SaveResult Checkpointer::save_sync(int rank, std::uint64_t step, std::span<const TensorView> tensors, const SaveInfo& info) {
-  return save(rank, step, tensors, info).wait();
+  // Blocks until durable: the copy may as well overlap the writes and the hashing.
+  return impl_->save(rank, step, tensors, info, Staging::overlapped).wait();
 }
 
 void Checkpointer::wait_all() {
@@ -1380,6 +1479,15 @@ FileSystem& Checkpointer::file_system() const noexcept { return impl_->fs; }
 const std::vector<RepairReport>& Checkpointer::repairs() const noexcept { return impl_->repairs; }
 
 std::string_view Checkpointer::backend_name() const noexcept { return impl_->backend->name(); }
+
+std::uint64_t staging_bytes_for(std::span<const TensorSpec> tensors, int world_size) {
+  if (world_size < 1)
+    throw Error(Errc::invalid_argument, {}, "staging_bytes_for: world_size", "at least 1", std::to_string(world_size));
+  // The header with the longest values its metadata can take: no step or rank needs more.
+  const ShardHeader h =
+      plan_shard_specs(tensors, shard_header_metadata(world_size - 1, world_size, std::numeric_limits<std::uint64_t>::max()));
+  return (h.file_size() + 4095) / 4096 * 4096;
+}
 const CheckpointerOptions& Checkpointer::options() const noexcept { return impl_->opt; }
 CheckpointerStats Checkpointer::stats() const {
   impl_->refuse_if_forked("stats()");

@@ -97,6 +97,12 @@ enum class Staging {
   /// A modification before the fence is the caller's error: the checkpoint may then hold a
   /// mix of old and new bytes, undetected unless CheckpointerOptions::check_deferred_staging.
   deferred,
+  /// Before save() returns, as `copy`, but the shard's file is created, written and hashed
+  /// while the copy goes on (each piece once it is copied) rather than after it: the
+  /// checkpoint is durable sooner, and on a machine with few cores the hashing shares them
+  /// with the copy, so save() may return later than with `copy`. save_sync() uses it (its
+  /// caller waits for the checkpoint anyway).
+  overlapped,
 };
 
 /// Ranks grouped into nodes, each node with its own local root (its NVMe), and the
@@ -122,7 +128,9 @@ struct CheckpointerOptions {
   std::uint64_t chunk_size = kDefaultChunkSize;  ///< XXH3 chunk, also the size of one write
   int queue_depth = 4;              ///< writes in flight per shard file
   int hash_threads = 0;             ///< worker threads for hashing, fsync and commit (0: one per core, at least 2)
-  std::uint64_t staging_bytes_per_rank = 0;  ///< pre-allocate staging now (0: at the first save)
+  /// Pre-allocate (and touch) each local rank's staging now: staging_bytes_for() of its
+  /// tensors (0: at the first save; a save that needs more grows it then).
+  std::uint64_t staging_bytes_per_rank = 0;
   FileSystem* fs = nullptr;         ///< file system (default: posix); for fault injection
   /// Default: in-process (every rank saves through this object). A multi-process coordinator
   /// (dist/mpi/mpi_comm.hpp) makes this object save only the coordinator's local_ranks():
@@ -358,7 +366,8 @@ class Checkpointer {
   /// until the handle's wait_staged() returns; `info` is copied before return).
   SaveHandle save(int rank, std::uint64_t step, std::span<const TensorView> tensors, const SaveInfo& info, Staging staging);
 
-  /// save() followed by wait(): the synchronous path through the same code.
+  /// save() with Staging::overlapped (whatever options().staging says), followed by wait():
+  /// the synchronous path through the same code, its copy overlapping the writes.
   SaveResult save_sync(int rank, std::uint64_t step, std::span<const TensorView> tensors, const SaveInfo& info);
 
   /// Blocks until no checkpoint is in flight and the rotation after the last commit has run
@@ -474,6 +483,13 @@ class SaveCadence {
   std::chrono::nanoseconds every_{};
   std::chrono::steady_clock::time_point last_{};
 };
+
+/// The staging a rank needs to save tensors of these names, dtypes and shapes (the shard
+/// image, its header included, padded for O_DIRECT), whatever the step and the rank of a job
+/// of `world_size` ranks: the value for CheckpointerOptions::staging_bytes_per_rank, so that
+/// the pool is allocated and touched when the Checkpointer is made rather than inside the
+/// first save. Errors as plan_shard_specs.
+std::uint64_t staging_bytes_for(std::span<const TensorSpec> tensors, int world_size);
 
 }  // namespace ckpt
 CKPT_API_END

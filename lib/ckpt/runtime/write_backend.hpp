@@ -21,6 +21,8 @@
 CKPT_API_BEGIN
 namespace ckpt::detail {
 
+class StagedBytes;
+
 class WriteBackend {
  public:
   virtual ~WriteBackend() = default;
@@ -31,9 +33,12 @@ class WriteBackend {
   /// no further piece is started: the write ends with Errc::aborted when the pieces in
   /// flight are done. A file opened with O_DIRECT whose writes fail with EINVAL (the file
   /// system took the open, not the writes) is reopened buffered (WritableFile::reopen_buffered)
-  /// and the whole of `data` written again, once, with one log_line naming the file.
+  /// and the whole of `data` written again, once, with one log_line naming the file. With
+  /// `staged`, `data` is still being copied in: each piece is written once its bytes are
+  /// (StagedBytes::async_wait), and a failed copy fails the write with its error.
   virtual boost::asio::awaitable<std::string_view> write(WritableFile& file, std::span<const std::byte> data, std::size_t io_size,
-                                                         int queue_depth, const std::atomic<bool>* stop = nullptr) = 0;
+                                                         int queue_depth, const std::atomic<bool>* stop = nullptr,
+                                                         StagedBytes* staged = nullptr) = 0;
 };
 
 /// True if this process may create an io_uring; otherwise `why` says what the kernel said.

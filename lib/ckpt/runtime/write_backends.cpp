@@ -29,6 +29,7 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/core/log.hpp"
 #include "ckpt/runtime/detail/offload.hpp"
+#include "ckpt/runtime/detail/staged_bytes.hpp"
 #include "ckpt/runtime/write_backend.hpp"
 
 namespace ckpt::detail {
@@ -54,6 +55,7 @@ struct Image {
   std::span<const std::byte> data;
   std::size_t io_size;
   const std::atomic<bool>* stop;
+  StagedBytes* staged;   // null: all of `data` is in memory already
   std::size_t next = 0;  // offset of the next piece to take
   std::exception_ptr error;
 
@@ -114,9 +116,9 @@ class PosixBackend final : public WriteBackend {
   std::string_view name() const noexcept override { return "posix"; }
 
   asio::awaitable<std::string_view> write(WritableFile& file, std::span<const std::byte> data, std::size_t io_size, int queue_depth,
-                                          const std::atomic<bool>* stop) override {
+                                          const std::atomic<bool>* stop, StagedBytes* staged) override {
     co_await with_buffered_retry(file, [&]() -> asio::awaitable<void> {
-      Image image{file, data, io_size, stop, 0, nullptr};
+      Image image{file, data, io_size, stop, staged, 0, nullptr};
       co_await run_lanes(image, queue_depth, [this](Image& im) { return lane(im); });
     });
     co_return name();
@@ -126,6 +128,7 @@ class PosixBackend final : public WriteBackend {
     std::size_t off = 0, len = 0;
     while (im.take(off, len)) {
       try {
+        if (im.staged) co_await im.staged->async_wait(off + len);
         co_await offload(pool_.get_executor(), [&] { im.file.write_at(off, im.data.subspan(off, len)); });
       } catch (...) {
         if (!im.error) im.error = std::current_exception();
@@ -143,15 +146,15 @@ class UringBackend final : public WriteBackend {
   std::string_view name() const noexcept override { return "io_uring"; }
 
   asio::awaitable<std::string_view> write(WritableFile& file, std::span<const std::byte> data, std::size_t io_size, int queue_depth,
-                                          const std::atomic<bool>* stop) override {
+                                          const std::atomic<bool>* stop, StagedBytes* staged) override {
     // No descriptor to hand the ring (an in-memory file): the posix writer moves the bytes.
-    if (file.native_handle() < 0) co_return co_await posix_.write(file, data, io_size, queue_depth, stop);
+    if (file.native_handle() < 0) co_return co_await posix_.write(file, data, io_size, queue_depth, stop, staged);
     co_await with_buffered_retry(file, [&]() -> asio::awaitable<void> {
       asio::random_access_file handle(ctx_);
       boost::system::error_code ec;
       handle.assign(file.native_handle(), ec);
       if (ec) throw Error(Errc::io_error, file.path(), "io_uring file assign failed: " + ec.message());
-      Image image{file, data, io_size, stop, 0, nullptr};
+      Image image{file, data, io_size, stop, staged, 0, nullptr};
       std::exception_ptr failed;
       try {
         co_await run_lanes(image, queue_depth, [&handle](Image& im) { return lane(handle, im); });
@@ -169,6 +172,7 @@ class UringBackend final : public WriteBackend {
     std::size_t off = 0, len = 0;
     while (im.take(off, len)) {
       try {
+        if (im.staged) co_await im.staged->async_wait(off + len);
         // A fault-injecting file decides here, as its write_at would: fail now, or let only
         // part of the piece through and then fail (a short write ending in an error).
         const std::size_t admitted = std::min(len, im.file.before_native_write(off, len));
