@@ -8,7 +8,12 @@ Measures, for a state of --mb MiB in --tensors float32 tensors:
   clone          {k: v.clone()}: torch's cheapest isolated snapshot
   stall/deferred time ckpt's save(deferred=True) blocks the caller (the copy runs after)
   stall/copy     time ckpt's save() blocks the caller (copy into staging before returning)
-  durable/ckpt   save() call to checkpoint committed (fsynced, manifest, latest)
+  durable/ckpt   save_sync() call to checkpoint committed (fsynced, manifest, latest), steady
+                 state (the staging pool warm)
+  first/cold     the same for the first save of a Checkpointer made without a staging size
+                 (the pool is allocated and first touched inside that save)
+  first/prefaulted  the first save of a Checkpointer made with staging_bytes_per_rank=state
+                 (the pool touched at construction: `construct` is that Checkpointer's making)
   durable/torch  torch.save to a file + fsync
   load/ckpt      Reader.load_into into existing tensors (verify="fast")
   load/torch     torch.load of that file
@@ -69,10 +74,21 @@ def main(argv=None):
     nbytes = sum(v.numel() * v.element_size() for v in state.values())
 
     res = {k: [] for k in ("clone", "stall_deferred", "stall_copy", "durable_ckpt", "durable_torch", "load_ckpt",
-                           "load_torch")}
+                           "load_torch", "first_cold", "first_prefaulted", "construct")}
     root = os.path.join(a.dir, "ckpt")
     step = 0
-    with ckpt.Checkpointer(root, keep_last=2) as c:
+    for _ in range(a.repeat):
+        # A first save each way, each Checkpointer on a root of its own (removed after).
+        cold = os.path.join(a.dir, "cold")
+        with ckpt.Checkpointer(cold, keep_last=1) as c:
+            res["first_cold"].append(timed(lambda: c.save_sync(0, 1, state))[0])
+        shutil.rmtree(cold)
+        t, c = timed(lambda: ckpt.Checkpointer(cold, keep_last=1, staging_bytes_per_rank=state))
+        res["construct"].append(t)
+        with c:
+            res["first_prefaulted"].append(timed(lambda: c.save_sync(0, 1, state))[0])
+        shutil.rmtree(cold)
+    with ckpt.Checkpointer(root, keep_last=2, staging_bytes_per_rank=state) as c:
         backend = c.backend
         for _ in range(a.repeat):
             res["clone"].append(timed(lambda: {k: v.clone() for k, v in state.items()})[0])
@@ -81,12 +97,13 @@ def main(argv=None):
             h = c.save(0, step, state, deferred=True)
             res["stall_deferred"].append(time.perf_counter() - t0)
             h.wait()
-            res["durable_ckpt"].append(time.perf_counter() - t0)
             step += 1
             t0 = time.perf_counter()
             h = c.save(0, step, state)
             res["stall_copy"].append(time.perf_counter() - t0)
             h.wait()
+            step += 1
+            res["durable_ckpt"].append(timed(lambda: c.save_sync(0, step, state))[0])
 
             path = os.path.join(a.dir, "state.pt")
 
@@ -110,6 +127,7 @@ def main(argv=None):
     ratios = {
         "stall_deferred / clone": (med["stall_deferred"] / med["clone"], "<= 0.2"),
         "durable torch / ckpt": (med["durable_torch"] / med["durable_ckpt"], ">= 3"),
+        "first save (pre-faulted pool) / steady": (med["first_prefaulted"] / med["durable_ckpt"], "<= 1.1"),
         "load torch / ckpt": (med["load_torch"] / med["load_ckpt"], ">= 2"),
     }
     if a.json:
@@ -125,7 +143,10 @@ def main(argv=None):
         names = {"clone": "clone() of the state (torch's cheapest isolated snapshot)",
                  "stall_deferred": "ckpt save(deferred=True): the caller blocked",
                  "stall_copy": "ckpt save() (copy before return): the caller blocked",
-                 "durable_ckpt": "ckpt save() to committed (fsynced, manifest, latest)",
+                 "durable_ckpt": "ckpt save_sync() to committed (fsynced, manifest, latest), steady state",
+                 "first_cold": "ckpt first save_sync(), pool allocated inside it (no staging_bytes_per_rank)",
+                 "first_prefaulted": "ckpt first save_sync(), pool touched at construction (staging_bytes_per_rank)",
+                 "construct": "ckpt Checkpointer(staging_bytes_per_rank=state): the construction",
                  "durable_torch": "torch.save + fsync",
                  "load_ckpt": "ckpt open_latest().load_into (verify fast)",
                  "load_torch": "torch.load"}

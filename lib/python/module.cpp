@@ -310,7 +310,7 @@ class PyCheckpointer {
  public:
   PyCheckpointer(const std::string& root, int world_size, int keep_last, const std::string& writer, const std::string& when_busy,
                  const std::optional<std::string>& durable_root, int durable_keep_last, bool allow_older_than_latest, bool allow_empty,
-                 std::shared_ptr<ProcessCoordinator> coordinator)
+                 std::shared_ptr<ProcessCoordinator> coordinator, std::uint64_t staging_bytes_per_rank)
       : coordinator_(std::move(coordinator)) {
     ckpt::CheckpointerOptions o{.root = root,
                                 .world_size = world_size,
@@ -320,6 +320,7 @@ class PyCheckpointer {
                                 .coordinator = coordinator_ ? &coordinator_->protocol() : nullptr,
                                 .allow_older_than_latest = allow_older_than_latest,
                                 .allow_empty = allow_empty};
+    o.staging_bytes_per_rank = staging_bytes_per_rank;
     if (durable_root) o.durable = ckpt::DurableTierOptions{.root = *durable_root, .keep_last = durable_keep_last};
     py::gil_scoped_release nogil;  // a multi-process start_run waits for the coordinator's Python thread
     cp_ = std::make_unique<ckpt::Checkpointer>(std::move(o));
@@ -358,8 +359,13 @@ class PyCheckpointer {
   }
 
   std::unique_ptr<Handle> save(int rank, std::uint64_t step, const std::vector<TensorTuple>& tensors, py::object keep,
-                               const std::string& metadata, const std::string& training, bool deferred,
+                               const std::string& metadata, const std::string& training, const std::string& staging,
                                double wall_clock_seconds, const std::string& sharding) {
+    const ckpt::Staging mode = staging == "deferred"     ? ckpt::Staging::deferred
+                               : staging == "overlapped" ? ckpt::Staging::overlapped
+                               : staging == "copy"       ? ckpt::Staging::copy
+                                                         : throw ckpt::Error(ckpt::Errc::invalid_argument, {}, "staging", "copy, deferred or overlapped", staging);
+    const bool deferred = mode == ckpt::Staging::deferred;
     const std::vector<ckpt::TensorView> views = views_of(tensors, sharding);
     ckpt::SaveInfo info;
     info.metadata = ckpt::to_json_object(object_of(metadata, "metadata"));
@@ -371,7 +377,7 @@ class PyCheckpointer {
     ckpt::SaveHandle h;
     {
       py::gil_scoped_release nogil;
-      h = cp_->save(rank, step, views, info, deferred ? ckpt::Staging::deferred : ckpt::Staging::copy);
+      h = cp_->save(rank, step, views, info, mode);
     }
     return std::make_unique<Handle>(std::move(h), deferred ? std::move(keep) : py::object());
   }
@@ -398,6 +404,7 @@ class PyCheckpointer {
     d["consecutive_failures"] = s.consecutive_failures;
     d["last_failure"] = s.last_failure;
     d["staging_bytes"] = s.staging_bytes;
+    d["staging_allocations"] = s.staging_allocations;
     d["total_stall_s"] = std::chrono::duration<double>(s.total_stall).count();
     d["durable_copies"] = s.durable.copies;
     return d;
@@ -602,6 +609,15 @@ PYBIND11_MODULE(_core, m) {
     return d;
   };
   m.def(
+      "staging_bytes_for",
+      [](const std::vector<std::tuple<std::string, std::string, std::vector<std::uint64_t>>>& tensors, int world_size) {
+        std::vector<ckpt::TensorSpec> specs;
+        specs.reserve(tensors.size());
+        for (const auto& [name, dtype, shape] : tensors) specs.push_back({name, dtype_of(dtype), shape});
+        return ckpt::staging_bytes_for(specs, world_size);
+      },
+      py::arg("tensors"), py::arg("world_size"), "ckpt::staging_bytes_for: (name, dtype, shape) tuples");
+  m.def(
       "plan_recovery",
       [plan_dict](const std::vector<std::string>& roots, std::optional<int> world_size, const std::string& verify) {
         ckpt::RecoveryPlan plan;
@@ -665,12 +681,12 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<PyCheckpointer>(m, "Checkpointer")
       .def(py::init<const std::string&, int, int, const std::string&, const std::string&, const std::optional<std::string>&, int,
-                    bool, bool, std::shared_ptr<ProcessCoordinator>>(),
+                    bool, bool, std::shared_ptr<ProcessCoordinator>, std::uint64_t>(),
            py::arg("root"), py::arg("world_size"), py::arg("keep_last"), py::arg("writer"), py::arg("when_busy"),
            py::arg("durable_root"), py::arg("durable_keep_last"), py::arg("allow_older_than_latest"), py::arg("allow_empty"),
-           py::arg("coordinator"))
+           py::arg("coordinator"), py::arg("staging_bytes_per_rank") = 0)
       .def("save", &PyCheckpointer::save, py::arg("rank"), py::arg("step"), py::arg("tensors"), py::arg("keep"),
-           py::arg("metadata"), py::arg("training"), py::arg("deferred"), py::arg("wall_clock_seconds"), py::arg("sharding") = "")
+           py::arg("metadata"), py::arg("training"), py::arg("staging"), py::arg("wall_clock_seconds"), py::arg("sharding") = "")
       .def("wait_all_for", &PyCheckpointer::wait_all_for, py::arg("timeout"))
       .def("wait_durable_for", &PyCheckpointer::wait_durable_for, py::arg("timeout"))
       .def("close", &PyCheckpointer::close)

@@ -20,7 +20,8 @@ def test_the_python_benchmark_reports_every_figure_and_ratio_on_a_tiny_state(tmp
     assert r["schema"] == "python_bench/1"  # docs/json-output.md
     assert r["bytes"] == 2 << 20
     assert set(r["median_s"]) == {"clone", "stall_deferred", "stall_copy", "durable_ckpt", "durable_torch", "load_ckpt",
-                                  "load_torch"}
+                                  "load_torch", "first_cold", "first_prefaulted", "construct"}
     assert all(v > 0 for v in r["median_s"].values())
-    assert set(r["ratios"]) == {"stall_deferred / clone", "durable torch / ckpt", "load torch / ckpt"}
+    assert set(r["ratios"]) == {"stall_deferred / clone", "durable torch / ckpt", "load torch / ckpt",
+                                "first save (pre-faulted pool) / steady"}
     assert not (tmp_path / "b").exists()

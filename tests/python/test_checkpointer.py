@@ -405,3 +405,53 @@ def test_metadata_keys_are_strings_and_save_state_keeps_other_keys(root):
     assert ckpt.open_step(root, 1).metadata() == {"by_id": {"1": "x", "2.5": "y", "null": "z", "false": "f"}, "t": [1, 2]}
     back = ckpt.open_step(root, 3).state_dict()
     assert back["by_id"] == {1: "x", (1, 2): "y"} and back["t"] == (1, 2)
+
+
+def test_staging_sized_for_a_state_is_allocated_at_construction_and_the_saves_do_not_grow_it(tmp_path):
+    state = {"w": torch.randn(1000, 300), "b": torch.zeros(300, dtype=torch.bfloat16), "step": torch.tensor(3)}
+    need = ckpt.staging_bytes(state)
+    data = sum(v.numel() * v.element_size() for v in state.values())
+    assert need % 4096 == 0 and data + 8 < need <= data + 2 * 4096 + 4096  # the image: header, tensors, padding
+    with ckpt.Checkpointer(tmp_path / "r", staging_bytes_per_rank=state) as c:
+        st = c.stats()
+        assert (st["staging_bytes"], st["staging_allocations"]) == (need, 1)  # before any save
+        c.save_sync(0, 9_999_999_999, state)  # the longest step a checkpoint can have
+        st = c.stats()
+        assert (st["staging_bytes"], st["staging_allocations"]) == (need, 1)
+    r = ckpt.open_latest(tmp_path / "r")
+    assert torch.equal(r.read(0, "w", as_torch=True), state["w"])
+    # Without it the pool is allocated inside the first save.
+    with ckpt.Checkpointer(tmp_path / "s") as c:
+        assert (c.stats()["staging_bytes"], c.stats()["staging_allocations"]) == (0, 0)
+        c.save_sync(0, 1, state)
+        assert (c.stats()["staging_bytes"], c.stats()["staging_allocations"]) == (need, 1)
+
+
+def test_staging_sized_for_a_nested_state_dict_fits_save_state_and_counts_only_names_dtypes_and_shapes(tmp_path):
+    model = torch.nn.Linear(64, 32)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(2, 64)).sum().backward()
+    opt.step()
+    sd = {"model": model.state_dict(), "optim": opt.state_dict(), "epoch": 4}
+    need = ckpt.staging_bytes(sd, world_size=8)
+    with ckpt.Checkpointer(tmp_path / "r", world_size=1, staging_bytes_per_rank=sd) as c:
+        c.save_state(5, sd).wait()
+        assert (c.stats()["staging_bytes"], c.stats()["staging_allocations"]) == (ckpt.staging_bytes(sd), 1)
+    assert need >= ckpt.staging_bytes(sd)  # rank and world_size strings of 8 ranks are no shorter
+    meta = {"w": torch.empty(1000, 300, device="meta"), "b": torch.empty(300, dtype=torch.bfloat16, device="meta")}
+    cpu = {"w": torch.empty(1000, 300), "b": torch.empty(300, dtype=torch.bfloat16)}
+    assert ckpt.staging_bytes(meta) == ckpt.staging_bytes(cpu)
+    assert ckpt.staging_bytes({"a": np.zeros(10, np.float32)}) == ckpt.staging_bytes({"a": torch.zeros(10)})
+    with ckpt.Checkpointer(tmp_path / "n", staging_bytes_per_rank=123 * 4096) as c:
+        assert c.stats()["staging_bytes"] == 123 * 4096
+
+
+def test_staging_size_refuses_what_cannot_be_sized():
+    with pytest.raises(TypeError, match="dict of tensors or a state_dict"):
+        ckpt.staging_bytes([torch.zeros(3)])
+    with pytest.raises(TypeError, match="complex"):
+        ckpt.staging_bytes({"c": torch.zeros(3, dtype=torch.complex64)})
+    with pytest.raises(ckpt.InvalidArgument, match="world_size"):
+        ckpt.staging_bytes({"a": torch.zeros(3)}, world_size=0)
+    with pytest.raises(ckpt.InvalidArgument, match="staging_bytes_per_rank"):
+        ckpt.Checkpointer("/nonexistent-never-made", staging_bytes_per_rank=-1)

@@ -27,6 +27,7 @@ from . import _device
 from . import state as _state
 from ._tensors import TORCH_DTYPE as _TORCH_DTYPE
 from ._tensors import describe_all as _describe_all
+from ._tensors import spec as _tensor_spec
 from .errors import (Aborted, Busy, ChecksumMismatch, CommError, Conflict, Error, IoError,  # noqa: F401
                      InvalidArgument, MalformedManifest, MalformedShard, MissingShard, NoSpace, NotFound,
                      SizeMismatch, Timeout, UnsafePath, UnsupportedSchema, WorldSizeMismatch)
@@ -145,12 +146,18 @@ class Checkpointer:
     checkpoint persists) or "skip". durable_root: a second, durable tier each committed
     checkpoint is copied to in the background (durable_keep_last of them kept).
     allow_older_than_latest: allow saving a step at or before `latest` (a resumed run that
-    fell back). allow_empty: allow a save with no tensors (refused otherwise). Raises
+    fell back). allow_empty: allow a save with no tensors (refused otherwise).
+    staging_bytes_per_rank: the staging buffer of each of this process's ranks, allocated and
+    touched here rather than inside the first save (on a VM the first touch of fresh memory
+    costs more than the copy): the state a rank will save (the dict of tensors save() takes,
+    or the state_dict save_state() takes; sized with ckpt.staging_bytes), or a byte count
+    (None: at the first save; a save that needs more grows the buffer then). Raises
     ckpt.Busy if another writer holds the root.
     """
 
     def __init__(self, root, world_size=None, keep_last=3, writer="auto", when_busy="wait", durable_root=None,
-                 durable_keep_last=10, allow_older_than_latest=False, coordinator=None, allow_empty=False):
+                 durable_keep_last=10, allow_older_than_latest=False, coordinator=None, allow_empty=False,
+                 staging_bytes_per_rank=None):
         self._coordinator = coordinator
         core_coord = None
         if coordinator is not None:
@@ -165,11 +172,17 @@ class Checkpointer:
         self.root = _args.path(root, "root")
         self.world_size = _args.integer(world_size, "world_size", 1, _MAX_INT)
         self._start = _time.monotonic()
+        if staging_bytes_per_rank is None:
+            staging = 0
+        elif isinstance(staging_bytes_per_rank, _Mapping):
+            staging = staging_bytes(staging_bytes_per_rank, self.world_size)
+        else:
+            staging = _args.integer(staging_bytes_per_rank, "staging_bytes_per_rank", 0, 1 << 50)
         self._c = _core.Checkpointer(self.root, self.world_size, _args.integer(keep_last, "keep_last", 0, _MAX_INT),
                                      _args.text(writer, "writer"), _args.text(when_busy, "when_busy"),
                                      None if durable_root is None else _args.path(durable_root, "durable_root"),
                                      _args.integer(durable_keep_last, "durable_keep_last", 0, _MAX_INT),
-                                     bool(allow_older_than_latest), bool(allow_empty), core_coord)
+                                     bool(allow_older_than_latest), bool(allow_empty), core_coord, staging)
         self._stagers = {}        # rank -> _device.RankStager: host buffers of device tensors
         self._device_saves = []   # deferred saves of device tensors whose thread may still run
 
@@ -185,7 +198,8 @@ class Checkpointer:
         raise _invalid(what, f"a rank in 0..{self.world_size - 1} (world_size {self.world_size}, no coordinator: "
                        "the rank is not implied)", "None")
 
-    def save(self, rank=None, step=_UNSET, tensors=None, metadata=None, deferred=False, training=None, sharding=None):
+    def save(self, rank=None, step=_UNSET, tensors=None, metadata=None, deferred=False, training=None, sharding=None,
+             _staging=None):
         """Saves rank's shard of checkpoint `step`: `tensors` a flat dict name -> tensor or array
         (contiguous; torch tensors on a device are copied into host buffers ckpt owns, and a
         deferred save's fence waits for that copy: docs/python.md), `metadata` a JSON-serialisable dict stored with the rank, `training`
@@ -210,16 +224,18 @@ class Checkpointer:
         if tensors is None:
             raise _invalid("tensors", "a dict name -> tensor", "None")
         step = _args.integer(step, "step", 0, _MAX_STEP)
+        # _staging="overlapped" (save_sync): the copy overlaps the writes and the hashing.
+        staging = _staging or ("deferred" if deferred else "copy")
         if _device.has_device_tensors(tensors):
-            return self._save_device(rank, step, tensors, metadata, deferred, training, sharding)
+            return self._save_device(rank, step, tensors, metadata, staging, training, sharding)
         views, keep = _describe_all(tensors)
         meta = _args.to_json(metadata, "metadata")
         train = _args.to_json(training, "training")
         shard = _args.to_json(sharding, "sharding")
-        return SaveHandle(self._c.save(rank, step, views, keep, meta, train, bool(deferred),
+        return SaveHandle(self._c.save(rank, step, views, keep, meta, train, staging,
                                        _time.monotonic() - self._start, shard))
 
-    def _save_device(self, rank, step, tensors, metadata, deferred, training, sharding):
+    def _save_device(self, rank, step, tensors, metadata, staging, training, sharding):
         # Tensors on a device: copied into this rank's host buffers first (ckpt/_device.py).
         meta = _args.to_json(metadata, "metadata")
         train = _args.to_json(training, "training")
@@ -228,22 +244,25 @@ class Checkpointer:
         host, waits = stager.stage(tensors)
         views, keep = _describe_all(host)
         elapsed = _time.monotonic() - self._start
-        if not deferred:
+        if staging != "deferred":
             for w in waits:
                 w.synchronize()
-            return SaveHandle(self._c.save(rank, step, views, keep, meta, train, False, elapsed, shard))
+            return SaveHandle(self._c.save(rank, step, views, keep, meta, train, staging, elapsed, shard))
         direct = any(not _device.is_device_tensor(v) for v in tensors.values())
-        pending = _device.DeviceSave(step, waits, lambda: self._c.save(rank, step, views, keep, meta, train, True,
+        pending = _device.DeviceSave(step, waits, lambda: self._c.save(rank, step, views, keep, meta, train, "deferred",
                                                                         elapsed, shard), direct)
         stager.previous = pending
         self._device_saves = [d for d in self._device_saves if not d.done()] + [pending]
         return SaveHandle(pending)
 
     def save_sync(self, rank=None, step=_UNSET, tensors=None, metadata=None, training=None, sharding=None):
-        """save() then wait(): returns the SaveResult once committed."""
-        return self.save(rank, step, tensors, metadata=metadata, training=training, sharding=sharding).wait()
+        """save() then wait(): returns the SaveResult once committed. The copy into staging
+        overlaps the writes and the hashing (the caller waits for the checkpoint anyway)."""
+        return self.save(rank, step, tensors, metadata=metadata, training=training, sharding=sharding,
+                         _staging="overlapped").wait()
 
-    def save_state(self, step, state_dict, rank=None, metadata=None, deferred=False, training=None, sharding=None):
+    def save_state(self, step, state_dict, rank=None, metadata=None, deferred=False, training=None, sharding=None,
+                   _staging=None):
         """Saves a nested state_dict (a model's, an optimizer's, a scheduler's, RNG states, any
         nesting of dicts, lists and tuples): its tensors by dotted path (state_dict_to_tensors)
         and its skeleton in the rank's metadata under "state_dict", next to `metadata`'s own
@@ -256,7 +275,8 @@ class Checkpointer:
             raise _invalid("metadata", f"no key {_STATE_KEY!r} (save_state keeps the skeleton there)",
                            f"a key {_STATE_KEY!r}")
         meta[_STATE_KEY] = skeleton
-        return self.save(rank, step, tensors, metadata=meta, deferred=deferred, training=training, sharding=sharding)
+        return self.save(rank, step, tensors, metadata=meta, deferred=deferred, training=training, sharding=sharding,
+                         _staging=_staging)
 
     def wait_all(self, timeout=None):
         """Blocks until no checkpoint is in flight (does not raise save errors: handles do).
@@ -280,7 +300,8 @@ class Checkpointer:
 
     def stats(self):
         """Counters: saves_started, saves_skipped (when_busy="skip"), saves_refused, commits,
-        failures, rotated, consecutive_failures, last_failure, staging_bytes, total_stall_s,
+        failures, rotated, consecutive_failures, last_failure, staging_bytes (the staging
+        pool's size), staging_allocations (how often it was allocated or grown), total_stall_s,
         durable_copies."""
         return self._c.stats()
 
@@ -454,6 +475,25 @@ class Reader:
         self._r.verify(_verify(verify))
 
 
+def staging_bytes(state, world_size=1):
+    """The staging one rank of a job of `world_size` ranks needs to save `state`: the dict
+    name -> tensor that Checkpointer.save takes, or the nested state_dict that save_state takes
+    (its tensors on any device; only their names, dtypes and shapes count). The shard image
+    with its header, padded, for any step and rank: what Checkpointer(staging_bytes_per_rank=)
+    allocates. TypeError as save() for what ckpt cannot save."""
+    if not isinstance(state, _Mapping):
+        raise TypeError(f"state must be a dict of tensors or a state_dict, not a {type(state).__name__}")
+    flat = state
+    if not all(isinstance(k, str) and _is_tensor_like(v) for k, v in state.items()):
+        flat, _ = _state.state_dict_to_tensors(state)
+    specs = [_tensor_spec(_args.text(k, "tensor name"), v) for k, v in flat.items()]
+    return _core.staging_bytes_for(specs, _args.integer(world_size, "world_size", 1, _MAX_INT))
+
+
+def _is_tensor_like(v):
+    return isinstance(v, _np.ndarray) or hasattr(v, "data_ptr")
+
+
 def open_latest(root, world_size=None, verify="fast", fallback=False):
     """Opens the checkpoint root's `latest` names. With world_size, another world size is
     ckpt.WorldSizeMismatch. ckpt.NotFound if there is none. `verify` ("none", "fast",
@@ -501,7 +541,7 @@ def save(state_dict, root, step, metadata=None, training=None, keep_last=3, writ
     closed). load() loads it back."""
     with Checkpointer(root, world_size=1, keep_last=keep_last, writer=writer,
                       allow_older_than_latest=allow_older_than_latest) as c:
-        return c.save_state(step, state_dict, metadata=metadata, training=training).wait()
+        return c.save_state(step, state_dict, metadata=metadata, training=training, _staging="overlapped").wait()
 
 
 def load(state_dict, root, step=None, rank=None, coordinator=None, verify="fast"):

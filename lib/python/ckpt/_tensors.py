@@ -65,6 +65,17 @@ def describe(name, v, writable=False):
     return (name, dt, [int(s) for s in v.shape], addr, int(v.nbytes)), v
 
 
+def spec(name, v):
+    """(name, dtype, shape) of `v`, on any device (what the size of its image depends on);
+    TypeError as describe()."""
+    if is_torch_tensor(v):
+        dt = _TORCH.get(str(v.dtype))
+        if dt is None:
+            raise TypeError(f"tensor {name!r} has dtype {v.dtype}: ckpt takes " + ", ".join(sorted(_TORCH)))
+        return (name, dt, [int(s) for s in v.shape])
+    return describe(name, v)[0][:3]
+
+
 def _has_buffer(v):
     try:
         memoryview(v)
