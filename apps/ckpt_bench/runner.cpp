@@ -212,13 +212,18 @@ void Runner::attach_fs_events(Segment& seg, std::vector<FsEvent> events) const {
       std::string shard = "/";  // (built in two steps: GCC 12 warns falsely on "/" + temporary)
       shard += ckpt::shard_file_name(rs.rank, o_.ranks);
       bool alloc = false, sync = false, close = false;
+      // The shard's last fsync (with the truncate of its padding just before it): the syncs
+      // behind the writes of a large shard are part of its writing.
+      std::optional<Clock::time_point> last_sync, truncated;
       for (const auto& e : events) {
         if (e.path.find(marker) == std::string::npos || !e.path.ends_with(shard)) continue;
         if (e.op == "allocate") {
           rs.write0 = e.t1;
           alloc = true;
         } else if (e.op == "truncate" || e.op == "sync") {
-          if (!sync || e.t0 < rs.sync0) rs.sync0 = e.t0;
+          auto& at = e.op == "sync" ? last_sync : truncated;
+          if (!at || e.t0 > *at) at = e.t0;
+          rs.sync0 = truncated && last_sync ? std::min(*truncated, *last_sync) : last_sync ? *last_sync : *truncated;
           sync = true;
         } else if (e.op == "close") {
           rs.close1 = e.t1;

@@ -17,6 +17,7 @@
 #include "ckpt/runtime/checkpointer.hpp"
 #include "ckpt/store/store.hpp"
 #include "ckpt/runtime/detail/staged_bytes.hpp"
+#include "ckpt/testing/fault_injection.hpp"
 #include "runtime/runtime_fixture.hpp"
 #include "support/test_support.hpp"
 
@@ -193,4 +194,31 @@ TEST_CASE("staging_bytes_for sizes the pool for any step and rank: made at const
   const Error e = test::expect_error([&] { (void)staging_bytes_for(specs, 0); });
   CHECK(e.code() == Errc::invalid_argument);
   CHECK(e.expected() == "at least 1");
+}
+
+TEST_CASE("a shard larger than the flush-behind piece is synced behind its writes, and a failed sync there fails the save with latest kept") {
+  test::TempDir dir;
+  const std::string root = (dir / "r").string();
+  testing::FaultInjectionFileSystem faulty(posix_file_system());
+  // One rank, 2 x 64 MiB + a bit: the image is written in two pieces (the last takes the
+  // remainder), the first synced while the second is written, then the shard's last fsync.
+  const auto big = test::random_bytes((std::size_t{2} << 26) + 12345 * 4, 9);
+  const std::vector<TensorView> views{{"w", DType::F32, {big.size() / 4}, std::as_bytes(std::span(big))}};
+  {
+    Checkpointer c({.root = root, .world_size = 1, .fs = &faulty});
+    const std::uint64_t before = faulty.count(testing::FaultInjectionFileSystem::Op::sync);
+    c.save_sync(0, 1, views, {});
+    const std::uint64_t syncs = faulty.count(testing::FaultInjectionFileSystem::Op::sync) - before;
+    CHECK(syncs == 4);  // 1 behind the writes, the shard's last, the manifest's, latest's
+    // The first sync of the next save fails: the one behind its writes.
+    faulty.fail_nth(testing::FaultInjectionFileSystem::Op::sync, 0, EIO);
+    const Error e = test::expect_error([&] { c.save_sync(0, 2, views, {}); });
+    CHECK(e.code() == Errc::io_error);
+    CHECK(std::string(e.what()).find("rank-00000-of-00001.safetensors") != std::string::npos);
+  }
+  auto opened = open_latest(posix_file_system(), root);
+  CHECK(opened.name == checkpoint_dir_name(1));
+  opened.reader.verify(Verify::full);
+  const auto bytes = opened.reader.read_tensor("w", 0, Verify::full);
+  CHECK(std::equal(bytes.begin(), bytes.end(), reinterpret_cast<const std::byte*>(big.data()), reinterpret_cast<const std::byte*>(big.data() + big.size())));
 }

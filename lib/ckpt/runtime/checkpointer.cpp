@@ -984,9 +984,7 @@ struct Checkpointer::Impl {
       asio::awaitable<std::chrono::nanoseconds> hashing;
       if (split) hashing = hash_split(w, bytes, staged, stopped);
       else hashing = on_work_pool([&w, bytes, staged, &stopped] { return hash_image(w, bytes, staged, stopped, &ShardWriter::hash); });
-      auto [writer_name, hash_time] = co_await detail::both(
-          backend->write(w.file(), image, static_cast<std::size_t>(opt.chunk_size), opt.queue_depth, &st->cancelled, staged),
-          std::move(hashing));
+      auto [writer_name, hash_time] = co_await detail::both(write_image(w.file(), image, *st, staged), std::move(hashing));
       if (stopped()) throw Cancelled{};
       job->result.write = since(t_write);
       job->result.hash = hash_time;
@@ -1014,6 +1012,34 @@ struct Checkpointer::Impl {
     }
     if (writer && report.error) co_await on_work_pool([&] { writer.reset(); });  // closes the failed file
     send(st, std::move(report));
+  }
+
+  // A shard's image into its file. Syncs behind the writes: a durable save ends with an
+  // fsync, which has the device persist all of the shard at once (this VM's disk took 480 ms
+  // for a 1 GiB shard after its writes); a large image is written in pieces, each while the
+  // pieces before it are synced, so that the last fsync (in finish()) has only the tail left.
+  // A device flush is the whole device's, so the process's shards share one rate: a piece is
+  // kFlushBehind bytes times the shards this process writes (four 256 MiB shards at once
+  // synced behind every 64 MiB wrote 0.72x as fast as with their last fsyncs alone). The
+  // last piece takes the remainder: an image of less than two pieces is written as one.
+  static constexpr std::size_t kFlushBehind = std::size_t{64} << 20;
+  asio::awaitable<std::string_view> write_image(WritableFile& file, std::span<const std::byte> image, StepState& st, detail::StagedBytes* staged) {
+    const auto io = static_cast<std::size_t>(opt.chunk_size);
+    const std::size_t step = kFlushBehind * static_cast<std::size_t>(std::max(1, local_count));
+    const std::size_t pieces = std::max<std::size_t>(1, image.size() / step);
+    const auto first = pieces > 1 ? image.first(step) : image;  // (not inside the co_await: g++ 12, above)
+    std::string_view name = co_await backend->write(file, first, io, opt.queue_depth, &st.cancelled, staged, 0);
+    for (std::size_t k = 1; k < pieces; ++k) {
+      const std::size_t off = k * step;
+      const auto piece = k + 1 < pieces ? image.subspan(off, step) : image.subspan(off);
+      auto [n, synced] = co_await detail::both(backend->write(file, piece, io, opt.queue_depth, &st.cancelled, staged, off), on_work_pool([&file] {
+                                                 file.sync();
+                                                 return true;
+                                               }));
+      (void)synced;
+      name = n;
+    }
+    co_return name;
   }
 
   // Feeds `bytes` (a shard's image) to `part` of the shard's hashing, in pieces, so that a

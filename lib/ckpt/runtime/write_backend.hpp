@@ -27,7 +27,7 @@ class WriteBackend {
  public:
   virtual ~WriteBackend() = default;
   virtual std::string_view name() const noexcept = 0;
-  /// Writes all of `data` into `file` from offset 0. Returns the name of the writer that
+  /// Writes all of `data` into `file` from offset `base`. Returns the name of the writer that
   /// moved the bytes ("io_uring", or "posix" for a file without a descriptor); throws the
   /// first write's ckpt::Error once every write in flight has finished. Once `*stop` is true
   /// no further piece is started: the write ends with Errc::aborted when the pieces in
@@ -35,10 +35,11 @@ class WriteBackend {
   /// system took the open, not the writes) is reopened buffered (WritableFile::reopen_buffered)
   /// and the whole of `data` written again, once, with one log_line naming the file. With
   /// `staged`, `data` is still being copied in: each piece is written once its bytes are
-  /// (StagedBytes::async_wait), and a failed copy fails the write with its error.
+  /// (StagedBytes::async_wait, whose offsets count from `base` too), and a failed copy fails
+  /// the write with its error.
   virtual boost::asio::awaitable<std::string_view> write(WritableFile& file, std::span<const std::byte> data, std::size_t io_size,
                                                          int queue_depth, const std::atomic<bool>* stop = nullptr,
-                                                         StagedBytes* staged = nullptr) = 0;
+                                                         StagedBytes* staged = nullptr, std::uint64_t base = 0) = 0;
 };
 
 /// True if this process may create an io_uring; otherwise `why` says what the kernel said.

@@ -56,6 +56,7 @@ struct Image {
   std::size_t io_size;
   const std::atomic<bool>* stop;
   StagedBytes* staged;   // null: all of `data` is in memory already
+  std::uint64_t base;    // the file offset of data[0]
   std::size_t next = 0;  // offset of the next piece to take
   std::exception_ptr error;
 
@@ -116,9 +117,9 @@ class PosixBackend final : public WriteBackend {
   std::string_view name() const noexcept override { return "posix"; }
 
   asio::awaitable<std::string_view> write(WritableFile& file, std::span<const std::byte> data, std::size_t io_size, int queue_depth,
-                                          const std::atomic<bool>* stop, StagedBytes* staged) override {
+                                          const std::atomic<bool>* stop, StagedBytes* staged, std::uint64_t base) override {
     co_await with_buffered_retry(file, [&]() -> asio::awaitable<void> {
-      Image image{file, data, io_size, stop, staged, 0, nullptr};
+      Image image{file, data, io_size, stop, staged, base, 0, nullptr};
       co_await run_lanes(image, queue_depth, [this](Image& im) { return lane(im); });
     });
     co_return name();
@@ -128,8 +129,8 @@ class PosixBackend final : public WriteBackend {
     std::size_t off = 0, len = 0;
     while (im.take(off, len)) {
       try {
-        if (im.staged) co_await im.staged->async_wait(off + len);
-        co_await offload(pool_.get_executor(), [&] { im.file.write_at(off, im.data.subspan(off, len)); });
+        if (im.staged) co_await im.staged->async_wait(im.base + off + len);
+        co_await offload(pool_.get_executor(), [&] { im.file.write_at(im.base + off, im.data.subspan(off, len)); });
       } catch (...) {
         if (!im.error) im.error = std::current_exception();
       }
@@ -146,15 +147,15 @@ class UringBackend final : public WriteBackend {
   std::string_view name() const noexcept override { return "io_uring"; }
 
   asio::awaitable<std::string_view> write(WritableFile& file, std::span<const std::byte> data, std::size_t io_size, int queue_depth,
-                                          const std::atomic<bool>* stop, StagedBytes* staged) override {
+                                          const std::atomic<bool>* stop, StagedBytes* staged, std::uint64_t base) override {
     // No descriptor to hand the ring (an in-memory file): the posix writer moves the bytes.
-    if (file.native_handle() < 0) co_return co_await posix_.write(file, data, io_size, queue_depth, stop, staged);
+    if (file.native_handle() < 0) co_return co_await posix_.write(file, data, io_size, queue_depth, stop, staged, base);
     co_await with_buffered_retry(file, [&]() -> asio::awaitable<void> {
       asio::random_access_file handle(ctx_);
       boost::system::error_code ec;
       handle.assign(file.native_handle(), ec);
       if (ec) throw Error(Errc::io_error, file.path(), "io_uring file assign failed: " + ec.message());
-      Image image{file, data, io_size, stop, staged, 0, nullptr};
+      Image image{file, data, io_size, stop, staged, base, 0, nullptr};
       std::exception_ptr failed;
       try {
         co_await run_lanes(image, queue_depth, [&handle](Image& im) { return lane(handle, im); });
@@ -172,14 +173,14 @@ class UringBackend final : public WriteBackend {
     std::size_t off = 0, len = 0;
     while (im.take(off, len)) {
       try {
-        if (im.staged) co_await im.staged->async_wait(off + len);
+        if (im.staged) co_await im.staged->async_wait(im.base + off + len);
         // A fault-injecting file decides here, as its write_at would: fail now, or let only
         // part of the piece through and then fail (a short write ending in an error).
-        const std::size_t admitted = std::min(len, im.file.before_native_write(off, len));
+        const std::size_t admitted = std::min(len, im.file.before_native_write(im.base + off, len));
         std::size_t done = 0;
         int retries = 0;
         while (done < admitted) {
-          auto [err, n] = co_await handle.async_write_some_at(off + done, asio::buffer(im.data.data() + off + done, admitted - done),
+          auto [err, n] = co_await handle.async_write_some_at(im.base + off + done, asio::buffer(im.data.data() + off + done, admitted - done),
                                                               asio::as_tuple(asio::use_awaitable));
           if (err == boost::system::errc::interrupted || err == boost::system::errc::resource_unavailable_try_again) {
             if (++retries > 1000) throw_errno(err.value(), "io_uring write (retried 1000 times)", im.file.path());
