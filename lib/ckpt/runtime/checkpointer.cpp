@@ -720,7 +720,13 @@ struct Checkpointer::Impl {
     send(st, job);
     try {
       copy_into_staging(*job, tensors, [&](std::uint64_t n, bool last) {
-        if (last) job->result.stage = Clock::now() - t_stage;  // before the last publication: complete() reads it
+        if (last) {
+          // Under mu, where complete() reads the result, and before the last publication, which
+          // the shard's commit waits for. (A shard failed meanwhile, say at begin, may have
+          // completed already: its result then has no stage time.)
+          std::lock_guard lk(mu);
+          job->result.stage = Clock::now() - t_stage;
+        }
         job->staged->publish(n, last);
       });
     } catch (...) {
