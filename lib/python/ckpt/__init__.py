@@ -27,6 +27,7 @@ from . import _device
 from . import state as _state
 from ._tensors import TORCH_DTYPE as _TORCH_DTYPE
 from ._tensors import describe_all as _describe_all
+from ._tensors import is_torch_tensor as _is_torch_tensor
 from ._tensors import spec as _tensor_spec
 from .errors import (Aborted, Busy, ChecksumMismatch, CommError, Conflict, Error, IoError,  # noqa: F401
                      InvalidArgument, MalformedManifest, MalformedShard, MissingShard, NoSpace, NotFound,
@@ -484,14 +485,10 @@ def staging_bytes(state, world_size=1):
     if not isinstance(state, _Mapping):
         raise TypeError(f"state must be a dict of tensors or a state_dict, not a {type(state).__name__}")
     flat = state
-    if not all(isinstance(k, str) and _is_tensor_like(v) for k, v in state.items()):
+    if not all(isinstance(k, str) and (_is_torch_tensor(v) or isinstance(v, _np.ndarray)) for k, v in state.items()):
         flat, _ = _state.state_dict_to_tensors(state)
     specs = [_tensor_spec(_args.text(k, "tensor name"), v) for k, v in flat.items()]
     return _core.staging_bytes_for(specs, _args.integer(world_size, "world_size", 1, _MAX_INT))
-
-
-def _is_tensor_like(v):
-    return isinstance(v, _np.ndarray) or hasattr(v, "data_ptr")
 
 
 def open_latest(root, world_size=None, verify="fast", fallback=False):
