@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "ckpt/core/aligned_buffer.hpp"
+#include "ckpt/read/load_into.hpp"
 #include "ckpt/core/dtype.hpp"
 #include "ckpt/format/safetensors.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
@@ -61,6 +62,8 @@ struct Options {
   std::uint64_t chunk_size = 4ull << 20; // ckpt chunk (hash and write unit)
   int raw_queue_depth = 8;               // raw reference loop
   std::uint64_t raw_piece = 4ull << 20;
+  int load_queue_depth = ckpt::LoadOptions{}.queue_depth;  // load_into's reads in flight per file
+  std::uint64_t load_io_size = ckpt::LoadOptions{}.io_size; // load_into's bytes per read
   std::string json_path, plot_path, markdown_path, layout_path;
   bool quick = false, keep = false;
 };

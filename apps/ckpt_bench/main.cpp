@@ -99,6 +99,8 @@ Cli parse(int argc, char** argv) {
   cli::add_size_option(app, "--chunk-size", o.chunk_size, "ckpt chunk size (default 4M)");
   add_int_option(app, "--raw-qd", o.raw_queue_depth, 1, 1024, "N", "raw reference queue depth (default 8)");
   cli::add_size_option(app, "--raw-piece", o.raw_piece, "raw reference piece size, a multiple of 4096 (default 4M)");
+  add_int_option(app, "--load-qd", o.load_queue_depth, 1, 4096, "N", "load_into's reads in flight per file (default: LoadOptions')");
+  cli::add_size_option(app, "--load-io", o.load_io_size, "load_into's bytes per read, a multiple of 4096 (default: LoadOptions')");
   app.add_option("--json", o.json_path, "every figure as JSON")->option_text("FILE");
   app.add_option("--plot", o.plot_path, "timeline of sync and async saves, and the ratio bars")->option_text("FILE.svg");
   app.add_option("--markdown", o.markdown_path, "the result tables as markdown")->option_text("FILE");
@@ -127,6 +129,7 @@ Cli parse(int argc, char** argv) {
   };
   if (o.modes.empty()) usage("--modes is empty");
   if (o.raw_piece % 4096) usage("--raw-piece must be a multiple of 4096");
+  if (o.load_io_size == 0 || o.load_io_size % 4096) usage("--load-io must be a positive multiple of 4096");
   return c;
 }
 

@@ -269,6 +269,8 @@ json::object Runner::results() const {
                              {"chunk_size", o_.chunk_size},
                              {"raw_queue_depth", o_.raw_queue_depth},
                              {"raw_piece", o_.raw_piece},
+                             {"load_queue_depth", o_.load_queue_depth},
+                             {"load_io_size", o_.load_io_size},
                              {"soak_saves", o_.soak_saves},
                              {"load_settle_ms", o_.load_settle_ms},
                              {"modes", modes},

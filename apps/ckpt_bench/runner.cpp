@@ -300,7 +300,8 @@ void Runner::load(const std::string& root, ckpt::Verify v, bool into) {
       bytes += m.shard(r).size;  // as load_shard's figure: the file's bytes
       loads.push_back({r, targets[ri]});
     }
-    const ckpt::LoadReport rep = ckpt::load_into(opened.reader, loads, v, {.threads = o_.ranks});
+    const ckpt::LoadReport rep = ckpt::load_into(opened.reader, loads, v,
+                                                     {.queue_depth = o_.load_queue_depth, .io_size = o_.load_io_size, .threads = o_.ranks});
     load_engine_ = rep.engine + (rep.direct ? ", O_DIRECT" : ", buffered") + (rep.fallback.empty() ? "" : " (" + rep.fallback + ")");
   } else {
     on_ranks(o_.ranks, [&](int r) { shards[static_cast<std::size_t>(r)].emplace(opened.reader.load_shard(r, v)); });
@@ -627,9 +628,9 @@ json::object Runner::run() {
     modes_.emplace(m, std::move(md));
   }
 
-  // load_shard with each verify mode, load_into owned memory with fast and full, MappedShard of
-  // one small tensor and of everything.
-  const std::vector<std::string> verifies = {"none", "fast", "full", "into_fast", "into_full", "mapped_one", "mapped"};
+  // load_shard with each verify mode, load_into owned memory with each (none: what reading
+  // costs without the checks), MappedShard of one small tensor and of everything.
+  const std::vector<std::string> verifies = {"none", "fast", "full", "into_none", "into_fast", "into_full", "mapped_one", "mapped"};
   std::string load_root;
   for (const char* m : {"async_io_uring", "async_posix", "sync"})
     if (modes_.count(m)) {
