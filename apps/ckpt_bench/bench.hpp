@@ -133,6 +133,12 @@ bool io_uring_works(std::string* why);
 /// load into new memory can reach on a VM where first touch is slow. The file is left as is.
 double raw_read_fresh_gbps(const std::string& dir, std::uint64_t bytes, std::uint64_t piece, int qd, std::byte* buf);
 
+/// The raw loop (one thread, `piece`-sized O_DIRECT reads, `qd` in flight) over existing files,
+/// one after the other, each into its own warm destination spanning the file (dests[i] holds
+/// paths[i]'s size rounded down to 4096): the raw read with load_into's destination instead of a
+/// reused ring of pieces, to tell what the destination costs from what ckpt's read path does.
+double raw_read_into_gbps(const std::vector<std::string>& paths, const std::vector<std::byte*>& dests, std::uint64_t piece, int qd);
+
 /// Single-core hash throughput over a warm buffer (GB/s).
 double xxh3_gbps(const std::byte* data, std::size_t n, double min_seconds);
 double sha256_gbps(const std::byte* data, std::size_t n, double min_seconds);

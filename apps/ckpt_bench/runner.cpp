@@ -264,6 +264,27 @@ void Runner::attach_fs_events(Segment& seg, std::vector<FsEvent> events) const {
   }
 }
 
+// The raw reference with load_into's destinations: each rank's shard file read whole, O_DIRECT,
+// into its warm copy_dst_ (one thread, the raw loop's pieces and queue depth).
+void Runner::raw_into(const std::string& root) {
+  const auto opened = ckpt::open_latest(ckpt::posix_file_system(), root, {.expected_world_size = o_.ranks});
+  std::vector<std::string> paths;
+  std::vector<std::byte*> dests;
+  for (int r = 0; r < o_.ranks; ++r) {
+    const auto ri = static_cast<std::size_t>(r);
+    paths.push_back(opened.reader.shard_path(r));
+    if (opened.reader.manifest().shard(r).size > copy_dst_[ri].capacity()) throw std::runtime_error("load destination too small for the shard file");
+    dests.push_back(copy_dst_[ri].data());
+  }
+  if (o_.load_settle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o_.load_settle_ms));
+  const std::uint64_t f0 = minor_faults();
+  load_gbps_["raw_into"].push_back(raw_read_into_gbps(paths, dests, o_.raw_piece, o_.raw_queue_depth));
+  std::uint64_t bytes = 0;
+  for (int r = 0; r < o_.ranks; ++r) bytes += opened.reader.manifest().shard(r).size;
+  load_faults_per_gib_["raw_into"].push_back(static_cast<double>(minor_faults() - f0) / (static_cast<double>(bytes) / (1ull << 30)));
+  std::fprintf(stderr, "ckpt-bench: raw O_DIRECT read into load_into's destinations %.2f GB/s\n", load_gbps_["raw_into"].back());
+}
+
 void Runner::load(const std::string& root, ckpt::Verify v, bool into) {
   auto& pfs = ckpt::posix_file_system();
   {
@@ -630,7 +651,8 @@ json::object Runner::run() {
 
   // load_shard with each verify mode, load_into owned memory with each (none: what reading
   // costs without the checks), MappedShard of one small tensor and of everything.
-  const std::vector<std::string> verifies = {"none", "fast", "full", "into_none", "into_fast", "into_full", "mapped_one", "mapped"};
+  // raw_into: the raw read loop into load_into's destinations (a reference, not a ckpt load).
+  const std::vector<std::string> verifies = {"none", "fast", "full", "raw_into", "into_none", "into_fast", "into_full", "mapped_one", "mapped"};
   std::string load_root;
   for (const char* m : {"async_io_uring", "async_posix", "sync"})
     if (modes_.count(m)) {
@@ -656,6 +678,10 @@ json::object Runner::run() {
         }
         if (v == "mapped") {
           mapped_all(load_root);
+          continue;
+        }
+        if (v == "raw_into") {
+          raw_into(load_root);
           continue;
         }
         const bool into = v.rfind("into_", 0) == 0;

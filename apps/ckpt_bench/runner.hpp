@@ -60,6 +60,7 @@ class Runner {
   void cold_pool();
   Segment segment(const std::string& mode, int rep);
   void load(const std::string& root, ckpt::Verify v, bool into);  // into: load_into warm memory
+  void raw_into(const std::string& root);  // the raw read loop into load_into's destinations
   void deferred(bool cpu_compute);     // saves with Staging::deferred, forward + backward before the fence
   void mapped_one(const std::string& root);  // MappedShard: one small tensor
   void mapped_all(const std::string& root);  // MappedShard: every tensor of every rank

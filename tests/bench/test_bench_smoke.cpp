@@ -115,7 +115,7 @@ TEST_CASE("ckpt-bench --json holds every figure of every mode") {
       "references/sha256_gbps", "cold_pool/first_stall_ms", "cold_pool/second_stall_ms", "load/none/gbps/median",
       "load/fast/gbps/median", "load/full/gbps/median", "load/full_bound_gbps", "soak/peak_extra_ratio", "soak/growth_bytes",
       "ratios/sync_over_async_stall", "ratios/load_fast_over_raw_read", "ratios/load_full_over_bound",
-      "load/into_fast/gbps/median", "load/into_full/gbps/median", "load/into_fast/minor_faults_per_gib",
+      "load/into_none/gbps/median", "load/into_fast/gbps/median", "load/into_full/gbps/median", "load/into_fast/minor_faults_per_gib",
       "ratios/load_into_fast_over_raw_read", "ratios/load_into_full_over_bound",
       // The hashing bound: SHA-256 x cores beside the raw disk, for sync, async and loads.
       "hashing_bound/sha256_gbps", "hashing_bound/cores", "hashing_bound/sync_cores", "hashing_bound/sync_sha256_gbps",
