@@ -519,6 +519,8 @@ class PyReader {
     d["fallback"] = rep.fallback;
     d["bytes_read"] = rep.bytes_read;
     d["chunks_read"] = rep.chunks_read;
+    d["reads_direct"] = rep.reads_direct;
+    d["parts"] = rep.parts;
     return d;
   }
 

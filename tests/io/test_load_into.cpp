@@ -411,3 +411,100 @@ TEST_CASE("bad load options are refused by name") {
   CHECK(e.detail() == "LoadOptions::io_size");
   CHECK(b.all(0, kUntouched));
 }
+
+namespace {
+
+// One rank of 50 MiB in 1 MiB chunks: enough for load_into to read it in three parts of at
+// least 16 MiB. The file holds "y" (F32, 20 MiB) then "x" (U8, 30 MiB + 13).
+struct Wide {
+  std::vector<std::uint8_t> x = test::random_bytes((30u << 20) + 13, 71), y = test::random_bytes(20u << 20, 72);
+  fs::path root;
+  Manifest m;
+  explicit Wide(const fs::path& dir) : root(dir) {
+    SaveRequest req;
+    req.step = 3;
+    req.chunk_size = 1u << 20;
+    req.param_numel = 1;
+    RankState rs;
+    rs.tensors.push_back({"x", DType::U8, {x.size()}, std::as_bytes(std::span(x))});
+    rs.tensors.push_back({"y", DType::F32, {y.size() / 4}, std::as_bytes(std::span(y))});
+    rs.param_shard_numel = 1;
+    req.ranks.push_back(std::move(rs));
+    m = save_checkpoint_sync(posix_file_system(), root.string(), req);
+  }
+  fs::path shard() const { return root / checkpoint_dir_name(m.step) / m.shards[0].path; }
+};
+
+// Targets for Wide: "x" one byte off its file offset mod 4096 (every read through a bounce
+// buffer), "y" at its file offset mod 4096 (whole reads land in it).
+struct WideTargets {
+  std::vector<std::byte> xmem;
+  AlignedBuffer ymem;
+  std::span<std::byte> x, y;
+  std::vector<LoadTarget> targets;
+  explicit WideTargets(const Wide& w) : xmem(w.x.size() + 4096 + 1, kUntouched), ymem(w.y.size() + 4096, true) {
+    const TensorRecord& tx = *w.m.find_tensor("x", 0);
+    const TensorRecord& ty = *w.m.find_tensor("y", 0);
+    std::byte* xa = xmem.data() + (4096 - reinterpret_cast<std::uintptr_t>(xmem.data()) % 4096) % 4096;  // 4096-aligned
+    x = std::span(xa + (tx.begin + 1) % 4096, w.x.size());
+    y = std::span(ymem.data() + ty.begin % 4096, w.y.size());
+    std::memset(y.data(), static_cast<int>(kUntouched), y.size());
+    targets = {{"x", x, DType::U8, {w.x.size()}}, {"y", y, DType::F32, {w.y.size() / 4}}};
+  }
+};
+
+}  // namespace
+
+TEST_CASE("with fewer files than threads one file is read in parts by several threads, bit-exact, with verify none and fast") {
+  test::TempDir dir;
+  Wide w(dir.path());
+  const auto reader = open_latest(posix_file_system(), w.root.string()).reader;
+  const std::uint64_t chunks = (w.m.shards[0].size + (1u << 20) - 1) >> 20;
+  for (const Verify v : {Verify::none, Verify::fast, Verify::full}) {
+    for (const int threads : {1, 3, 8}) {
+      CAPTURE(static_cast<int>(v));
+      CAPTURE(threads);
+      WideTargets t(w);
+      const LoadReport rep = load_into(reader, 0, t.targets, v, {.threads = threads});
+      CHECK(rep.files == 1);
+      // Full verification hashes the file in order: one part. Otherwise min(threads, 50 MiB / 16 MiB).
+      CHECK(rep.parts == (v == Verify::full || threads == 1 ? 1u : 3u));
+      CHECK(rep.chunks_read == chunks);
+      CHECK(rep.bytes_read == w.m.shards[0].size);
+      CHECK(std::memcmp(t.x.data(), w.x.data(), w.x.size()) == 0);
+      CHECK(std::memcmp(t.y.data(), w.y.data(), w.y.size()) == 0);
+      if (rep.direct) CHECK(rep.reads_direct >= (w.y.size() >> 20) - 2);  // y's whole reads, in every part
+    }
+  }
+}
+
+TEST_CASE("a bad chunk in one part of a file read in parts is the error, once every part stopped, and nothing unverified is left unzeroed") {
+  test::TempDir dir;
+  Wide w(dir.path());
+  const TensorRecord& tx = *w.m.find_tensor("x", 0);
+  const std::uint64_t k = (tx.end >> 20) - 2;  // in the last third of the file: the last part
+  flip_byte(w.shard(), k * (1u << 20) + 77);
+  const auto reader = open_latest(posix_file_system(), w.root.string()).reader;
+  WideTargets t(w);
+  const Error e = test::expect_error([&] { load_into(reader, 0, t.targets, Verify::fast, {.threads = 3}); });
+  CHECK(e.code() == Errc::checksum_mismatch);
+  CHECK(e.file() == w.shard().string());
+  CHECK(e.detail().find("xxh3 of chunk " + std::to_string(k) + " of") != std::string::npos);
+  CHECK(e.detail().find("were zeroed") != std::string::npos);
+  // Every byte of a target is the checkpoint's, zero (a chunk being read when the load stopped)
+  // or untouched (a chunk not reached); the bad chunk's are zero.
+  auto each_byte_allowed = [](std::span<const std::byte> got, const std::vector<std::uint8_t>& want) {
+    for (std::size_t i = 0; i < got.size(); ++i)
+      if (got[i] != std::byte{want[i]} && got[i] != std::byte{0} && got[i] != kUntouched) return false;
+    return true;
+  };
+  CHECK(each_byte_allowed(t.x, w.x));
+  CHECK(each_byte_allowed(t.y, w.y));
+  const std::size_t kb = k * (1u << 20) - tx.begin;
+  CHECK(std::all_of(t.x.begin() + static_cast<std::ptrdiff_t>(kb), t.x.begin() + static_cast<std::ptrdiff_t>(kb + (1u << 20)),
+                    [](std::byte b) { return b == std::byte{0}; }));
+  // Nothing lost: the tensor the bad chunk does not cover still loads.
+  WideTargets again(w);
+  load_into(reader, 0, std::span(&again.targets[1], 1), Verify::fast, {.threads = 3});
+  CHECK(std::memcmp(again.y.data(), w.y.data(), w.y.size()) == 0);
+}

@@ -3,6 +3,7 @@
 # Reader.load_state), the rank implied where it is unambiguous, and reads that come back as
 # torch (as_torch=True, bf16 as torch.bfloat16, torch dtypes).
 import math
+import os
 
 import numpy as np
 import pytest
@@ -212,3 +213,20 @@ def test_a_dtype_the_installed_torch_lacks_is_a_type_error_naming_the_tensor(tmp
             r.tensor_info(as_torch=True)
         with pytest.raises(TypeError, match="tensor 'u' has dtype U16"):
             r.read("u", as_torch=True)
+
+
+def test_load_into_reads_one_file_in_parts_on_every_core_into_unaligned_arrays(tmp_path):
+    # 48 MiB in one file: with verify none or fast, parts of at least 16 MiB, one per core (at
+    # most 3); numpy's buffers are in general not laid out as the file is modulo 4096, so
+    # their bytes come through bounce buffers, copied out by every part's thread.
+    rng = np.random.default_rng(5)
+    state = {"a": rng.integers(0, 255, 32 << 20, dtype=np.uint8), "b": rng.standard_normal(4 << 20).astype(np.float32)}
+    with ckpt.Checkpointer(tmp_path) as c:
+        c.save_sync(1, state)
+    r = ckpt.open_latest(tmp_path)
+    for verify, parts in (("fast", min(os.cpu_count() or 1, 3)), ("none", min(os.cpu_count() or 1, 3)), ("full", 1)):
+        out = {k: np.zeros_like(v) for k, v in state.items()}
+        rep = r.load_into(out, verify=verify)
+        assert rep["parts"] == parts, (verify, rep)
+        assert rep["bytes_read"] >= 48 << 20 and "reads_direct" in rep
+        assert all(np.array_equal(out[k], state[k]) for k in state), verify

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // load_into: the targets are resolved against the manifest's index (all of them, before any
-// read), then each shard file is read by one thread as a sequence of reads of at most
-// io_size bytes, cut at chunk boundaries, queue_depth of them in flight. Reads are processed
+// read), then each shard file (or, with verify none or fast and fewer files than threads,
+// each contiguous part of its needed chunks) is read by one thread as a sequence of reads of
+// at most io_size bytes, cut at chunk boundaries, queue_depth of them in flight. Reads are processed
 // in file order (the SHA-256 of Verify::full needs the bytes in order; a ring of queue_depth
 // slots keeps the disk busy meanwhile): each read's bytes are hashed and copied out to the
 // targets block by block while the block is in cache, and a chunk's XXH3 is compared when
@@ -393,10 +394,18 @@ struct Read {
   std::byte* direct = nullptr;  // lands straight in this target memory
 };
 
+// Chunks [begin, end) of a file: the part of it one FileLoad reads.
+struct ChunkRange {
+  std::uint64_t begin = 0, end = ~0ull;
+};
+
 class FileLoad {
  public:
-  FileLoad(const CheckpointReader& ck, const FilePlan& plan, Verify mode, const LoadOptions& opt, const std::atomic<bool>& stop)
-      : ck_(ck), plan_(plan), mode_(mode), opt_(opt), stop_(stop), cs_(ck.manifest().chunk_size), size_(plan.rec->size) {}
+  // Reads the chunks of `range` the plan needs (with Verify::full, the whole file: range must
+  // cover it, as its SHA-256 needs every byte in order).
+  FileLoad(const CheckpointReader& ck, const FilePlan& plan, Verify mode, const LoadOptions& opt, const std::atomic<bool>& stop,
+           ChunkRange range = {})
+      : ck_(ck), plan_(plan), mode_(mode), opt_(opt), stop_(stop), cs_(ck.manifest().chunk_size), size_(plan.rec->size), range_(range) {}
 
   FileResult run() {
     open();
@@ -527,7 +536,7 @@ class FileLoad {
       for (std::uint64_t k = 0; k < n; ++k) chunks.push_back(k);
     } else {
       for (const auto& [k, p] : feeds_)
-        if (chunks.empty() || chunks.back() != k) chunks.push_back(k);
+        if ((chunks.empty() || chunks.back() != k) && k >= range_.begin && k < range_.end) chunks.push_back(k);
     }
     const std::uint64_t io = std::max<std::uint64_t>(kBlockAlign, round_up(opt_.io_size, kBlockAlign));
     std::uint64_t largest = 0;
@@ -666,6 +675,7 @@ class FileLoad {
   const LoadOptions& opt_;
   const std::atomic<bool>& stop_;
   std::uint64_t cs_, size_;
+  ChunkRange range_;
   Fd fd_;
   std::unique_ptr<ReadableFile> file_;
   std::unique_ptr<Source> source_;
@@ -693,18 +703,50 @@ LoadReport load_into(const CheckpointReader& checkpoint, std::span<const RankLoa
   for (auto& [file_rank, targets] : targets_by_file(checkpoint, ranks)) plans.push_back(resolve(checkpoint, file_rank, targets));
 
   const std::size_t cores = std::max(1u, std::thread::hardware_concurrency());
-  const std::size_t threads = std::min(plans.size(), options.threads > 0 ? static_cast<std::size_t>(options.threads) : cores);
-  // Runs job(i) for every file, `threads` at a time (the calling thread among them). The first
-  // error sets `stop`, which the other jobs see at their next read; every error is kept.
-  std::vector<std::exception_ptr> errors(plans.size());
+  const std::size_t max_threads = options.threads > 0 ? static_cast<std::size_t>(options.threads) : cores;
+  // The loads: a file each, or, with fewer files than threads and no SHA-256 to compute in
+  // file order (verify none or fast), a file's needed chunks split into contiguous parts of at
+  // least kMinPartBytes, each read by its own thread through its own ring: one file's reads,
+  // checks and bounce copies (a target not laid out as the file is, mod 4096: O_DIRECT cannot
+  // land in it) then use every core, not one.
+  struct Job {
+    std::size_t plan = 0;
+    ChunkRange range;
+  };
+  constexpr std::uint64_t kMinPartBytes = 16u << 20;
+  const std::uint64_t cs = checkpoint.manifest().chunk_size;
+  std::vector<Job> jobs;
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    std::vector<std::uint64_t> needed;  // the chunks the plan's pieces touch, in order
+    if (mode != Verify::full && plans.size() < max_threads)
+      for (const Piece& pc : plans[i].pieces)
+        for (std::uint64_t k = pc.begin / cs; k * cs < pc.end; ++k)
+          if (needed.empty() || needed.back() < k) needed.push_back(k);
+    const std::uint64_t want = static_cast<std::uint64_t>(needed.size()) * cs;
+    const std::size_t parts = std::max<std::size_t>(
+        1, std::min<std::size_t>({(max_threads + plans.size() - 1) / plans.size(), static_cast<std::size_t>(want / kMinPartBytes), needed.size()}));
+    if (parts == 1) {
+      jobs.push_back({i, {}});
+      continue;
+    }
+    for (std::size_t p = 0; p < parts; ++p) {
+      const std::size_t lo = needed.size() * p / parts, hi = needed.size() * (p + 1) / parts;
+      jobs.push_back({i, {needed[lo], p + 1 == parts ? ~0ull : needed[hi]}});
+    }
+  }
+
+  // Runs job(i) for i in [0, count), `threads` at a time (the calling thread among them). The
+  // first error sets `stop`, which the other jobs see at their next read; every error is kept.
+  std::vector<std::exception_ptr> errors(std::max(plans.size(), jobs.size()));
   std::atomic<bool> stop{false};
   std::atomic<std::ptrdiff_t> first_error{-1};
-  auto run_files = [&](const std::function<void(std::size_t)>& job) {
+  auto run_jobs = [&](std::size_t count, const std::function<void(std::size_t)>& job) {
+    const std::size_t threads = std::min(count, max_threads);
     std::atomic<std::size_t> next{0};
     auto worker = [&] {
       for (;;) {
         const std::size_t i = next.fetch_add(1);
-        if (i >= plans.size() || stop.load()) return;
+        if (i >= count || stop.load()) return;
         try {
           job(i);
         } catch (const Stopped&) {
@@ -731,23 +773,24 @@ LoadReport load_into(const CheckpointReader& checkpoint, std::span<const RankLoa
   // Every file's header against the index, before any target is written: what is loaded is
   // what the file's own header says is there, and a refused header leaves every target as it
   // was. Of several refused headers, the first file's is reported.
-  run_files([&](std::size_t i) { checkpoint.check_shard_header(plans[i].rank, mode); });
+  run_jobs(plans.size(), [&](std::size_t i) { checkpoint.check_shard_header(plans[i].rank, mode); });
   if (first_error.load() >= 0)
     for (const auto& e : errors)
       if (e) std::rethrow_exception(e);
 
-  std::vector<FileResult> results(plans.size());
-  run_files([&](std::size_t i) { results[i] = FileLoad(checkpoint, plans[i], mode, options, stop).run(); });
+  std::vector<FileResult> results(jobs.size());
+  run_jobs(jobs.size(), [&](std::size_t j) { results[j] = FileLoad(checkpoint, plans[jobs[j].plan], mode, options, stop, jobs[j].range).run(); });
   if (first_error.load() >= 0) std::rethrow_exception(errors[static_cast<std::size_t>(first_error.load())]);
 
   LoadReport rep;
   rep.direct = !results.empty();
+  rep.files = plans.size();
+  rep.parts = jobs.size();
   for (const auto& r : results) {
     if (rep.engine.empty()) rep.engine = r.engine;
     else if (rep.engine != r.engine) rep.engine = "mixed";
     if (rep.fallback.empty()) rep.fallback = r.fallback;
     rep.direct = rep.direct && r.direct;
-    rep.files += 1;
     rep.bytes_read += r.bytes;
     rep.chunks_read += r.chunks;
     rep.reads_direct += r.reads_direct;
@@ -758,9 +801,7 @@ LoadReport load_into(const CheckpointReader& checkpoint, std::span<const RankLoa
 LoadReport load_into(const CheckpointReader& checkpoint, int rank, std::span<const LoadTarget> targets, Verify mode,
                      const LoadOptions& options) {
   const RankLoad one{rank, targets};
-  LoadOptions single = options;
-  single.threads = 1;
-  return load_into(checkpoint, std::span(&one, 1), mode, single);
+  return load_into(checkpoint, std::span(&one, 1), mode, options);
 }
 
 }  // namespace ckpt

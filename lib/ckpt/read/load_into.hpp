@@ -77,7 +77,11 @@ struct LoadOptions {
   bool direct = true;                ///< O_DIRECT where the file system accepts it
   int queue_depth = 8;               ///< reads in flight per file (io_uring)
   std::uint64_t io_size = 1u << 20;  ///< bytes per read (a multiple of 4096; cut at chunk ends)
-  int threads = 0;                   ///< files read at once by the multi-rank call; 0: min(files, cores)
+  /// Threads reading at once (0: the cores): a file each, and with Verify::none or fast, when
+  /// there are fewer files than threads, a file's needed chunks split into contiguous parts of
+  /// at least 16 MiB, each read, checked and copied out by its own thread. With Verify::full a
+  /// file is one part (its SHA-256 needs its bytes in order).
+  int threads = 0;
 };
 
 /// What a load did.
@@ -86,6 +90,7 @@ struct LoadReport {
   bool direct = false;              ///< every file was read with O_DIRECT
   std::string fallback;             ///< why io_uring or O_DIRECT was not used (empty when both were, or not asked for)
   std::uint64_t files = 0;          ///< shard files read
+  std::uint64_t parts = 0;          ///< parts read by a thread each (files, or more: LoadOptions::threads)
   std::uint64_t bytes_read = 0;     ///< bytes read from the files (a file read again buffered: the second pass)
   std::uint64_t chunks_read = 0;    ///< manifest chunks read (each checked unless Verify::none)
   std::uint64_t reads_direct = 0;   ///< reads that landed in a target without a bounce buffer
@@ -155,14 +160,17 @@ struct RankLoad {
 /// the same verified bytes as a direct load. LoadReport::bytes_read counts the pass that
 /// delivered the bytes.
 ///
-/// Blocks until done, on the calling thread. Thread-safe: any number of loads may run at
-/// once, from one CheckpointReader too, as long as their targets do not overlap; a target
-/// must not be read or written by anyone else until the call returns.
+/// Blocks until done, on the calling thread (and, where LoadOptions::threads splits the file
+/// into parts, as many threads as parts less one, started and joined inside the call; the
+/// failing part's error is thrown once every part has stopped). Thread-safe: any number of
+/// loads may run at once, from one CheckpointReader too, as long as their targets do not
+/// overlap; a target must not be read or written by anyone else until the call returns.
 LoadReport load_into(const CheckpointReader& checkpoint, int rank, std::span<const LoadTarget> targets, Verify mode,
                      const LoadOptions& options = {});
 
-/// load_into for several ranks' shards at once, each file read (and, with Verify::full,
-/// SHA-256-hashed) by its own thread, options.threads at a time: the way to load a whole
+/// load_into for several ranks' shards at once, each file (or part of a file: LoadOptions::
+/// threads) read (and, with Verify::full, SHA-256-hashed) by its own thread, options.threads
+/// at a time: the way to load a whole
 /// checkpoint, or a reshard's ranges of other ranks' shards. Every target of every rank is
 /// checked, and then every rank's shard header (those threads too), before any target is
 /// written. The first error of the loads stops the other files at their next read
