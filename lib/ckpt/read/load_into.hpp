@@ -155,10 +155,11 @@ struct RankLoad {
 ///    reopened buffered (the same file: device and inode must match, else Errc::io_error)
 ///    and read again from its start, once: its hashes start over (no byte is hashed twice)
 ///    and every target of the file is written again. A refusal after that is an error.
-/// Either way one log_line per such file names it and says why, LoadReport::direct is false
-/// and LoadReport::fallback starts "buffered reads: " and says why; the targets end up with
-/// the same verified bytes as a direct load. LoadReport::bytes_read counts the pass that
-/// delivered the bytes.
+/// Either way one log_line per such file (per part of it, for a file read in parts: each part
+/// falls back on its own, reading its own chunks again) names it and says why,
+/// LoadReport::direct is false and LoadReport::fallback starts "buffered reads: " and says
+/// why; the targets end up with the same verified bytes as a direct load.
+/// LoadReport::bytes_read counts the pass that delivered the bytes.
 ///
 /// Blocks until done, on the calling thread (and, where LoadOptions::threads splits the file
 /// into parts, as many threads as parts less one, started and joined inside the call; the
