@@ -24,9 +24,9 @@
 #include <vector>
 
 #include "ckpt/core/aligned_buffer.hpp"
-#include "ckpt/read/load_into.hpp"
 #include "ckpt/core/dtype.hpp"
 #include "ckpt/format/safetensors.hpp"
+#include "ckpt/read/load_into.hpp"
 #include "ckpt/runtime/checkpointer.hpp"
 
 namespace bench {
@@ -137,6 +137,7 @@ double raw_read_fresh_gbps(const std::string& dir, std::uint64_t bytes, std::uin
 /// one after the other, each into its own warm destination spanning the file (dests[i] holds
 /// paths[i]'s size rounded down to 4096): the raw read with load_into's destination instead of a
 /// reused ring of pieces, to tell what the destination costs from what ckpt's read path does.
+/// Through io_uring, or pread where it cannot be set up.
 double raw_read_into_gbps(const std::vector<std::string>& paths, const std::vector<std::byte*>& dests, std::uint64_t piece, int qd);
 
 /// Single-core hash throughput over a warm buffer (GB/s).

@@ -27,7 +27,8 @@ std::string f(double v, int prec = 2) {
 const std::vector<std::pair<const char*, const char*>>& load_rows() {
   static const std::vector<std::pair<const char*, const char*>> rows = {
       {"none", "none"}, {"fast", "fast"}, {"full", "full"},
-      {"raw_into", "raw read into load_into's memory (ref.)"}, {"into_none", "none, load_into owned memory"}, {"into_fast", "fast, load_into owned memory"}, {"into_full", "full, load_into owned memory"},
+      {"raw_into", "raw read into load_into's memory (ref.)"},
+      {"into_none", "none, load_into owned memory"}, {"into_fast", "fast, load_into owned memory"}, {"into_full", "full, load_into owned memory"},
       {"mapped", "fast, MappedShard of every tensor"}};
   return rows;
 }

@@ -97,6 +97,33 @@ void pio_loop(int fd, bool write, std::uint64_t bytes, std::uint64_t piece, std:
   }
 }
 
+// An io_uring of 2 x qd entries where the kernel (and seccomp) allow one; `ok` false otherwise.
+struct Ring {
+  io_uring ring{};
+  bool ok;
+  explicit Ring(int qd) : ok(io_uring_queue_init(static_cast<unsigned>(qd * 2), &ring, 0) == 0) {}
+  ~Ring() {
+    if (ok) io_uring_queue_exit(&ring);
+  }
+  Ring(const Ring&) = delete;
+  Ring& operator=(const Ring&) = delete;
+};
+
+// Reads bytes [0, bytes) of fd to buf + their offset, `piece` at a time: `qd` in flight
+// through the ring, or one pread at a time where there is none.
+void read_linear(Ring& r, int fd, std::uint64_t bytes, std::uint64_t piece, int qd, std::byte* buf) {
+  if (r.ok) {
+    uring_loop(r.ring, fd, false, bytes, piece, qd, buf, /*linear=*/true);
+    return;
+  }
+  for (std::uint64_t off = 0; off < bytes;) {
+    const ssize_t n = ::pread(fd, buf + off, static_cast<std::size_t>(std::min(piece, bytes - off)), static_cast<off_t>(off));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) fail("raw pread", n < 0 ? errno : EIO);
+    off += static_cast<std::uint64_t>(n);
+  }
+}
+
 }  // namespace
 
 // The same probe the checkpointer uses to choose its writer.
@@ -121,25 +148,18 @@ RawDisk raw_disk(const std::string& dir, std::uint64_t bytes, std::uint64_t piec
   if (const int rc = ::posix_fallocate(f.fd, 0, static_cast<off_t>(r.bytes)); rc != 0 && rc != EOPNOTSUPP) fail("fallocate " + path, rc);
   if (::fsync(f.fd) != 0) fail("fsync " + path, errno);  // the allocation itself is not part of the timing
 
-  io_uring ring;
-  const bool uring = io_uring_queue_init(static_cast<unsigned>(qd * 2), &ring, 0) == 0;
-  r.engine = uring ? "io_uring" : "pread/pwrite";
-  try {
-    auto t0 = Clock::now();
-    if (uring) uring_loop(ring, f.fd, true, r.bytes, piece, qd, buf);
-    else pio_loop(f.fd, true, r.bytes, piece, buf);
-    if (::fsync(f.fd) != 0) fail("fsync " + path, errno);
-    r.write_s = secs(Clock::now() - t0);
-    if (!r.direct) drop_file_cache(path);
-    t0 = Clock::now();
-    if (uring) uring_loop(ring, f.fd, false, r.bytes, piece, qd, buf);
-    else pio_loop(f.fd, false, r.bytes, piece, buf);
-    r.read_s = secs(Clock::now() - t0);
-  } catch (...) {
-    if (uring) io_uring_queue_exit(&ring);
-    throw;
-  }
-  if (uring) io_uring_queue_exit(&ring);
+  Ring ring(qd);
+  r.engine = ring.ok ? "io_uring" : "pread/pwrite";
+  auto t0 = Clock::now();
+  if (ring.ok) uring_loop(ring.ring, f.fd, true, r.bytes, piece, qd, buf);
+  else pio_loop(f.fd, true, r.bytes, piece, buf);
+  if (::fsync(f.fd) != 0) fail("fsync " + path, errno);
+  r.write_s = secs(Clock::now() - t0);
+  if (!r.direct) drop_file_cache(path);
+  t0 = Clock::now();
+  if (ring.ok) uring_loop(ring.ring, f.fd, false, r.bytes, piece, qd, buf);
+  else pio_loop(f.fd, false, r.bytes, piece, buf);
+  r.read_s = secs(Clock::now() - t0);
   return r;
 }
 
@@ -160,52 +180,28 @@ double raw_read_fresh_gbps(const std::string& dir, std::uint64_t bytes, std::uin
   if (::fsync(f.fd) != 0) fail("fsync " + path, errno);
   if (!direct) drop_file_cache(path);
   ckpt::AlignedBuffer fresh(static_cast<std::size_t>(bytes));  // not touched yet
-  io_uring ring;
-  const bool uring = io_uring_queue_init(static_cast<unsigned>(qd * 2), &ring, 0) == 0;
+  Ring ring(qd);
   const auto t0 = Clock::now();
-  try {
-    if (uring) uring_loop(ring, f.fd, false, bytes, piece, qd, fresh.data(), /*linear=*/true);
-    else
-      for (std::uint64_t off = 0; off < bytes;) {
-        const ssize_t n = ::pread(f.fd, fresh.data() + off, static_cast<std::size_t>(std::min(piece, bytes - off)), static_cast<off_t>(off));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) fail("raw pread", n < 0 ? errno : EIO);
-        off += static_cast<std::uint64_t>(n);
-      }
-  } catch (...) {
-    if (uring) io_uring_queue_exit(&ring);
-    throw;
-  }
-  const double s = secs(Clock::now() - t0);
-  if (uring) io_uring_queue_exit(&ring);
-  return gb_per_s(bytes, s);
+  read_linear(ring, f.fd, bytes, piece, qd, fresh.data());
+  return gb_per_s(bytes, secs(Clock::now() - t0));
 }
 
 double raw_read_into_gbps(const std::vector<std::string>& paths, const std::vector<std::byte*>& dests, std::uint64_t piece, int qd) {
-  io_uring ring;
-  if (io_uring_queue_init(static_cast<unsigned>(qd * 2), &ring, 0) != 0) return 0;
   std::vector<Fd> files(paths.size());
   std::vector<std::uint64_t> sizes(paths.size());
   std::uint64_t total = 0;
-  double s = 0;
-  try {
-    for (std::size_t i = 0; i < paths.size(); ++i) {
-      files[i].fd = ::open(paths[i].c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
-      if (files[i].fd < 0) fail("open " + paths[i], errno);
-      struct stat st {};
-      if (::fstat(files[i].fd, &st) != 0) fail("fstat " + paths[i], errno);
-      sizes[i] = static_cast<std::uint64_t>(st.st_size) / 4096 * 4096;  // whole blocks: no short read at the end
-      total += sizes[i];
-    }
-    const auto t0 = Clock::now();
-    for (std::size_t i = 0; i < paths.size(); ++i) uring_loop(ring, files[i].fd, false, sizes[i], piece, qd, dests[i], /*linear=*/true);
-    s = secs(Clock::now() - t0);
-  } catch (...) {
-    io_uring_queue_exit(&ring);
-    throw;
+  for (std::size_t i = 0; i < paths.size(); ++i) {
+    files[i].fd = ::open(paths[i].c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+    if (files[i].fd < 0) fail("open " + paths[i], errno);
+    struct stat st {};
+    if (::fstat(files[i].fd, &st) != 0) fail("fstat " + paths[i], errno);
+    sizes[i] = static_cast<std::uint64_t>(st.st_size) / 4096 * 4096;  // whole blocks: no short read at the end
+    total += sizes[i];
   }
-  io_uring_queue_exit(&ring);
-  return gb_per_s(total, s);
+  Ring ring(qd);
+  const auto t0 = Clock::now();
+  for (std::size_t i = 0; i < paths.size(); ++i) read_linear(ring, files[i].fd, sizes[i], piece, qd, dests[i]);
+  return gb_per_s(total, secs(Clock::now() - t0));
 }
 
 double xxh3_gbps(const std::byte* data, std::size_t n, double min_seconds) {

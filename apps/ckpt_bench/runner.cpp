@@ -270,17 +270,18 @@ void Runner::raw_into(const std::string& root) {
   const auto opened = ckpt::open_latest(ckpt::posix_file_system(), root, {.expected_world_size = o_.ranks});
   std::vector<std::string> paths;
   std::vector<std::byte*> dests;
+  std::uint64_t bytes = 0;
   for (int r = 0; r < o_.ranks; ++r) {
     const auto ri = static_cast<std::size_t>(r);
+    const std::uint64_t size = opened.reader.manifest().shard(r).size;
+    if (size > copy_dst_[ri].capacity()) throw std::runtime_error("load destination too small for the shard file");
     paths.push_back(opened.reader.shard_path(r));
-    if (opened.reader.manifest().shard(r).size > copy_dst_[ri].capacity()) throw std::runtime_error("load destination too small for the shard file");
     dests.push_back(copy_dst_[ri].data());
+    bytes += size;
   }
   if (o_.load_settle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o_.load_settle_ms));
   const std::uint64_t f0 = minor_faults();
   load_gbps_["raw_into"].push_back(raw_read_into_gbps(paths, dests, o_.raw_piece, o_.raw_queue_depth));
-  std::uint64_t bytes = 0;
-  for (int r = 0; r < o_.ranks; ++r) bytes += opened.reader.manifest().shard(r).size;
   load_faults_per_gib_["raw_into"].push_back(static_cast<double>(minor_faults() - f0) / (static_cast<double>(bytes) / (1ull << 30)));
   std::fprintf(stderr, "ckpt-bench: raw O_DIRECT read into load_into's destinations %.2f GB/s\n", load_gbps_["raw_into"].back());
 }
