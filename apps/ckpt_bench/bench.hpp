@@ -64,6 +64,7 @@ struct Options {
   std::uint64_t raw_piece = 4ull << 20;
   int load_queue_depth = ckpt::LoadOptions{}.queue_depth;  // load_into's reads in flight per file
   std::uint64_t load_io_size = ckpt::LoadOptions{}.io_size; // load_into's bytes per read
+  int load_threads = 0;                  // load_into's threads (0: one per rank)
   std::string json_path, plot_path, markdown_path, layout_path;
   bool quick = false, keep = false;
 };

@@ -101,6 +101,7 @@ Cli parse(int argc, char** argv) {
   cli::add_size_option(app, "--raw-piece", o.raw_piece, "raw reference piece size, a multiple of 4096 (default 4M)");
   add_int_option(app, "--load-qd", o.load_queue_depth, 1, 4096, "N", "load_into's reads in flight per file (default: LoadOptions')");
   cli::add_size_option(app, "--load-io", o.load_io_size, "load_into's bytes per read, a multiple of 4096 (default: LoadOptions')");
+  add_int_option(app, "--load-threads", o.load_threads, 0, 1024, "N", "load_into's threads (default 0: one per rank; see LoadOptions::threads)");
   app.add_option("--json", o.json_path, "every figure as JSON")->option_text("FILE");
   app.add_option("--plot", o.plot_path, "timeline of sync and async saves, and the ratio bars")->option_text("FILE.svg");
   app.add_option("--markdown", o.markdown_path, "the result tables as markdown")->option_text("FILE");

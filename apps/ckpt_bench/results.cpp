@@ -271,6 +271,7 @@ json::object Runner::results() const {
                              {"raw_piece", o_.raw_piece},
                              {"load_queue_depth", o_.load_queue_depth},
                              {"load_io_size", o_.load_io_size},
+                             {"load_threads", o_.load_threads > 0 ? o_.load_threads : o_.ranks},
                              {"soak_saves", o_.soak_saves},
                              {"load_settle_ms", o_.load_settle_ms},
                              {"modes", modes},

@@ -323,7 +323,7 @@ void Runner::load(const std::string& root, ckpt::Verify v, bool into) {
       loads.push_back({r, targets[ri]});
     }
     const ckpt::LoadReport rep = ckpt::load_into(opened.reader, loads, v,
-                                                     {.queue_depth = o_.load_queue_depth, .io_size = o_.load_io_size, .threads = o_.ranks});
+                                                     {.queue_depth = o_.load_queue_depth, .io_size = o_.load_io_size, .threads = o_.load_threads > 0 ? o_.load_threads : o_.ranks});
     load_engine_ = rep.engine + (rep.direct ? ", O_DIRECT" : ", buffered") + (rep.fallback.empty() ? "" : " (" + rep.fallback + ")");
   } else {
     on_ranks(o_.ranks, [&](int r) { shards[static_cast<std::size_t>(r)].emplace(opened.reader.load_shard(r, v)); });
