@@ -68,6 +68,16 @@ struct FilePlan {
   std::vector<Piece> pieces;  // by begin
 };
 
+// The chunks of `cs` bytes that pieces (sorted by begin) touch, in order, each once: what a
+// load with verify none or fast reads, and what its split into parts divides.
+std::vector<std::uint64_t> touched_chunks(const std::vector<Piece>& pieces, std::uint64_t cs) {
+  std::vector<std::uint64_t> ks;
+  for (const Piece& pc : pieces)
+    for (std::uint64_t k = pc.begin / cs; k * cs < pc.end; ++k)
+      if (ks.empty() || ks.back() < k) ks.push_back(k);  // sorted by begin: a smaller k is in already
+  return ks;
+}
+
 FilePlan resolve(const CheckpointReader& ck, int rank, std::span<const LoadTarget> targets) {
   const Manifest& m = ck.manifest();
   check_rank(rank, m.world_size, "rank", ck.dir());
@@ -535,8 +545,8 @@ class FileLoad {
     if (mode_ == Verify::full) {
       for (std::uint64_t k = 0; k < n; ++k) chunks.push_back(k);
     } else {
-      for (const auto& [k, p] : feeds_)
-        if ((chunks.empty() || chunks.back() != k) && k >= range_.begin && k < range_.end) chunks.push_back(k);
+      for (const auto k : touched_chunks(plan_.pieces, cs_))
+        if (k >= range_.begin && k < range_.end) chunks.push_back(k);
     }
     const std::uint64_t io = std::max<std::uint64_t>(kBlockAlign, round_up(opt_.io_size, kBlockAlign));
     std::uint64_t largest = 0;
@@ -717,11 +727,8 @@ LoadReport load_into(const CheckpointReader& checkpoint, std::span<const RankLoa
   const std::uint64_t cs = checkpoint.manifest().chunk_size;
   std::vector<Job> jobs;
   for (std::size_t i = 0; i < plans.size(); ++i) {
-    std::vector<std::uint64_t> needed;  // the chunks the plan's pieces touch, in order
-    if (mode != Verify::full && plans.size() < max_threads)
-      for (const Piece& pc : plans[i].pieces)
-        for (std::uint64_t k = pc.begin / cs; k * cs < pc.end; ++k)
-          if (needed.empty() || needed.back() < k) needed.push_back(k);
+    std::vector<std::uint64_t> needed;
+    if (mode != Verify::full && plans.size() < max_threads) needed = touched_chunks(plans[i].pieces, cs);
     const std::uint64_t want = static_cast<std::uint64_t>(needed.size()) * cs;
     const std::size_t parts = std::max<std::size_t>(
         1, std::min<std::size_t>({(max_threads + plans.size() - 1) / plans.size(), static_cast<std::size_t>(want / kMinPartBytes), needed.size()}));
