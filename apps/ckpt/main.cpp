@@ -581,7 +581,8 @@ void print_inspect(const std::string& dir, const Manifest& m, const NodeCheckpoi
     std::printf("run         %s\nwriter id   %s\ncommitted   %s (the object store's tier manifest)\n",
                 tier->run.empty() ? "(not recorded: committed before run identities)" : tier->run.c_str(), tier->run_id.c_str(),
                 tier->committed_at.c_str());
-  std::printf("size        %s in %zu shards, chunk %s\nparameters  %llu (flat)\n", human_bytes(total).c_str(), m.shards.size(),
+  const std::string files = m.has_file_parts() ? " (" + std::to_string(m.shards.size()) + " files)" : "";
+  std::printf("size        %s in %d shards%s, chunk %s\nparameters  %llu (flat)\n", human_bytes(total).c_str(), m.world_size, files.c_str(),
               human_bytes(m.chunk_size).c_str(), static_cast<unsigned long long>(m.param_numel));
   if (const auto from = resharded_from(m, join_path(dir, kManifestName))) std::printf("origin      %s\n", resharded_text(*from).c_str());
   if (h) {
@@ -636,9 +637,10 @@ void print_inspect(const std::string& dir, const Manifest& m, const NodeCheckpoi
     }
   } else {
     Table shards({{"RANK"}, {"SHARD"}, {"SIZE", true}, {"PARAM OFF", true}, {"PARAM NUMEL", true}, {"SHA-256"}});
+    // A rank's further files (max_file_bytes) carry no param range: its first file has it.
     for (const auto& s : m.shards)
-      shards.row({std::to_string(s.rank), s.path, human_bytes(s.size), std::to_string(s.param_shard_offset),
-                  std::to_string(s.param_shard_numel), s.sha256.substr(0, 16) + "..."});
+      shards.row({std::to_string(s.rank), s.path, human_bytes(s.size), s.part == 0 ? std::to_string(s.param_shard_offset) : "-",
+                  s.part == 0 ? std::to_string(s.param_shard_numel) : "-", s.sha256.substr(0, 16) + "..."});
     shards.print();
   }
   std::printf("\n");
@@ -1662,7 +1664,12 @@ int cmd_get(const GetArgs& a) {
   const LocatedCheckpoint at = locate_checkpoint(a.dir);
   const auto got = [&](const std::string& dir, const CheckpointReader& reader, json::array rotated) {
     const int rank = rank_of(a, reader.manifest());
-    const MappedShard shard(reader, rank, mode);
+    check_rank(rank, reader.manifest().world_size, "rank", reader.dir());
+    // The file of the rank's shard that holds the tensor (unknown: the first, whose error
+    // lists what it holds).
+    const Manifest& m = reader.manifest();
+    const TensorRecord* rec = m.find_tensor(a.tensor, rank);
+    const MappedShard shard(reader, rec ? m.file_of(*rec) : m.rank_record(rank), mode);
     const TensorView v = shard.tensor(a.tensor);  // a missing tensor: not_found listing the rank's
     const MappedShardStats st = shard.stats();
     return write_npy(a, mode, {dir, rank, reader.manifest().find_tensor(a.tensor, rank), v.data, shard.is_mapped(),

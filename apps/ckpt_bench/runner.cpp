@@ -273,11 +273,14 @@ void Runner::raw_into(const std::string& root) {
   std::uint64_t bytes = 0;
   for (int r = 0; r < o_.ranks; ++r) {
     const auto ri = static_cast<std::size_t>(r);
-    const std::uint64_t size = opened.reader.manifest().shard(r).size;
-    if (size > copy_dst_[ri].capacity()) throw std::runtime_error("load destination too small for the shard file");
-    paths.push_back(opened.reader.shard_path(r));
-    dests.push_back(copy_dst_[ri].data());
-    bytes += size;
+    std::uint64_t at = 0;  // a rank's files back to back in its destination, each 4096-aligned
+    for (const ckpt::ShardRecord& f : opened.reader.manifest().files_of(r)) {
+      if (at + f.size > copy_dst_[ri].capacity()) throw std::runtime_error("load destination too small for the shard's files");
+      paths.push_back(opened.reader.file_path(f));
+      dests.push_back(copy_dst_[ri].data() + at);
+      bytes += f.size;
+      at += (f.size + 4095) / 4096 * 4096;
+    }
   }
   if (o_.load_settle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o_.load_settle_ms));
   const std::uint64_t f0 = minor_faults();
@@ -290,7 +293,7 @@ void Runner::load(const std::string& root, ckpt::Verify v, bool into) {
   auto& pfs = ckpt::posix_file_system();
   {
     const auto opened = ckpt::open_latest(pfs, root, {.expected_world_size = o_.ranks});
-    for (int r = 0; r < o_.ranks; ++r) drop_file_cache(opened.reader.shard_path(r));
+    for (const auto& f : opened.reader.manifest().shards) drop_file_cache(opened.reader.file_path(f));
   }
   std::vector<std::optional<ckpt::LoadedShard>> shards(static_cast<std::size_t>(o_.ranks));
   if (o_.load_settle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o_.load_settle_ms));
@@ -309,17 +312,22 @@ void Runner::load(const std::string& root, ckpt::Verify v, bool into) {
     std::vector<ckpt::RankLoad> loads;
     for (int r = 0; r < o_.ranks; ++r) {
       const auto ri = static_cast<std::size_t>(r);
-      std::uint64_t lo = ~0ull, hi = 0;
-      for (const auto& t : m.tensors)
-        if (t.rank == r) lo = std::min(lo, t.begin), hi = std::max(hi, t.end);
-      std::byte* base = copy_dst_[ri].data() + lo % 4096;
-      if (hi < lo || hi - lo + 4096 > copy_dst_[ri].capacity()) throw std::runtime_error("load destination too small for the shard's tensors");
-      for (const auto& t : m.tensors)
-        if (t.rank == r) {
-          targets[ri].push_back({t.name, std::span(base + (t.begin - lo), t.end - t.begin), t.dtype, t.shape, 0, std::nullopt});
-          if (t.name == "optimizer.step") step_of[ri] = base + (t.begin - lo);
-        }
-      bytes += m.shard(r).size;  // as load_shard's figure: the file's bytes
+      std::uint64_t at = 0;  // each file's tensors as in the file, the files back to back
+      for (const ckpt::ShardRecord& f : m.files_of(r)) {
+        std::uint64_t lo = ~0ull, hi = 0;
+        for (const auto& t : m.tensors)
+          if (t.rank == r && t.part == f.part) lo = std::min(lo, t.begin), hi = std::max(hi, t.end);
+        if (hi < lo) continue;  // a file of no tensors
+        std::byte* base = copy_dst_[ri].data() + at + lo % 4096;
+        if (at + hi - lo + 4096 > copy_dst_[ri].capacity()) throw std::runtime_error("load destination too small for the shard's tensors");
+        for (const auto& t : m.tensors)
+          if (t.rank == r && t.part == f.part) {
+            targets[ri].push_back({t.name, std::span(base + (t.begin - lo), t.end - t.begin), t.dtype, t.shape, 0, std::nullopt});
+            if (t.name == "optimizer.step") step_of[ri] = base + (t.begin - lo);
+          }
+        at += (lo % 4096 + hi - lo + 4095) / 4096 * 4096;
+      }
+      for (const ckpt::ShardRecord& f : m.files_of(r)) bytes += f.size;  // as load_shard's figure: the files' bytes
       loads.push_back({r, targets[ri]});
     }
     const ckpt::LoadReport rep = ckpt::load_into(opened.reader, loads, v,
@@ -428,12 +436,14 @@ void Runner::mapped_one(const std::string& root) {
   auto& pfs = ckpt::posix_file_system();
   {
     const auto opened = ckpt::open_latest(pfs, root, {.expected_world_size = o_.ranks});
-    for (int r = 0; r < o_.ranks; ++r) drop_file_cache(opened.reader.shard_path(r));
+    for (const auto& f : opened.reader.manifest().shards) drop_file_cache(opened.reader.file_path(f));
   }
   if (o_.load_settle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o_.load_settle_ms));
   const auto t0 = Clock::now();
   const auto opened = ckpt::open_latest(pfs, root, {.expected_world_size = o_.ranks});
-  ckpt::MappedShard shard(opened.reader, 0, ckpt::Verify::fast);
+  const ckpt::Manifest& m = opened.reader.manifest();
+  const ckpt::TensorRecord* small = m.find_tensor(kSmallTensor, 0);
+  ckpt::MappedShard shard(opened.reader, small ? m.file_of(*small) : m.rank_record(0), ckpt::Verify::fast);
   const std::uint64_t io0 = process_read_bytes();
   const ckpt::TensorView v = shard.tensor(kSmallTensor);
   g_sink.store(static_cast<double>(touch_pages(v.data)), std::memory_order_relaxed);
@@ -467,7 +477,7 @@ void Runner::mapped_all(const std::string& root) {
   auto& pfs = ckpt::posix_file_system();
   {
     const auto opened = ckpt::open_latest(pfs, root, {.expected_world_size = o_.ranks});
-    for (int r = 0; r < o_.ranks; ++r) drop_file_cache(opened.reader.shard_path(r));
+    for (const auto& f : opened.reader.manifest().shards) drop_file_cache(opened.reader.file_path(f));
   }
   if (o_.load_settle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o_.load_settle_ms));
   const std::uint64_t f0 = minor_faults();
@@ -475,10 +485,12 @@ void Runner::mapped_all(const std::string& root) {
   const auto opened = ckpt::open_latest(pfs, root, {.expected_world_size = o_.ranks});
   std::vector<std::uint64_t> sums(static_cast<std::size_t>(o_.ranks));
   std::uint64_t bytes = 0;
-  for (int r = 0; r < o_.ranks; ++r) bytes += opened.reader.manifest().shard(r).size;
+  for (const auto& f : opened.reader.manifest().shards) bytes += f.size;
   on_ranks(o_.ranks, [&](int r) {
-    ckpt::MappedShard shard(opened.reader, r, ckpt::Verify::fast);
-    for (const auto& t : shard.tensors()) sums[static_cast<std::size_t>(r)] += touch_pages(shard.tensor(t.name).data);
+    for (const ckpt::ShardRecord& f : opened.reader.manifest().files_of(r)) {
+      ckpt::MappedShard shard(opened.reader, f, ckpt::Verify::fast);
+      for (const auto& t : shard.tensors()) sums[static_cast<std::size_t>(r)] += touch_pages(shard.tensor(t.name).data);
+    }
   });
   const double s = secs(Clock::now() - t0);
   const std::uint64_t faults = minor_faults() - f0;

@@ -310,7 +310,7 @@ class PyCheckpointer {
  public:
   PyCheckpointer(const std::string& root, int world_size, int keep_last, const std::string& writer, const std::string& when_busy,
                  const std::optional<std::string>& durable_root, int durable_keep_last, bool allow_older_than_latest, bool allow_empty,
-                 std::shared_ptr<ProcessCoordinator> coordinator, std::uint64_t staging_bytes_per_rank)
+                 std::shared_ptr<ProcessCoordinator> coordinator, std::uint64_t staging_bytes_per_rank, std::uint64_t max_file_bytes)
       : coordinator_(std::move(coordinator)) {
     ckpt::CheckpointerOptions o{.root = root,
                                 .world_size = world_size,
@@ -321,6 +321,7 @@ class PyCheckpointer {
                                 .allow_older_than_latest = allow_older_than_latest,
                                 .allow_empty = allow_empty};
     o.staging_bytes_per_rank = staging_bytes_per_rank;
+    o.max_file_bytes = max_file_bytes;
     if (durable_root) o.durable = ckpt::DurableTierOptions{.root = *durable_root, .keep_last = durable_keep_last};
     py::gil_scoped_release nogil;  // a multi-process start_run waits for the coordinator's Python thread
     cp_ = std::make_unique<ckpt::Checkpointer>(std::move(o));
@@ -464,7 +465,7 @@ class PyReader {
   bool fell_back() const { return opened_->fell_back; }
   std::string verify_name() const { return verify_ == ckpt::Verify::none ? "none" : verify_ == ckpt::Verify::fast ? "fast" : "full"; }
   // As JSON text, NaN and infinities tagged (JsonObject::dump).
-  std::string metadata(int rank) const { return manifest().shard(rank).metadata.dump(); }
+  std::string metadata(int rank) const { return manifest().rank_record(rank).metadata.dump(); }
   std::string training() const { return manifest().training.dump(); }
 
   // (name, dtype name, shape) of the tensors rank holds (replicated ones it does not store
@@ -486,9 +487,10 @@ class PyReader {
     {
       py::gil_scoped_release nogil;
       ckpt::check_rank(rank, world_size(), "rank", dir());
-      // A replicated tensor is stored in its lowest holder's shard only.
+      // A replicated tensor is stored in its lowest holder's shard only; of a shard of several
+      // files, in the one its entry names (unknown: the rank's first, whose error lists it).
       const ckpt::TensorRecord* held = manifest().find_held_tensor(name, rank);
-      shard = mapped(held ? held->rank : rank, mode);
+      shard = mapped(held ? manifest().file_of(*held) : manifest().rank_record(rank), mode);
       v = shard->tensor(name);
     }
     std::vector<py::ssize_t> shape(v.shape.begin(), v.shape.end());
@@ -531,13 +533,13 @@ class PyReader {
   }
 
  private:
-  // One mapping per (rank, mode), made on first use. Called without the GIL.
-  std::shared_ptr<ckpt::MappedShard> mapped(int rank, ckpt::Verify mode) {
+  // One mapping per (shard file, mode), made on first use. Called without the GIL.
+  std::shared_ptr<ckpt::MappedShard> mapped(const ckpt::ShardRecord& file, ckpt::Verify mode) {
     std::lock_guard lk(mu_);
-    auto key = std::make_pair(rank, static_cast<int>(mode));
+    auto key = std::make_pair(static_cast<int>(manifest().file_index(file.rank, file.part)), static_cast<int>(mode));
     auto it = shards_.find(key);
     if (it != shards_.end()) return it->second;
-    auto s = std::make_shared<ckpt::MappedShard>(opened_->reader, rank, mode);
+    auto s = std::make_shared<ckpt::MappedShard>(opened_->reader, file, mode);
     shards_.emplace(key, s);
     return s;
   }
@@ -545,7 +547,7 @@ class PyReader {
   ckpt::Verify verify_;
   std::unique_ptr<ckpt::OpenedCheckpoint> opened_;
   std::mutex mu_;
-  std::map<std::pair<int, int>, std::shared_ptr<ckpt::MappedShard>> shards_;
+  std::map<std::pair<int, int>, std::shared_ptr<ckpt::MappedShard>> shards_;  // by (file index, mode)
 };
 
 }  // namespace
@@ -683,10 +685,10 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<PyCheckpointer>(m, "Checkpointer")
       .def(py::init<const std::string&, int, int, const std::string&, const std::string&, const std::optional<std::string>&, int,
-                    bool, bool, std::shared_ptr<ProcessCoordinator>, std::uint64_t>(),
+                    bool, bool, std::shared_ptr<ProcessCoordinator>, std::uint64_t, std::uint64_t>(),
            py::arg("root"), py::arg("world_size"), py::arg("keep_last"), py::arg("writer"), py::arg("when_busy"),
            py::arg("durable_root"), py::arg("durable_keep_last"), py::arg("allow_older_than_latest"), py::arg("allow_empty"),
-           py::arg("coordinator"), py::arg("staging_bytes_per_rank") = 0)
+           py::arg("coordinator"), py::arg("staging_bytes_per_rank") = 0, py::arg("max_file_bytes") = 0)
       .def("save", &PyCheckpointer::save, py::arg("rank"), py::arg("step"), py::arg("tensors"), py::arg("keep"),
            py::arg("metadata"), py::arg("training"), py::arg("staging"), py::arg("wall_clock_seconds"), py::arg("sharding") = "")
       .def("wait_all_for", &PyCheckpointer::wait_all_for, py::arg("timeout"))

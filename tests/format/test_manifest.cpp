@@ -107,10 +107,10 @@ TEST_CASE("NaN and infinities in training and metadata round-trip bit for bit, w
 }
 
 TEST_CASE("future schema_version is refused as unsupported naming both versions") {
-  const Error e = decode_error([](json::object& o) { o["schema_version"] = 3; });
+  const Error e = decode_error([](json::object& o) { o["schema_version"] = 4; });
   CHECK(e.code() == Errc::unsupported_schema);
-  CHECK(e.expected() == "1 to 2");
-  CHECK(e.actual() == "3");
+  CHECK(e.expected() == "1 to 3");
+  CHECK(e.actual() == "4");
   CHECK(e.file() == "/c/manifest.json");
 }
 

@@ -42,7 +42,7 @@ struct Shard {
   }
   std::span<const std::byte> head() const { return std::as_bytes(std::span(file.data(), file.size())); }
   Error refusal() const {
-    return test::error_of([&] { check_shard_head(m, 0, head(), kFile); });
+    return test::error_of([&] { check_shard_head(m, m.shard(0), head(), kFile); });
   }
 };
 
@@ -58,7 +58,7 @@ void check_refusal(const Error& e, const std::string& detail, const std::string&
 
 TEST_CASE("a header that agrees with the index is returned with each tensor's index entry") {
   Shard s;
-  const CheckedShardHeader c = check_shard_head(s.m, 0, s.head(), kFile);
+  const CheckedShardHeader c = check_shard_head(s.m, s.m.shard(0), s.head(), kFile);
   REQUIRE(c.header.tensors.size() == 3);
   REQUIRE(c.records.size() == 3);
   for (std::size_t i = 0; i < 3; ++i) {
@@ -66,8 +66,8 @@ TEST_CASE("a header that agrees with the index is returned with each tensor's in
     CHECK(c.records[i]->begin == c.header.data_start + c.header.tensors[i].begin);
   }
   // Only the first data_start bytes are needed.
-  CHECK_NOTHROW(check_shard_head(s.m, 0, s.head().first(static_cast<std::size_t>(s.h.data_start)), kFile));
-  const Error e = test::error_of([&] { check_shard_head(s.m, 0, s.head().first(100), kFile); });
+  CHECK_NOTHROW(check_shard_head(s.m, s.m.shard(0), s.head().first(static_cast<std::size_t>(s.h.data_start)), kFile));
+  const Error e = test::error_of([&] { check_shard_head(s.m, s.m.shard(0), s.head().first(100), kFile); });
   check_refusal(e, "header bytes available", std::to_string(s.h.data_start), "100");
 }
 
@@ -119,14 +119,14 @@ TEST_CASE("of several disagreements the first in the file is named, and the inde
   t.m.world_size = 2;
   t.m.shards.push_back({.rank = 1, .path = "rank-00001-of-00002.safetensors", .size = 1});
   t.m.tensors.push_back({"x", 1, DType::U8, {1}, 0, 1});
-  CHECK_NOTHROW(check_shard_head(t.m, 0, t.head(), kFile));
+  CHECK_NOTHROW(check_shard_head(t.m, t.m.shard(0), t.head(), kFile));
 }
 
 TEST_CASE("what the parser refuses is refused as it says, before any comparison") {
   Shard s;
   std::string f = s.file;
   f.replace(f.find("\"F32\""), 5, "\"F8\" ");  // an unknown dtype, the JSON still padded
-  const Error e = test::error_of([&] { check_shard_head(s.m, 0, std::as_bytes(std::span(f.data(), f.size())), kFile); });
+  const Error e = test::error_of([&] { check_shard_head(s.m, s.m.shard(0), std::as_bytes(std::span(f.data(), f.size())), kFile); });
   CHECK(e.code() == Errc::malformed_shard);
   CHECK(e.file() == kFile);
   CHECK(std::string(e.what()).find("F8") != std::string::npos);

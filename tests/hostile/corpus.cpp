@@ -590,7 +590,7 @@ std::vector<Case> number_cases(const GoodRoot& g) {
   b.manifest("wall_clock_seconds = string", [](json::object& m) { m["wall_clock_seconds"] = "1"; }, Errc::malformed_manifest);
   // schema_version: any other integer is a version this build cannot read; anything else is malformed.
   for (const auto& [label, v] : std::vector<std::pair<std::string, json::value>>{{"0", json::value(0)},
-                                                                                  {"3", json::value(3)},
+                                                                                  {"4", json::value(4)},
                                                                                   {"99", json::value(99)},
                                                                                   {"-1", json::value(-1)},
                                                                                   {"2^63", json::value(k2Pow63)},
@@ -843,8 +843,10 @@ std::vector<Case> manifest_cases(const GoodRoot& g) {
   // Duplicate keys: the parser keeps the last, which must then be checked like any other.
   b.manifest_text("manifest with world_size twice, 3 last", [](std::string t) { return "{\"world_size\":2," + t.substr(t.find('{') + 1, t.rfind('}') - t.find('{') - 1) + ",\"world_size\":3}"; },
                   Errc::malformed_manifest);
-  b.manifest_text("manifest with schema_version twice, 3 last", [](std::string t) { return t.substr(0, t.rfind('}')) + ",\"schema_version\":3}"; },
+  b.manifest_text("manifest with schema_version twice, 4 last", [](std::string t) { return t.substr(0, t.rfind('}')) + ",\"schema_version\":4}"; },
                   Errc::unsupported_schema);
+  // Schema 3 (a rank in several files) names each file's part: a schema 2 table under it is malformed.
+  b.manifest("schema_version 3 over a table without parts", [](json::object& m) { m["schema_version"] = 3; }, Errc::malformed_manifest);
   // Deep nesting in the free-form objects and at the top.
   b.manifest("training nested 40 levels", [](json::object& m) {
     json::value v = 1;

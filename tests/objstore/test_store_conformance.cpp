@@ -83,6 +83,7 @@ TEST_CASE("an object store's listing without a verify level downloads manifests 
 
 #include "ckpt/store/copy.hpp"
 #include "support/node_checkpoint.hpp"
+#include "ckpt/runtime/checkpointer.hpp"
 
 TEST_CASE("a node set's checkpoint goes to the object store as one of one root, verified in full, and comes back into a node set of its layout with its parity computed again") {
   using namespace ckpt;
@@ -112,7 +113,7 @@ TEST_CASE("a node set's checkpoint goes to the object store as one of one root, 
   CHECK(h->healthy());
   CHECK(back->manifest(10)->redundancy.size() == m.redundancy.size());
   for (const auto& s : m.shards) {
-    const auto a = set->shard(10, s.rank), b = back->shard(10, s.rank);
+    const auto a = set->shard(10, s), b = back->shard(10, s);
     std::vector<std::byte> x(a->size()), y(b->size());
     a->read_at(0, x);
     b->read_at(0, y);
@@ -122,4 +123,37 @@ TEST_CASE("a node set's checkpoint goes to the object store as one of one root, 
   const auto reports = open_store((dir / "back").string())->writer()->repair(10, Verify::full);
   CHECK_FALSE(reports.empty());
   CHECK(open_store((dir / "back").string())->health(10, Verify::full)->healthy());
+}
+
+TEST_CASE("a checkpoint with a rank in several files goes to the object store and back file by file, each tensor read from its file") {
+  using namespace ckpt;
+  ObjectStoreKind kind;
+  const test::TempDir dir;
+  // Rank 0's "a" and "b" (16 KiB each) in two files (max_file_bytes 16 KiB).
+  const auto a = test::random_bytes(16384, 1), b = test::random_bytes(16384, 2);
+  {
+    Checkpointer ckpt({.root = (dir.path() / "local").string(), .world_size = 1, .max_file_bytes = 16384});
+    const std::vector<TensorView> views{{"a", DType::U8, {a.size()}, std::as_bytes(std::span(a))}, {"b", DType::U8, {b.size()}, std::as_bytes(std::span(b))}};
+    ckpt.save_sync(0, 10, views, SaveInfo{});
+  }
+  const auto local = open_store((dir.path() / "local").string());
+  const auto object = kind.open();
+  copy_checkpoint(*local, 10, *object->writer(), {.verify = Verify::full});
+  const auto there = object->manifest(10);
+  REQUIRE(there->shards.size() == 2);
+  CHECK(there->schema_version == 3);
+  object->verify(10, Verify::full);
+  const ObjectCheckpoint ck = open_object_checkpoint(*kind.client, 10);
+  for (const Verify v : {Verify::none, Verify::fast, Verify::full}) {
+    const ObjectTensor got = read_object_tensor(*kind.client, ck, 0, "b", v, 1 << 20);
+    CHECK(got.record.part == 1);
+    CHECK(std::equal(got.data.begin(), got.data.end(), reinterpret_cast<const std::byte*>(b.data())));
+  }
+  // And back into a directory: both files, verified.
+  const auto back = open_store((dir.path() / "back").string());
+  copy_checkpoint(*object, 10, *back->writer(), {.verify = Verify::full});
+  const CheckpointReader reader = back->open(10, 1);
+  reader.verify(Verify::full);
+  const auto got = reader.read_tensor("a", 0);
+  CHECK(std::equal(got.begin(), got.end(), reinterpret_cast<const std::byte*>(a.data())));
 }

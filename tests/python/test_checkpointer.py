@@ -411,7 +411,10 @@ def test_staging_sized_for_a_state_is_allocated_at_construction_and_the_saves_do
     state = {"w": torch.randn(1000, 300), "b": torch.zeros(300, dtype=torch.bfloat16), "step": torch.tensor(3)}
     need = ckpt.staging_bytes(state)
     data = sum(v.numel() * v.element_size() for v in state.values())
-    assert need % 4096 == 0 and data + 8 < need <= data + 2 * 4096 + 4096  # the image: header, tensors, padding
+    # The image (header, tensors, padding), and room for a split into a file per core
+    # (max_file_bytes): each further file a header of at most this one's and two paddings.
+    files = max(2, os.cpu_count() or 1)
+    assert need % 4096 == 0 and data + 8 < need <= data + 2 * 4096 + 4096 + (files - 1) * (4096 + 8192)
     with ckpt.Checkpointer(tmp_path / "r", staging_bytes_per_rank=state) as c:
         st = c.stats()
         assert (st["staging_bytes"], st["staging_allocations"]) == (need, 1)  # before any save
@@ -424,7 +427,8 @@ def test_staging_sized_for_a_state_is_allocated_at_construction_and_the_saves_do
     with ckpt.Checkpointer(tmp_path / "s") as c:
         assert (c.stats()["staging_bytes"], c.stats()["staging_allocations"]) == (0, 0)
         c.save_sync(0, 1, state)
-        assert (c.stats()["staging_bytes"], c.stats()["staging_allocations"]) == (need, 1)
+        st = c.stats()  # what this save needed: at most what staging_bytes sized (it allows for files)
+        assert st["staging_allocations"] == 1 and data < st["staging_bytes"] <= need
 
 
 def test_staging_sized_for_a_nested_state_dict_fits_save_state_and_counts_only_names_dtypes_and_shapes(tmp_path):

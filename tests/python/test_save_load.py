@@ -230,3 +230,34 @@ def test_load_into_reads_one_file_in_parts_on_every_core_into_unaligned_arrays(t
         assert rep["parts"] == parts, (verify, rep)
         assert rep["bytes_read"] >= 48 << 20 and "reads_direct" in rep
         assert all(np.array_equal(out[k], state[k]) for k in state), verify
+
+
+def test_a_rank_split_into_files_saves_hashes_and_loads_every_file(tmp_path):
+    # max_file_bytes 1 MiB: "a" and "b" (1 MiB each) a file each, "c" (3 MiB) a file of its
+    # own, "d" and "e" (small) together: four files, each verified, every reader bit-exact.
+    rng = np.random.default_rng(9)
+    state = {"a": rng.integers(0, 255, 1 << 20, dtype=np.uint8), "b": rng.standard_normal(1 << 18).astype(np.float32),
+             "c": rng.integers(0, 255, 3 << 20, dtype=np.uint8), "d": np.arange(10, dtype=np.int64),
+             "e": np.ones(3, dtype=np.float64)}
+    with ckpt.Checkpointer(tmp_path, max_file_bytes=1 << 20) as c:
+        c.save_sync(1, state)
+    names = sorted(p for p in os.listdir(tmp_path / "step-0000000001") if p.endswith(".safetensors"))
+    assert names == [f"rank-00000-of-00001.part-0000{k}-of-00004.safetensors" for k in range(4)]
+    r = ckpt.open_latest(tmp_path)
+    r.verify("full")
+    for verify in ("none", "fast", "full"):
+        out = {k: np.zeros_like(v) for k, v in state.items()}
+        rep = r.load_into(out, verify=verify)
+        assert all(np.array_equal(out[k], state[k]) for k in state), verify
+        assert rep["bytes_read"] >= 5 << 20
+    for k, v in state.items():
+        assert np.array_equal(r.read(k), v), k
+    # One file per rank, however large (max_file_bytes=0), is the format every earlier
+    # release wrote: schema 2.
+    with ckpt.Checkpointer(tmp_path / "one", max_file_bytes=0) as c:
+        c.save_sync(1, state)
+    assert sorted(p for p in os.listdir(tmp_path / "one" / "step-0000000001") if p.endswith(".safetensors")) == [
+        "rank-00000-of-00001.safetensors"]
+    import json
+    assert json.loads((tmp_path / "one" / "step-0000000001" / "manifest.json").read_text())["schema_version"] == 2
+    assert json.loads((tmp_path / "step-0000000001" / "manifest.json").read_text())["schema_version"] == 3

@@ -131,7 +131,7 @@ TEST_CASE_TEMPLATE_DEFINE("store conformance: a committed checkpoint reads back 
         const auto got = reader.read_tensor("f32", r, Verify::fast);
         const auto want = src.saved.saved(r, "f32");
         CHECK(std::equal(got.begin(), got.end(), want.begin(), want.end()));
-        const auto file = s->shard(10, r);
+        const auto file = s->shard(10, reader.manifest().shard(r));
         const auto expect = src.shard_bytes(r);
         REQUIRE(file->size() == expect.size());
         std::vector<std::byte> all(expect.size());
@@ -179,7 +179,7 @@ TEST_CASE_TEMPLATE_DEFINE("store conformance: a committed checkpoint reads back 
     CHECK(c.manifest->redundancy.empty());
     dst->verify(10, Verify::full);
     for (int rank = 0; rank < Kind::world; ++rank) {
-      const auto file = dst->shard(10, rank);
+      const auto file = dst->shard(10, c.manifest->shard(rank));
       std::vector<std::byte> all(file->size());
       file->read_at(0, all);
       CHECK(all == src.shard_bytes(rank));

@@ -4,7 +4,8 @@
 
     reassemble_numpy.py CHECKPOINT_DIR MODEL.safetensors
 
-Reads CHECKPOINT_DIR/manifest.json (schema 1 or 2), reassembles every global tensor of the
+Reads CHECKPOINT_DIR/manifest.json (schema 1, 2 or 3: a rank's shard in several files, each
+entry of `shards` naming its `part`, each tensor the `part` holding it, 0 if absent), reassembles every global tensor of the
 `slice` descriptions, and every replicated tensor, from the shard files' byte ranges, and
 compares each with the tensor of the same name in MODEL.safetensors (what `ckpt
 consolidate` wrote). Exit 0 if every one matches bit for bit and nothing is missing.
@@ -37,16 +38,18 @@ def read_safetensors(path):
 def main(ckpt_dir, model_path):
     with open(os.path.join(ckpt_dir, "manifest.json")) as f:
         m = json.load(f)
-    assert m["schema_version"] in (1, 2), m["schema_version"]
-    paths = {s["rank"]: os.path.join(ckpt_dir, s["path"]) for s in m["shards"]}
+    assert m["schema_version"] in (1, 2, 3), m["schema_version"]
+    paths = {(s["rank"], s.get("part", 0)): os.path.join(ckpt_dir, s["path"]) for s in m["shards"]}
+    assert len(paths) == len(m["shards"]), "a (rank, part) listed twice"
     files = {}
 
-    def stored(t):  # the entry's bytes, from its rank's shard file
-        if t["rank"] not in files:
-            with open(paths[t["rank"]], "rb") as f:
-                files[t["rank"]] = f.read()
+    def stored(t):  # the entry's bytes, from the file of its rank that holds it
+        key = (t["rank"], t.get("part", 0))
+        if key not in files:
+            with open(paths[key], "rb") as f:
+                files[key] = f.read()
         b, e = t["byte_range"]
-        return np.frombuffer(files[t["rank"]][b:e], dtype=DTYPES[t["dtype"]]).reshape(t["shape"])
+        return np.frombuffer(files[key][b:e], dtype=DTYPES[t["dtype"]]).reshape(t["shape"])
 
     globals_ = {}
     for t in m["tensors"]:

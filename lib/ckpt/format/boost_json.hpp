@@ -67,7 +67,9 @@ bool all_finite(const boost::json::value& v);
 /// `stripe`: a parity block's stripe (its members are written out for an independent
 /// decoder); null for a replica.
 boost::json::object block_to_json(const RedundancyBlock& b, const Stripe* stripe);
-boost::json::object shard_to_json(const ShardRecord& s);
+/// `parts`: the manifest is schema 3 (the entry carries `part`; a part other than 0 carries
+/// no param range or metadata). A tensor entry carries `part` when it is not 0.
+boost::json::object shard_to_json(const ShardRecord& s, bool parts = false);
 boost::json::object tensor_to_json(const TensorRecord& t);
 /// The sharding field of a tensor entry: {"slice": {...}}, {"replicated": {...}} or
 /// {"rank_local": true}.

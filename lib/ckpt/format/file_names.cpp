@@ -31,4 +31,11 @@ std::string shard_file_name(int rank, int world_size) {
   return buf;
 }
 
+std::string shard_file_name(int rank, int world_size, int part, int parts) {
+  if (parts <= 1) return shard_file_name(rank, world_size);
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "rank-%05d-of-%05d.part-%05d-of-%05d.safetensors", rank, world_size, part, parts);
+  return buf;
+}
+
 }  // namespace ckpt

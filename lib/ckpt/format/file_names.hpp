@@ -21,6 +21,9 @@ std::string checkpoint_dir_name(std::uint64_t step);
 std::optional<std::uint64_t> parse_checkpoint_dir_name(std::string_view name) noexcept;
 /// "rank-00001-of-00004.safetensors".
 std::string shard_file_name(int rank, int world_size);
+/// The name of file `part` (0..parts-1) of rank's shard: shard_file_name(rank, world_size) for
+/// a shard of one file, else "rank-00001-of-00004.part-00002-of-00003.safetensors".
+std::string shard_file_name(int rank, int world_size, int part, int parts);
 
 }  // namespace ckpt
 CKPT_API_END

@@ -26,6 +26,7 @@ namespace json = boost::json;
 
 namespace {
 constexpr int kMaxWorldSize = 1 << 20;
+constexpr int kMaxFileParts = 99999;  // a part's number is five digits in its file name
 constexpr std::uint64_t kMaxFileSize = 1ull << 50;  // 1 PiB per shard: beyond it, the number is hostile
 constexpr std::uint64_t kMinChunk = 4096, kMaxChunk = 1ull << 30;
 
@@ -112,9 +113,40 @@ bool is_plain_file_name(std::string_view name) noexcept {
          name.find('\\') == std::string_view::npos;
 }
 
+std::span<const ShardRecord> Manifest::files_of(int rank) const noexcept {
+  const auto by_rank = [](const ShardRecord& s, int r) { return s.rank < r; };
+  const auto lo = std::lower_bound(shards.begin(), shards.end(), rank, by_rank);
+  auto hi = lo;
+  while (hi != shards.end() && hi->rank == rank) ++hi;
+  return {lo, hi};
+}
+
+const ShardRecord& Manifest::rank_record(int rank) const {
+  check_rank(rank, world_size > 0 ? world_size : static_cast<int>(shards.size()), "shard rank", kManifestName);
+  const auto files = files_of(rank);
+  if (files.empty() || files.front().part != 0)
+    throw Error(Errc::invalid_argument, std::string(kManifestName), "shard file of rank " + std::to_string(rank), "part 0", "none");
+  return files.front();
+}
+
 const ShardRecord& Manifest::shard(int rank) const {
-  check_rank(rank, static_cast<int>(shards.size()), "shard rank", kManifestName);
-  return shards[static_cast<std::size_t>(rank)];
+  const ShardRecord& first = rank_record(rank);
+  if (const auto n = files_of(rank).size(); n != 1)
+    throw Error(Errc::invalid_argument, std::string(kManifestName), "shard files of rank " + std::to_string(rank) + " (one asked for)", "1",
+                std::to_string(n));
+  return first;
+}
+
+std::size_t Manifest::file_index(int rank, int part) const {
+  const auto files = files_of(rank);
+  if (part < 0 || static_cast<std::size_t>(part) >= files.size() || files[static_cast<std::size_t>(part)].part != part)
+    throw Error(Errc::invalid_argument, std::string(kManifestName), "shard file of rank " + std::to_string(rank),
+                "parts 0.." + std::to_string(files.empty() ? 0 : files.size() - 1), "part " + std::to_string(part));
+  return static_cast<std::size_t>(&files[static_cast<std::size_t>(part)] - shards.data());
+}
+
+bool Manifest::has_file_parts() const noexcept {
+  return std::any_of(shards.begin(), shards.end(), [](const ShardRecord& s) { return s.part != 0; });
 }
 
 const TensorRecord* Manifest::find_tensor(std::string_view name, int rank) const noexcept {
@@ -177,18 +209,22 @@ std::optional<std::chrono::system_clock::time_point> parse_rfc3339(std::string_v
          std::chrono::milliseconds(ms);
 }
 
-json::object shard_to_json(const ShardRecord& s) {
+json::object shard_to_json(const ShardRecord& s, bool parts) {
   json::array chunks;
   for (auto c : s.chunk_xxh3) chunks.emplace_back(xxh3_hex(c));
-  return json::object{{"rank", s.rank},
-                      {"path", s.path},
-                      {"size", s.size},
-                      {"sha256", s.sha256},
-                      {"xxh3", xxh3_hex(s.xxh3)},
-                      {"chunk_xxh3", std::move(chunks)},
-                      {"param_shard_offset", s.param_shard_offset},
-                      {"param_shard_numel", s.param_shard_numel},
-                      {"metadata", tagged_object(json_of(s.metadata))}};
+  json::object o{{"rank", s.rank}};
+  if (parts) o["part"] = s.part;
+  o["path"] = s.path;
+  o["size"] = s.size;
+  o["sha256"] = s.sha256;
+  o["xxh3"] = xxh3_hex(s.xxh3);
+  o["chunk_xxh3"] = std::move(chunks);
+  if (s.part == 0) {
+    o["param_shard_offset"] = s.param_shard_offset;
+    o["param_shard_numel"] = s.param_shard_numel;
+    o["metadata"] = tagged_object(json_of(s.metadata));
+  }
+  return o;
 }
 
 namespace {
@@ -217,11 +253,11 @@ json::object sharding_to_json(const TensorSharding& s) {
 }
 
 json::object tensor_to_json(const TensorRecord& t) {
-  json::object o{{"name", t.name},
-                 {"rank", t.rank},
-                 {"dtype", dtype_name(t.dtype)},
-                 {"shape", u64_array(t.shape)},
-                 {"byte_range", json::array{t.begin, t.end}}};
+  json::object o{{"name", t.name}, {"rank", t.rank}};
+  if (t.part != 0) o["part"] = t.part;
+  o["dtype"] = dtype_name(t.dtype);
+  o["shape"] = u64_array(t.shape);
+  o["byte_range"] = json::array{t.begin, t.end};
   if (t.sharding)
     for (auto& kv : sharding_to_json(*t.sharding)) o[kv.key()] = kv.value();
   return o;
@@ -259,7 +295,7 @@ std::vector<std::uint64_t> shard_sizes(const Manifest& m) {
 
 std::string encode_manifest(const Manifest& m) {
   json::array shards;
-  for (const auto& s : m.shards) shards.emplace_back(shard_to_json(s));
+  for (const auto& s : m.shards) shards.emplace_back(shard_to_json(s, m.schema_version >= kFilesPerRankSchemaVersion));
   json::array tensors;
   for (const auto& t : m.tensors) tensors.emplace_back(tensor_to_json(t));
   json::object o{{"schema_version", m.schema_version},
@@ -327,7 +363,16 @@ Manifest assemble_manifest(std::uint64_t step, std::uint64_t chunk_size, std::ve
     if (rep.chunk_size != chunk_size)
       throw Error(Errc::invalid_argument, rep.shard.path, "chunk length of the shard's checksums", std::to_string(chunk_size),
                   std::to_string(rep.chunk_size));
+    if (rep.shard.part != 0) throw Error(Errc::invalid_argument, rep.shard.path, "part of the rank's first file", "0", std::to_string(rep.shard.part));
     m.shards.push_back(std::move(rep.shard));
+    for (std::size_t k = 0; k < rep.more_files.size(); ++k) {
+      ShardRecord& f = rep.more_files[k];
+      if (f.rank != static_cast<int>(r) || f.part != static_cast<int>(k + 1))
+        throw Error(Errc::invalid_argument, f.path, "rank and part of a shard file", std::to_string(r) + " part " + std::to_string(k + 1),
+                    std::to_string(f.rank) + " part " + std::to_string(f.part));
+      m.shards.push_back(std::move(f));
+      m.schema_version = kFilesPerRankSchemaVersion;
+    }
     std::move(rep.tensors.begin(), rep.tensors.end(), std::back_inserter(m.tensors));
   }
   return m;
@@ -553,9 +598,9 @@ Manifest decode_manifest_value(const json::value& root, std::string_view file) {
 
   const auto& sv = detail::json_field(c, o, "schema_version", "");
   if (!sv.is_int64() && !sv.is_uint64()) c.fail("schema_version", "integer", detail::json_kind(sv));
-  if (!(sv.is_int64() && sv.get_int64() >= kOldestSchemaVersion && sv.get_int64() <= kSchemaVersion))
+  if (!(sv.is_int64() && sv.get_int64() >= kOldestSchemaVersion && sv.get_int64() <= kFilesPerRankSchemaVersion))
     throw Error(Errc::unsupported_schema, std::string(file), "schema_version",
-                std::to_string(kOldestSchemaVersion) + " to " + std::to_string(kSchemaVersion),
+                std::to_string(kOldestSchemaVersion) + " to " + std::to_string(kFilesPerRankSchemaVersion),
                 sv.is_int64() ? std::to_string(sv.get_int64()) : std::to_string(sv.get_uint64()));
   m.schema_version = static_cast<int>(sv.get_int64());
 
@@ -576,27 +621,49 @@ Manifest decode_manifest_value(const json::value& root, std::string_view file) {
   if (!all_finite(json_of(m.training))) c.fail("training", "finite numbers", "a number beyond the double range");
   untag_object(json_of(m.training));
 
+  // The shard table: one file per rank below schema 3, placed by rank; from schema 3 each
+  // entry names its (rank, part), and the table is sorted into (rank, part) order and must
+  // hold parts 0..n-1 of every rank.
+  const bool parts = m.schema_version >= kFilesPerRankSchemaVersion;
   const auto& shards = detail::json_arr(c, detail::json_field(c, o, "shards", ""), "shards");
-  if (shards.size() != static_cast<std::size_t>(m.world_size))
+  if (!parts && shards.size() != static_cast<std::size_t>(m.world_size))
     c.fail("shards", std::to_string(m.world_size) + " entries (world_size)", std::to_string(shards.size()));
+  if (parts && shards.size() < static_cast<std::size_t>(m.world_size))
+    c.fail("shards", "at least " + std::to_string(m.world_size) + " entries (world_size)", std::to_string(shards.size()));
   m.shards.resize(shards.size());
-  std::vector<bool> seen(shards.size(), false);
+  std::vector<bool> seen(static_cast<std::size_t>(m.world_size), false);
+  std::set<std::pair<int, int>> seen_parts;
   std::set<std::string_view> paths;
   for (std::size_t i = 0; i < shards.size(); ++i) {
     const std::string where = "shards[" + std::to_string(i) + "]";
     const json::object& so = detail::json_obj(c, shards[i], where);
     const auto rank = detail::json_u64(c, detail::json_field(c, so, "rank", where + "."), where + ".rank",
                                        static_cast<std::uint64_t>(m.world_size - 1));
-    if (seen[rank]) c.fail(where + ".rank", "each rank once", "rank " + std::to_string(rank) + " repeated");
+    int part = 0;
+    if (parts) {
+      part = static_cast<int>(detail::json_u64(c, detail::json_field(c, so, "part", where + "."), where + ".part", kMaxFileParts - 1));
+      if (!seen_parts.insert({static_cast<int>(rank), part}).second)
+        c.fail(where, "each (rank, part) once", "rank " + std::to_string(rank) + " part " + std::to_string(part) + " repeated");
+    } else {
+      if (so.contains("part")) c.fail(where + ".part", "absent below schema_version 3", "present");
+      if (seen[rank]) c.fail(where + ".rank", "each rank once", "rank " + std::to_string(rank) + " repeated");
+    }
     seen[rank] = true;
-    ShardRecord& s = m.shards[rank];
+    ShardRecord& s = m.shards[parts ? i : rank];
     s.rank = static_cast<int>(rank);
+    s.part = part;
     s.path = std::string(detail::json_str(c, detail::json_field(c, so, "path", where + "."), where + ".path"));
     if (!is_plain_file_name(s.path))
       throw Error(Errc::unsafe_path, std::string(file), where + ".path", "a plain file name inside the checkpoint directory",
                   "'" + s.path + "'");
     s.size = detail::json_u64(c, detail::json_field(c, so, "size", where + "."), where + ".size", kMaxFileSize);
     decode_checksums(c, so, where, s.size, m.chunk_size, s.sha256, s.xxh3, s.chunk_xxh3);
+    if (part != 0) {
+      // The rank's param range and metadata are its part 0's alone.
+      for (const char* f : {"param_shard_offset", "param_shard_numel", "metadata"})
+        if (so.contains(f)) c.fail(where + "." + f, "absent from a part other than 0 (part 0 carries the rank's)", "present");
+      continue;
+    }
     s.param_shard_offset = detail::json_u64(c, detail::json_field(c, so, "param_shard_offset", where + "."), where + ".param_shard_offset");
     s.param_shard_numel = detail::json_u64(c, detail::json_field(c, so, "param_shard_numel", where + "."), where + ".param_shard_numel");
     std::uint64_t end;
@@ -607,8 +674,23 @@ Manifest decode_manifest_value(const json::value& root, std::string_view file) {
     if (!all_finite(json_of(s.metadata))) c.fail(where + ".metadata", "finite numbers", "a number beyond the double range");
     untag_object(json_of(s.metadata));
   }
+  if (parts) {
+    std::sort(m.shards.begin(), m.shards.end(), [](const ShardRecord& a, const ShardRecord& b) {
+      return std::pair(a.rank, a.part) < std::pair(b.rank, b.part);
+    });
+    for (std::size_t i = 0; i < m.shards.size(); ++i) {
+      const int want = i > 0 && m.shards[i - 1].rank == m.shards[i].rank ? m.shards[i - 1].part + 1 : 0;
+      if (m.shards[i].part != want)
+        c.fail("shards[rank " + std::to_string(m.shards[i].rank) + "].part", "parts 0..n-1 of each rank: part " + std::to_string(want),
+               "part " + std::to_string(m.shards[i].part));
+    }
+    for (int r = 0; r < m.world_size; ++r)
+      if (!seen[static_cast<std::size_t>(r)]) c.fail("shards", "a file for every rank", "none for rank " + std::to_string(r));
+  }
   for (const auto& s : m.shards)
-    if (!paths.insert(s.path).second) c.fail("shards[rank " + std::to_string(s.rank) + "].path", "a path used once", "'" + s.path + "' repeated");
+    if (!paths.insert(s.path).second)
+      c.fail("shards[rank " + std::to_string(s.rank) + (parts ? " part " + std::to_string(s.part) : std::string()) + "].path", "a path used once",
+             "'" + s.path + "' repeated");
 
   const auto& tensors = detail::json_arr(c, detail::json_field(c, o, "tensors", ""), "tensors");
   m.tensors.reserve(tensors.size());
@@ -628,7 +710,15 @@ Manifest decode_manifest_value(const json::value& root, std::string_view file) {
     if (br.size() != 2) c.fail(where + ".byte_range", "2 entries", std::to_string(br.size()));
     t.begin = detail::json_u64(c, br[0], where + ".byte_range[0]");
     t.end = detail::json_u64(c, br[1], where + ".byte_range[1]");
-    const auto fsize = m.shards[static_cast<std::size_t>(t.rank)].size;
+    if (const auto* pv = to.if_contains("part")) {
+      if (!parts) c.fail(where + ".part", "absent below schema_version 3", "present");
+      t.part = static_cast<int>(detail::json_u64(c, *pv, where + ".part", kMaxFileParts - 1));
+    }
+    const auto files = m.files_of(t.rank);
+    if (static_cast<std::size_t>(t.part) >= files.size())
+      c.fail(where + ".part", "a part of rank " + std::to_string(t.rank) + "'s shard (0.." + std::to_string(files.size() - 1) + ")",
+             std::to_string(t.part));
+    const auto fsize = files[static_cast<std::size_t>(t.part)].size;
     if (t.begin > t.end || t.end > fsize)
       c.fail(where + ".byte_range", "begin <= end <= shard size " + std::to_string(fsize),
              "[" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "]");
@@ -649,6 +739,8 @@ Manifest decode_manifest_value(const json::value& root, std::string_view file) {
           c.fail("tensors", "unique names per rank (a replicated tensor counts on each holder)",
                  "'" + t.name + "' repeated on rank " + std::to_string(t.sharding->holders[k]));
   check_slices(c, m);
+  if (parts && o.contains("nodes") && m.has_file_parts())
+    c.fail("nodes", "one file per rank (a node set's redundancy is planned over each rank's one file)", "a rank in several files");
   decode_nodes(c, o, m);
   return m;
 }

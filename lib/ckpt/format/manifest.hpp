@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,15 +25,18 @@
 CKPT_API_BEGIN
 namespace ckpt {
 
-/// The version every writer writes (2: tensor entries may carry sharding descriptions).
+/// The version writers write by default (2: tensor entries may carry sharding descriptions).
 inline constexpr int kSchemaVersion = 2;
+/// The version written when a rank's shard is several files (3: shard entries carry `part`,
+/// tensor entries name their file's part); the newest the loader reads.
+inline constexpr int kFilesPerRankSchemaVersion = 3;
 /// The oldest version the loader reads (1: no sharding descriptions).
 inline constexpr int kOldestSchemaVersion = 1;
 inline constexpr std::string_view kManifestName = "manifest.json";
 /// Default chunk length of the per-chunk XXH3 checksums.
 inline constexpr std::uint64_t kDefaultChunkSize = 4ull << 20;
 
-/// One rank's shard file.
+/// One shard file: the whole of a rank's shard, or (schema 3) one part of it.
 struct ShardRecord {
   int rank = 0;
   std::string path;  ///< plain file name inside the checkpoint directory
@@ -43,9 +47,13 @@ struct ShardRecord {
   std::uint64_t param_shard_offset = 0;   ///< this rank's range of the flat parameter space
   std::uint64_t param_shard_numel = 0;
   JsonObject metadata;  ///< per-rank training state (data position, RNG, ...)
+  /// Which of its rank's files, 0..n-1 (schema 3; 0 below it). Part 0 carries the rank's
+  /// param range and metadata; the other parts leave them zero and empty.
+  int part = 0;
 };
 
-/// Where one tensor lives: rank's shard file, absolute byte range [begin, end) in that file.
+/// Where one tensor lives: the file `part` of rank's shard, absolute byte range [begin, end)
+/// in that file.
 struct TensorRecord {
   std::string name;
   int rank = 0;
@@ -55,6 +63,7 @@ struct TensorRecord {
   /// Schema 2: a slice of a global tensor, replicated on several ranks (this entry, on the
   /// lowest holder, is the only one: the others' shards do not hold it), or rank-local.
   std::optional<TensorSharding> sharding;
+  int part = 0;  ///< which of the rank's files holds it (schema 3; 0 below it)
   /// Whether `r` holds this tensor: it is this entry's rank, or one of a replicated entry's
   /// holders (the one predicate every lookup by holder uses).
   bool held_by(int r) const noexcept;
@@ -68,7 +77,9 @@ struct Manifest {
   std::string created_at;         ///< UTC, RFC 3339 (e.g. 2026-11-29T10:00:00.123Z)
   std::uint64_t chunk_size = kDefaultChunkSize;
   std::uint64_t param_numel = 0;  ///< size of the flat parameter space (sum of shard numels)
-  std::vector<ShardRecord> shards;    ///< sorted by rank, exactly world_size entries
+  /// Every shard file, sorted by (rank, part): each rank's parts 0..n-1 (n = 1, so exactly
+  /// world_size entries, below schema 3).
+  std::vector<ShardRecord> shards;
   std::vector<TensorRecord> tensors;  ///< the tensor index
   JsonObject training;                ///< free-form: LR schedule, config, ...
   /// Set: the checkpoint spans node roots (format/redundancy.hpp): shard r lives in the
@@ -77,9 +88,23 @@ struct Manifest {
   std::optional<NodeLayout> nodes;
   std::vector<RedundancyBlock> redundancy;
 
-  /// The shard record of `rank`. Errc::invalid_argument naming manifest.json for a rank
-  /// outside 0..shards.size()-1.
+  /// The record of rank's one shard file. Errc::invalid_argument naming manifest.json for a
+  /// rank outside 0..world_size-1, or one whose shard is several files (files_of lists them;
+  /// rank_record has the rank's param range and metadata).
   const ShardRecord& shard(int rank) const;
+  /// The record of rank's first file (part 0), which carries the rank's param range and
+  /// metadata. Errc::invalid_argument naming manifest.json for a rank outside 0..world_size-1
+  /// or one with no file.
+  const ShardRecord& rank_record(int rank) const;
+  /// Every file of `rank`'s shard, in part order (empty for a rank outside the table).
+  std::span<const ShardRecord> files_of(int rank) const noexcept;
+  /// The index in `shards` of the file of (rank, part). Errc::invalid_argument naming
+  /// manifest.json where there is none.
+  std::size_t file_index(int rank, int part) const;
+  /// The file that holds tensor `t` (its rank's part t.part).
+  const ShardRecord& file_of(const TensorRecord& t) const { return shards[file_index(t.rank, t.part)]; }
+  /// Whether some rank's shard is several files (what schema 3 is for).
+  bool has_file_parts() const noexcept;
   /// The index entry for (name, rank), or nullptr.
   const TensorRecord* find_tensor(std::string_view name, int rank) const noexcept;
   /// Where rank's tensor `name` is read from: its own entry, or the entry of a replicated
@@ -94,7 +119,8 @@ struct Manifest {
 /// everything the manifest needs from that rank. The global fields (param_numel,
 /// wall_clock_seconds, training) are taken from rank 0's report.
 struct ShardReport {
-  ShardRecord shard;                  ///< path, size, checksums, flat range, metadata
+  ShardRecord shard;                  ///< path, size, checksums, flat range, metadata (part 0)
+  std::vector<ShardRecord> more_files;  ///< the rank's parts 1..n-1, in order (none: one file)
   std::vector<TensorRecord> tensors;  ///< the rank's tensor index entries (absolute byte ranges)
   std::uint64_t chunk_size = kDefaultChunkSize;  ///< the chunk length of shard.chunk_xxh3
   std::uint64_t param_numel = 0;
@@ -105,7 +131,8 @@ struct ShardReport {
 /// The one place a manifest is assembled: `reports` holds one report per rank, in rank order
 /// (world size = reports.size(), at least 1); created_at is now. commit_checkpoint checks the
 /// result as the loader would before writing it. Throws Errc::invalid_argument for no reports,
-/// reports out of rank order, or a report hashed with another chunk length than `chunk_size`.
+/// reports out of rank order, a report's files out of part order, or a report hashed with
+/// another chunk length than `chunk_size`. Schema 3 when some rank has several files, else 2.
 Manifest assemble_manifest(std::uint64_t step, std::uint64_t chunk_size, std::vector<ShardReport> reports);
 
 /// Serialises a manifest (pretty enough to read with cat, stable field order), as

@@ -30,8 +30,9 @@ std::string single_quoted(std::string_view name) { return "'" + std::string(name
 
 }  // namespace
 
-CheckedShardHeader check_shard_head(const Manifest& m, int rank, std::span<const std::byte> head, std::string_view file) {
-  const ShardRecord& rec = m.shard(rank);
+CheckedShardHeader check_shard_head(const Manifest& m, const ShardRecord& rec, std::span<const std::byte> head, std::string_view file) {
+  // The index entries of this file: its rank's, of its part.
+  const auto in_file = [&rec](const TensorRecord& t) { return t.rank == rec.rank && t.part == rec.part; };
   const std::uint64_t data_start = parse_shard_prefix(head.first(std::min<std::size_t>(8, head.size())), rec.size, file);
   if (head.size() < data_start)
     throw Error(Errc::malformed_shard, std::string(file), "header bytes available", std::to_string(data_start), std::to_string(head.size()));
@@ -43,7 +44,7 @@ CheckedShardHeader check_shard_head(const Manifest& m, int rank, std::span<const
   // offsets of a name given twice cannot tile).
   std::unordered_map<std::string_view, const TensorRecord*> index;
   for (const auto& t : m.tensors)
-    if (t.rank == rank) index.emplace(t.name, &t);
+    if (in_file(t)) index.emplace(t.name, &t);
   auto disagree = [&](const std::string& what, std::string expected, std::string actual) {
     throw Error(Errc::malformed_shard, std::string(file), what, std::move(expected), std::move(actual));
   };
@@ -61,7 +62,7 @@ CheckedShardHeader check_shard_head(const Manifest& m, int rank, std::span<const
       for (const auto& x : h.tensors) names.insert(x.name);
       std::string expected = "absent";
       for (const auto& r : m.tensors)
-        if (r.rank == rank && r.begin == begin_of(t) && r.end == end_of(t) && !names.contains(r.name)) {
+        if (in_file(r) && r.begin == begin_of(t) && r.end == end_of(t) && !names.contains(r.name)) {
           expected = single_quoted(r.name);
           break;
         }
@@ -80,7 +81,7 @@ CheckedShardHeader check_shard_head(const Manifest& m, int rank, std::span<const
     for (const auto& x : h.tensors) names.insert(x.name);
     const TensorRecord* first = nullptr;
     for (const auto& r : m.tensors)
-      if (r.rank == rank && !names.contains(r.name) && (!first || r.begin < first->begin)) first = &r;
+      if (in_file(r) && !names.contains(r.name) && (!first || r.begin < first->begin)) first = &r;
     std::string actual = "absent";
     for (const auto& t : h.tensors)
       if (begin_of(t) == first->begin && end_of(t) == first->end) {

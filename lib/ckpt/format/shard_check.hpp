@@ -42,18 +42,19 @@ struct CheckedShardHeader {
   std::vector<const TensorRecord*> records;  ///< into the manifest passed in
 };
 
-/// Parses `head` (the first bytes of rank's shard file, at least its data_start; more is
-/// ignored) with the limits of parse_shard_prefix and parse_shard_header, for a file of the
-/// manifest's size, and compares every tensor with the manifest's index of `rank`. Throws
+/// Parses `head` (the first bytes of the shard file `rec`, a record of `manifest`, at least
+/// its data_start; more is ignored) with the limits of parse_shard_prefix and
+/// parse_shard_header, for a file of the record's size, and compares every tensor with the
+/// manifest's index entries of that file (its rank's, of its part). Throws
 /// Errc::malformed_shard naming `file`: the parsers' errors as they are, or the first
 /// disagreement in file order, "tensor 'NAME' disagrees with the manifest index in its
 /// dtype" (or shape, or byte range) with the manifest's value as expected and the header's as
 /// actual; a tensor on one side only is a disagreement in its name ("tensor 'X' of the shard
 /// header disagrees with the manifest index in its name": expected the index's name for those
 /// bytes, or "absent"; "tensor 'X' of the manifest index disagrees with the shard header in
-/// its name": expected 'X', actual the header's name for those bytes, or "absent"). Errc::
-/// invalid_argument for a rank the manifest has no shard of. Linear in the tensors.
-CheckedShardHeader check_shard_head(const Manifest& manifest, int rank, std::span<const std::byte> head, std::string_view file);
+/// its name": expected 'X', actual the header's name for those bytes, or "absent"). Linear in
+/// the tensors.
+CheckedShardHeader check_shard_head(const Manifest& manifest, const ShardRecord& rec, std::span<const std::byte> head, std::string_view file);
 
 }  // namespace ckpt
 CKPT_API_END

@@ -61,24 +61,24 @@ void require_dir(FileSystem& fs, const std::string& dir, std::string_view what) 
 
 void verify_headers(const CheckpointReader& checkpoint, Verify mode, int first_rank, int rank_stride) {
   if (rank_stride < 1) throw_invalid("verify_headers: rank_stride must be >= 1");
-  for (int r = first_rank; r < checkpoint.manifest().world_size; r += rank_stride) {
-    if (mode == Verify::full) {
-      checkpoint.verify_shard(r, Verify::full);
-      continue;
+  for (int r = first_rank; r < checkpoint.manifest().world_size; r += rank_stride)
+    for (const ShardRecord& f : checkpoint.manifest().files_of(r)) {
+      if (mode == Verify::full) {
+        checkpoint.verify_file(f, Verify::full);
+        continue;
+      }
+      if (mode == Verify::fast) {
+        // The header's chunks are checked first, so a flipped header byte is reported as the
+        // checksum mismatch it is, not as whatever the damaged JSON happens to say.
+        ShardRangeReader shard(checkpoint, f, Verify::fast);
+        std::byte prefix[8] = {};
+        if (f.size >= 8) shard.read(0, prefix);
+        const std::uint64_t data_start = parse_shard_prefix(std::span(prefix, f.size >= 8 ? 8 : 0), f.size, checkpoint.file_path(f));
+        std::vector<std::byte> head(static_cast<std::size_t>(data_start));
+        shard.read(0, head);
+      }
+      checkpoint.verify_file(f, Verify::none);
     }
-    if (mode == Verify::fast) {
-      // The header's chunks are checked first, so a flipped header byte is reported as the
-      // checksum mismatch it is, not as whatever the damaged JSON happens to say.
-      ShardRangeReader shard(checkpoint, r, Verify::fast);
-      const std::uint64_t size = checkpoint.manifest().shard(r).size;
-      std::byte prefix[8] = {};
-      if (size >= 8) shard.read(0, prefix);
-      const std::uint64_t data_start = parse_shard_prefix(std::span(prefix, size >= 8 ? 8 : 0), size, checkpoint.shard_path(r));
-      std::vector<std::byte> head(static_cast<std::size_t>(data_start));
-      shard.read(0, head);
-    }
-    checkpoint.verify_shard(r, Verify::none);
-  }
 }
 
 std::optional<Verify> resharded_source_verify(const Manifest& m, std::string_view file) {
@@ -115,13 +115,13 @@ FlatReader::FlatReader(const CheckpointReader& checkpoint, FlatLayout layout, Ve
     bad_manifest(file, "num_params", "at most param_numel " + std::to_string(m.param_numel), std::to_string(layout_.num_params));
   for (int r = 0; r < m.world_size; ++r) by_offset_.push_back(r);
   std::stable_sort(by_offset_.begin(), by_offset_.end(), [&](int a, int b) {
-    return m.shard(a).param_shard_offset < m.shard(b).param_shard_offset;
+    return m.rank_record(a).param_shard_offset < m.rank_record(b).param_shard_offset;
   });
   // The shards must partition the flat space exactly, or a slice would read a hole or one
   // element twice.
   std::uint64_t expect = 0;
   for (int r : by_offset_) {
-    const ShardRecord& s = m.shard(r);
+    const ShardRecord& s = m.rank_record(r);
     if (s.param_shard_offset != expect)
       bad_manifest(file, "shards[" + std::to_string(r) + "].param_shard_offset", std::to_string(expect) + " (shards tile the flat space)",
                    std::to_string(s.param_shard_offset));
@@ -134,7 +134,7 @@ FlatReader::FlatReader(const CheckpointReader& checkpoint, FlatLayout layout, Ve
     for (int r = 0; r < m.world_size; ++r) {
       const TensorRecord* t = m.find_tensor(name, r);
       const std::string where = "flat tensor '" + name + "' of rank " + std::to_string(r);
-      const std::uint64_t numel = m.shard(r).param_shard_numel;
+      const std::uint64_t numel = m.rank_record(r).param_shard_numel;
       if (!t) bad_manifest(file, where, "present", "absent");
       if (t->shape != std::vector<std::uint64_t>{numel})
         bad_manifest(file, where + " shape", "[" + std::to_string(numel) + "] (param_shard_numel)",
@@ -152,13 +152,14 @@ DType FlatReader::dtype(std::string_view name) const {
   throw Error(Errc::not_found, checkpoint_->manifest_path(), "no flat tensor '" + std::string(name) + "'");
 }
 
-ShardRangeReader& FlatReader::shard(int rank) {
+ShardRangeReader& FlatReader::shard(const ShardRecord& file) {
   // One source file open at a time: a slice runs through the sources in offset order, so
   // this keeps memory at one chunk however many ranks wrote the checkpoint.
-  if (!current_ || current_->rank() != rank) {
+  if (!current_ || current_file_ != &file) {
     if (current_) closed_bytes_ += current_->bytes_read();
     current_.reset();
-    current_.emplace(*checkpoint_, rank, mode_);
+    current_.emplace(*checkpoint_, file, mode_);
+    current_file_ = &file;
   }
   return *current_;
 }
@@ -175,10 +176,10 @@ std::vector<FlatReader::Piece> FlatReader::pieces(std::string_view name, std::ui
   std::vector<Piece> out;
   // First source shard whose range ends after `first`.
   auto it = std::partition_point(by_offset_.begin(), by_offset_.end(), [&](int r) {
-    return m.shard(r).param_shard_offset + m.shard(r).param_shard_numel <= first;
+    return m.rank_record(r).param_shard_offset + m.rank_record(r).param_shard_numel <= first;
   });
   for (std::uint64_t pos = first; pos < real_end && it != by_offset_.end(); ++it) {
-    const ShardRecord& s = m.shard(*it);
+    const ShardRecord& s = m.rank_record(*it);
     const std::uint64_t lo = std::max(pos, s.param_shard_offset), hi = std::min(real_end, s.param_shard_offset + s.param_shard_numel);
     if (lo >= hi) continue;
     out.push_back({*it, lo - s.param_shard_offset, hi - lo, lo - first});
@@ -199,7 +200,7 @@ void FlatReader::read(std::string_view name, std::uint64_t first, std::span<std:
   std::uint64_t padding_from = 0;
   for (const Piece& p : pieces(name, first, count, padding_from)) {
     const TensorRecord* t = checkpoint_->manifest().find_tensor(name, p.rank);
-    shard(p.rank).read(t->begin + p.source_first * es,
+    shard(checkpoint_->manifest().file_of(*t)).read(t->begin + p.source_first * es,
                        out.subspan(static_cast<std::size_t>(p.out_first * es), static_cast<std::size_t>(p.count * es)));
   }
   if (padding_from < count)
@@ -211,6 +212,7 @@ void FlatReader::read(std::string_view name, std::uint64_t first, std::span<std:
 std::vector<JsonObject> remap_rank_metadata(const Manifest& src, int world) {
   if (world < 1) throw_invalid("world size must be >= 1, got " + std::to_string(world));
   std::vector<std::string> keys;
+  // A rank's metadata is its first file's (part 0).
   for (const auto& s : src.shards)
     for (const auto& kv : json_of(s.metadata))
       if (!contains(keys, kv.key())) keys.emplace_back(kv.key());
@@ -219,8 +221,9 @@ std::vector<JsonObject> remap_rank_metadata(const Manifest& src, int world) {
     for (const auto& v : rl->as_array())
       if (v.is_string()) local.emplace(v.as_string());
   for (const auto& k : keys) {
-    const json::value* v0 = json_of(src.shard(0).metadata).if_contains(k);
+    const json::value* v0 = json_of(src.rank_record(0).metadata).if_contains(k);
     for (const auto& s : src.shards) {
+      if (s.part != 0) continue;
       const json::value* v = json_of(s.metadata).if_contains(k);
       if (!v0 || !v || *v != *v0) local.insert(k);
     }
@@ -230,9 +233,9 @@ std::vector<JsonObject> remap_rank_metadata(const Manifest& src, int world) {
     json::object& o = json_of(out[static_cast<std::size_t>(r)]);
     for (const auto& k : keys) {
       if (!local.count(k)) {
-        o[k] = json_of(src.shard(0).metadata).at(k);
+        o[k] = json_of(src.rank_record(0).metadata).at(k);
       } else if (r < src.world_size) {
-        if (const json::value* v = json_of(src.shard(r).metadata).if_contains(k)) o[k] = *v;
+        if (const json::value* v = json_of(src.rank_record(r).metadata).if_contains(k)) o[k] = *v;
       }
     }
   }
@@ -413,7 +416,8 @@ ReshardResult reshard_checkpoint(FileSystem& fs, const CheckpointReader& source,
     prepare_root(fs, *lock);
     temp = begin_checkpoint(fs, dst_root, src.step);
     AlignedBuffer buffer(static_cast<std::size_t>(opt.buffer_bytes));
-    std::optional<ShardRangeReader> copier;  // stored tensors copied as they are, one source shard at a time
+    std::optional<ShardRangeReader> copier;  // stored tensors copied as they are, one source file at a time
+    const ShardRecord* copier_file = nullptr;
     std::uint64_t written = 0, copied_bytes = 0, global_bytes = 0;
     std::vector<ShardReport> reports;
     auto report = [&](std::uint64_t n) {
@@ -447,9 +451,11 @@ ReshardResult reshard_checkpoint(FileSystem& fs, const CheckpointReader& source,
             }
             global_bytes += load_slices(source, globals, targets, piece_mode).bytes_read;
           } else {
-            if (!copier || copier->rank() != p.copy->rank) {
+            const ShardRecord& from = source.manifest().file_of(*p.copy);
+            if (!copier || copier_file != &from) {
               if (copier) copied_bytes += copier->bytes_read();
-              copier.emplace(source, p.copy->rank, opt.verify);
+              copier.emplace(source, from, opt.verify);
+              copier_file = &from;
             }
             copier->read(p.copy->begin + done * es, piece);
           }

@@ -102,7 +102,7 @@ class FlatReader {
   std::vector<Piece> pieces(std::string_view name, std::uint64_t first, std::uint64_t count, std::uint64_t& padding_from) const;
 
  private:
-  ShardRangeReader& shard(int rank);
+  ShardRangeReader& shard(const ShardRecord& file);
 
   const CheckpointReader* checkpoint_;
   FlatLayout layout_;
@@ -110,6 +110,7 @@ class FlatReader {
   std::vector<int> by_offset_;  ///< source ranks in order of param_shard_offset
   std::vector<DType> dtypes_;   ///< per layout_.tensors
   std::optional<ShardRangeReader> current_;
+  const ShardRecord* current_file_ = nullptr;  // the file current_ reads
   std::uint64_t closed_bytes_ = 0;
 };
 

@@ -78,18 +78,24 @@ std::vector<std::uint64_t> touched_chunks(const std::vector<Piece>& pieces, std:
   return ks;
 }
 
-FilePlan resolve(const CheckpointReader& ck, int rank, std::span<const LoadTarget> targets) {
+// The plans of rank's files its targets touch (with no targets, of every file: each header is
+// still checked), in part order.
+std::vector<FilePlan> resolve(const CheckpointReader& ck, int rank, std::span<const LoadTarget> targets) {
   const Manifest& m = ck.manifest();
   check_rank(rank, m.world_size, "rank", ck.dir());
-  FilePlan plan{rank, ck.shard_path(rank), &m.shard(rank), {}};
+  std::vector<FilePlan> plans;
+  for (const ShardRecord& f : m.files_of(rank)) plans.push_back({rank, ck.file_path(f), &f, {}});
+  std::vector<bool> touched(plans.size(), targets.empty());
   std::unordered_map<std::string_view, const TensorRecord*> index;
   for (const auto& t : m.tensors)
     if (t.rank == rank) index.emplace(t.name, &t);
   for (const auto& tg : targets) {
     const auto found = index.find(tg.name);
     if (found == index.end())
-      throw Error(Errc::not_found, plan.path, "no tensor '" + tg.name + "' on rank " + std::to_string(rank) + " in the manifest index");
+      throw Error(Errc::not_found, plans.front().path, "no tensor '" + tg.name + "' on rank " + std::to_string(rank) + " in the manifest index");
     const TensorRecord& t = *found->second;
+    FilePlan& plan = plans.at(static_cast<std::size_t>(t.part));
+    touched[static_cast<std::size_t>(t.part)] = true;
     const std::string what = "the target buffer of tensor '" + tg.name + "'";
     if (tg.dtype != t.dtype)
       throw Error(Errc::invalid_argument, plan.path, "dtype of " + what, std::string(dtype_name(t.dtype)), std::string(dtype_name(tg.dtype)));
@@ -107,8 +113,12 @@ FilePlan resolve(const CheckpointReader& ck, int rank, std::span<const LoadTarge
     const std::uint64_t b = t.begin + tg.first * es;
     plan.pieces.push_back({b, b + count * es, tg.out.data()});
   }
-  std::sort(plan.pieces.begin(), plan.pieces.end(), [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
-  return plan;
+  for (FilePlan& plan : plans)
+    std::sort(plan.pieces.begin(), plan.pieces.end(), [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
+  std::vector<FilePlan> out;
+  for (std::size_t i = 0; i < plans.size(); ++i)
+    if (touched[i]) out.push_back(std::move(plans[i]));
+  return out;
 }
 
 // The targets of `ranks` grouped by the rank whose shard stores them, in order of first
@@ -710,7 +720,8 @@ LoadReport load_into(const CheckpointReader& checkpoint, std::span<const RankLoa
   // Every check before any read, one plan per file: a replicated tensor a rank holds is in
   // its lowest holder's shard, so its target joins that file's.
   std::vector<FilePlan> plans;
-  for (auto& [file_rank, targets] : targets_by_file(checkpoint, ranks)) plans.push_back(resolve(checkpoint, file_rank, targets));
+  for (auto& [file_rank, targets] : targets_by_file(checkpoint, ranks))
+    for (FilePlan& p : resolve(checkpoint, file_rank, targets)) plans.push_back(std::move(p));
 
   const std::size_t cores = std::max(1u, std::thread::hardware_concurrency());
   const std::size_t max_threads = options.threads > 0 ? static_cast<std::size_t>(options.threads) : cores;
@@ -780,7 +791,7 @@ LoadReport load_into(const CheckpointReader& checkpoint, std::span<const RankLoa
   // Every file's header against the index, before any target is written: what is loaded is
   // what the file's own header says is there, and a refused header leaves every target as it
   // was. Of several refused headers, the first file's is reported.
-  run_jobs(plans.size(), [&](std::size_t i) { checkpoint.check_shard_header(plans[i].rank, mode); });
+  run_jobs(plans.size(), [&](std::size_t i) { checkpoint.check_file_header(*plans[i].rec, mode); });
   if (first_error.load() >= 0)
     for (const auto& e : errors)
       if (e) std::rethrow_exception(e);

@@ -162,19 +162,21 @@ void* map_checked(int fd, std::uint64_t size, const std::string& path) {
 
 }  // namespace
 
-MappedShard::MappedShard(const CheckpointReader& checkpoint, int rank, Verify mode) : s_(std::make_unique<State>()) {
+MappedShard::MappedShard(const CheckpointReader& checkpoint, int rank, Verify mode)
+    : MappedShard(checkpoint, (check_rank(rank, checkpoint.manifest().world_size, "rank", checkpoint.dir()), checkpoint.manifest().shard(rank)), mode) {}
+
+MappedShard::MappedShard(const CheckpointReader& checkpoint, const ShardRecord& rec, Verify mode) : s_(std::make_unique<State>()) {
   const Manifest& m = checkpoint.manifest();
-  check_rank(rank, m.world_size, "rank", checkpoint.dir());
-  const ShardRecord& rec = m.shard(rank);
+  const int rank = rec.rank;
   State& s = *s_;
   s.rank = rank;
   s.mode = mode;
-  s.path = checkpoint.shard_path(rank);
+  s.path = checkpoint.file_path(rec);
   s.size = rec.size;
   s.chunk_size = m.chunk_size;
   s.chunk_xxh3 = rec.chunk_xxh3;
   for (const auto& t : m.tensors)
-    if (t.rank == rank) s.tensors.push_back(t);
+    if (t.rank == rank && t.part == rec.part) s.tensors.push_back(t);
   for (std::size_t i = 0; i < s.tensors.size(); ++i) s.by_name.emplace(s.tensors[i].name, i);
 
   const std::uint64_t n = chunk_count(s.size, s.chunk_size);
@@ -189,7 +191,7 @@ MappedShard::MappedShard(const CheckpointReader& checkpoint, int rank, Verify mo
     s.base = s.buffer.data();
   }
   // The views' places come from the index: the shard's own header must say the same.
-  checkpoint.check_shard_header(rank, mode);
+  checkpoint.check_file_header(rec, mode);
   if (mode != Verify::none || s.file) {
     s.state = std::make_unique<std::atomic<std::uint32_t>[]>(static_cast<std::size_t>(n));
     s.bad_hash = std::make_unique<std::uint64_t[]>(static_cast<std::size_t>(n));
@@ -197,7 +199,7 @@ MappedShard::MappedShard(const CheckpointReader& checkpoint, int rank, Verify mo
   if (mode == Verify::full) {
     // The whole-file check of the reader (chunk XXH3s, then SHA-256 and XXH3 of the file),
     // through the file system; the fallback keeps the bytes as they pass.
-    checkpoint.stream_shard(rank, Verify::full, [&](std::uint64_t offset, std::span<const std::byte> chunk) {
+    checkpoint.stream_file(rec, Verify::full, [&](std::uint64_t offset, std::span<const std::byte> chunk) {
       if (s.file) std::memcpy(s.buffer.data() + offset, chunk.data(), chunk.size());
     });
     for (std::uint64_t k = 0; k < n; ++k) s.state[k].store(kGood, std::memory_order_relaxed);

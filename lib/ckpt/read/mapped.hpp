@@ -98,7 +98,11 @@ class MappedShard {
   /// header (unless this reader checked it already). The checkpoint may be destroyed
   /// afterwards (what is needed of its manifest is copied); its file system must outlive a
   /// fallback shard.
+  /// A rank whose shard is several files is Errc::invalid_argument: map each file.
   MappedShard(const CheckpointReader& checkpoint, int rank, Verify mode = Verify::fast);
+  /// The same for shard file `file` (a record of checkpoint.manifest()): any file of a shard
+  /// of several, its tensors the index entries of that file.
+  MappedShard(const CheckpointReader& checkpoint, const ShardRecord& file, Verify mode = Verify::fast);
   ~MappedShard();
   MappedShard(MappedShard&&) noexcept;
   MappedShard& operator=(MappedShard&&) noexcept;

@@ -10,14 +10,14 @@
 namespace ckpt {
 
 ShardRangeReader::ShardRangeReader(const CheckpointReader& checkpoint, int rank, Verify mode)
-    : rank_(rank), mode_(mode), chunk_size_(checkpoint.manifest().chunk_size) {
-  const Manifest& m = checkpoint.manifest();
-  check_rank(rank, m.world_size, "rank", checkpoint.dir());
-  record_ = &m.shard(rank);
-  path_ = checkpoint.shard_path(rank);
+    : ShardRangeReader(checkpoint, (check_rank(rank, checkpoint.manifest().world_size, "rank", checkpoint.dir()), checkpoint.manifest().shard(rank)), mode) {}
+
+ShardRangeReader::ShardRangeReader(const CheckpointReader& checkpoint, const ShardRecord& file, Verify mode)
+    : record_(&file), rank_(file.rank), mode_(mode), chunk_size_(checkpoint.manifest().chunk_size) {
+  path_ = checkpoint.file_path(file);
   file_ = checkpoint.file_system().open_read(path_);
   check_size(record_->size, file_->size(), "shard size", path_);
-  checkpoint.check_shard_header(rank, mode);
+  checkpoint.check_file_header(file, mode);
 }
 
 void ShardRangeReader::check_chunk(std::uint64_t k, std::span<const std::byte> bytes) const {

@@ -37,6 +37,9 @@ class ShardRangeReader {
   /// header against the manifest index (CheckpointReader::check_shard_header, at every verify
   /// level: Errc::malformed_shard naming the file and the first disagreement).
   ShardRangeReader(const CheckpointReader& checkpoint, int rank, Verify mode = Verify::fast);
+  /// The same for shard file `file` (a record of checkpoint.manifest(), which must outlive
+  /// the reader): any file of a shard of several.
+  ShardRangeReader(const CheckpointReader& checkpoint, const ShardRecord& file, Verify mode = Verify::fast);
 
   int rank() const noexcept { return rank_; }
   /// Fills `out` with the file's bytes [offset, offset + out.size()). A range past the end

@@ -292,7 +292,7 @@ CheckpointReader CheckpointReader::checked(FileSystem& fs, std::string dir, std:
     if (node_dirs.size() != static_cast<std::size_t>(m.nodes->nodes))
       throw Error(Errc::malformed_manifest, mpath, "nodes.count (the node roots the checkpoint spans)", std::to_string(node_dirs.size()),
                   std::to_string(m.nodes->nodes));
-    for (const auto& s : m.shards) shard_dirs.push_back(node_dirs[static_cast<std::size_t>(m.nodes->node_of(s.rank))]);
+    for (int r = 0; r < m.world_size; ++r) shard_dirs.push_back(node_dirs[static_cast<std::size_t>(m.nodes->node_of(r))]);
   }
   for (const auto& s : m.shards) {
     const std::string path = join_path(shard_dirs.empty() ? dir : shard_dirs[static_cast<std::size_t>(s.rank)], s.path);
@@ -332,15 +332,20 @@ CheckpointReader CheckpointReader::open_nodes(FileSystem& fs, std::span<const st
 
 std::string CheckpointReader::manifest_path() const { return join_path(dir_, kManifestName); }
 
-std::string CheckpointReader::shard_path(int rank) const {
-  return join_path(shard_dirs_.empty() ? dir_ : shard_dirs_.at(static_cast<std::size_t>(manifest_.shard(rank).rank)), manifest_.shard(rank).path);
+std::string CheckpointReader::file_path(const ShardRecord& file) const {
+  return join_path(shard_dirs_.empty() ? dir_ : shard_dirs_.at(static_cast<std::size_t>(file.rank)), file.path);
 }
 
-void CheckpointReader::read_verified(int rank, Verify mode, std::span<std::byte> out, const ProgressFn& progress,
+std::string CheckpointReader::shard_path(int rank) const { return file_path(manifest_.shard(rank)); }
+
+std::atomic<bool>& CheckpointReader::header_ok(const ShardRecord& file) const {
+  return header_ok_[manifest_.file_index(file.rank, file.part)];
+}
+
+void CheckpointReader::read_verified(const ShardRecord& rec, Verify mode, std::span<std::byte> out, const ProgressFn& progress,
                                      std::uint64_t done_before, std::uint64_t total, const ChunkSink& sink) const {
   // `out` is either the whole file (load) or one chunk of scratch space (verify), reused.
-  const ShardRecord& rec = manifest_.shard(rank);
-  const std::string path = shard_path(rank);
+  const std::string path = file_path(rec);
   auto f = fs_->open_read(path);
   check_size(rec.size, f->size(), "shard size", path);
   const std::uint64_t cs = manifest_.chunk_size;
@@ -368,29 +373,32 @@ void CheckpointReader::read_verified(int rank, Verify mode, std::span<std::byte>
   }
 }
 
-CheckedShardHeader CheckpointReader::read_shard_header(int rank, Verify mode) const {
-  const ShardRecord& rec = manifest_.shard(rank);
-  const std::string path = shard_path(rank);
+CheckedShardHeader CheckpointReader::read_shard_header(const ShardRecord& rec, Verify mode) const {
+  const std::string path = file_path(rec);
   std::unique_ptr<ReadableFile> f;
   try {
     f = fs_->open_read(path);
   } catch (const Error& e) {
     // Gone since the checkpoint was opened: missing, as open() calls it.
     if (e.code() != Errc::not_found) throw;
-    throw Error(Errc::missing_shard, path, "shard of rank " + std::to_string(rank) + " listed in the manifest", "present", "missing",
+    throw Error(Errc::missing_shard, path, "shard of rank " + std::to_string(rec.rank) + " listed in the manifest", "present", "missing",
                 e.sys_errno());
   }
   check_size(rec.size, f->size(), "shard size", path);
   return detail::read_checked_shard_header(
-      manifest_, rank, [&](std::uint64_t offset, std::span<std::byte> out) { f->read_at(offset, out); }, path, mode);
+      manifest_, rec, [&](std::uint64_t offset, std::span<std::byte> out) { f->read_at(offset, out); }, path, mode);
+}
+
+void CheckpointReader::check_file_header(const ShardRecord& file, Verify mode) const {
+  std::atomic<bool>& ok = header_ok(file);
+  if (ok.load(std::memory_order_acquire)) return;
+  read_shard_header(file, mode);
+  ok.store(true, std::memory_order_release);
 }
 
 void CheckpointReader::check_shard_header(int rank, Verify mode) const {
   check_rank(rank, manifest_.world_size, "rank", dir_);
-  std::atomic<bool>& ok = header_ok_[static_cast<std::size_t>(rank)];
-  if (ok.load(std::memory_order_acquire)) return;
-  read_shard_header(rank, mode);
-  ok.store(true, std::memory_order_release);
+  for (const ShardRecord& f : manifest_.files_of(rank)) check_file_header(f, mode);
 }
 
 void CheckpointReader::verify(Verify mode, const ProgressFn& progress) const {
@@ -402,63 +410,81 @@ void CheckpointReader::verify(Verify mode, const ProgressFn& progress) const {
   for (const auto& s : manifest_.shards) largest = std::max(largest, s.size);
   AlignedBuffer scratch(static_cast<std::size_t>(std::min(manifest_.chunk_size, largest)));
   for (const auto& s : manifest_.shards) {
-    verify_one(s.rank, mode, scratch, progress, done, total);
+    verify_one(s, mode, scratch, progress, done, total);
     done += s.size;
   }
 }
 
+void CheckpointReader::stream_file(const ShardRecord& file, Verify mode, const ChunkSink& sink) const {
+  check_file_header(file, mode);
+  AlignedBuffer scratch(static_cast<std::size_t>(std::min(manifest_.chunk_size, file.size)));
+  read_verified(file, mode, scratch.span(scratch.capacity()), {}, 0, file.size, sink);
+}
+
 void CheckpointReader::stream_shard(int rank, Verify mode, const ChunkSink& sink) const {
-  check_shard_header(rank, mode);
-  AlignedBuffer scratch(static_cast<std::size_t>(std::min(manifest_.chunk_size, manifest_.shard(rank).size)));
-  read_verified(rank, mode, scratch.span(scratch.capacity()), {}, 0, manifest_.shard(rank).size, sink);
+  check_rank(rank, manifest_.world_size, "rank", dir_);
+  stream_file(manifest_.shard(rank), mode, sink);
+}
+
+void CheckpointReader::verify_file(const ShardRecord& file, Verify mode, const ProgressFn& progress) const {
+  AlignedBuffer scratch(mode == Verify::none ? 0 : static_cast<std::size_t>(std::min(manifest_.chunk_size, file.size)));
+  verify_one(file, mode, scratch, progress, 0, file.size);
 }
 
 void CheckpointReader::verify_shard(int rank, Verify mode, const ProgressFn& progress) const {
   check_rank(rank, manifest_.world_size, "rank", dir_);
-  AlignedBuffer scratch(mode == Verify::none ? 0 : static_cast<std::size_t>(std::min(manifest_.chunk_size, manifest_.shard(rank).size)));
-  verify_one(rank, mode, scratch, progress, 0, manifest_.shard(rank).size);
+  for (const ShardRecord& f : manifest_.files_of(rank)) verify_file(f, mode, progress);
 }
 
-void CheckpointReader::verify_one(int rank, Verify mode, AlignedBuffer& scratch, const ProgressFn& progress, std::uint64_t done,
+void CheckpointReader::verify_one(const ShardRecord& s, Verify mode, AlignedBuffer& scratch, const ProgressFn& progress, std::uint64_t done,
                                   std::uint64_t total) const {
-  const ShardRecord& s = manifest_.shard(rank);
-  if (mode != Verify::none) read_verified(s.rank, mode, scratch.span(scratch.capacity()), progress, done, total);
+  if (mode != Verify::none) read_verified(s, mode, scratch.span(scratch.capacity()), progress, done, total);
   // The header is checked from its own bytes (verified above when mode != none), every time:
   // verify reads again what an earlier read of this reader checked.
-  read_shard_header(s.rank, Verify::none);
-  header_ok_[static_cast<std::size_t>(s.rank)].store(true, std::memory_order_release);
+  read_shard_header(s, Verify::none);
+  header_ok(s).store(true, std::memory_order_release);
 }
 
 LoadedShard CheckpointReader::load_shard(int rank, Verify mode) const {
   check_rank(rank, manifest_.world_size, "rank", dir_);
   LoadedShard out;
   out.rank = rank;
-  out.record = manifest_.shard(rank);
-  out.path_ = shard_path(rank);
-  out.size_ = out.record.size;
-  out.buffer_ = AlignedBuffer(static_cast<std::size_t>(out.size_));
-  const std::span<const std::byte> file = out.buffer_.span(static_cast<std::size_t>(out.size_));
-  read_verified(rank, mode, out.buffer_.span(static_cast<std::size_t>(out.size_)), {}, 0, out.size_);
-  // The header is checked from the bytes just read (and verified, unless mode is none).
-  const CheckedShardHeader checked = check_shard_head(manifest_, rank, file, out.path_);
-  header_ok_[static_cast<std::size_t>(rank)].store(true, std::memory_order_release);
-  const ShardHeader& h = checked.header;
-  out.tensors.reserve(h.tensors.size());
-  for (std::size_t i = 0; i < h.tensors.size(); ++i) {
-    const ShardTensor& t = h.tensors[i];
-    out.tensors.push_back({t.name, t.dtype, t.shape, file.subspan(h.data_start + t.begin, t.end - t.begin), checked.records[i]->sharding});
+  out.record = manifest_.rank_record(rank);
+  out.path_ = file_path(out.record);
+  const auto files = manifest_.files_of(rank);
+  // The files back to back, each at a 4096-aligned offset of the one buffer.
+  std::vector<std::uint64_t> at;
+  for (const ShardRecord& f : files) {
+    at.push_back(out.size_);
+    out.size_ = (out.size_ + f.size + 4095) / 4096 * 4096;
   }
-  out.header_metadata = h.metadata;
+  if (!files.empty()) out.size_ = at.back() + files.back().size;
+  out.buffer_ = AlignedBuffer(static_cast<std::size_t>(out.size_));
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    const ShardRecord& f = files[i];
+    const std::span<std::byte> file = out.buffer_.span(static_cast<std::size_t>(out.size_)).subspan(static_cast<std::size_t>(at[i]), static_cast<std::size_t>(f.size));
+    read_verified(f, mode, file, {}, 0, f.size);
+    // The header is checked from the bytes just read (and verified, unless mode is none).
+    const CheckedShardHeader checked = check_shard_head(manifest_, f, file, file_path(f));
+    header_ok(f).store(true, std::memory_order_release);
+    const ShardHeader& h = checked.header;
+    for (std::size_t k = 0; k < h.tensors.size(); ++k) {
+      const ShardTensor& t = h.tensors[k];
+      out.tensors.push_back({t.name, t.dtype, t.shape, std::span<const std::byte>(file).subspan(h.data_start + t.begin, t.end - t.begin),
+                             checked.records[k]->sharding});
+    }
+    for (const auto& [k, v] : h.metadata) out.header_metadata.emplace(k, v);
+  }
   return out;
 }
 
 std::vector<std::byte> CheckpointReader::read_tensor(std::string_view name, int held_by, Verify mode) const {
   const TensorRecord* t = manifest_.find_held_tensor(name, held_by);
   if (!t) throw Error(Errc::not_found, manifest_path(), "no tensor '" + std::string(name) + "' on rank " + std::to_string(held_by));
-  const int rank = t->rank;  // a replicated tensor is read from its lowest holder's shard
-  check_shard_header(rank, mode);
-  const ShardRecord& rec = manifest_.shard(rank);
-  const std::string path = shard_path(rank);
+  // A replicated tensor is read from its lowest holder's shard.
+  const ShardRecord& rec = manifest_.file_of(*t);
+  check_file_header(rec, mode);
+  const std::string path = file_path(rec);
   auto f = fs_->open_read(path);
   check_size(rec.size, f->size(), "shard size", path);
   std::vector<std::byte> out(static_cast<std::size_t>(t->end - t->begin));
@@ -483,13 +509,13 @@ std::vector<std::byte> CheckpointReader::read_tensor_range(std::string_view name
                                                           Verify mode) const {
   const TensorRecord* t = manifest_.find_held_tensor(name, held_by);
   if (!t) throw Error(Errc::not_found, manifest_path(), "no tensor '" + std::string(name) + "' on rank " + std::to_string(held_by));
-  const int rank = t->rank;
+  const ShardRecord& rec = manifest_.file_of(*t);
   const std::uint64_t esize = dtype_size(t->dtype), numel = (t->end - t->begin) / esize;
   if (first > numel || count > numel - first)
-    throw Error(Errc::invalid_argument, shard_path(rank), "element range of tensor '" + std::string(name) + "'",
+    throw Error(Errc::invalid_argument, file_path(rec), "element range of tensor '" + std::string(name) + "'",
                 "within " + std::to_string(numel) + " elements", std::to_string(first) + "+" + std::to_string(count));
   std::vector<std::byte> out(static_cast<std::size_t>(count * esize));
-  ShardRangeReader(*this, rank, mode).read(t->begin + first * esize, out);
+  ShardRangeReader(*this, rec, mode).read(t->begin + first * esize, out);
   return out;
 }
 

@@ -55,14 +55,15 @@ using LoadedTensor = TensorView;
 class LoadedShard {
  public:
   int rank = 0;
-  ShardRecord record;                          ///< the manifest's entry (incl. metadata)
+  ShardRecord record;                          ///< the manifest's entry of its (first) file, with the rank's metadata
   std::map<std::string, std::string> header_metadata;  ///< safetensors __metadata__
   std::vector<LoadedTensor> tensors;           ///< in file order
 
   /// The tensor called `name`; Errc::not_found (naming the shard file) if absent.
   const LoadedTensor& tensor(std::string_view name) const;
+  /// The bytes of the shard's files, back to back in part order (one file: its bytes).
   std::span<const std::byte> file_bytes() const noexcept { return buffer_.span(size_); }
-  /// The shard file it was read from.
+  /// The shard file it was read from (several: the first).
   const std::string& path() const noexcept { return path_; }
 
  private:
@@ -106,13 +107,17 @@ class CheckpointReader {
   /// roots, the node directory's copy that was read): what errors about the checkpoint as a
   /// whole name, so that of several roots, tiers or copies the user can tell which.
   std::string manifest_path() const;
+  /// The path of shard file `file` (a record of manifest()).
+  std::string file_path(const ShardRecord& file) const;
+  /// The path of rank's one shard file; Errc::invalid_argument if its shard is several files
+  /// (Manifest::shard).
   std::string shard_path(int rank) const;
 
   /// Reads every shard and checks its checksums (none: sizes and headers only).
   /// Throws Errc::checksum_mismatch naming the file, the chunk and both values.
   void verify(Verify mode, const ProgressFn& progress = {}) const;
 
-  /// Reads, verifies and parses rank's shard into a buffer of its own. (load_into,
+  /// Reads, verifies and parses rank's shard (all of its files) into a buffer of its own. (load_into,
   /// read/load_into.hpp, reads a shard or some of its tensors into memory the caller owns.)
   LoadedShard load_shard(int rank, Verify mode = Verify::fast) const;
 
@@ -131,15 +136,21 @@ class CheckpointReader {
   std::vector<std::byte> read_tensor_range(std::string_view name, int rank, std::uint64_t first, std::uint64_t count,
                                            Verify mode = Verify::fast) const;
 
-  /// Streams rank's shard to `sink` one manifest chunk at a time, in file order, each chunk
+  /// Streams shard file `file` (a record of manifest()) to `sink` one manifest chunk at a
+  /// time, in file order, each chunk
   /// checked (per mode, as verify() does) before the sink sees it; with Verify::full the
   /// whole-file SHA-256 and XXH3 are checked after the last chunk, so a caller copying the
   /// bytes must discard its copy when this throws. Memory: one chunk.
+  void stream_file(const ShardRecord& file, Verify mode, const ChunkSink& sink) const;
+  /// stream_file of rank's one shard file (Errc::invalid_argument if it has several).
   void stream_shard(int rank, Verify mode, const ChunkSink& sink) const;
 
-  /// Checks one shard as verify() checks them all: its checksums (per mode) and its header
-  /// against the manifest index. With Verify::none only the header bytes are read.
+  /// Checks one shard (each of its files) as verify() checks them all: its checksums (per
+  /// mode) and its header against the manifest index. With Verify::none only the header
+  /// bytes are read.
   void verify_shard(int rank, Verify mode, const ProgressFn& progress = {}) const;
+  /// verify_shard of one shard file (a record of manifest()).
+  void verify_file(const ShardRecord& file, Verify mode, const ProgressFn& progress = {}) const;
 
   /// The header check every read path makes before it uses a byte of rank's shard: the
   /// shard's 8-byte length and JSON header, read on their own (a few KiB), parsed with the
@@ -150,9 +161,12 @@ class CheckpointReader {
   /// manifest's size), Errc::malformed_shard naming the shard file and the first
   /// disagreement; with Verify::fast or full a refused header's chunks are checked first, so
   /// a header damaged without a reseal is the Errc::checksum_mismatch verify() reports.
-  /// Once per rank per reader: a header that passed is not read again by this reader or its
-  /// copies (a failure is not remembered: the next call checks again). Thread-safe.
+  /// Once per file per reader: a header that passed is not read again by this reader or its
+  /// copies (a failure is not remembered: the next call checks again). Thread-safe. A shard
+  /// of several files has each file's header checked, in part order.
   void check_shard_header(int rank, Verify mode = Verify::fast) const;
+  /// check_shard_header of one shard file (a record of manifest()).
+  void check_file_header(const ShardRecord& file, Verify mode = Verify::fast) const;
 
   /// The file system the checkpoint is read through.
   FileSystem& file_system() const noexcept { return *fs_; }
@@ -167,11 +181,12 @@ class CheckpointReader {
         header_ok_(new std::atomic<bool>[manifest_.shards.size()]()) {}
   static CheckpointReader checked(FileSystem& fs, std::string dir, std::shared_ptr<const Manifest> manifest,
                                   std::vector<std::string> node_dirs, std::optional<int> expected_world_size);
-  void read_verified(int rank, Verify mode, std::span<std::byte> out, const ProgressFn& progress,
+  void read_verified(const ShardRecord& file, Verify mode, std::span<std::byte> out, const ProgressFn& progress,
                      std::uint64_t done_before, std::uint64_t total, const ChunkSink& sink = {}) const;
   // check_shard_header's read and check, uncached.
-  CheckedShardHeader read_shard_header(int rank, Verify mode) const;
-  void verify_one(int rank, Verify mode, AlignedBuffer& scratch, const ProgressFn& progress, std::uint64_t done,
+  CheckedShardHeader read_shard_header(const ShardRecord& file, Verify mode) const;
+  std::atomic<bool>& header_ok(const ShardRecord& file) const;
+  void verify_one(const ShardRecord& file, Verify mode, AlignedBuffer& scratch, const ProgressFn& progress, std::uint64_t done,
                   std::uint64_t total) const;
 
   FileSystem* fs_;
@@ -181,7 +196,8 @@ class CheckpointReader {
   // manifest_ names what manifest_owner_ keeps alive (a copy or move keeps both).
   std::shared_ptr<const Manifest> manifest_owner_;
   const Manifest& manifest_;
-  // Per rank: its shard header passed the check (check_shard_header), shared by the copies.
+  // Per file (by its index in manifest_.shards): its header passed the check
+  // (check_file_header), shared by the copies.
   std::shared_ptr<std::atomic<bool>[]> header_ok_;
 };
 

@@ -37,11 +37,10 @@ void check_head_chunks(const Manifest& m, const ShardRecord& rec, const ReadAt& 
 
 }  // namespace
 
-CheckedShardHeader read_checked_shard_header(const Manifest& m, int rank, const ReadAt& read_at, const std::string& file, Verify mode) {
-  const ShardRecord& rec = m.shard(rank);
+CheckedShardHeader read_checked_shard_header(const Manifest& m, const ShardRecord& rec, const ReadAt& read_at, const std::string& file, Verify mode) {
   try {
     const std::vector<std::byte> head = read_shard_head(read_at, rec.size, file);
-    return check_shard_head(m, rank, head, file);
+    return check_shard_head(m, rec, head, file);
   } catch (const Error& e) {
     if (e.code() != Errc::malformed_shard || mode == Verify::none) throw;
     check_head_chunks(m, rec, read_at, file);

@@ -15,13 +15,13 @@
 CKPT_API_BEGIN
 namespace ckpt::detail {
 
-/// Reads rank's shard header through `read_at` (read_shard_head, for a file of the manifest's
+/// Reads the header of shard file `rec` (a record of `manifest`) through `read_at` (read_shard_head, for a file of the manifest's
 /// size) and checks it against the manifest index (check_shard_head), naming `file`. With
 /// Verify::fast or full, a header refused as Errc::malformed_shard has the chunks holding the
 /// bytes it claims checked against their XXH3 first, so that damage the checksums catch is
 /// the Errc::checksum_mismatch naming the chunk that verify() reports, not whatever the damaged
 /// JSON happens to say; nothing more is read when the header passes.
-CheckedShardHeader read_checked_shard_header(const Manifest& manifest, int rank, const ReadAt& read_at, const std::string& file,
+CheckedShardHeader read_checked_shard_header(const Manifest& manifest, const ShardRecord& rec, const ReadAt& read_at, const std::string& file,
                                              Verify mode);
 
 }  // namespace ckpt::detail

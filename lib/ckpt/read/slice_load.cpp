@@ -49,7 +49,7 @@ std::vector<GlobalTensor> global_tensors(const Manifest& m, std::string_view fil
       offs.reserve(ts.size());
       bool fits = true;
       for (const TensorRecord* t : ts) {
-        const ShardRecord& s = m.shard(t->rank);
+        const ShardRecord& s = m.rank_record(t->rank);
         fits = fits && t->dtype == ts.front()->dtype && t->shape == std::vector<std::uint64_t>{s.param_shard_numel};
         offs.push_back({s.param_shard_offset});
       }
@@ -73,7 +73,7 @@ std::vector<GlobalTensor> global_tensors(const Manifest& m, std::string_view fil
       g.dtype = t.dtype;
       g.shape = {m.param_numel};
       g.origin = GlobalTensor::Origin::flat;
-      const ShardRecord& s = m.shard(t.rank);
+      const ShardRecord& s = m.rank_record(t.rank);
       if (t.shape != std::vector<std::uint64_t>{s.param_shard_numel} || (!g.pieces.empty() && g.pieces.front().record->dtype != t.dtype))
         throw Error(Errc::malformed_manifest, std::string(file), "flat tensor '" + t.name + "' of rank " + std::to_string(t.rank),
                     "1-D of param_shard_numel " + std::to_string(s.param_shard_numel) + " elements, one dtype on every rank",

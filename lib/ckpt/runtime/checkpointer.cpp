@@ -226,13 +226,20 @@ std::chrono::nanoseconds since(Clock::time_point t0) { return Clock::now() - t0;
 }  // namespace
 
 struct Checkpointer::Impl {
+  // One file of a rank's shard: its header, and where its image sits in the rank's staging.
+  struct FileImage {
+    ShardHeader header;
+    std::uint64_t offset = 0;  // in the staging buffer, a multiple of 4096
+    std::uint64_t size = 0;    // file bytes
+    std::uint64_t padded = 0;  // size rounded up to 4096 (what O_DIRECT writes)
+  };
   // One rank's shard of the step in flight, from staging to its report.
   struct ShardJob {
     int rank = 0;
     std::uint64_t step = 0;
-    std::uint64_t size = 0;    // file bytes
-    std::uint64_t padded = 0;  // size rounded up to 4096 (what O_DIRECT writes)
-    ShardHeader header;
+    std::uint64_t size = 0;    // file bytes, all files
+    std::uint64_t padded = 0;  // staging bytes: the files' padded images back to back
+    std::vector<FileImage> files;  // in part order (one, unless CheckpointerOptions::max_file_bytes splits)
     ShardingByName sharding;  // the tensors' descriptions, for the manifest index
     SaveInfo info;
     std::shared_ptr<detail::SaveState> handle;
@@ -331,7 +338,7 @@ struct Checkpointer::Impl {
   // starts staging (under mu); committed once the checkpoint of that step is.
   struct StagedRecord {
     std::uint64_t step = 0;
-    ShardHeader header;
+    std::vector<FileImage> files;
     SaveInfo info;
     bool committed = false;
   };
@@ -418,6 +425,10 @@ struct Checkpointer::Impl {
       NodeLayout l{rpn >= 1 ? opt.world_size / rpn : 0, rpn, opt.nodes->redundancy};
       if (rpn >= 1 && opt.world_size % rpn != 0) throw_invalid("CheckpointerOptions.nodes.ranks_per_node must divide the world size");
       if (const auto problem = layout_problem(l, opt.world_size)) throw Error(Errc::invalid_argument, opt.root, "CheckpointerOptions.nodes: " + *problem);
+      if (opt.max_file_bytes != 0 && opt.max_file_bytes != kOneFilePerRank)
+        throw Error(Errc::invalid_argument, opt.root,
+                    "CheckpointerOptions.max_file_bytes with nodes (a node set's redundancy is planned over each rank's one file)",
+                    "0 or kOneFilePerRank", std::to_string(opt.max_file_bytes));
       layout = l;
     }
     StoreOptions where;
@@ -596,10 +607,8 @@ struct Checkpointer::Impl {
     job->step = step;
     job->t_call = t_call;
     job->info = info;
-    job->header = plan_shard(tensors, shard_header_metadata(rank, opt.world_size, step));
+    plan_files(*job, tensors);
     job->sharding = sharding_by_name(tensors);
-    job->size = job->header.file_size();
-    job->padded = (job->size + 4095) / 4096 * 4096;
     job->handle = std::make_shared<detail::SaveState>();
     job->handle->step = step;
     job->result.step = step;
@@ -702,7 +711,48 @@ struct Checkpointer::Impl {
     }
     job->result.stage = Clock::now() - t_stage;
     std::lock_guard lk(mu);
-    staged_records[static_cast<std::size_t>(job->rank)] = StagedRecord{job->step, job->header, job->info, false};
+    staged_records[static_cast<std::size_t>(job->rank)] = StagedRecord{job->step, job->files, job->info, false};
+  }
+
+  // The most tensor bytes of one file for `bytes` of a rank's tensors (max_file_bytes).
+  std::uint64_t file_limit(std::uint64_t bytes) const {
+    if (opt.max_file_bytes != 0) return opt.max_file_bytes;
+    if (layout || local_count >= pool_size(opt)) return kOneFilePerRank;
+    // Every hashing thread a file: the pool's threads shared among this process's ranks.
+    constexpr std::uint64_t kMinAutoFile = std::uint64_t{64} << 20;
+    const auto per_rank = static_cast<std::uint64_t>((pool_size(opt) + local_count - 1) / local_count);
+    return std::max(kMinAutoFile, (bytes + per_rank - 1) / per_rank);
+  }
+
+  // The rank's files: its tensors split at tensor boundaries, in the caller's order, into
+  // groups of at most file_limit() bytes (a larger tensor alone), each planned as a shard
+  // file, their images back to back in staging at 4096-aligned offsets.
+  void plan_files(ShardJob& job, std::span<const TensorView> tensors) const {
+    std::uint64_t total = 0;
+    for (const auto& t : tensors) total += t.data.size();
+    const std::uint64_t limit = file_limit(total);
+    std::vector<std::vector<TensorView>> groups(1);
+    std::uint64_t in_group = 0;
+    for (const auto& t : tensors) {
+      if (!groups.back().empty() && (t.data.size() > limit || in_group > limit - t.data.size())) {
+        groups.emplace_back();
+        in_group = 0;
+      }
+      groups.back().push_back(t);
+      in_group += t.data.size();
+    }
+    job.files.clear();
+    job.size = job.padded = 0;
+    for (const auto& g : groups) {
+      FileImage f;
+      f.header = plan_shard(g, shard_header_metadata(job.rank, opt.world_size, job.step));
+      f.offset = job.padded;
+      f.size = f.header.file_size();
+      f.padded = (f.size + 4095) / 4096 * 4096;
+      job.size += f.size;
+      job.padded += f.padded;
+      job.files.push_back(std::move(f));
+    }
   }
 
   // Staging::overlapped: the same, handing the shard over first: its file is created, written
@@ -734,20 +784,24 @@ struct Checkpointer::Impl {
       throw;
     }
     std::lock_guard lk(mu);
-    staged_records[static_cast<std::size_t>(job->rank)] = StagedRecord{job->step, job->header, job->info, false};
+    staged_records[static_cast<std::size_t>(job->rank)] = StagedRecord{job->step, job->files, job->info, false};
   }
 
   // check_deferred_staging: the staged bytes of each of `views` must be what save() saw
   // (`at_save`, their XXH3 then, in the same order).
   void check_staged_tensors(const ShardJob& job, std::span<const TensorView> views, std::span<const std::uint64_t> at_save) {
     if (at_save.empty()) return;  // the option is off
-    std::unordered_map<std::string_view, const ShardTensor*> by_name;
-    for (const auto& h : job.header.tensors) by_name.emplace(h.name, &h);
-    for (std::size_t i = 0; i < at_save.size(); ++i) check_staged_tensor(job, views[i], *by_name.at(views[i].name), at_save[i]);
+    std::unordered_map<std::string_view, std::pair<const FileImage*, const ShardTensor*>> by_name;
+    for (const auto& f : job.files)
+      for (const auto& h : f.header.tensors) by_name.emplace(h.name, std::pair(&f, &h));
+    for (std::size_t i = 0; i < at_save.size(); ++i) {
+      const auto [file, rec] = by_name.at(views[i].name);
+      check_staged_tensor(job, views[i], *file, *rec, at_save[i]);
+    }
   }
 
-  void check_staged_tensor(const ShardJob& job, const TensorView& t, const ShardTensor& rec, std::uint64_t at_save) {
-    const std::byte* data = staging[static_cast<std::size_t>(job.rank)].data() + job.header.data_start + rec.begin;
+  void check_staged_tensor(const ShardJob& job, const TensorView& t, const FileImage& file, const ShardTensor& rec, std::uint64_t at_save) {
+    const std::byte* data = staging[static_cast<std::size_t>(job.rank)].data() + file.offset + file.header.data_start + rec.begin;
     const std::uint64_t copied = xxh3_64(data, static_cast<std::size_t>(rec.end - rec.begin));
     if (copied != at_save) {
       std::lock_guard lk(mu);
@@ -777,31 +831,35 @@ struct Checkpointer::Impl {
     }
   }
 
-  // The image into the reserved buffer, in file order (header, tensors, the O_DIRECT padding),
-  // calling published(n, last) as each prefix [0, n) is in place.
+  // The images into the reserved buffer, file after file, each in file order (header,
+  // tensors, the O_DIRECT padding), calling published(n, last) as each prefix [0, n) of the
+  // staging is in place.
   template <typename Published>
   void copy_into_staging(const ShardJob& job, std::span<const TensorView> tensors, Published published) {
-    std::byte* out = staging[static_cast<std::size_t>(job.rank)].data();
-    const std::string head = encode_shard_header(job.header);
-    std::memcpy(out, head.data(), head.size());
+    std::byte* const base = staging[static_cast<std::size_t>(job.rank)].data();
     std::unordered_map<std::string_view, const TensorView*> by_name;
     for (const auto& t : tensors) by_name.emplace(t.name, &t);
-    std::vector<const ShardTensor*> order;
-    order.reserve(job.header.tensors.size());
-    for (const auto& t : job.header.tensors) order.push_back(&t);
-    std::sort(order.begin(), order.end(), [](const ShardTensor* a, const ShardTensor* b) { return a->begin < b->begin; });
-    for (const ShardTensor* t : order) {
-      const auto& src = by_name.at(t->name)->data;
-      std::byte* dst = out + job.header.data_start + t->begin;
-      for (std::size_t done = 0; done < src.size();) {
-        const std::size_t n = std::min<std::size_t>(src.size() - done, detail::StagedBytes::kPublishStep);
-        std::memcpy(dst + done, src.data() + done, n);
-        done += n;
-        published(job.header.data_start + t->begin + done, false);
+    for (const FileImage& f : job.files) {
+      std::byte* const out = base + f.offset;
+      const std::string head = encode_shard_header(f.header);
+      std::memcpy(out, head.data(), head.size());
+      std::vector<const ShardTensor*> order;
+      order.reserve(f.header.tensors.size());
+      for (const auto& t : f.header.tensors) order.push_back(&t);
+      std::sort(order.begin(), order.end(), [](const ShardTensor* a, const ShardTensor* b) { return a->begin < b->begin; });
+      for (const ShardTensor* t : order) {
+        const auto& src = by_name.at(t->name)->data;
+        std::byte* dst = out + f.header.data_start + t->begin;
+        for (std::size_t done = 0; done < src.size();) {
+          const std::size_t n = std::min<std::size_t>(src.size() - done, detail::StagedBytes::kPublishStep);
+          std::memcpy(dst + done, src.data() + done, n);
+          done += n;
+          published(f.offset + f.header.data_start + t->begin + done, false);
+        }
       }
+      std::memset(out + f.size, 0, static_cast<std::size_t>(f.padded - f.size));
+      published(f.offset + f.padded, &f == &job.files.back());
     }
-    std::memset(out + job.size, 0, static_cast<std::size_t>(job.padded - job.size));
-    published(job.padded, true);
   }
 
   // Into a checkpoint coroutine's inbox, from any thread. A report counts as the rank's
@@ -963,41 +1021,66 @@ struct Checkpointer::Impl {
     cv.notify_all();
   }
 
-  // One shard, on the io_context: create and preallocate the file, then write the staged
-  // image and hash it at the same time, fsync, report.
+  // One shard, on the io_context: create and preallocate its files, then write each staged
+  // image and hash it at the same time, fsync, report. A shard of several files has them
+  // written one after the other and hashed all at once, each on its own work-pool thread.
   asio::awaitable<void> write_shard(std::shared_ptr<StepState> st, std::shared_ptr<ShardJob> job) {
     RankReport report{job->rank, std::nullopt, {}, {}};
-    std::unique_ptr<ShardWriter> writer;
+    std::vector<std::unique_ptr<ShardWriter>> writers;
     const auto stopped = [&st] { return st->cancelled.load(); };
     struct Cancelled {};
+    const int parts = static_cast<int>(job->files.size());
     try {
       if (stopped()) throw Cancelled{};
-      writer = co_await on_work_pool([&] {
-        return std::make_unique<ShardWriter>(ShardWriter::image(fs, shard_dir(*st, job->rank), shard_file_name(job->rank, opt.world_size), job->header,
-                                                                {.chunk_size = opt.chunk_size, .direct = opt.direct_io}));
+      writers = co_await on_work_pool([&] {
+        std::vector<std::unique_ptr<ShardWriter>> ws;
+        for (int k = 0; k < parts; ++k)
+          ws.push_back(std::make_unique<ShardWriter>(ShardWriter::image(fs, shard_dir(*st, job->rank), shard_file_name(job->rank, opt.world_size, k, parts),
+                                                                        job->files[static_cast<std::size_t>(k)].header,
+                                                                        {.chunk_size = opt.chunk_size, .direct = opt.direct_io})));
+        return ws;
       });
-      ShardWriter& w = *writer;
-      const auto image = staging[static_cast<std::size_t>(job->rank)].span(static_cast<std::size_t>(w.file().is_direct() ? job->padded : job->size));
       const auto t_write = Clock::now();
-      // A file's SHA-256 is sequential, so a shard's hashing is one thread's; the step's shards
-      // hash in parallel on the work pool (a thread per core). When this process has fewer
-      // shards than the pool has threads, a shard's hashing is split in two (the XXH3s on one
-      // thread, SHA-256 on another), so that one shard is bounded by SHA-256 alone.
-      const auto bytes = image.first(static_cast<std::size_t>(job->size));
       detail::StagedBytes* const staged = job->staged.get();
-      const bool split = local_count < pool_size(opt);
-      // (Chosen before the co_await: g++ 12 mishandles a conditional's temporaries inside one.)
-      asio::awaitable<std::chrono::nanoseconds> hashing;
-      if (split) hashing = hash_split(w, bytes, staged, stopped);
-      else hashing = on_work_pool([&w, bytes, staged, &stopped] { return hash_image(w, bytes, staged, stopped, &ShardWriter::hash); });
-      auto [writer_name, hash_time] = co_await detail::both(write_image(w.file(), image, *st, staged), std::move(hashing));
+      // A file's SHA-256 is sequential, so a file's hashing is one thread's; the step's files
+      // hash in parallel on the work pool (a thread per core). When this process has fewer
+      // shards than the pool has threads and a shard is one file, its hashing is split in two
+      // (the XXH3s on one thread, SHA-256 on another), so that the file is bounded by SHA-256
+      // alone; a shard of several files (max_file_bytes) has a thread per file instead.
+      const bool split = parts == 1 && local_count < pool_size(opt);
+      std::vector<asio::awaitable<std::chrono::nanoseconds>> hashing;
+      for (int k = 0; k < parts; ++k) {
+        ShardWriter& w = *writers[static_cast<std::size_t>(k)];
+        const FileImage& f = job->files[static_cast<std::size_t>(k)];
+        const auto bytes = staging[static_cast<std::size_t>(job->rank)].span(static_cast<std::size_t>(job->padded)).subspan(
+            static_cast<std::size_t>(f.offset), static_cast<std::size_t>(f.size));
+        // (Chosen before the co_await: g++ 12 mishandles a conditional's temporaries inside one.)
+        if (split) hashing.push_back(hash_split(w, bytes, staged, f.offset, stopped));
+        else
+          hashing.push_back(on_work_pool([&w, bytes, staged, base = f.offset, &stopped] {
+            return hash_image(w, bytes, staged, base, stopped, &ShardWriter::hash);
+          }));
+      }
+      auto [writer_name, hash_times] = co_await detail::both(write_files(writers, *job, *st, staged), detail::all(std::move(hashing)));
       if (stopped()) throw Cancelled{};
       job->result.write = since(t_write);
-      job->result.hash = hash_time;
+      job->result.hash = *std::max_element(hash_times.begin(), hash_times.end());
       job->result.backend = std::string(writer_name);
-      w.mark_written(image.size());
       const auto t_sync = Clock::now();
-      report.shard = co_await on_work_pool([&w, rank = job->rank] { return w.finish(rank); });
+      std::vector<ShardReport> done = co_await on_work_pool([&writers, rank = job->rank] {
+        std::vector<ShardReport> out;
+        for (auto& w : writers) out.push_back(w->finish(rank));
+        return out;
+      });
+      report.shard = std::move(done.front());
+      for (std::size_t k = 1; k < done.size(); ++k) {
+        done[k].shard.part = static_cast<int>(k);
+        report.shard.more_files.push_back(std::move(done[k].shard));
+        for (auto& t : done[k].tensors) {
+          t.part = static_cast<int>(k);
+          report.shard.tensors.push_back(std::move(t));
+        }
+      }
       attach_sharding(report.shard.tensors, job->sharding);
       job->result.fsync = since(t_sync);
       report.shard.shard.param_shard_offset = job->info.param_shard_offset;
@@ -1013,11 +1096,26 @@ struct Checkpointer::Impl {
       // A shard the cancel stopped fails with the reason cancel() gave (a shard already
       // durable when it came reports as usual).
       std::lock_guard lk(mu);
-      report.error = Error(Errc::aborted, join_path(st->target ? st->target->shard_dir(job->rank) : opt.root, shard_file_name(job->rank, opt.world_size)),
+      report.error = Error(Errc::aborted, join_path(st->target ? st->target->shard_dir(job->rank) : opt.root, shard_file_name(job->rank, opt.world_size, 0, parts)),
                            "save of step " + std::to_string(st->step) + " cancelled: " + st->cancel_reason);
     }
-    if (writer && report.error) co_await on_work_pool([&] { writer.reset(); });  // closes the failed file
+    if (!writers.empty() && report.error) co_await on_work_pool([&] { writers.clear(); });  // closes the failed files
     send(st, std::move(report));
+  }
+
+  // The files' staged images into their files, one after the other; the writer's name.
+  asio::awaitable<std::string_view> write_files(std::vector<std::unique_ptr<ShardWriter>>& writers, const ShardJob& job, StepState& st,
+                                                detail::StagedBytes* staged) {
+    std::string_view name;
+    for (std::size_t k = 0; k < writers.size(); ++k) {
+      ShardWriter& w = *writers[k];
+      const FileImage& f = job.files[k];
+      const auto image = staging[static_cast<std::size_t>(job.rank)].span(static_cast<std::size_t>(job.padded)).subspan(
+          static_cast<std::size_t>(f.offset), static_cast<std::size_t>(w.file().is_direct() ? f.padded : f.size));
+      name = co_await write_image(w.file(), image, st, staged, f.offset);
+      w.mark_written(image.size());
+    }
+    co_return name;
   }
 
   // A shard's image into its file. Syncs behind the writes: a durable save ends with an
@@ -1029,16 +1127,18 @@ struct Checkpointer::Impl {
   // synced behind every 64 MiB wrote 0.72x as fast as with their last fsyncs alone). The
   // last piece takes the remainder: an image of less than two pieces is written as one.
   static constexpr std::size_t kFlushBehind = std::size_t{64} << 20;
-  asio::awaitable<std::string_view> write_image(WritableFile& file, std::span<const std::byte> image, StepState& st, detail::StagedBytes* staged) {
+  // `base`: where the image starts in the rank's staging (what the staged watermark counts).
+  asio::awaitable<std::string_view> write_image(WritableFile& file, std::span<const std::byte> image, StepState& st, detail::StagedBytes* staged,
+                                                std::uint64_t base) {
     const auto io = static_cast<std::size_t>(opt.chunk_size);
     const std::size_t step = kFlushBehind * static_cast<std::size_t>(std::max(1, local_count));
     const std::size_t pieces = std::max<std::size_t>(1, image.size() / step);
     const auto first = pieces > 1 ? image.first(step) : image;  // (not inside the co_await: g++ 12, above)
-    std::string_view name = co_await backend->write(file, first, io, opt.queue_depth, &st.cancelled, staged, 0);
+    std::string_view name = co_await backend->write(file, first, io, opt.queue_depth, &st.cancelled, staged, 0, base);
     for (std::size_t k = 1; k < pieces; ++k) {
       const std::size_t off = k * step;
       const auto piece = k + 1 < pieces ? image.subspan(off, step) : image.subspan(off);
-      auto [n, synced] = co_await detail::both(backend->write(file, piece, io, opt.queue_depth, &st.cancelled, staged, off), on_work_pool([&file] {
+      auto [n, synced] = co_await detail::both(backend->write(file, piece, io, opt.queue_depth, &st.cancelled, staged, off, base), on_work_pool([&file] {
                                                  file.sync();
                                                  return true;
                                                }));
@@ -1052,13 +1152,13 @@ struct Checkpointer::Impl {
   // cancelled save stops hashing too (the shard is failed then); an overlapped save's pieces
   // as its copy publishes them. Returns the time it took.
   template <typename Stopped>
-  static std::chrono::nanoseconds hash_image(ShardWriter& w, std::span<const std::byte> bytes, detail::StagedBytes* staged, const Stopped& stopped,
-                                    void (ShardWriter::*part)(std::span<const std::byte>)) {
+  static std::chrono::nanoseconds hash_image(ShardWriter& w, std::span<const std::byte> bytes, detail::StagedBytes* staged, std::uint64_t base,
+                                             const Stopped& stopped, void (ShardWriter::*part)(std::span<const std::byte>)) {
     const std::size_t piece = staged ? detail::StagedBytes::kPublishStep : std::size_t{64} << 20;
     const auto t0 = Clock::now();
     for (std::size_t off = 0; off < bytes.size() && !stopped(); off += piece) {
       const std::size_t n = std::min(piece, bytes.size() - off);
-      if (staged) staged->wait(off + n);
+      if (staged) staged->wait(base + off + n);
       (w.*part)(bytes.subspan(off, n));
     }
     return since(t0);
@@ -1068,10 +1168,10 @@ struct Checkpointer::Impl {
   // (Awaited in the caller's full-expression: its arguments, the caller's locals, outlive it.)
   template <typename Stopped>
   asio::awaitable<std::chrono::nanoseconds> hash_split(ShardWriter& w, std::span<const std::byte> bytes, detail::StagedBytes* staged,
-                                                       const Stopped& stopped) {
+                                                       std::uint64_t base, const Stopped& stopped) {
     auto [a, b] = co_await detail::both(
-        on_work_pool([&w, bytes, staged, &stopped] { return hash_image(w, bytes, staged, stopped, &ShardWriter::hash_checksums); }),
-        on_work_pool([&w, bytes, staged, &stopped] { return hash_image(w, bytes, staged, stopped, &ShardWriter::hash_sha256); }));
+        on_work_pool([&w, bytes, staged, base, &stopped] { return hash_image(w, bytes, staged, base, stopped, &ShardWriter::hash_checksums); }),
+        on_work_pool([&w, bytes, staged, base, &stopped] { return hash_image(w, bytes, staged, base, stopped, &ShardWriter::hash_sha256); }));
     co_return std::max(a, b);
   }
 
@@ -1455,10 +1555,12 @@ std::optional<StagedSnapshot> Checkpointer::staged(int rank) const {
   std::lock_guard lk(impl_->mu);
   const auto& rec = impl_->staged_records[static_cast<std::size_t>(rank)];
   if (!rec || !rec->committed) return std::nullopt;
-  const std::byte* data = impl_->staging[static_cast<std::size_t>(rank)].data() + rec->header.data_start;
   StagedSnapshot snap{rec->step, {}, rec->info};
-  for (const auto& t : rec->header.tensors)
-    snap.tensors.push_back({t.name, t.dtype, t.shape, std::span(data + t.begin, static_cast<std::size_t>(t.end - t.begin)), std::nullopt});
+  for (const auto& f : rec->files) {
+    const std::byte* data = impl_->staging[static_cast<std::size_t>(rank)].data() + f.offset + f.header.data_start;
+    for (const auto& t : f.header.tensors)
+      snap.tensors.push_back({t.name, t.dtype, t.shape, std::span(data + t.begin, static_cast<std::size_t>(t.end - t.begin)), std::nullopt});
+  }
   return snap;
 }
 
@@ -1518,7 +1620,11 @@ std::uint64_t staging_bytes_for(std::span<const TensorSpec> tensors, int world_s
   // The header with the longest values its metadata can take: no step or rank needs more.
   const ShardHeader h =
       plan_shard_specs(tensors, shard_header_metadata(world_size - 1, world_size, std::numeric_limits<std::uint64_t>::max()));
-  return (h.file_size() + 4095) / 4096 * 4096;
+  // A shard split into files (CheckpointerOptions::max_file_bytes, automatic up to a file per
+  // core) holds the same tensor bytes; each further file adds a header (of a subset of these
+  // tensors: at most this one) and up to 4095 bytes of padding twice over (its data start, its end).
+  const auto files = static_cast<std::uint64_t>(std::max(2u, std::thread::hardware_concurrency()));
+  return (h.file_size() + 4095) / 4096 * 4096 + (files - 1) * (h.data_start + 8192);
 }
 const CheckpointerOptions& Checkpointer::options() const noexcept { return impl_->opt; }
 CheckpointerStats Checkpointer::stats() const {

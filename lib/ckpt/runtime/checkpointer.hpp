@@ -113,6 +113,9 @@ struct NodeOptions {
   RedundancyScheme redundancy{};     ///< none, replicate:F or rs:K+M (parse_redundancy)
 };
 
+/// CheckpointerOptions::max_file_bytes: one file per rank, however large.
+inline constexpr std::uint64_t kOneFilePerRank = ~std::uint64_t{0};
+
 struct CheckpointerOptions {
   /// Checkpoint root: a directory (created if missing), or mem://NAME, a root in shared
   /// memory that outlives the process (store/memory/memory.hpp; keep_last 2 keeps it at two
@@ -127,6 +130,14 @@ struct CheckpointerOptions {
   bool direct_io = true;            ///< O_DIRECT where the file system allows it
   std::uint64_t chunk_size = kDefaultChunkSize;  ///< XXH3 chunk, also the size of one write
   int queue_depth = 4;              ///< writes in flight per shard file
+  /// The most tensor bytes one shard file holds: a rank's tensors are split across files at
+  /// tensor boundaries, in the order given (a tensor larger than this has a file of its own),
+  /// each file with its own checksums, all written and hashed in parallel (docs/format.md,
+  /// schema 3). 0, the default, is automatic: when this process saves fewer ranks than it has
+  /// hashing threads (a file's SHA-256 runs on one core), each rank's shard is split into
+  /// about hashing threads / local ranks files of at least 64 MiB, else one file per rank.
+  /// kOneFilePerRank: always one file (what a node set, `nodes`, always writes).
+  std::uint64_t max_file_bytes = 0;
   int hash_threads = 0;             ///< worker threads for hashing, fsync and commit (0: one per core, at least 2)
   /// Pre-allocate (and touch) each local rank's staging now: staging_bytes_for() of its
   /// tensors (0: at the first save; a save that needs more grows it then).
@@ -488,7 +499,8 @@ class SaveCadence {
 /// image, its header included, padded for O_DIRECT), whatever the step and the rank of a job
 /// of `world_size` ranks: the value for CheckpointerOptions::staging_bytes_per_rank, so that
 /// the pool is allocated and touched when the Checkpointer is made rather than inside the
-/// first save. Errors as plan_shard_specs.
+/// first save. It allows for the shard to be split into as many files as this machine has
+/// cores (CheckpointerOptions::max_file_bytes). Errors as plan_shard_specs.
 std::uint64_t staging_bytes_for(std::span<const TensorSpec> tensors, int world_size);
 
 }  // namespace ckpt

@@ -82,6 +82,11 @@ std::string encode_rank_report(std::uint64_t step, const RankReport& r) {
     part.training = r.shard.training;
     part.shards.push_back(r.shard.shard);
     part.shards.back().rank = 0;
+    for (const ShardRecord& f : r.shard.more_files) {  // a shard of several files: schema 3
+      part.shards.push_back(f);
+      part.shards.back().rank = 0;
+      part.schema_version = kFilesPerRankSchemaVersion;
+    }
     // Sharding descriptions travel beside the part: they are checked across ranks (holders,
     // tiling), which a manifest of one shard cannot be.
     json::array sharding;
@@ -118,6 +123,10 @@ RankReport decode_rank_report(std::string_view text) {
     Manifest part = decode_manifest(o.at("part").as_string(), "coordination message of rank " + std::to_string(r.rank));
     r.shard.shard = std::move(part.shards.at(0));
     r.shard.shard.rank = r.rank;
+    for (std::size_t k = 1; k < part.shards.size(); ++k) {
+      r.shard.more_files.push_back(std::move(part.shards[k]));
+      r.shard.more_files.back().rank = r.rank;
+    }
     r.shard.tensors = std::move(part.tensors);
     for (auto& t : r.shard.tensors) t.rank = r.rank;
     if (const auto* sh = o.if_contains("sharding"))

@@ -35,11 +35,13 @@ class WriteBackend {
   /// system took the open, not the writes) is reopened buffered (WritableFile::reopen_buffered)
   /// and the whole of `data` written again, once, with one log_line naming the file. With
   /// `staged`, `data` is still being copied in: each piece is written once its bytes are
-  /// (StagedBytes::async_wait, whose offsets count from `base` too), and a failed copy fails
-  /// the write with its error.
+  /// (StagedBytes::async_wait, whose offsets count from `staged_base` + `base`: the file's
+  /// image starts at `staged_base` of the staging the watermark counts), and a failed copy
+  /// fails the write with its error.
   virtual boost::asio::awaitable<std::string_view> write(WritableFile& file, std::span<const std::byte> data, std::size_t io_size,
                                                          int queue_depth, const std::atomic<bool>* stop = nullptr,
-                                                         StagedBytes* staged = nullptr, std::uint64_t base = 0) = 0;
+                                                         StagedBytes* staged = nullptr, std::uint64_t base = 0,
+                                                         std::uint64_t staged_base = 0) = 0;
 };
 
 /// True if this process may create an io_uring; otherwise `why` says what the kernel said.

@@ -57,6 +57,7 @@ struct Image {
   const std::atomic<bool>* stop;
   StagedBytes* staged;   // null: all of `data` is in memory already
   std::uint64_t base;    // the file offset of data[0]
+  std::uint64_t staged_base;  // where the file's image starts in the staging `staged` counts
   std::size_t next = 0;  // offset of the next piece to take
   std::exception_ptr error;
 
@@ -117,9 +118,10 @@ class PosixBackend final : public WriteBackend {
   std::string_view name() const noexcept override { return "posix"; }
 
   asio::awaitable<std::string_view> write(WritableFile& file, std::span<const std::byte> data, std::size_t io_size, int queue_depth,
-                                          const std::atomic<bool>* stop, StagedBytes* staged, std::uint64_t base) override {
+                                          const std::atomic<bool>* stop, StagedBytes* staged, std::uint64_t base,
+                                          std::uint64_t staged_base) override {
     co_await with_buffered_retry(file, [&]() -> asio::awaitable<void> {
-      Image image{file, data, io_size, stop, staged, base, 0, nullptr};
+      Image image{file, data, io_size, stop, staged, base, staged_base, 0, nullptr};
       co_await run_lanes(image, queue_depth, [this](Image& im) { return lane(im); });
     });
     co_return name();
@@ -129,7 +131,7 @@ class PosixBackend final : public WriteBackend {
     std::size_t off = 0, len = 0;
     while (im.take(off, len)) {
       try {
-        if (im.staged) co_await im.staged->async_wait(im.base + off + len);
+        if (im.staged) co_await im.staged->async_wait(im.staged_base + im.base + off + len);
         co_await offload(pool_.get_executor(), [&] { im.file.write_at(im.base + off, im.data.subspan(off, len)); });
       } catch (...) {
         if (!im.error) im.error = std::current_exception();
@@ -147,15 +149,16 @@ class UringBackend final : public WriteBackend {
   std::string_view name() const noexcept override { return "io_uring"; }
 
   asio::awaitable<std::string_view> write(WritableFile& file, std::span<const std::byte> data, std::size_t io_size, int queue_depth,
-                                          const std::atomic<bool>* stop, StagedBytes* staged, std::uint64_t base) override {
+                                          const std::atomic<bool>* stop, StagedBytes* staged, std::uint64_t base,
+                                          std::uint64_t staged_base) override {
     // No descriptor to hand the ring (an in-memory file): the posix writer moves the bytes.
-    if (file.native_handle() < 0) co_return co_await posix_.write(file, data, io_size, queue_depth, stop, staged, base);
+    if (file.native_handle() < 0) co_return co_await posix_.write(file, data, io_size, queue_depth, stop, staged, base, staged_base);
     co_await with_buffered_retry(file, [&]() -> asio::awaitable<void> {
       asio::random_access_file handle(ctx_);
       boost::system::error_code ec;
       handle.assign(file.native_handle(), ec);
       if (ec) throw Error(Errc::io_error, file.path(), "io_uring file assign failed: " + ec.message());
-      Image image{file, data, io_size, stop, staged, base, 0, nullptr};
+      Image image{file, data, io_size, stop, staged, base, staged_base, 0, nullptr};
       std::exception_ptr failed;
       try {
         co_await run_lanes(image, queue_depth, [&handle](Image& im) { return lane(handle, im); });
@@ -173,7 +176,7 @@ class UringBackend final : public WriteBackend {
     std::size_t off = 0, len = 0;
     while (im.take(off, len)) {
       try {
-        if (im.staged) co_await im.staged->async_wait(im.base + off + len);
+        if (im.staged) co_await im.staged->async_wait(im.staged_base + im.base + off + len);
         // A fault-injecting file decides here, as its write_at would: fail now, or let only
         // part of the piece through and then fail (a short write ending in an error).
         const std::size_t admitted = std::min(len, im.file.before_native_write(im.base + off, len));

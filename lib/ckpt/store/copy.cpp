@@ -143,7 +143,7 @@ CopyReport copy_with(CheckpointStore& source, std::uint64_t step, const std::sha
           const PieceSize pieces{.bytes = opt.piece_bytes, .multiple = m->chunk_size};
           if (i < m->shards.size()) {
             const ShardRecord& s = m->shards[i];
-            const auto file = source.shard(step, s.rank);
+            const auto file = source.shard(step, s);
             if (file->size() != s.size)
               throw Error(Errc::size_mismatch, file->path(), "shard size", std::to_string(s.size), std::to_string(file->size()));
             ShardCheck check({s.size, s.sha256, s.chunk_xxh3}, m->chunk_size, file->path(), opt.verify, stopped);
@@ -190,8 +190,11 @@ CopyReport copy_with(CheckpointStore& source, std::uint64_t step, const std::sha
       std::vector<std::uint64_t> sizes;
       for (const auto& s : m->shards) sizes.push_back(s.size);
       if (const std::size_t units = destination.redundancy_units(sizes); units > 0) {
+        if (m->has_file_parts())
+          throw Error(Errc::invalid_argument, source.name_of(step), "a checkpoint for a node set with redundancy",
+                      "one file per rank (the redundancy is planned over each rank's one file)", "a rank in several files");
         std::vector<std::unique_ptr<ReadableFile>> files(m->shards.size());
-        for (const auto& s : m->shards) files.at(static_cast<std::size_t>(s.rank)) = source.shard(step, s.rank);
+        for (const auto& s : m->shards) files.at(static_cast<std::size_t>(s.rank)) = source.shard(step, s);
         const auto data = [&](int rank, std::uint64_t offset, std::span<std::byte> out) {
           files.at(static_cast<std::size_t>(rank))->read_at(offset, out);
         };

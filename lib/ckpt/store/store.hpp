@@ -337,8 +337,9 @@ class CheckpointStore {
   /// A reader over the committed `step` (every shard where this store keeps it). Errc::not_found
   /// when it is not committed; the reader's open errors.
   virtual CheckpointReader open(std::uint64_t step, std::optional<int> expected_world_size = {}) = 0;
-  /// Rank `rank`'s shard of the committed `step`, for reading it as a stream or in ranges.
-  virtual std::unique_ptr<ReadableFile> shard(std::uint64_t step, int rank) = 0;
+  /// Shard file `file` (a record of the committed `step`'s manifest: a rank's one file, or one
+  /// of its several), for reading it as a stream or in ranges.
+  virtual std::unique_ptr<ReadableFile> shard(std::uint64_t step, const ShardRecord& file) = 0;
   /// Redundancy block `index` (of Manifest::redundancy) of the committed `step`, where the
   /// store keeps them (a node set); Errc::invalid_argument elsewhere.
   virtual std::unique_ptr<ReadableFile> redundancy_block(std::uint64_t step, std::size_t index);

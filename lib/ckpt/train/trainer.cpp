@@ -366,7 +366,7 @@ Trainer::LoadedState Trainer::load_state_into(const CheckpointReader& checkpoint
   const Manifest& manifest = checkpoint.manifest();
   const std::string where = checkpoint.manifest_path();
   check_restorable(manifest, where);
-  const ShardRecord& record = manifest.shard(comm_.rank());
+  const ShardRecord& record = manifest.rank_record(comm_.rank());
   check_shard_range(where, record.param_shard_offset, record.param_shard_numel);
   // Everything that can be refused is, before a byte lands in the optimizer's buffers.
   LoadedState st;
@@ -409,10 +409,10 @@ Trainer::LoadedState Trainer::load_state_resharded(const CheckpointReader& check
   LoadedState st;
   // Rank-local metadata (the RNG) continues source rank r's if it exists; the data position
   // is global, the same on every source rank.
-  json::object meta = json_of(manifest.shard(0).metadata);
+  json::object meta = json_of(manifest.rank_record(0).metadata);
   meta.erase("rng");
   if (rank < manifest.world_size)
-    if (const auto* r = json_of(manifest.shard(rank).metadata).if_contains("rng")) meta["rng"] = *r;
+    if (const auto* r = json_of(manifest.rank_record(rank).metadata).if_contains("rng")) meta["rng"] = *r;
   load_global_state(where, json_of(manifest.training), meta, cfg_.seed, data_parallel_rank(), st.step, st.adam_step, st.scaler, st.data_position,
                     st.rng, st.skip_steps);
   st.wall_seconds = manifest.wall_clock_seconds;

@@ -137,6 +137,14 @@ class SaveHandle:
         self._h.staged_result()
 
 
+def _file_limit(max_file_bytes):
+    """Checkpointer(max_file_bytes=) as the C++ option: None -> 0 (automatic), 0 -> one file per rank."""
+    if max_file_bytes is None:
+        return 0
+    n = _args.integer(max_file_bytes, "max_file_bytes", 0, (1 << 50))
+    return (1 << 64) - 1 if n == 0 else n
+
+
 class Checkpointer:
     """The asynchronous checkpointer of a root directory (a context manager: exit drains).
 
@@ -152,13 +160,16 @@ class Checkpointer:
     touched here rather than inside the first save (on a VM the first touch of fresh memory
     costs more than the copy): the state a rank will save (the dict of tensors save() takes,
     or the state_dict save_state() takes; sized with ckpt.staging_bytes), or a byte count
-    (None: at the first save; a save that needs more grows the buffer then). Raises
-    ckpt.Busy if another writer holds the root.
+    (None: at the first save; a save that needs more grows the buffer then).
+    max_file_bytes: the most tensor bytes in one shard file; a rank's tensors are split across
+    files at tensor boundaries, each hashed on its own core (None: automatic, a file per core
+    when this process saves fewer ranks than it has cores, files of at least 64 MiB; 0: one
+    file per rank). Raises ckpt.Busy if another writer holds the root.
     """
 
     def __init__(self, root, world_size=None, keep_last=3, writer="auto", when_busy="wait", durable_root=None,
                  durable_keep_last=10, allow_older_than_latest=False, coordinator=None, allow_empty=False,
-                 staging_bytes_per_rank=None):
+                 staging_bytes_per_rank=None, max_file_bytes=None):
         self._coordinator = coordinator
         core_coord = None
         if coordinator is not None:
@@ -183,7 +194,8 @@ class Checkpointer:
                                      _args.text(writer, "writer"), _args.text(when_busy, "when_busy"),
                                      None if durable_root is None else _args.path(durable_root, "durable_root"),
                                      _args.integer(durable_keep_last, "durable_keep_last", 0, _MAX_INT),
-                                     bool(allow_older_than_latest), bool(allow_empty), core_coord, staging)
+                                     bool(allow_older_than_latest), bool(allow_empty), core_coord, staging,
+                                     _file_limit(max_file_bytes))
         self._stagers = {}        # rank -> _device.RankStager: host buffers of device tensors
         self._device_saves = []   # deferred saves of device tensors whose thread may still run
 

@@ -14,6 +14,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <exception>
 #include <tuple>
+#include <vector>
 #include <type_traits>
 #include <utility>
 
@@ -44,6 +45,23 @@ boost::asio::awaitable<std::tuple<A, B>> both(boost::asio::awaitable<A> a, boost
   if (ea) std::rethrow_exception(ea);
   if (eb) std::rethrow_exception(eb);
   co_return std::tuple<A, B>{std::move(ra), std::move(rb)};
+}
+
+/// Runs every one of `v` concurrently (as both() does, pairwise) and awaits them all; then
+/// rethrows the first failure, if any, else returns the results in order.
+template <typename T>
+boost::asio::awaitable<std::vector<T>> all(std::vector<boost::asio::awaitable<T>> v) {
+  std::vector<T> out;
+  if (v.size() == 1) out.push_back(co_await std::move(v.front()));
+  if (v.size() <= 1) co_return out;
+  const std::size_t half = v.size() / 2;
+  std::vector<boost::asio::awaitable<T>> rest;
+  for (std::size_t i = half; i < v.size(); ++i) rest.push_back(std::move(v[i]));
+  v.erase(v.begin() + static_cast<std::ptrdiff_t>(half), v.end());
+  auto [a, b] = co_await both(all(std::move(v)), all(std::move(rest)));
+  for (auto& x : a) out.push_back(std::move(x));
+  for (auto& x : b) out.push_back(std::move(x));
+  co_return out;
 }
 
 }  // namespace ckpt::detail

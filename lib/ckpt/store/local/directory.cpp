@@ -153,7 +153,9 @@ class DirectoryStore final : public CheckpointStore {
     c.copy = copy_record(step);
     return c;
   }
-  std::unique_ptr<ReadableFile> shard(std::uint64_t step, int rank) override { return fs_.open_read(open(step, std::nullopt).shard_path(rank)); }
+  std::unique_ptr<ReadableFile> shard(std::uint64_t step, const ShardRecord& file) override {
+    return fs_.open_read(open(step, std::nullopt).file_path(file));
+  }
   void verify(std::uint64_t step, Verify mode, const ProgressFn& progress) override { open(step, std::nullopt).verify(mode, progress); }
   bool rotated_away(std::uint64_t step) noexcept override { return ckpt::rotated_away(fs_, root(), checkpoint_dir_name(step)); }
   std::unique_ptr<StoreWriter> writer(const WriterOptions& options) override { return std::make_unique<DirectoryWriter>(fs_, root(), options); }

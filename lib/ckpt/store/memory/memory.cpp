@@ -121,7 +121,7 @@ class MemoryStore final : public CheckpointStore {
   std::shared_ptr<const Manifest> manifest(std::uint64_t step) override { return inner_->manifest(step); }
   StoredCheckpoint describe(std::uint64_t step) override { return inner_->describe(step); }
   CheckpointReader open(std::uint64_t step, std::optional<int> world) override { return inner_->open(step, world); }
-  std::unique_ptr<ReadableFile> shard(std::uint64_t step, int rank) override { return inner_->shard(step, rank); }
+  std::unique_ptr<ReadableFile> shard(std::uint64_t step, const ShardRecord& file) override { return inner_->shard(step, file); }
   std::unique_ptr<ReadableFile> redundancy_block(std::uint64_t step, std::size_t index) override { return inner_->redundancy_block(step, index); }
   void verify(std::uint64_t step, Verify mode, const ProgressFn& progress) override { inner_->verify(step, mode, progress); }
   std::shared_ptr<const NodeCheckpointHealth> health(std::uint64_t step, Verify mode) override { return inner_->health(step, mode); }

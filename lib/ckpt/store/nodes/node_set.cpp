@@ -281,7 +281,9 @@ class NodeSetStore final : public CheckpointStore {
     for (const auto& r : node_root_paths(root(), m->nodes->nodes)) dirs.push_back(join_path(r, checkpoint_dir_name(step)));
     return CheckpointReader::open_nodes(fs_, dirs, expected_world_size);
   }
-  std::unique_ptr<ReadableFile> shard(std::uint64_t step, int rank) override { return fs_.open_read(open(step, std::nullopt).shard_path(rank)); }
+  std::unique_ptr<ReadableFile> shard(std::uint64_t step, const ShardRecord& file) override {
+    return fs_.open_read(open(step, std::nullopt).file_path(file));
+  }
   // The bytes the node roots agree on (read_node_manifest).
   std::string manifest_text(std::uint64_t step) override {
     const std::string name = checkpoint_dir_name(step);

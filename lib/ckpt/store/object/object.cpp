@@ -353,9 +353,8 @@ class ObjectCheckpointStore final : public CheckpointStore {
     while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
     return CheckpointReader::open(files_, dir, expected_world_size);
   }
-  std::unique_ptr<ReadableFile> shard(std::uint64_t step, int rank) override {
+  std::unique_ptr<ReadableFile> shard(std::uint64_t step, const ShardRecord& s) override {
     const auto ck = files_.open_step(step);
-    const ShardRecord& s = ck->manifest.shard(rank);
     const std::string key = ck->tier.data_prefix + s.path;
     return std::make_unique<ObjectFile>(client_, key, client_.head(key).size, client_.name_of(key));
   }

@@ -322,11 +322,11 @@ ObjectCheckpoint open_object_checkpoint(ObjectStore& store, std::uint64_t step) 
 
 namespace {
 
-// The shard header of `rank` (the object `key`) against the manifest index, read in ranged
-// GETs: CheckpointReader::check_shard_header's check, naming the object.
-void check_object_header(ObjectStore& store, const ObjectCheckpoint& ck, const std::string& key, int rank, Verify mode) {
+// The header of shard file `file` (the object `key`) against the manifest index, read in
+// ranged GETs: CheckpointReader::check_file_header's check, naming the object.
+void check_object_header(ObjectStore& store, const ObjectCheckpoint& ck, const std::string& key, const ShardRecord& file, Verify mode) {
   detail::read_checked_shard_header(
-      ck.manifest, rank, [&](std::uint64_t offset, std::span<std::byte> out) { store.get_range(key, offset, out); }, store.name_of(key),
+      ck.manifest, file, [&](std::uint64_t offset, std::span<std::byte> out) { store.get_range(key, offset, out); }, store.name_of(key),
       mode);
 }
 
@@ -411,7 +411,7 @@ std::uint64_t verify_object_shards(ObjectStore& store, const ObjectCheckpoint& c
       const ShardRecord& s = m.shards[i];
       const std::string key = ck.tier.data_prefix + s.path;
       check_size(s.size, store.head(key).size, "shard size", store.name_of(key));
-      check_object_header(store, ck, key, s.rank, Verify::none);
+      check_object_header(store, ck, key, s, Verify::none);
       checked += s.size;
       if (progress) progress(checked, total);
     }
@@ -445,7 +445,7 @@ std::uint64_t verify_object_shards(ObjectStore& store, const ObjectCheckpoint& c
         }
         // The header against the index, as CheckpointReader::verify checks a local shard (its
         // chunks were checked above, per mode).
-        check_object_header(store, ck, key, s.rank, Verify::none);
+        check_object_header(store, ck, key, s, Verify::none);
       },
       chunks, which);
   return chunks.load();
@@ -467,14 +467,15 @@ ObjectTensor read_object_tensor(ObjectStore& store, const ObjectCheckpoint& ck, 
   if (rank < 0 || rank >= m.world_size)
     throw Error(Errc::invalid_argument, manifest_name, "rank",
                 "0.." + std::to_string(m.world_size - 1), std::to_string(rank));
-  const auto shard = std::find_if(m.shards.begin(), m.shards.end(), [&](const ShardRecord& s) { return s.rank == rank; });
-  if (shard == m.shards.end())
-    throw Error(Errc::malformed_manifest, manifest_name, "no shard of rank " + std::to_string(rank));
+  // The file holding the tensor (of a rank's several, its part); unknown: the rank's first.
+  const TensorRecord* t = m.find_tensor(name, rank);
+  const auto files = m.files_of(rank);
+  if (files.empty()) throw Error(Errc::malformed_manifest, manifest_name, "no shard of rank " + std::to_string(rank));
+  const ShardRecord* shard = t ? &m.file_of(*t) : &files.front();
   const std::string key = ck.tier.data_prefix + shard->path;
   ObjectTensor out;
   out.object = store.name_of(key);
   out.shard_size = shard->size;
-  const TensorRecord* t = m.find_tensor(name, rank);
   if (!t) {
     std::vector<TensorRecord> held;
     for (const auto& r : m.tensors)
@@ -486,11 +487,11 @@ ObjectTensor read_object_tensor(ObjectStore& store, const ObjectCheckpoint& ck, 
   check_size(shard->size, store.head(key).size, "shard size", out.object);
   if (mode == Verify::full) {
     // The whole object, its header included.
-    out.chunks_checked = verify_object_shards(store, ck, Verify::full, {}, read_size, 1, {static_cast<std::size_t>(shard - m.shards.begin())});
+    out.chunks_checked = verify_object_shards(store, ck, Verify::full, {}, read_size, 1, {static_cast<std::size_t>(shard - m.shards.data())});
     out.bytes_checked = shard->size;
   } else {
     // What any safetensors reader of the object sees must be what the index says.
-    check_object_header(store, ck, key, rank, mode);
+    check_object_header(store, ck, key, *shard, mode);
   }
   if (t->end == t->begin) return out;
   if (mode == Verify::none) {
