@@ -133,9 +133,10 @@ struct CheckpointerOptions {
   /// The most tensor bytes one shard file holds: a rank's tensors are split across files at
   /// tensor boundaries, in the order given (a tensor larger than this has a file of its own),
   /// each file with its own checksums, all written and hashed in parallel (docs/format.md,
-  /// schema 3). 0, the default, is automatic: when this process saves fewer ranks than it has
-  /// hashing threads (a file's SHA-256 runs on one core), each rank's shard is split into
-  /// about hashing threads / local ranks files of at least 64 MiB, else one file per rank.
+  /// schema 3). 0, the default, is automatic: a file's SHA-256 runs on one core, so each rank's
+  /// shard is split into hashing threads / local ranks - 1 files of at least 64 MiB (one
+  /// thread per rank is left for its copy into staging) when that is 2 or more, else one file
+  /// per rank (as on a 2-core machine, where a rank of one file hashes on both cores already).
   /// kOneFilePerRank: always one file (what a node set, `nodes`, always writes).
   std::uint64_t max_file_bytes = 0;
   int hash_threads = 0;             ///< worker threads for hashing, fsync and commit (0: one per core, at least 2)

@@ -162,9 +162,8 @@ class Checkpointer:
     or the state_dict save_state() takes; sized with ckpt.staging_bytes), or a byte count
     (None: at the first save; a save that needs more grows the buffer then).
     max_file_bytes: the most tensor bytes in one shard file; a rank's tensors are split across
-    files at tensor boundaries, each hashed on its own core (None: automatic, a file per core
-    when this process saves fewer ranks than it has cores, files of at least 64 MiB; 0: one
-    file per rank). Raises ckpt.Busy if another writer holds the root.
+    files at tensor boundaries, each hashed on its own core (None: automatic, cores / ranks - 1
+    files of at least 64 MiB when that is 2 or more; 0: one file per rank). Raises ckpt.Busy if another writer holds the root.
     """
 
     def __init__(self, root, world_size=None, keep_last=3, writer="auto", when_busy="wait", durable_root=None,
