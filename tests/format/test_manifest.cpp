@@ -10,6 +10,7 @@
 #include "ckpt/core/error.hpp"
 #include "ckpt/format/manifest.hpp"
 #include "support/test_support.hpp"
+#include "support/manifest_edit.hpp"
 
 using namespace ckpt;
 namespace json = boost::json;
@@ -41,18 +42,8 @@ Manifest sample() {
   return m;
 }
 
-// Decodes `m` after `edit` changed its JSON, returning the error.
-Error decode_error(const std::function<void(json::object&)>& edit) {
-  json::value v = json::parse(encode_manifest(sample()));
-  edit(v.as_object());
-  try {
-    decode_manifest(json::serialize(v), "/c/manifest.json");
-  } catch (const Error& e) {
-    return e;
-  }
-  FAIL("accepted " << json::serialize(v));
-  return Error(Errc::aborted, "", "");
-}
+// Decodes sample() after `edit` changed its JSON, returning the error.
+Error decode_error(const std::function<void(json::object&)>& edit) { return test::manifest_decode_error(sample(), edit, "/c/manifest.json"); }
 }  // namespace
 
 TEST_CASE("manifest round-trips every field") {

@@ -13,6 +13,7 @@
 #include "ckpt/format/boost_json.hpp"
 #include "ckpt/format/manifest.hpp"
 #include "support/test_support.hpp"
+#include "support/manifest_edit.hpp"
 
 using namespace ckpt;
 namespace json = boost::json;
@@ -50,17 +51,7 @@ Manifest sample() {
   return assemble_manifest(10, 4096, std::move(reports));
 }
 
-Error decode_error(const std::function<void(json::object&)>& edit) {
-  json::value v = json::parse(encode_manifest(sample()));
-  edit(v.as_object());
-  try {
-    decode_manifest(json::serialize(v), "/c/manifest.json");
-  } catch (const Error& e) {
-    return e;
-  }
-  FAIL("accepted " << json::serialize(v));
-  return Error(Errc::aborted, "", "");
-}
+Error decode_error(const std::function<void(json::object&)>& edit) { return test::manifest_decode_error(sample(), edit, "/c/manifest.json"); }
 
 json::object& entry(json::object& o, const char* table, std::size_t i) { return o[table].as_array()[i].as_object(); }
 

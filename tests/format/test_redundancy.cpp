@@ -14,6 +14,7 @@
 #include "ckpt/format/redundancy.hpp"
 #include "ckpt/hash/file_digest.hpp"
 #include "support/test_support.hpp"
+#include "support/manifest_edit.hpp"
 
 using namespace ckpt;
 namespace json = boost::json;
@@ -86,15 +87,7 @@ Manifest node_manifest(const NodeLayout& l) {
 }
 
 Error decode_error(const Manifest& m, const std::function<void(json::object&)>& edit) {
-  json::value v = json::parse(encode_manifest(m));
-  edit(v.as_object());
-  try {
-    decode_manifest(json::serialize(v), "/n/manifest.json");
-  } catch (const Error& e) {
-    return e;
-  }
-  FAIL("accepted " << json::serialize(v));
-  return Error(Errc::aborted, "", "");
+  return test::manifest_decode_error(m, edit, "/n/manifest.json");
 }
 
 json::object& block(json::object& o, std::size_t i) { return o["redundancy_blocks"].as_array()[i].as_object(); }
